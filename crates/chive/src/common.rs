@@ -1,0 +1,85 @@
+//! Helpers shared by every subcommand: config loading, logging, key files.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context};
+use rand::RngCore;
+use serde::de::DeserializeOwned;
+
+/// Read and parse a TOML config file. Unknown keys and bad values are errors
+/// that name the file and the offending option (structs use `deny_unknown_fields`).
+pub fn load_config<T: DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).map_err(|e| anyhow!("bad config file {}: {}", path.display(), e))
+}
+
+/// Start logging to stderr. `level` is a tracing filter such as `info` or
+/// `chive_core=debug,info`; the environment variable `CHIVE_LOG` overrides it.
+pub fn init_logging(level: &str) {
+    let filter = std::env::var("CHIVE_LOG").unwrap_or_else(|_| level.to_string());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+/// Load a 32-byte secret stored as hex in `path`, creating it (mode 0600) if absent.
+pub fn load_or_create_secret(path: &Path) -> anyhow::Result<[u8; 32]> {
+    if path.exists() {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read key file {}", path.display()))?;
+        let bytes = hex::decode(text.trim())
+            .map_err(|_| anyhow!("key file {} is not hex", path.display()))?;
+        let arr: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| anyhow!("key file {} must hold 32 bytes", path.display()))?;
+        return Ok(arr);
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let mut secret = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut secret);
+    write_private(path, hex::encode(secret).as_bytes())?;
+    Ok(secret)
+}
+
+/// Write a file readable only by its owner.
+pub fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    opts.mode(0o600);
+    let mut f = opts
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(contents)?;
+    Ok(())
+}
+
+/// The Ed25519 identity stored under `data_dir/keys/identity.key`.
+pub fn load_identity(data_dir: &Path) -> anyhow::Result<chive_crypto::IdentityKeypair> {
+    let seed = load_or_create_secret(&keys_dir(data_dir).join("identity.key"))?;
+    Ok(chive_crypto::IdentityKeypair::from_secret_bytes(&seed))
+}
+
+/// Where a node keeps its keys.
+pub fn keys_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("keys")
+}
+
+/// Seconds since the UNIX epoch, as the directory protocol counts time.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

@@ -1,0 +1,64 @@
+//! The `chive` binary: one executable, one subcommand per role.
+
+mod authority;
+mod client;
+mod common;
+mod httpd;
+mod perf;
+mod relay;
+
+use clap::{Parser, Subcommand};
+
+/// chive: an onion-routing overlay whose relays stay fast for interactive users
+/// while bulk users share them.
+#[derive(Parser, Debug)]
+#[command(name = "chive", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Directory authority: collects signed relay descriptors, publishes a signed consensus.
+    Authority(authority::Args),
+    /// Onion relay (and exit, if its exit policy allows).
+    Relay(relay::Args),
+    /// Client: a SOCKS4a/5 proxy that builds circuits through the overlay.
+    Client(client::Args),
+    /// Small HTTP/1.1 server for measurements: /bytes/<N> downloads, POST /upload.
+    Httpd(httpd::Args),
+    /// Timed transfers over SOCKS, one JSON line per transfer (torperf-style).
+    Perf(perf::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("chive: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Authority(a) => authority::run(a).await,
+            Command::Relay(a) => relay::run(a).await,
+            Command::Client(a) => client::run(a).await,
+            Command::Httpd(a) => httpd::run(a).await,
+            Command::Perf(a) => perf::run(a).await,
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("chive: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
