@@ -1,1 +1,118 @@
-//! placeholder
+//! chive-net: the tokio + rustls driver pieces of chive.
+//!
+//! - [`LinkListener`] / [`connect`]: TLS 1.3 links with chive's link handshake (version and
+//!   feature negotiation, Ed25519 identity proof bound to the TLS session). See README.md for
+//!   the wire protocol.
+//! - [`Link`] → ([`LinkReader`], [`LinkWriter`]): cell framing over a link, in big chunks.
+//! - [`TokenBucket`]: Tor's BandwidthRate / BandwidthBurst, shared by all links of a relay.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::sync::Arc;
+
+use chive_cell::CellError;
+use chive_crypto::{IdentityKey, IdentityKeypair};
+
+mod bucket;
+mod framing;
+mod handshake;
+mod link;
+mod tls;
+
+pub use bucket::TokenBucket;
+pub use link::{connect, Accepting, Link, LinkLimits, LinkListener, LinkReader, LinkWriter};
+
+/// Link protocol versions this implementation speaks, in increasing order.
+pub const LINK_VERSIONS: &[u16] = &[1];
+
+/// Maximum number of versions a peer may list in its VERSIONS cell.
+pub const MAX_PEER_VERSIONS: usize = 16;
+
+/// Time allowed for TCP connect (initiator), TLS handshake and link handshake together.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A bitmap of optional link features (split-direction, switching, ...).
+///
+/// Each side announces the bits it supports; the link uses the intersection, so a node that does
+/// not know a feature simply never sets its bit and still interoperates. Bit assignments belong to
+/// the users of the feature (documented in docs/protocol.md), not to this crate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct FeatureSet(pub u64);
+
+impl FeatureSet {
+    /// No features.
+    pub const EMPTY: Self = FeatureSet(0);
+
+    /// Features both sets have (bitwise AND).
+    pub fn intersect(self, other: Self) -> Self {
+        FeatureSet(self.0 & other.0)
+    }
+
+    /// Features either set has (bitwise OR).
+    pub fn union(self, other: Self) -> Self {
+        FeatureSet(self.0 | other.0)
+    }
+
+    /// Whether every bit set in the mask `bit` is set here (`contains(0)` is true).
+    pub fn contains(self, bit: u64) -> bool {
+        self.0 & bit == bit
+    }
+}
+
+/// How this node presents itself on links.
+pub struct LinkConfig {
+    /// The relay identity proven in the link handshake. Required to accept links (a responder
+    /// always authenticates); on outgoing links, `None` keeps the initiator anonymous (clients).
+    pub identity: Option<Arc<IdentityKeypair>>,
+    /// Features this node supports.
+    pub features: FeatureSet,
+}
+
+impl std::fmt::Debug for LinkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkConfig")
+            .field("identity", &self.identity.as_ref().map(|k| k.public()))
+            .field("features", &self.features)
+            .finish()
+    }
+}
+
+/// Why a link could not be set up or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// Socket error.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// TLS setup or handshake failed.
+    #[error("TLS error: {0}")]
+    Tls(String),
+    /// The handshake did not finish within [`HANDSHAKE_TIMEOUT`].
+    #[error("link handshake timed out")]
+    Timeout,
+    /// The peer violated the link protocol.
+    #[error("link protocol violation: {0}")]
+    Protocol(String),
+    /// The peer is not the relay we wanted to reach (or did not authenticate at all).
+    #[error("peer identity mismatch: expected {expected}, got {got:?}")]
+    IdentityMismatch {
+        /// The identity we asked for.
+        expected: IdentityKey,
+        /// What the peer proved (None: it did not authenticate).
+        got: Option<IdentityKey>,
+    },
+    /// The peer supports none of our link versions.
+    #[error("no common link protocol version")]
+    NoCommonVersion,
+    /// The peer's AUTHENTICATE cell was malformed, had an invalid key, or did not verify.
+    #[error("bad link authentication")]
+    BadAuthentication,
+    /// A malformed cell.
+    #[error("bad cell: {0}")]
+    Cell(#[from] CellError),
+    /// This node's configuration cannot do what was asked (e.g. listening without an identity).
+    #[error("link configuration: {0}")]
+    Config(String),
+}
+
+#[cfg(test)]
+mod tests;

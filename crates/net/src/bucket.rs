@@ -1,0 +1,269 @@
+//! Token buckets: Tor's `BandwidthRate` / `BandwidthBurst`, in bytes.
+//!
+//! One read bucket and one write bucket are shared (via `Arc`) by all links of a relay. Tokens
+//! accrue continuously from elapsed time, so the sending rate is smooth: there is no periodic
+//! refill that would release an artificial burst every tick (C tor's old 1-second refill did).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Do not refill more often than this: avoids taking time stamps and doing float work on every
+/// small consume, without letting the bucket lag measurably behind real time.
+const REFILL_GRANULARITY: Duration = Duration::from_millis(1);
+/// A waiter re-checks the bucket at least this often, so that a rate increase (`set_rate`) or a
+/// competitor's consumption is noticed quickly and no long stall appears.
+const MAX_WAIT: Duration = Duration::from_millis(10);
+
+/// A token bucket limiting a byte rate with a burst allowance.
+///
+/// `consume(n)` waits until the bucket holds `min(n, burst)` tokens and then takes `n`: a request
+/// larger than the burst drives the bucket into debt instead of waiting forever, and the debt is
+/// repaid (by later callers waiting) at the configured rate.
+#[derive(Debug)]
+pub struct TokenBucket {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Bytes per second; 0 means unlimited.
+    rate: u64,
+    /// Maximum number of tokens the bucket holds.
+    burst: u64,
+    /// Current tokens; negative while in debt.
+    tokens: f64,
+    /// When tokens were last added.
+    last_refill: Instant,
+}
+
+impl Inner {
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.last_refill);
+        if elapsed < REFILL_GRANULARITY {
+            return;
+        }
+        self.last_refill = now;
+        if self.rate == 0 {
+            return;
+        }
+        let added = self.rate as f64 * elapsed.as_secs_f64();
+        self.tokens = (self.tokens + added).min(self.burst as f64);
+    }
+}
+
+impl TokenBucket {
+    /// A bucket with `rate_bytes_per_sec` (0 = unlimited) and a capacity of `burst_bytes`.
+    /// It starts full, as in Tor.
+    pub fn new(rate_bytes_per_sec: u64, burst_bytes: u64) -> Self {
+        TokenBucket {
+            inner: Mutex::new(Inner {
+                rate: rate_bytes_per_sec,
+                burst: burst_bytes,
+                tokens: burst_bytes as f64,
+                last_refill: Instant::now(),
+            }),
+        }
+    }
+
+    /// An unlimited bucket (`consume` never waits).
+    pub fn unlimited() -> Self {
+        Self::new(0, 0)
+    }
+
+    /// Take `n` tokens, waiting until enough are available.
+    ///
+    /// Waits until the bucket holds `min(n, burst)` tokens (and is not in debt), then subtracts
+    /// `n`, possibly going negative: so a request larger than the burst never deadlocks.
+    pub async fn consume(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        loop {
+            let wait = {
+                let mut inner = self.lock();
+                if inner.rate == 0 {
+                    return;
+                }
+                inner.refill(Instant::now());
+                let needed = (n as f64).min(inner.burst as f64).max(0.0);
+                if inner.tokens >= needed {
+                    inner.tokens -= n as f64;
+                    return;
+                }
+                let deficit = needed - inner.tokens;
+                Duration::from_secs_f64(deficit / inner.rate as f64)
+            };
+            // Wait for the deficit to accrue, but re-check at least every MAX_WAIT and never spin
+            // faster than the refill granularity.
+            tokio::time::sleep(wait.clamp(REFILL_GRANULARITY, MAX_WAIT)).await;
+        }
+    }
+
+    /// Take up to `n` tokens without waiting; returns how many were taken (0 if the bucket is
+    /// empty or in debt). Unlimited buckets always grant `n`.
+    pub fn try_consume(&self, n: usize) -> usize {
+        let mut inner = self.lock();
+        if inner.rate == 0 {
+            return n;
+        }
+        inner.refill(Instant::now());
+        if inner.tokens < 1.0 {
+            return 0;
+        }
+        let granted = (inner.tokens.floor() as u64).min(n as u64) as usize;
+        inner.tokens -= granted as f64;
+        granted
+    }
+
+    /// Change rate and burst at runtime (SIGHUP). Tokens accrued so far at the old rate are kept,
+    /// capped at the new burst; switching from unlimited to limited starts with a full bucket.
+    pub fn set_rate(&self, rate: u64, burst: u64) {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        let was_unlimited = inner.rate == 0;
+        inner.refill(now);
+        inner.last_refill = now;
+        inner.rate = rate;
+        inner.burst = burst;
+        inner.tokens = if was_unlimited {
+            burst as f64
+        } else {
+            inner.tokens.min(burst as f64)
+        };
+    }
+
+    /// The configured `(rate, burst)`.
+    pub fn rate(&self) -> (u64, u64) {
+        let inner = self.lock();
+        (inner.rate, inner.burst)
+    }
+
+    /// Tokens currently available (negative while in debt), after refilling. For monitoring.
+    pub fn available(&self) -> i64 {
+        let mut inner = self.lock();
+        inner.refill(Instant::now());
+        inner.tokens as i64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // The lock is never held across an await or a panic-prone call, but recover from
+        // poisoning anyway rather than propagating a panic into every link.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    const MB: u64 = 1_000_000;
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_over_two_seconds() {
+        let burst = 100_000u64;
+        let bucket = TokenBucket::new(MB, burst);
+        let start = Instant::now();
+        let mut total = 0u64;
+        while start.elapsed() < Duration::from_secs(2) {
+            bucket.consume(10_000).await;
+            total += 10_000;
+        }
+        // 2 s at 1 MB/s plus the initial burst, within one chunk and the wait granularity.
+        let expected = 2 * MB + burst;
+        assert!(total >= expected - 20_000, "total {total}");
+        assert!(total <= expected + 20_000, "total {total}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn burst_is_immediate_then_waits_exactly() {
+        let bucket = TokenBucket::new(MB, 200_000);
+        let start = Instant::now();
+        bucket.consume(200_000).await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "burst must be available at once"
+        );
+        // 500 kB more: waits until min(n, burst) = 200 kB have accrued (0.2 s; not much less, and
+        // not much more given the 1 ms granularity), then takes 500 kB, leaving 300 kB of debt.
+        bucket.consume(500_000).await;
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(199), "waited {waited:?}");
+        assert!(waited <= Duration::from_millis(212), "waited {waited:?}");
+        assert!(bucket.available() <= -299_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn request_larger_than_burst_goes_into_debt() {
+        let bucket = TokenBucket::new(MB, 100_000);
+        let start = Instant::now();
+        // 1 MB > burst: granted once the bucket is full (it is), leaving 900 kB of debt.
+        bucket.consume(1_000_000).await;
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert!(bucket.available() <= -899_000);
+        // The next byte waits until the debt is repaid: ~0.9 s.
+        bucket.consume(1).await;
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(899), "waited {waited:?}");
+        assert!(waited <= Duration::from_millis(912), "waited {waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unlimited_never_waits_and_set_rate_applies() {
+        let bucket = TokenBucket::new(0, 0);
+        let start = Instant::now();
+        for _ in 0..1000 {
+            bucket.consume(1_000_000).await;
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(bucket.try_consume(5), 5);
+
+        // Limit it: starts full at the new burst, then enforces the new rate.
+        bucket.set_rate(100_000, 10_000);
+        assert_eq!(bucket.rate(), (100_000, 10_000));
+        assert_eq!(bucket.try_consume(50_000), 10_000);
+        assert_eq!(bucket.try_consume(1), 0);
+        let t = Instant::now();
+        bucket.consume(10_000).await; // 0.1 s at 100 kB/s
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(99) && waited <= Duration::from_millis(112),
+            "{waited:?}"
+        );
+
+        // Raising the rate takes effect for waiters within the 10 ms re-check interval.
+        bucket.set_rate(10 * MB, 10_000);
+        let t = Instant::now();
+        bucket.consume(10_000).await; // 1 ms at 10 MB/s
+        assert!(
+            t.elapsed() <= Duration::from_millis(11),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shared_between_tasks() {
+        let bucket = Arc::new(TokenBucket::new(MB, 50_000));
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let b = bucket.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..50 {
+                    b.consume(5_000).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // 4 * 50 * 5 kB = 1 MB; 50 kB came from the burst, the rest at 1 MB/s: ~0.95 s.
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(940), "{took:?}");
+        assert!(took <= Duration::from_millis(970), "{took:?}");
+    }
+}

@@ -1,0 +1,366 @@
+//! Links: a TCP connection + TLS 1.3 session on which the link handshake succeeded.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use chive_cell::{AnyCell, Cell, VarCell};
+use chive_crypto::IdentityKey;
+use tokio::io::{AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
+
+use crate::framing::{CellBuf, Fill};
+use crate::handshake::{self, Role, EXPORTER_LABEL, EXPORTER_LEN};
+use crate::{tls, FeatureSet, LinkConfig, LinkError, TokenBucket, HANDSHAKE_TIMEOUT};
+
+/// Size of the socket read buffer under TLS: rustls itself reads only 4 KiB per call, so this
+/// buffer is what makes one `read` syscall bring in many cells.
+const SOCKET_READ_BUF: usize = 64 * 1024;
+/// When writing through a token bucket, write at most this much per bucket grant, so a large
+/// batch is paced smoothly instead of being sent in one burst after one long wait.
+const PACED_WRITE_CHUNK: usize = 16 * 1024;
+
+/// The transport under a link.
+type Stream = TlsStream<BufReader<TcpStream>>;
+
+/// An established, authenticated link to a peer.
+pub struct Link {
+    /// The peer's proven relay identity; `None` if the peer is an anonymous client.
+    pub peer_identity: Option<IdentityKey>,
+    /// The peer's socket address.
+    pub peer_addr: SocketAddr,
+    /// Negotiated link protocol version.
+    pub version: u16,
+    /// Negotiated features (intersection of both sides').
+    pub features: FeatureSet,
+    stream: Stream,
+    /// Bytes the peer sent right after its handshake cells.
+    rbuf: CellBuf,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("peer_identity", &self.peer_identity)
+            .field("peer_addr", &self.peer_addr)
+            .field("version", &self.version)
+            .field("features", &self.features)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Optional token buckets applied to a link's traffic (usually shared by all links of a relay).
+#[derive(Clone, Default, Debug)]
+pub struct LinkLimits {
+    /// Tokens consumed for bytes read.
+    pub read_bucket: Option<Arc<TokenBucket>>,
+    /// Tokens consumed for bytes written.
+    pub write_bucket: Option<Arc<TokenBucket>>,
+}
+
+impl Link {
+    /// Split into independent reader and writer halves (usable from different tasks).
+    pub fn split(self, limits: LinkLimits) -> (LinkReader, LinkWriter) {
+        let (rd, wr) = tokio::io::split(self.stream);
+        (
+            LinkReader {
+                rd,
+                buf: self.rbuf,
+                bucket: limits.read_bucket,
+            },
+            LinkWriter {
+                wr,
+                out: Vec::with_capacity(64 * 1024),
+                bucket: limits.write_bucket,
+            },
+        )
+    }
+}
+
+/// The reading half of a [`Link`].
+pub struct LinkReader {
+    rd: ReadHalf<Stream>,
+    buf: CellBuf,
+    bucket: Option<Arc<TokenBucket>>,
+}
+
+impl LinkReader {
+    /// Next cell; `Ok(None)` on clean EOF. Reads in large chunks (≥ 32 KiB) into a buffer and
+    /// decodes many cells per syscall; a malformed cell is an error (the caller closes the link
+    /// with a logged reason).
+    ///
+    /// Cancel-safe (usable in `select!`): bytes already read stay buffered; at worst the read
+    /// bucket is not charged for one chunk.
+    pub async fn read_cell(&mut self) -> Result<Option<AnyCell>, LinkError> {
+        loop {
+            if let Some(cell) = self.buf.next_cell()? {
+                return Ok(Some(cell));
+            }
+            match self.buf.fill(&mut self.rd).await? {
+                Fill::Eof => return Ok(None),
+                Fill::Read(n) => {
+                    // Charge after the read: the next read waits until the bucket has recovered,
+                    // which bounds the average rate at the cost of at most one chunk of burst.
+                    if let Some(bucket) = &self.bucket {
+                        bucket.consume(n).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for LinkReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkReader").finish_non_exhaustive()
+    }
+}
+
+/// The writing half of a [`Link`].
+pub struct LinkWriter {
+    wr: WriteHalf<Stream>,
+    /// Reused encoding buffer.
+    out: Vec<u8>,
+    bucket: Option<Arc<TokenBucket>>,
+}
+
+impl LinkWriter {
+    /// Encode all cells into one buffer and write them with as few syscalls as possible, then
+    /// flush.
+    ///
+    /// Not cancel-safe: if the future is dropped midway, part of the batch may have been sent
+    /// and the link must be closed.
+    pub async fn write_cells(&mut self, cells: &[Cell]) -> Result<(), LinkError> {
+        self.out.clear();
+        for cell in cells {
+            cell.encode_into(&mut self.out);
+        }
+        self.send_out().await
+    }
+
+    /// Write one variable-length cell and flush.
+    pub async fn write_var_cell(&mut self, cell: &VarCell) -> Result<(), LinkError> {
+        self.out.clear();
+        cell.encode_into(&mut self.out)?;
+        self.send_out().await
+    }
+
+    /// Send TLS close_notify and shut down the sending direction of the TCP connection.
+    pub async fn shutdown(&mut self) -> Result<(), LinkError> {
+        self.wr.shutdown().await?;
+        Ok(())
+    }
+
+    async fn send_out(&mut self) -> Result<(), LinkError> {
+        match &self.bucket {
+            None => self.wr.write_all(&self.out).await?,
+            Some(bucket) => {
+                for chunk in self.out.chunks(PACED_WRITE_CHUNK) {
+                    bucket.consume(chunk.len()).await;
+                    self.wr.write_all(chunk).await?;
+                }
+            }
+        }
+        self.wr.flush().await?;
+        // Do not keep a huge buffer around after one exceptional batch.
+        if self.out.capacity() > 1024 * 1024 {
+            self.out = Vec::with_capacity(64 * 1024);
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for LinkWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkWriter").finish_non_exhaustive()
+    }
+}
+
+/// Listens for incoming links (relays only: the responder always authenticates).
+pub struct LinkListener {
+    tcp: TcpListener,
+    acceptor: TlsAcceptor,
+    cfg: Arc<LinkConfig>,
+    local_addr: SocketAddr,
+}
+
+impl std::fmt::Debug for LinkListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkListener")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LinkListener {
+    /// Bind a TCP listener and create this listener's throwaway TLS certificate. Fails if `cfg`
+    /// has no identity.
+    pub async fn bind(addr: SocketAddr, cfg: Arc<LinkConfig>) -> Result<Self, LinkError> {
+        if cfg.identity.is_none() {
+            return Err(LinkError::Config(
+                "accepting links requires a relay identity".into(),
+            ));
+        }
+        let acceptor = TlsAcceptor::from(tls::server_config()?);
+        let tcp = TcpListener::bind(addr).await?;
+        let local_addr = tcp.local_addr()?;
+        Ok(LinkListener {
+            tcp,
+            acceptor,
+            cfg,
+            local_addr,
+        })
+    }
+
+    /// The bound address (useful after binding port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Accept a TCP connection (fast). The TLS + link handshake is done by
+    /// [`Accepting::handshake`], so a slow or hostile peer never blocks the accept loop.
+    pub async fn accept(&self) -> Result<Accepting, LinkError> {
+        let (tcp, peer_addr) = self.tcp.accept().await?;
+        Ok(Accepting {
+            tcp,
+            peer_addr,
+            acceptor: self.acceptor.clone(),
+            cfg: self.cfg.clone(),
+        })
+    }
+}
+
+/// An accepted TCP connection whose handshakes have not run yet.
+pub struct Accepting {
+    tcp: TcpStream,
+    peer_addr: SocketAddr,
+    acceptor: TlsAcceptor,
+    cfg: Arc<LinkConfig>,
+}
+
+impl std::fmt::Debug for Accepting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Accepting")
+            .field("peer_addr", &self.peer_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Accepting {
+    /// The remote address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+
+    /// Run the TLS handshake and the link handshake as responder, within [`HANDSHAKE_TIMEOUT`].
+    pub async fn handshake(self) -> Result<Link, LinkError> {
+        let Accepting {
+            tcp,
+            peer_addr,
+            acceptor,
+            cfg,
+        } = self;
+        let fut = async move {
+            let io = prepare(tcp)?;
+            let tls = acceptor.accept(io).await.map_err(tls_err)?;
+            let exporter = tls
+                .get_ref()
+                .1
+                .export_keying_material([0u8; EXPORTER_LEN], EXPORTER_LABEL, None)
+                .map_err(|e| LinkError::Tls(e.to_string()))?;
+            finish(
+                TlsStream::from(tls),
+                peer_addr,
+                Role::Responder,
+                &cfg,
+                &exporter,
+                None,
+            )
+            .await
+        };
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, fut)
+            .await
+            .map_err(|_| LinkError::Timeout)?
+    }
+}
+
+/// Open a link to `addr` as initiator, within [`HANDSHAKE_TIMEOUT`] (TCP, TLS and link
+/// handshake). If `expected_identity` is set, the responder must prove exactly that identity.
+/// With `cfg.identity` set we authenticate too (relay to relay); otherwise we stay anonymous.
+pub async fn connect(
+    addr: SocketAddr,
+    expected_identity: Option<IdentityKey>,
+    cfg: &LinkConfig,
+) -> Result<Link, LinkError> {
+    let fut = async {
+        let connector = TlsConnector::from(client_config()?);
+        let tcp = TcpStream::connect(addr).await?;
+        let io = prepare(tcp)?;
+        let tls = connector
+            .connect(tls::server_name(addr), io)
+            .await
+            .map_err(tls_err)?;
+        let exporter = tls
+            .get_ref()
+            .1
+            .export_keying_material([0u8; EXPORTER_LEN], EXPORTER_LABEL, None)
+            .map_err(|e| LinkError::Tls(e.to_string()))?;
+        finish(
+            TlsStream::from(tls),
+            addr,
+            Role::Initiator,
+            cfg,
+            &exporter,
+            expected_identity,
+        )
+        .await
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, fut)
+        .await
+        .map_err(|_| LinkError::Timeout)?
+}
+
+/// The client TLS config is the same for every link; build it once.
+fn client_config() -> Result<Arc<rustls::ClientConfig>, LinkError> {
+    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| tls::client_config().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(LinkError::Tls)
+}
+
+fn prepare(tcp: TcpStream) -> Result<BufReader<TcpStream>, LinkError> {
+    // Cells are latency-sensitive and we already batch writes ourselves: Nagle would only add
+    // delay to the last partial segment of each batch.
+    tcp.set_nodelay(true)?;
+    Ok(BufReader::with_capacity(SOCKET_READ_BUF, tcp))
+}
+
+/// tokio-rustls reports TLS failures as io::Errors; classify them as TLS errors.
+fn tls_err(e: std::io::Error) -> LinkError {
+    LinkError::Tls(e.to_string())
+}
+
+async fn finish(
+    mut stream: Stream,
+    peer_addr: SocketAddr,
+    role: Role,
+    cfg: &LinkConfig,
+    exporter: &[u8; EXPORTER_LEN],
+    expected: Option<IdentityKey>,
+) -> Result<Link, LinkError> {
+    let mut rbuf = CellBuf::new();
+    let n = handshake::run(&mut stream, &mut rbuf, role, cfg, exporter, expected).await?;
+    tracing::debug!(
+        %peer_addr, ?role, version = n.version, features = n.features.0,
+        peer = ?n.peer_identity, "link handshake complete"
+    );
+    Ok(Link {
+        peer_identity: n.peer_identity,
+        peer_addr,
+        version: n.version,
+        features: n.features,
+        stream,
+        rbuf,
+    })
+}
