@@ -1,1 +1,32 @@
-//! placeholder
+//! chive-core: the sans-IO heart of chive.
+//!
+//! One [`Core`] holds a node's channels, circuits, circuit queues, per-channel
+//! schedulers, SENDME windows and streams. It does no IO and reads no clock:
+//! the driver (chive-net + the `chive` binary) feeds it input with `now`
+//! (`handle_cell`, `channel_opened`, `stream_data`, …) and pulls output
+//! (`poll_transmit` for cells, `poll_event` for everything else), so every
+//! behaviour can be unit-tested deterministically, as in quinn-proto.
+//!
+//! The same core serves a relay (circuits passing through, exit streams) and a
+//! client (origin circuits it builds, SOCKS streams), as one process of Tor can.
+#![forbid(unsafe_code)]
+
+pub mod flow;
+mod node;
+pub mod sched;
+
+pub use node::{Core, CoreConfig, CoreError, CoreStats, Event, HopSpec, RelayKeys};
+pub use sched::{CircuitScheduler, QueueId, SchedulerKind};
+
+/// A channel: the logical link to one neighbour. Chosen by the driver, unique per core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChannelId(pub u64);
+
+/// A circuit, as the core names it (circuit ids are per channel; this is per node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CircKey(pub u64);
+
+/// A stream endpoint on this node (an exit's TCP connection or a client's SOCKS
+/// connection). Allocated by the core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamHandle(pub u64);
