@@ -1,0 +1,651 @@
+//! Path selection: which relays a circuit goes through. Pure functions over a
+//! [`Consensus`]; the caller passes the random number generator, so tests are
+//! deterministic with a seeded one.
+//!
+//! Order, as in Tor: the exit first (it is the most constrained: Exit flag and a policy
+//! that allows the target), then the guard (the client's preferred guard if it is usable
+//! and not the exit), then middles. Every choice is weighted by the relays' bandwidth
+//! and all relays on a path are distinct. Only relays flagged Running and Valid are
+//! used.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use chive_crypto::IdentityKey;
+use chive_dir::{Consensus, ConsensusRelay, RelayFlags};
+use rand::Rng;
+
+/// Longest path we build (Tor's limit of 8 RELAY_EARLY cells bounds it too).
+pub const MAX_HOPS: usize = 8;
+
+/// What the exit must be able to reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathTarget<'a> {
+    /// A known address and port: the exit policy must allow exactly it.
+    Ip(SocketAddr),
+    /// A hostname the exit will resolve: the policy must allow the port somewhere.
+    Host(&'a str, u16),
+    /// No particular target (preemptive circuits): any exit.
+    Any,
+}
+
+/// A request for one path.
+#[derive(Debug, Clone, Copy)]
+pub struct PathRequest<'a> {
+    /// What the exit must allow.
+    pub target: PathTarget<'a>,
+    /// Pin the exit (from `host.<nickname>.exit`): a nickname or a hex identity.
+    pub exit_nickname: Option<&'a str>,
+    /// The client's preferred guard, used when usable and distinct from the exit.
+    pub guard: Option<&'a IdentityKey>,
+    /// Number of relays, normally 3.
+    pub hops: usize,
+}
+
+/// Why no path could be chosen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// No running relay with the Exit flag allows the target.
+    #[error("no exit relay in the consensus allows {target}")]
+    NoExit {
+        /// The target, as text.
+        target: String,
+    },
+    /// The pinned exit is not in the consensus (or not running).
+    #[error("exit relay {0:?} (from .exit notation) is not in the consensus")]
+    UnknownExit(String),
+    /// The pinned exit's policy does not allow the target.
+    #[error("exit relay {exit} does not allow {target} by its exit policy")]
+    ExitPolicyRejects {
+        /// The pinned exit's nickname.
+        exit: String,
+        /// The target, as text.
+        target: String,
+    },
+    /// Fewer usable relays than hops.
+    #[error("not enough relays for a {need}-hop path: {have} usable in the consensus")]
+    NotEnoughRelays {
+        /// Hops requested.
+        need: usize,
+        /// Usable relays available.
+        have: usize,
+    },
+    /// `hops` outside `1..=MAX_HOPS`.
+    #[error("cannot build a path of {0} hops (1 to {MAX_HOPS})")]
+    BadHopCount(usize),
+}
+
+impl fmt::Display for PathTarget<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PathTarget::Ip(a) => write!(f, "{a}"),
+            PathTarget::Host(h, p) => write!(f, "{h}:{p}"),
+            PathTarget::Any => f.write_str("any destination"),
+        }
+    }
+}
+
+/// Running and Valid: the relay may be used at all.
+fn usable(r: &ConsensusRelay) -> bool {
+    r.flags.contains(RelayFlags::RUNNING | RelayFlags::VALID)
+}
+
+/// Whether `r`'s exit policy allows `target`.
+fn allows(r: &ConsensusRelay, target: &PathTarget<'_>) -> bool {
+    match target {
+        PathTarget::Ip(a) => r.exit_policy.allows(a.ip(), a.port()),
+        PathTarget::Host(_, port) => r.exit_policy.allows_port_somewhere(*port),
+        PathTarget::Any => r.exit_policy.is_exit(),
+    }
+}
+
+/// Pick one relay with probability proportional to its bandwidth (uniformly if all
+/// bandwidths are 0). `None` if `cands` is empty.
+fn pick_weighted<'c, R: Rng + ?Sized>(
+    cands: &[&'c ConsensusRelay],
+    rng: &mut R,
+) -> Option<&'c ConsensusRelay> {
+    // u128: the sum of up to MAX_RELAYS u64 bandwidths cannot overflow it.
+    let total: u128 = cands.iter().map(|r| u128::from(r.bandwidth)).sum();
+    if total == 0 {
+        if cands.is_empty() {
+            return None;
+        }
+        return cands.get(rng.gen_range(0..cands.len())).copied();
+    }
+    let mut x = rng.gen_range(0..total);
+    for r in cands {
+        let w = u128::from(r.bandwidth);
+        if x < w {
+            return Some(r);
+        }
+        x -= w;
+    }
+    None
+}
+
+/// Find a pinned exit by nickname (case-insensitive) or by 64-hex-digit identity.
+fn find_pinned<'c>(consensus: &'c Consensus, name: &str) -> Option<&'c ConsensusRelay> {
+    consensus
+        .relays
+        .iter()
+        .filter(|r| usable(r))
+        .find(|r| r.nickname.eq_ignore_ascii_case(name))
+        .or_else(|| {
+            let id = IdentityKey::from_hex(name).ok()?;
+            consensus
+                .relays
+                .iter()
+                .filter(|r| usable(r))
+                .find(|r| r.identity == id)
+        })
+}
+
+/// Choose a path of `req.hops` distinct relays: `[guard, middles..., exit]` (for one
+/// hop, just `[exit]`).
+pub fn select_path<'c, R: Rng>(
+    consensus: &'c Consensus,
+    req: &PathRequest,
+    rng: &mut R,
+) -> Result<Vec<&'c ConsensusRelay>, PathError> {
+    if req.hops == 0 || req.hops > MAX_HOPS {
+        return Err(PathError::BadHopCount(req.hops));
+    }
+    let all: Vec<&ConsensusRelay> = consensus.relays.iter().filter(|r| usable(r)).collect();
+    if all.len() < req.hops {
+        return Err(PathError::NotEnoughRelays {
+            need: req.hops,
+            have: all.len(),
+        });
+    }
+
+    let exit = match req.exit_nickname {
+        Some(name) => {
+            let r = find_pinned(consensus, name)
+                .ok_or_else(|| PathError::UnknownExit(name.to_string()))?;
+            if !allows(r, &req.target) {
+                return Err(PathError::ExitPolicyRejects {
+                    exit: r.nickname.clone(),
+                    target: req.target.to_string(),
+                });
+            }
+            r
+        }
+        None => {
+            let exits: Vec<&ConsensusRelay> = all
+                .iter()
+                .copied()
+                .filter(|r| r.flags.contains(RelayFlags::EXIT) && allows(r, &req.target))
+                .collect();
+            pick_weighted(&exits, rng).ok_or_else(|| PathError::NoExit {
+                target: req.target.to_string(),
+            })?
+        }
+    };
+    if req.hops == 1 {
+        return Ok(vec![exit]);
+    }
+
+    let mut path: Vec<&ConsensusRelay> = Vec::with_capacity(req.hops);
+    let preferred = req
+        .guard
+        .and_then(|id| all.iter().copied().find(|r| r.identity == *id))
+        .filter(|r| r.identity != exit.identity);
+    let guard = match preferred {
+        Some(g) => g,
+        None => {
+            let not_exit: Vec<&ConsensusRelay> = all
+                .iter()
+                .copied()
+                .filter(|r| r.identity != exit.identity)
+                .collect();
+            let flagged: Vec<&ConsensusRelay> = not_exit
+                .iter()
+                .copied()
+                .filter(|r| r.flags.contains(RelayFlags::GUARD))
+                .collect();
+            pick_weighted(&flagged, rng)
+                .or_else(|| pick_weighted(&not_exit, rng))
+                .ok_or(PathError::NotEnoughRelays {
+                    need: req.hops,
+                    have: all.len(),
+                })?
+        }
+    };
+    path.push(guard);
+
+    for _ in 0..req.hops - 2 {
+        let rest: Vec<&ConsensusRelay> = all
+            .iter()
+            .copied()
+            .filter(|r| {
+                r.identity != exit.identity && !path.iter().any(|p| p.identity == r.identity)
+            })
+            .collect();
+        let m = pick_weighted(&rest, rng).ok_or(PathError::NotEnoughRelays {
+            need: req.hops,
+            have: all.len(),
+        })?;
+        path.push(m);
+    }
+    path.push(exit);
+    Ok(path)
+}
+
+/// Choose a guard for a client that has none: bandwidth-weighted among Guard-flagged
+/// usable relays, or among all usable relays if none has the flag.
+pub fn choose_guard<'c, R: Rng>(
+    consensus: &'c Consensus,
+    rng: &mut R,
+) -> Option<&'c ConsensusRelay> {
+    let all: Vec<&ConsensusRelay> = consensus.relays.iter().filter(|r| usable(r)).collect();
+    let flagged: Vec<&ConsensusRelay> = all
+        .iter()
+        .copied()
+        .filter(|r| r.flags.contains(RelayFlags::GUARD))
+        .collect();
+    pick_weighted(&flagged, rng).or_else(|| pick_weighted(&all, rng))
+}
+
+/// Parse "host.nickname.exit" -> (host, nickname); None if not .exit notation
+/// (the `.exit` suffix is case-insensitive; host and nickname must be non-empty).
+pub fn parse_exit_notation(host: &str) -> Option<(&str, &str)> {
+    let cut = host.len().checked_sub(".exit".len())?;
+    let suffix = host.get(cut..)?;
+    if !suffix.eq_ignore_ascii_case(".exit") {
+        return None;
+    }
+    let (name, nick) = host.get(..cut)?.rsplit_once('.')?;
+    if name.is_empty() || nick.is_empty() {
+        return None;
+    }
+    Some((name, nick))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chive_crypto::IdentityKeypair;
+    use chive_dir::{ExitPolicy, NetParams};
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    const ALL: RelayFlags = RelayFlags::RUNNING;
+
+    fn relay(n: u8, bw: u64, flags: RelayFlags, policy: &[&str]) -> ConsensusRelay {
+        ConsensusRelay {
+            nickname: format!("r{n}"),
+            identity: IdentityKeypair::from_secret_bytes(&[n; 32]).public(),
+            ntor_key: [n; 32],
+            address: format!("127.0.0.1:{}", 9000 + u16::from(n))
+                .parse()
+                .unwrap(),
+            bandwidth: bw,
+            flags: flags | RelayFlags::RUNNING | RelayFlags::VALID,
+            exit_policy: ExitPolicy::parse(policy, false).unwrap(),
+            features: 0,
+        }
+    }
+
+    fn consensus(relays: Vec<ConsensusRelay>) -> Consensus {
+        Consensus {
+            valid_after: 0,
+            fresh_until: 1,
+            valid_until: 2,
+            params: NetParams::new(),
+            relays,
+        }
+    }
+
+    fn req<'a>(target: PathTarget<'a>) -> PathRequest<'a> {
+        PathRequest {
+            target,
+            exit_nickname: None,
+            guard: None,
+            hops: 3,
+        }
+    }
+
+    const LOOPBACK: &[&str] = &["accept 127.0.0.0/8:*", "reject *:*"];
+    const EXIT_G: RelayFlags = RelayFlags::EXIT;
+
+    /// Five exits, five guards, some plain relays.
+    fn net() -> Consensus {
+        let mut v = Vec::new();
+        for n in 1..=5 {
+            v.push(relay(n, 100 * u64::from(n), EXIT_G, LOOPBACK));
+        }
+        for n in 6..=10 {
+            v.push(relay(n, 100, RelayFlags::GUARD | RelayFlags::FAST, &[]));
+        }
+        for n in 11..=14 {
+            v.push(relay(n, 50, ALL, &[]));
+        }
+        consensus(v)
+    }
+
+    #[test]
+    fn distinct_relays_and_roles_over_many_draws() {
+        let c = net();
+        let mut rng = StdRng::seed_from_u64(1);
+        let target: SocketAddr = "127.0.0.1:80".parse().unwrap();
+        for hops in 1..=5 {
+            for _ in 0..500 {
+                let p = select_path(
+                    &c,
+                    &PathRequest {
+                        hops,
+                        ..req(PathTarget::Ip(target))
+                    },
+                    &mut rng,
+                )
+                .unwrap();
+                assert_eq!(p.len(), hops);
+                for (i, a) in p.iter().enumerate() {
+                    for b in &p[i + 1..] {
+                        assert_ne!(a.identity, b.identity, "repeated relay in {hops}-hop path");
+                    }
+                }
+                let exit = p[hops - 1];
+                assert!(exit.flags.contains(RelayFlags::EXIT));
+                assert!(exit.exit_policy.allows(target.ip(), target.port()));
+                if hops > 1 {
+                    assert!(p[0].flags.contains(RelayFlags::GUARD), "guard has the flag");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn exit_choice_is_bandwidth_weighted() {
+        // Exits r1..r5 weigh 100..500 (total 1500).
+        let c = net();
+        let mut rng = StdRng::seed_from_u64(7);
+        let draws = 30_000u32;
+        let mut counts = [0u32; 5];
+        for _ in 0..draws {
+            let p = select_path(&c, &req(PathTarget::Any), &mut rng).unwrap();
+            let n: usize = p[2].nickname[1..].parse().unwrap();
+            counts[n - 1] += 1;
+        }
+        let mut chi2 = 0.0;
+        for (i, &got) in counts.iter().enumerate() {
+            let want = f64::from(draws) * (i as f64 + 1.0) / 15.0;
+            chi2 += (f64::from(got) - want).powi(2) / want;
+        }
+        // 4 degrees of freedom: P(chi2 > 18.5) < 0.001. Uniform choice would give ~4000.
+        assert!(chi2 < 18.5, "counts {counts:?} chi2 {chi2}");
+    }
+
+    #[test]
+    fn middles_are_bandwidth_weighted() {
+        // One exit, one guard, middles weighing 1:3.
+        let c = consensus(vec![
+            relay(1, 10, EXIT_G, LOOPBACK),
+            relay(2, 10, RelayFlags::GUARD, &[]),
+            relay(3, 100, ALL, &[]),
+            relay(4, 300, ALL, &[]),
+        ]);
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut heavy = 0u32;
+        for _ in 0..4000 {
+            let p = select_path(&c, &req(PathTarget::Any), &mut rng).unwrap();
+            assert_eq!(p[0].nickname, "r2");
+            assert_eq!(p[2].nickname, "r1");
+            if p[1].nickname == "r4" {
+                heavy += 1;
+            }
+        }
+        // Expected 3000; sd ~27. Middles here can only be r3/r4 (guard and exit taken).
+        assert!(
+            (2850..3150).contains(&heavy),
+            "heavy middle chosen {heavy} / 4000"
+        );
+    }
+
+    #[test]
+    fn exit_policy_filters() {
+        let c = consensus(vec![
+            relay(1, 100, EXIT_G, &["accept 10.0.0.0/8:*", "reject *:*"]),
+            relay(2, 100, EXIT_G, &["accept *:443", "reject *:*"]),
+            relay(3, 100, EXIT_G, LOOPBACK),
+            relay(4, 100, RelayFlags::GUARD, &[]),
+            relay(5, 100, ALL, &[]),
+        ]);
+        let mut rng = StdRng::seed_from_u64(5);
+        for _ in 0..200 {
+            let ten = select_path(
+                &c,
+                &req(PathTarget::Ip("10.1.1.1:22".parse().unwrap())),
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(ten[2].nickname, "r1");
+            let lo = select_path(
+                &c,
+                &req(PathTarget::Ip("127.0.0.1:8080".parse().unwrap())),
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(lo[2].nickname, "r3");
+            // A hostname on port 443: r1, r2 and r3 all might allow it.
+            let h = select_path(&c, &req(PathTarget::Host("example.com", 443)), &mut rng).unwrap();
+            assert!(["r1", "r2", "r3"].contains(&h[2].nickname.as_str()));
+        }
+        assert_eq!(
+            select_path(
+                &c,
+                &req(PathTarget::Ip("8.8.8.8:80".parse().unwrap())),
+                &mut rng
+            ),
+            Err(PathError::NoExit {
+                target: "8.8.8.8:80".into()
+            })
+        );
+        // An accepting policy without the Exit flag is not used as an exit.
+        let no_flag = consensus(vec![
+            relay(1, 100, ALL, LOOPBACK),
+            relay(2, 100, ALL, &[]),
+            relay(3, 100, ALL, &[]),
+        ]);
+        assert!(matches!(
+            select_path(&no_flag, &req(PathTarget::Any), &mut rng),
+            Err(PathError::NoExit { .. })
+        ));
+    }
+
+    #[test]
+    fn exit_pinning() {
+        let c = net();
+        let mut rng = StdRng::seed_from_u64(9);
+        let target = PathTarget::Host("localhost", 80);
+        for _ in 0..100 {
+            let p = select_path(
+                &c,
+                &PathRequest {
+                    exit_nickname: Some("R2"),
+                    ..req(target)
+                },
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(p[2].nickname, "r2");
+        }
+        let hex = c.relays[3].identity.to_hex();
+        let p = select_path(
+            &c,
+            &PathRequest {
+                exit_nickname: Some(&hex),
+                ..req(target)
+            },
+            &mut rng,
+        )
+        .unwrap();
+        assert_eq!(p[2].nickname, "r4");
+        assert_eq!(
+            select_path(
+                &c,
+                &PathRequest {
+                    exit_nickname: Some("nobody"),
+                    ..req(target)
+                },
+                &mut rng
+            ),
+            Err(PathError::UnknownExit("nobody".into()))
+        );
+        // r6 is a guard with a reject-all policy: pinned, but it cannot exit.
+        assert_eq!(
+            select_path(
+                &c,
+                &PathRequest {
+                    exit_nickname: Some("r6"),
+                    ..req(target)
+                },
+                &mut rng
+            ),
+            Err(PathError::ExitPolicyRejects {
+                exit: "r6".into(),
+                target: "localhost:80".into()
+            })
+        );
+        let ip = PathTarget::Ip("1.2.3.4:80".parse().unwrap());
+        assert!(matches!(
+            select_path(
+                &c,
+                &PathRequest {
+                    exit_nickname: Some("r1"),
+                    ..req(ip)
+                },
+                &mut rng
+            ),
+            Err(PathError::ExitPolicyRejects { .. })
+        ));
+    }
+
+    #[test]
+    fn preferred_guard_and_fallbacks() {
+        let c = net();
+        let mut rng = StdRng::seed_from_u64(11);
+        // A preferred guard is used even without the Guard flag when it is usable.
+        let g = c.relays[11].identity; // r12, plain relay
+        for _ in 0..50 {
+            let p = select_path(
+                &c,
+                &PathRequest {
+                    guard: Some(&g),
+                    ..req(PathTarget::Any)
+                },
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(p[0].identity, g);
+        }
+        // Preferred guard equal to the pinned exit: another guard is chosen.
+        let r1 = c.relays[0].identity;
+        let p = select_path(
+            &c,
+            &PathRequest {
+                guard: Some(&r1),
+                exit_nickname: Some("r1"),
+                ..req(PathTarget::Any)
+            },
+            &mut rng,
+        )
+        .unwrap();
+        assert_eq!(p[2].identity, r1);
+        assert_ne!(p[0].identity, r1);
+        // No Guard flags at all: any relay serves as guard.
+        let flat = consensus(vec![
+            relay(1, 10, EXIT_G, LOOPBACK),
+            relay(2, 10, ALL, &[]),
+            relay(3, 10, ALL, &[]),
+        ]);
+        let p = select_path(&flat, &req(PathTarget::Any), &mut rng).unwrap();
+        assert_eq!(p.len(), 3);
+        assert!(choose_guard(&flat, &mut rng).is_some());
+        // choose_guard prefers the flag.
+        for _ in 0..50 {
+            let g = choose_guard(&c, &mut rng).unwrap();
+            assert!(g.flags.contains(RelayFlags::GUARD));
+        }
+        assert!(choose_guard(&consensus(vec![]), &mut rng).is_none());
+    }
+
+    #[test]
+    fn not_enough_relays_and_bad_hops() {
+        let mut rng = StdRng::seed_from_u64(13);
+        let two = consensus(vec![
+            relay(1, 10, EXIT_G, LOOPBACK),
+            relay(2, 10, RelayFlags::GUARD, &[]),
+        ]);
+        assert_eq!(
+            select_path(&two, &req(PathTarget::Any), &mut rng),
+            Err(PathError::NotEnoughRelays { need: 3, have: 2 })
+        );
+        // Relays not flagged Running do not count.
+        let mut down = relay(3, 10, ALL, &[]);
+        down.flags = RelayFlags::VALID;
+        let mut v = two.relays.clone();
+        v.push(down);
+        assert_eq!(
+            select_path(&consensus(v), &req(PathTarget::Any), &mut rng),
+            Err(PathError::NotEnoughRelays { need: 3, have: 2 })
+        );
+        assert!(select_path(
+            &two,
+            &PathRequest {
+                hops: 2,
+                ..req(PathTarget::Any)
+            },
+            &mut rng
+        )
+        .is_ok());
+        assert_eq!(
+            select_path(
+                &two,
+                &PathRequest {
+                    hops: 0,
+                    ..req(PathTarget::Any)
+                },
+                &mut rng
+            ),
+            Err(PathError::BadHopCount(0))
+        );
+    }
+
+    #[test]
+    fn zero_bandwidth_relays_still_chosen_uniformly() {
+        let c = consensus(vec![
+            relay(1, 0, EXIT_G, LOOPBACK),
+            relay(2, 0, RelayFlags::GUARD, &[]),
+            relay(3, 0, ALL, &[]),
+        ]);
+        let mut rng = StdRng::seed_from_u64(17);
+        let p = select_path(&c, &req(PathTarget::Any), &mut rng).unwrap();
+        let names: Vec<&str> = p.iter().map(|r| r.nickname.as_str()).collect();
+        assert_eq!(names, ["r2", "r3", "r1"]);
+    }
+
+    #[test]
+    fn exit_notation() {
+        assert_eq!(
+            parse_exit_notation("example.com.relay1.exit"),
+            Some(("example.com", "relay1"))
+        );
+        assert_eq!(
+            parse_exit_notation("localhost.R2.EXIT"),
+            Some(("localhost", "R2"))
+        );
+        assert_eq!(
+            parse_exit_notation("127.0.0.1.relay3.exit"),
+            Some(("127.0.0.1", "relay3"))
+        );
+        assert_eq!(parse_exit_notation("example.com"), None);
+        assert_eq!(parse_exit_notation("relay1.exit"), None);
+        assert_eq!(parse_exit_notation(".relay1.exit"), None);
+        assert_eq!(parse_exit_notation("host..exit"), None);
+        assert_eq!(parse_exit_notation("exit"), None);
+        assert_eq!(parse_exit_notation("é.exit"), None);
+        assert_eq!(parse_exit_notation("examplexexit"), None);
+    }
+}
