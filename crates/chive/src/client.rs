@@ -1,14 +1,389 @@
-//! `chive client` (under construction).
+//! `chive client`: a SOCKS4a/5 proxy that carries each connection over a circuit.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chive_cell::{EndReason, ResolvedAnswer};
+use chive_client::circmgr::{CircMgrConfig, CircuitManager, Outcome, RequestKind, StreamRequest, Ticket};
+use chive_client::socks::{accept_socks, send_reply, SocksCommand, SocksReply, SocksRequest, TargetAddr};
+use chive_core::{Core, CoreConfig, Event, StreamHandle};
+use chive_crypto::IdentityKey;
+use chive_net::{FeatureSet, LinkConfig, LinkLimits};
+use rand::RngCore;
+use serde::Deserialize;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info, warn};
+
+use crate::common::{init_logging, load_config};
+use crate::driver::{spawn_stream_io, Driver, DriverConfig, Input, StreamCmd, StreamIo};
 
 /// Command-line arguments of `chive client`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = CLIENT_CONFIG_HELP)]
 pub struct Args {
-    /// TOML config file.
+    /// TOML config file (see below for its options).
     #[arg(long)]
-    pub config: std::path::PathBuf,
+    pub config: PathBuf,
 }
 
+const CLIENT_CONFIG_HELP: &str = "\
+Config file options (TOML):
+  DataDirectory = \"/path\"          state directory (required)
+  SocksPort = \"127.0.0.1:9050\"     SOCKS4a/5 listen address (required)
+  Authority = \"127.0.0.1:7000\"     the directory authority's DirPort (required)
+  AuthorityIdentity = \"<hex>\"      its Ed25519 identity, 64 hex digits (required)
+  MaxCircuitDirtiness = 600        seconds a circuit takes new streams after its first
+  PreemptiveCircuits = 2           clean circuits kept built and ready
+  CircuitBuildTimeout = 30         seconds before an unfinished circuit is abandoned
+  OutbufCells = 64                 cells handed to a connection but not yet written, at most
+  Log = \"info\"                     log filter (env CHIVE_LOG overrides)
+SOCKS5 username/password isolate streams: distinct credentials never share a circuit.
+A host written as HOST.NICKNAME.exit is reached through the relay NICKNAME as exit.";
+
+/// The client's config file.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ClientConfig {
+    #[serde(rename = "DataDirectory")]
+    pub data_directory: PathBuf,
+    #[serde(rename = "SocksPort")]
+    pub socks_port: SocketAddr,
+    #[serde(rename = "Authority")]
+    pub authority: SocketAddr,
+    #[serde(rename = "AuthorityIdentity")]
+    pub authority_identity: String,
+    #[serde(rename = "MaxCircuitDirtiness", default = "default_dirtiness")]
+    pub max_circuit_dirtiness: u64,
+    #[serde(rename = "PreemptiveCircuits", default = "default_preemptive")]
+    pub preemptive_circuits: usize,
+    #[serde(rename = "CircuitBuildTimeout", default = "default_build_timeout")]
+    pub circuit_build_timeout: u64,
+    #[serde(rename = "OutbufCells", default = "default_outbuf")]
+    pub outbuf_cells: usize,
+    #[serde(rename = "Log", default = "crate::relay::default_log")]
+    pub log: String,
+}
+
+fn default_dirtiness() -> u64 {
+    600
+}
+fn default_preemptive() -> usize {
+    2
+}
+fn default_build_timeout() -> u64 {
+    30
+}
+fn default_outbuf() -> usize {
+    64
+}
+
+/// How long a SOCKS request may wait for its stream to open.
+const SOCKS_STREAM_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a SOCKS client may take to send its request.
+const SOCKS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Run `chive client`.
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("chive client is not built yet")
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let cfg: ClientConfig = load_config(&args.config)?;
+    init_logging(&cfg.log);
+    let authority_id = IdentityKey::from_hex(&cfg.authority_identity)
+        .map_err(|e| anyhow::anyhow!("AuthorityIdentity: {e}"))?;
+    if !(1..=100_000).contains(&cfg.outbuf_cells) {
+        anyhow::bail!("OutbufCells must be between 1 and 100000");
+    }
+    std::fs::create_dir_all(&cfg.data_directory)
+        .with_context(|| format!("DataDirectory {}", cfg.data_directory.display()))?;
+    let listener = TcpListener::bind(cfg.socks_port)
+        .await
+        .with_context(|| format!("SocksPort {}: cannot listen", cfg.socks_port))?;
+    info!(addr = %listener.local_addr()?, "SOCKS listening");
+
+    let mut seed = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut seed);
+    let core = Core::new(
+        CoreConfig { circuit_build_timeout: Duration::from_secs(cfg.circuit_build_timeout.max(1)), ..CoreConfig::default() },
+        seed,
+    );
+    let mut driver = Driver::new(
+        core,
+        DriverConfig {
+            link: Arc::new(LinkConfig { identity: None, features: FeatureSet::EMPTY }),
+            limits: LinkLimits::default(),
+            outbuf_cells: cfg.outbuf_cells,
+            exit_policy: None,
+        },
+    );
+    rand::rngs::OsRng.fill_bytes(&mut seed);
+    driver.client = Some(ClientState::new(CircuitManager::new(
+        CircMgrConfig {
+            max_circuit_dirtiness: Duration::from_secs(cfg.max_circuit_dirtiness),
+            preemptive_circuits: cfg.preemptive_circuits,
+            ..CircMgrConfig::default()
+        },
+        seed,
+    )));
+    let tx = driver.sender();
+    let socks_tx = tx.clone();
+    tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((tcp, peer)) => {
+                    let tx = socks_tx.clone();
+                    tokio::spawn(async move { serve_socks(tcp, peer, tx).await });
+                }
+                Err(e) => {
+                    warn!(error = %e, "SOCKS accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
+    spawn_consensus_fetcher(cfg.authority, authority_id, tx.clone());
+    let stop_tx = tx;
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        info!("stopping on signal");
+        let _ = stop_tx.send(Input::Shutdown).await;
+    });
+    driver.run().await;
+    info!("client stopped");
+    Ok(())
+}
+
+/// Fetch and verify the consensus now, and again whenever it stops being fresh.
+pub fn spawn_consensus_fetcher(authority: SocketAddr, authority_id: IdentityKey, tx: mpsc::Sender<Input>) {
+    tokio::spawn(async move {
+        let mut have: Option<u64> = None;
+        loop {
+            let wait = match crate::dirclient::fetch_consensus(authority, &authority_id).await {
+                Ok((consensus, _doc)) => {
+                    let now = crate::common::unix_now();
+                    let wait = Duration::from_secs(consensus.fresh_until.saturating_sub(now).clamp(1, 300));
+                    if have != Some(consensus.valid_after) {
+                        have = Some(consensus.valid_after);
+                        debug!(relays = consensus.relays.len(), "new consensus");
+                        if tx.send(Input::Consensus(Arc::new(consensus))).await.is_err() {
+                            return;
+                        }
+                    }
+                    wait
+                }
+                Err(e) => {
+                    warn!(%authority, error = %format!("{e:#}"), "consensus fetch failed; retrying");
+                    Duration::from_secs(1)
+                }
+            };
+            tokio::time::sleep(wait).await;
+        }
+    });
+}
+
+/// Client-only inputs to the driver.
+pub enum ClientInput {
+    /// A SOCKS request wants a stream.
+    Socks { req: SocksRequest, reply: oneshot::Sender<SocksAnswer> },
+}
+
+/// What the driver tells a SOCKS connection.
+pub enum SocksAnswer {
+    /// The stream is open: run its IO with these.
+    Connected {
+        handle: StreamHandle,
+        write_rx: mpsc::UnboundedReceiver<StreamCmd>,
+        credit_rx: mpsc::UnboundedReceiver<usize>,
+    },
+    /// Answers to a RESOLVE.
+    Resolved(Vec<ResolvedAnswer>),
+    /// Failure, with the SOCKS error to report.
+    Failed(SocksReply),
+}
+
+/// The client's part of the driver: circuit policy and SOCKS bookkeeping.
+pub struct ClientState {
+    mgr: CircuitManager,
+    /// Requests waiting for a circuit.
+    waiting: HashMap<Ticket, oneshot::Sender<SocksAnswer>>,
+    /// Streams whose BEGIN/RESOLVE is out.
+    opening: HashMap<StreamHandle, oneshot::Sender<SocksAnswer>>,
+}
+
+fn socks_error(reason: EndReason) -> SocksReply {
+    match reason {
+        EndReason::CONNECTREFUSED => SocksReply::ConnectionRefused,
+        EndReason::EXITPOLICY => SocksReply::NotAllowed,
+        EndReason::RESOLVEFAILED => SocksReply::HostUnreachable,
+        EndReason::TIMEOUT => SocksReply::TtlExpired,
+        EndReason::NOROUTE => SocksReply::NetworkUnreachable,
+        _ => SocksReply::GeneralFailure,
+    }
+}
+
+impl ClientState {
+    fn new(mgr: CircuitManager) -> Self {
+        ClientState { mgr, waiting: HashMap::new(), opening: HashMap::new() }
+    }
+
+    pub fn set_consensus(&mut self, core: &mut Core, consensus: Arc<chive_dir::Consensus>, now: Instant) {
+        debug!(relays = consensus.relays.len(), "using new consensus");
+        self.mgr.set_consensus(core, consensus, now);
+    }
+
+    pub fn on_input(
+        &mut self,
+        core: &mut Core,
+        _streams: &mut HashMap<StreamHandle, StreamIo>,
+        input: ClientInput,
+        now: Instant,
+    ) {
+        match input {
+            ClientInput::Socks { req, reply } => {
+                let (host, port) = match &req.target {
+                    TargetAddr::Ip(a) => (a.ip().to_string(), a.port()),
+                    TargetAddr::Domain(h, p) => (h.clone(), *p),
+                };
+                // Tor's IsolateSOCKSAuth: the credentials are the isolation key.
+                let isolation = match &req.auth {
+                    Some((user, pass)) => {
+                        let mut k = Vec::with_capacity(user.len() + pass.len() + 1);
+                        k.extend_from_slice(user);
+                        k.push(0);
+                        k.extend_from_slice(pass);
+                        k
+                    }
+                    None => Vec::new(),
+                };
+                let kind = match req.command {
+                    SocksCommand::Connect => RequestKind::Connect,
+                    SocksCommand::Resolve => RequestKind::Resolve,
+                };
+                let ticket = self.mgr.request(core, StreamRequest { host, port, isolation, kind }, now);
+                self.waiting.insert(ticket, reply);
+            }
+        }
+    }
+
+    /// Hand out finished circuit requests. Returns whether anything happened.
+    pub fn poll(&mut self, _core: &mut Core, streams: &mut HashMap<StreamHandle, StreamIo>, _now: Instant) -> bool {
+        let mut any = false;
+        while let Some((ticket, outcome)) = self.mgr.poll_outcome() {
+            any = true;
+            let Some(reply) = self.waiting.remove(&ticket) else { continue };
+            match outcome {
+                Outcome::Started(handle) => {
+                    streams.insert(handle, StreamIo::parked());
+                    self.opening.insert(handle, reply);
+                }
+                Outcome::Failed(why) => {
+                    info!(%why, "stream request failed");
+                    let _ = reply.send(SocksAnswer::Failed(SocksReply::GeneralFailure));
+                }
+            }
+        }
+        any
+    }
+
+    pub fn on_event(&mut self, core: &mut Core, streams: &mut HashMap<StreamHandle, StreamIo>, ev: Event, now: Instant) {
+        match ev {
+            Event::StreamConnected { stream, .. } => {
+                let (Some(reply), Some((write_rx, credit_rx))) =
+                    (self.opening.remove(&stream), streams.get_mut(&stream).and_then(|io| io.unpark()))
+                else {
+                    return;
+                };
+                if reply.send(SocksAnswer::Connected { handle: stream, write_rx, credit_rx }).is_err() {
+                    // The application went away while we waited.
+                    streams.remove(&stream);
+                    core.stream_error(stream, now);
+                }
+            }
+            Event::Resolved { stream, answers } => {
+                streams.remove(&stream);
+                if let Some(reply) = self.opening.remove(&stream) {
+                    let _ = reply.send(SocksAnswer::Resolved(answers));
+                }
+            }
+            Event::CircuitBuilt { circ } => self.mgr.on_circuit_built(core, circ, now),
+            Event::CircuitClosed { circ, .. } => self.mgr.on_circuit_closed(core, circ, now),
+            _ => {}
+        }
+    }
+
+    /// A stream ended; if it never opened, fail its SOCKS request. Returns true if handled.
+    pub fn on_stream_closed(
+        &mut self,
+        streams: &mut HashMap<StreamHandle, StreamIo>,
+        stream: StreamHandle,
+        reason: EndReason,
+    ) -> bool {
+        match self.opening.remove(&stream) {
+            Some(reply) => {
+                streams.remove(&stream);
+                debug!(?stream, %reason, "stream refused");
+                let _ = reply.send(SocksAnswer::Failed(socks_error(reason)));
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn tick(&mut self, core: &mut Core, now: Instant) {
+        self.mgr.tick(core, now);
+    }
+}
+
+/// One SOCKS connection: handshake, wait for the stream, then relay bytes.
+async fn serve_socks(mut tcp: TcpStream, peer: SocketAddr, tx: mpsc::Sender<Input>) {
+    let _ = tcp.set_nodelay(true);
+    let req = match tokio::time::timeout(SOCKS_HANDSHAKE_TIMEOUT, accept_socks(&mut tcp)).await {
+        Ok(Ok(req)) => req,
+        Ok(Err(e)) => {
+            info!(%peer, error = %e, "bad SOCKS request; closing");
+            return;
+        }
+        Err(_) => {
+            info!(%peer, "SOCKS request timed out; closing");
+            return;
+        }
+    };
+    let (reply_tx, reply_rx) = oneshot::channel();
+    if tx.send(Input::Client(ClientInput::Socks { req: req.clone(), reply: reply_tx })).await.is_err() {
+        return;
+    }
+    let answer = match tokio::time::timeout(SOCKS_STREAM_TIMEOUT, reply_rx).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(_)) => SocksAnswer::Failed(SocksReply::GeneralFailure),
+        Err(_) => SocksAnswer::Failed(SocksReply::TtlExpired),
+    };
+    match answer {
+        SocksAnswer::Connected { handle, write_rx, credit_rx } => {
+            if send_reply(&mut tcp, &req, SocksReply::Succeeded, None).await.is_ok() {
+                spawn_stream_io(handle, tcp, write_rx, credit_rx, tx);
+            } else {
+                let _ = tx.send(Input::StreamError { stream: handle, why: "SOCKS reply failed".into() }).await;
+            }
+        }
+        SocksAnswer::Resolved(answers) => {
+            let addr = answers.iter().find_map(|a| match a {
+                ResolvedAnswer::Ip(ip, _) => Some(SocketAddr::new(*ip, 0)),
+                _ => None,
+            });
+            let reply = if addr.is_some() { SocksReply::Succeeded } else { SocksReply::HostUnreachable };
+            let _ = send_reply(&mut tcp, &req, reply, addr).await;
+        }
+        SocksAnswer::Failed(code) => {
+            let _ = send_reply(&mut tcp, &req, code, None).await;
+        }
+    }
 }

@@ -3,6 +3,8 @@
 mod authority;
 mod client;
 mod common;
+mod dirclient;
+mod driver;
 mod httpd;
 mod perf;
 mod relay;

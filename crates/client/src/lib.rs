@@ -1,1 +1,11 @@
-//! placeholder
+//! chive-client: the client side of chive, minus the sockets.
+//!
+//! - [`socks`]: the SOCKS4a/5 server protocol (what applications speak to us).
+//! - [`path`]: bandwidth-weighted guard / middle / exit selection from a consensus.
+//! - [`circmgr`]: which circuit a stream goes on (reuse, isolation, dirtiness,
+//!   preemptive circuits), driving a sans-IO [`chive_core::Core`].
+#![forbid(unsafe_code)]
+
+pub mod circmgr;
+pub mod path;
+pub mod socks;

@@ -1,0 +1,395 @@
+//! Which circuit a new stream goes on: reuse, isolation, dirtiness, preemptive
+//! circuits. Pure policy over a [`chive_core::Core`]; no IO, time passed in.
+//!
+//! Rules (Tor's, simplified):
+//! - A circuit is *clean* until its first stream; then it is *dirty* from that
+//!   moment, and takes no new streams once dirty for longer than
+//!   `max_circuit_dirtiness`. Idle dirty circuits past that age are closed.
+//! - A circuit carries streams of one isolation key only (the SOCKS
+//!   username/password, as Tor's IsolateSOCKSAuth): distinct credentials never
+//!   share a circuit. Streams without credentials share their own key.
+//! - Its exit must allow the target (address and port, or for a host name, the
+//!   port somewhere), and must be the pinned relay for `host.<nickname>.exit`.
+//! - `preemptive_circuits` clean circuits are kept built so that a new stream
+//!   rarely waits for a circuit to be built.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chive_core::{CircKey, Core, HopSpec, StreamHandle};
+use chive_crypto::ntor::NtorPublicKey;
+use chive_crypto::IdentityKey;
+use chive_dir::{Consensus, ConsensusRelay};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tracing::{debug, info, warn};
+
+use crate::path::{choose_guard, parse_exit_notation, select_path, PathRequest, PathTarget};
+
+/// Circuit manager settings.
+#[derive(Clone, Debug)]
+pub struct CircMgrConfig {
+    /// Tor's MaxCircuitDirtiness.
+    pub max_circuit_dirtiness: Duration,
+    /// Clean circuits kept ready.
+    pub preemptive_circuits: usize,
+    /// Circuits that may be building at once.
+    pub max_building: usize,
+    /// How many circuits a request may try before it fails.
+    pub max_attempts: u32,
+}
+
+impl Default for CircMgrConfig {
+    fn default() -> Self {
+        CircMgrConfig {
+            max_circuit_dirtiness: Duration::from_secs(600),
+            preemptive_circuits: 2,
+            max_building: 8,
+            max_attempts: 3,
+        }
+    }
+}
+
+/// What the stream asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestKind {
+    /// Open a data stream (BEGIN).
+    Connect,
+    /// Resolve a host name (RESOLVE).
+    Resolve,
+}
+
+/// A stream waiting for a circuit.
+#[derive(Clone, Debug)]
+pub struct StreamRequest {
+    /// Host name or address literal (may use `.exit` notation).
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// Isolation key: streams with different keys never share a circuit.
+    pub isolation: Vec<u8>,
+    /// Connect or resolve.
+    pub kind: RequestKind,
+}
+
+/// Names a request until it has a stream handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket(pub u64);
+
+/// What became of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The stream was started on a circuit; watch its handle for CONNECTED/END.
+    Started(StreamHandle),
+    /// No circuit could carry it.
+    Failed(String),
+}
+
+struct CircInfo {
+    exit: IdentityKey,
+    exit_nickname: String,
+    built: bool,
+    /// Set by the first stream.
+    isolation: Option<Vec<u8>>,
+    dirty_since: Option<Instant>,
+    /// A request made this circuit for itself (pinned exit, unusual target).
+    waiting: Vec<(Ticket, StreamRequest, u32)>,
+}
+
+/// The client's circuit policy. See the module docs.
+pub struct CircuitManager {
+    cfg: CircMgrConfig,
+    consensus: Option<Arc<Consensus>>,
+    circuits: HashMap<CircKey, CircInfo>,
+    /// Requests that wait for a consensus.
+    parked: Vec<(Ticket, StreamRequest, u32)>,
+    outcomes: VecDeque<(Ticket, Outcome)>,
+    guard: Option<IdentityKey>,
+    next_ticket: u64,
+    rng: StdRng,
+}
+
+fn target_of(host: &str, port: u16) -> PathTarget<'_> {
+    match host.parse::<IpAddr>() {
+        Ok(ip) => PathTarget::Ip(SocketAddr::new(ip, port)),
+        Err(_) => PathTarget::Host(host, port),
+    }
+}
+
+fn exit_allows(relay: &ConsensusRelay, host: &str, port: u16) -> bool {
+    match host.parse::<IpAddr>() {
+        Ok(ip) => relay.exit_policy.allows(ip, port),
+        Err(_) => relay.exit_policy.allows_port_somewhere(port),
+    }
+}
+
+fn hop_spec(r: &ConsensusRelay) -> HopSpec {
+    HopSpec { identity: r.identity, ntor_key: NtorPublicKey(r.ntor_key), addr: r.address }
+}
+
+impl CircuitManager {
+    /// A manager with no consensus yet. `seed` feeds path selection.
+    pub fn new(cfg: CircMgrConfig, seed: [u8; 32]) -> Self {
+        CircuitManager {
+            cfg,
+            consensus: None,
+            circuits: HashMap::new(),
+            parked: Vec::new(),
+            outcomes: VecDeque::new(),
+            guard: None,
+            next_ticket: 1,
+            rng: StdRng::from_seed(seed),
+        }
+    }
+
+    /// Use a newly fetched (and verified) consensus; serve parked requests.
+    pub fn set_consensus(&mut self, core: &mut Core, consensus: Arc<Consensus>, now: Instant) {
+        core.set_circwindow(u32::from(consensus.params.circwindow()));
+        if let Some(g) = self.guard {
+            if consensus.relay_by_identity(&g).is_none() {
+                info!("guard left the consensus; choosing another");
+                self.guard = None;
+            }
+        }
+        self.consensus = Some(consensus);
+        for (ticket, req, attempts) in std::mem::take(&mut self.parked) {
+            self.place(core, ticket, req, attempts, now);
+        }
+        self.tick(core, now);
+    }
+
+    /// Whether a consensus is loaded.
+    pub fn has_consensus(&self) -> bool {
+        self.consensus.is_some()
+    }
+
+    /// Ask for a stream; its outcome comes from [`CircuitManager::poll_outcome`].
+    pub fn request(&mut self, core: &mut Core, req: StreamRequest, now: Instant) -> Ticket {
+        let ticket = Ticket(self.next_ticket);
+        self.next_ticket += 1;
+        self.place(core, ticket, req, 0, now);
+        ticket
+    }
+
+    /// Next finished request.
+    pub fn poll_outcome(&mut self) -> Option<(Ticket, Outcome)> {
+        self.outcomes.pop_front()
+    }
+
+    /// Number of circuits the manager knows (built or building).
+    pub fn circuit_count(&self) -> usize {
+        self.circuits.len()
+    }
+
+    /// The circuit a stream handle was started on is not tracked here; this
+    /// tells which circuit carries streams of `isolation` (for tests and logs).
+    pub fn circuits_for(&self, isolation: &[u8]) -> Vec<CircKey> {
+        let mut v: Vec<CircKey> = self
+            .circuits
+            .iter()
+            .filter(|(_, c)| c.isolation.as_deref() == Some(isolation))
+            .map(|(k, _)| *k)
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn usable(&self, info: &CircInfo, req: &StreamRequest, host: &str, pin: Option<&str>, now: Instant) -> bool {
+        if let Some(iso) = &info.isolation {
+            if *iso != req.isolation {
+                return false;
+            }
+        }
+        if let Some(since) = info.dirty_since {
+            if now.duration_since(since) >= self.cfg.max_circuit_dirtiness {
+                return false;
+            }
+        }
+        if let Some(pin) = pin {
+            if !info.exit_nickname.eq_ignore_ascii_case(pin) {
+                return false;
+            }
+        }
+        let Some(cons) = &self.consensus else { return false };
+        match cons.relay_by_identity(&info.exit) {
+            Some(r) => req.kind == RequestKind::Resolve || exit_allows(r, host, req.port),
+            None => false,
+        }
+    }
+
+    fn place(&mut self, core: &mut Core, ticket: Ticket, req: StreamRequest, attempts: u32, now: Instant) {
+        if attempts >= self.cfg.max_attempts {
+            self.outcomes.push_back((ticket, Outcome::Failed(format!("no circuit after {attempts} attempts"))));
+            return;
+        }
+        if self.consensus.is_none() {
+            self.parked.push((ticket, req, attempts));
+            return;
+        }
+        let (host, pin) = match parse_exit_notation(&req.host) {
+            Some((h, n)) => (h.to_string(), Some(n.to_string())),
+            None => (req.host.clone(), None),
+        };
+        // A built circuit: prefer one already dirty with this key, then a clean one.
+        let mut best: Option<(bool, CircKey)> = None;
+        for (key, info) in &self.circuits {
+            if !info.built || !core.circuit_is_open(*key) || !self.usable(info, &req, &host, pin.as_deref(), now) {
+                continue;
+            }
+            let rank = info.isolation.is_some();
+            if best.is_none_or(|(r, k)| (rank, std::cmp::Reverse(*key)) > (r, std::cmp::Reverse(k))) {
+                best = Some((rank, *key));
+            }
+        }
+        if let Some((_, key)) = best {
+            return self.start_stream(core, key, ticket, req, &host, attempts, now);
+        }
+        // A circuit being built that will suit it.
+        let building = self.circuits.iter().find(|(_, info)| {
+            !info.built
+                && self.usable(info, &req, &host, pin.as_deref(), now)
+                && info.waiting.iter().all(|(_, r, _)| r.isolation == req.isolation)
+        });
+        if let Some((key, _)) = building {
+            let key = *key;
+            if let Some(info) = self.circuits.get_mut(&key) {
+                info.waiting.push((ticket, req, attempts));
+            }
+            return;
+        }
+        match self.launch(core, Some((&host, req.port)), pin.as_deref(), req.kind == RequestKind::Resolve, now) {
+            Ok(key) => {
+                if let Some(info) = self.circuits.get_mut(&key) {
+                    info.waiting.push((ticket, req, attempts));
+                }
+            }
+            Err(e) => self.outcomes.push_back((ticket, Outcome::Failed(e))),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_stream(
+        &mut self,
+        core: &mut Core,
+        key: CircKey,
+        ticket: Ticket,
+        req: StreamRequest,
+        host: &str,
+        attempts: u32,
+        now: Instant,
+    ) {
+        let result = match req.kind {
+            RequestKind::Connect => core.open_stream(key, host, req.port, now),
+            RequestKind::Resolve => core.resolve(key, host, now),
+        };
+        match result {
+            Ok(handle) => {
+                if let Some(info) = self.circuits.get_mut(&key) {
+                    if info.isolation.is_none() {
+                        info.isolation = Some(req.isolation.clone());
+                        info.dirty_since = Some(now);
+                    }
+                }
+                // The user name only (never the password), for operators and tests.
+                let user = req.isolation.split(|b| *b == 0).next().unwrap_or_default();
+                info!(?key, ?handle, isolation = %String::from_utf8_lossy(user), "stream attached");
+                self.outcomes.push_back((ticket, Outcome::Started(handle)));
+            }
+            Err(e) => {
+                warn!(?key, error = %e, "cannot start stream on circuit; trying another");
+                self.place(core, ticket, req, attempts + 1, now);
+            }
+        }
+    }
+
+    /// Build a new circuit whose exit allows `target` (or any exit).
+    fn launch(
+        &mut self,
+        core: &mut Core,
+        target: Option<(&str, u16)>,
+        pin: Option<&str>,
+        any_exit: bool,
+        now: Instant,
+    ) -> Result<CircKey, String> {
+        let Some(cons) = self.consensus.clone() else { return Err("no consensus".into()) };
+        if self.guard.is_none() {
+            self.guard = choose_guard(&cons, &mut self.rng).map(|r| r.identity);
+        }
+        let path_target = match target {
+            Some((h, p)) if !any_exit => target_of(h, p),
+            _ => PathTarget::Any,
+        };
+        let req = PathRequest { target: path_target, exit_nickname: pin, guard: self.guard.as_ref(), hops: 3 };
+        let path = select_path(&cons, &req, &mut self.rng).map_err(|e| e.to_string())?;
+        let Some(exit) = path.last() else { return Err("empty path".into()) };
+        let (exit_id, exit_nick) = (exit.identity, exit.nickname.clone());
+        let names: Vec<&str> = path.iter().map(|r| r.nickname.as_str()).collect();
+        let key = core.launch_circuit(path.iter().map(|r| hop_spec(r)).collect(), now);
+        info!(?key, path = %names.join(","), "launching circuit");
+        self.circuits.insert(
+            key,
+            CircInfo {
+                exit: exit_id,
+                exit_nickname: exit_nick,
+                built: false,
+                isolation: None,
+                dirty_since: None,
+                waiting: Vec::new(),
+            },
+        );
+        Ok(key)
+    }
+
+    /// The core reported [`chive_core::Event::CircuitBuilt`].
+    pub fn on_circuit_built(&mut self, core: &mut Core, circ: CircKey, now: Instant) {
+        let Some(info) = self.circuits.get_mut(&circ) else { return };
+        info.built = true;
+        let waiting = std::mem::take(&mut info.waiting);
+        for (ticket, req, attempts) in waiting {
+            // Re-place: the circuit is built and suits them, unless a stream of
+            // another key got there first.
+            self.place(core, ticket, req, attempts, now);
+        }
+    }
+
+    /// The core reported [`chive_core::Event::CircuitClosed`]: retry its waiters elsewhere.
+    pub fn on_circuit_closed(&mut self, core: &mut Core, circ: CircKey, now: Instant) {
+        let Some(info) = self.circuits.remove(&circ) else { return };
+        for (ticket, req, attempts) in info.waiting {
+            self.place(core, ticket, req, attempts + 1, now);
+        }
+    }
+
+    /// Periodic housekeeping: close stale idle circuits, keep preemptive ones.
+    pub fn tick(&mut self, core: &mut Core, now: Instant) {
+        let stale: Vec<CircKey> = self
+            .circuits
+            .iter()
+            .filter(|(k, c)| {
+                c.built
+                    && c.dirty_since.is_some_and(|d| now.duration_since(d) >= self.cfg.max_circuit_dirtiness)
+                    && core.circuit_streams(**k) == 0
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for key in stale {
+            debug!(?key, "closing dirty idle circuit");
+            self.circuits.remove(&key);
+            core.close_circuit(key, now);
+        }
+        if self.consensus.is_none() {
+            return;
+        }
+        let clean = self.circuits.values().filter(|c| c.isolation.is_none() && c.waiting.is_empty()).count();
+        let building = self.circuits.values().filter(|c| !c.built).count();
+        let want = self.cfg.preemptive_circuits.saturating_sub(clean);
+        for _ in 0..want.min(self.cfg.max_building.saturating_sub(building)) {
+            if let Err(e) = self.launch(core, None, None, true, now) {
+                warn!(error = %e, "cannot build a preemptive circuit");
+                break;
+            }
+        }
+    }
+}
