@@ -1,0 +1,345 @@
+//! End-to-end tests with real processes on loopback: an authority, three
+//! relays, a client and `chive httpd`, talking TLS and SOCKS for real.
+//!
+//! Every test starts its own network on free ports and kills it on drop.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_chive");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Network {
+    dir: PathBuf,
+    children: Vec<(String, Child)>,
+    socks: SocketAddr,
+    http: SocketAddr,
+    relays: Vec<SocketAddr>,
+    authority: SocketAddr,
+    authority_id: String,
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn(dir: &Path, name: &str, args: &[&str]) -> Child {
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {name}: {e}"))
+}
+
+impl Network {
+    fn start(test: &str, relay_extra: &str) -> Network {
+        let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let authority: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let auth_cfg = dir.join("auth.toml");
+        std::fs::write(
+            &auth_cfg,
+            format!(
+                "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{authority}\"\nConsensusInterval = 2\nTestingAllGuards = true\n",
+                dir.join("auth").display()
+            ),
+        )
+        .unwrap();
+        let out = Command::new(BIN)
+            .args(["authority", "--config", auth_cfg.to_str().unwrap(), "--print-identity"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let authority_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let mut net = Network {
+            dir: dir.clone(),
+            children: Vec::new(),
+            socks: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            relays: Vec::new(),
+            authority,
+            authority_id: authority_id.clone(),
+        };
+        net.children.push(("authority".into(), spawn(&dir, "authority", &["authority", "--config", auth_cfg.to_str().unwrap()])));
+        for i in 1..=3 {
+            let or: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let cfg = dir.join(format!("relay{i}.toml"));
+            std::fs::write(
+                &cfg,
+                format!(
+                    "Nickname = \"relay{i}\"\nDataDirectory = \"{}\"\nORPort = \"{or}\"\nAuthority = \"{authority}\"\n\
+                     AuthorityIdentity = \"{authority_id}\"\nExitPolicy = [\"accept 127.0.0.0/8:*\", \"reject *:*\"]\n\
+                     ExitPolicyRejectPrivate = false\n{relay_extra}\n",
+                    dir.join(format!("relay{i}")).display()
+                ),
+            )
+            .unwrap();
+            net.relays.push(or);
+            net.children.push((format!("relay{i}"), spawn(&dir, &format!("relay{i}"), &["relay", "--config", cfg.to_str().unwrap()])));
+        }
+        let ccfg = dir.join("client.toml");
+        std::fs::write(
+            &ccfg,
+            format!(
+                "DataDirectory = \"{}\"\nSocksPort = \"{}\"\nAuthority = \"{authority}\"\nAuthorityIdentity = \"{authority_id}\"\nLog = \"debug\"\n",
+                dir.join("client").display(),
+                net.socks
+            ),
+        )
+        .unwrap();
+        net.children.push(("client".into(), spawn(&dir, "client", &["client", "--config", ccfg.to_str().unwrap()])));
+        let http = net.http.to_string();
+        net.children.push(("httpd".into(), spawn(&dir, "httpd", &["httpd", "--listen", &http])));
+        net.wait_ready();
+        net
+    }
+
+    /// Ready when a real fetch through the overlay works.
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            for (name, child) in &mut self.children {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("{name} exited early ({status}); see {}", self.dir.display());
+                }
+            }
+            match fetch(self.socks, self.http, 1024, None) {
+                Ok(body) if body == pattern(1024) => return,
+                Ok(_) => last = "wrong content".into(),
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("network not ready after 60 s: {last}; logs in {}", self.dir.display());
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8).collect()
+}
+
+/// SOCKS5 (optionally with username/password) + HTTP/1.0 GET of /bytes/N.
+fn fetch(socks: SocketAddr, http: SocketAddr, n: usize, auth: Option<(&str, &str)>) -> Result<Vec<u8>, String> {
+    fn e(what: &'static str) -> impl Fn(std::io::Error) -> String {
+        move |err| format!("{what}: {err}")
+    }
+    let mut s = TcpStream::connect(socks).map_err(e("connect"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(e("timeout"))?;
+    match auth {
+        None => s.write_all(&[5, 1, 0]).map_err(e("greet"))?,
+        Some(_) => s.write_all(&[5, 1, 2]).map_err(e("greet"))?,
+    }
+    let mut r = [0u8; 2];
+    s.read_exact(&mut r).map_err(e("method"))?;
+    if let Some((u, p)) = auth {
+        let mut m = vec![1, u.len() as u8];
+        m.extend_from_slice(u.as_bytes());
+        m.push(p.len() as u8);
+        m.extend_from_slice(p.as_bytes());
+        s.write_all(&m).map_err(e("auth"))?;
+        s.read_exact(&mut r).map_err(e("auth reply"))?;
+        if r[1] != 0 {
+            return Err("auth refused".into());
+        }
+    }
+    let host = http.ip().to_string();
+    let mut req = vec![5, 1, 0, 3, host.len() as u8];
+    req.extend_from_slice(host.as_bytes());
+    req.extend_from_slice(&http.port().to_be_bytes());
+    s.write_all(&req).map_err(e("request"))?;
+    let mut rep = [0u8; 10];
+    s.read_exact(&mut rep).map_err(e("reply"))?;
+    if rep[1] != 0 {
+        return Err(format!("SOCKS reply {}", rep[1]));
+    }
+    write!(s, "GET /bytes/{n} HTTP/1.0\r\nHost: x\r\n\r\n").map_err(e("http"))?;
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).map_err(e("body"))?;
+    let split = all.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no header end")?;
+    Ok(all[split + 4..].to_vec())
+}
+
+#[test]
+fn download_is_byte_exact_and_usernames_isolate_circuits() {
+    let net = Network::start("isolation", "");
+    let body = fetch(net.socks, net.http, 3_000_000, None).unwrap();
+    assert!(body == pattern(3_000_000), "3 MB download differs");
+    // Two SOCKS identities, two fetches each: each identity keeps its circuit,
+    // and the two never share one.
+    for _ in 0..2 {
+        for who in ["alice", "bob"] {
+            assert_eq!(fetch(net.socks, net.http, 5000, Some((who, "pw"))).unwrap(), pattern(5000));
+        }
+    }
+    let log = net.log("client");
+    let circuit_of = |who: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains("stream attached") && l.contains(&format!("isolation={who}")))
+            .filter_map(|l| l.split("key=").nth(1).map(|k| k.split_whitespace().next().unwrap_or("").to_string()))
+            .collect()
+    };
+    let (a, b) = (circuit_of("alice"), circuit_of("bob"));
+    assert_eq!(a.len(), 2, "client log: {log}");
+    assert_eq!(b.len(), 2);
+    assert_eq!(a[0], a[1], "alice's streams should share her circuit");
+    assert_eq!(b[0], b[1], "bob's streams should share his circuit");
+    assert_ne!(a[0], b[0], "alice and bob must not share a circuit");
+}
+
+#[test]
+fn hostile_input_does_not_disturb_a_concurrent_transfer() {
+    let net = Network::start("hostile", "");
+    let (socks, http) = (net.socks, net.http);
+    let transfer = std::thread::spawn(move || fetch(socks, http, 20_000_000, None));
+    // Garbage and oversized requests on the SOCKS port.
+    for junk in [&b"GET / HTTP/1.1\r\n\r\n"[..], &[5, 255][..], &[4, 1, 0, 80, 0, 0, 0, 1][..], &[0u8; 600][..]] {
+        if let Ok(mut s) = TcpStream::connect(net.socks) {
+            let _ = s.write_all(junk);
+            let _ = s.shutdown(std::net::Shutdown::Write);
+            let mut sink = Vec::new();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = s.read_to_end(&mut sink);
+        }
+    }
+    let mut long = vec![5, 1, 0, 5, 1, 0, 3, 255];
+    long.extend(std::iter::repeat_n(b'a', 255));
+    long.extend_from_slice(&[0, 80]);
+    if let Ok(mut s) = TcpStream::connect(net.socks) {
+        let _ = s.write_all(&long);
+    }
+    // Garbage instead of TLS on every relay's ORPort, and a TLS link that sends junk cells.
+    for relay in &net.relays {
+        if let Ok(mut s) = TcpStream::connect(relay) {
+            let _ = s.write_all(&[0x16, 3, 1, 0, 5, 1, 2, 3, 4, 5]);
+            let _ = s.write_all(&[0xff; 4096]);
+        }
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cfg = chive_net::LinkConfig { identity: None, features: chive_net::FeatureSet::EMPTY };
+        for relay in &net.relays {
+            let Ok(link) = chive_net::connect(*relay, None, &cfg).await else { continue };
+            let (_r, mut w) = link.split(chive_net::LinkLimits::default());
+            use chive_cell::{Cell, CellCommand};
+            let cells = vec![
+                // RELAY cell for a circuit that does not exist.
+                Cell::new(0x8000_0001, CellCommand::RELAY, &[7; 509]).unwrap(),
+                // CREATE2 with a garbage handshake.
+                Cell::new(0x8000_0002, CellCommand::CREATE2, &[0, 2, 0, 84, 1, 2, 3]).unwrap(),
+                // CREATE2 with an id from the wrong half of the id space.
+                Cell::new(0x0000_0003, CellCommand::CREATE2, &[0, 2, 0, 84]).unwrap(),
+                // Unknown command.
+                Cell::new(0x8000_0004, CellCommand(77), &[0; 10]).unwrap(),
+                // DESTROY for nothing.
+                Cell::new(0x8000_0005, CellCommand::DESTROY, &[1]).unwrap(),
+            ];
+            let _ = w.write_cells(&cells).await;
+            // Truncated TLS: close in the middle of a cell.
+            drop(w);
+        }
+    });
+    let body = transfer.join().unwrap().expect("concurrent transfer failed");
+    assert!(body == pattern(20_000_000), "concurrent transfer was not byte-exact");
+    // Every process is still serving.
+    assert_eq!(fetch(net.socks, net.http, 100_000, None).unwrap(), pattern(100_000));
+    let logs: String = (1..=3).map(|i| net.log(&format!("relay{i}"))).collect();
+    assert!(logs.contains("incoming link failed"), "garbage link should be logged");
+    assert!(net.log("client").contains("bad SOCKS request"), "garbage SOCKS should be logged");
+}
+
+#[test]
+fn broken_config_is_refused_with_the_option_named() {
+    let dir = std::env::temp_dir().join(format!("chive-e2e-badcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        ("relay", "Nickname = \"r\"\nDataDirectory = \"/nonexistent/chive-x\"\nORPort = \"127.0.0.1:1\"\nAuthority = \"127.0.0.1:2\"\nAuthorityIdentity = \"00\"\nBandwidthRat = 5\n", "BandwidthRat"),
+        ("relay", "Nickname = \"r\"\nDataDirectory = \"/nonexistent/chive-x\"\nORPort = \"127.0.0.1:1\"\nAuthority = \"127.0.0.1:2\"\nAuthorityIdentity = \"00\"\nExitPolicy = [\"acept *:*\"]\n", "ExitPolicy"),
+        ("relay", "Nickname = \"r\"\nDataDirectory = \"/nonexistent/chive-x\"\nORPort = \"not an address\"\n", "ORPort"),
+        ("client", "DataDirectory = \"/nonexistent/chive-x\"\nSocksPort = \"127.0.0.1:1\"\nAuthority = \"127.0.0.1:2\"\nAuthorityIdentity = \"xyz\"\n", "AuthorityIdentity"),
+        ("authority", "Nickname = \"a\"\nDataDirectory = \"/nonexistent/chive-x\"\nDirPort = \"127.0.0.1:1\"\n[NetworkParameters]\ncircwindow = 5000\n", "circwindow"),
+    ];
+    for (i, (cmd, text, option)) in cases.iter().enumerate() {
+        let path = dir.join(format!("bad{i}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let (ok, err) = run_briefly(&[cmd, "--config", path.to_str().unwrap()]);
+        assert!(!ok, "{cmd} accepted a broken config: {text}");
+        assert!(err.contains(option), "{cmd}: error should name {option}, got: {err}");
+    }
+    let (ok, err) = run_briefly(&["relay", "--config", "/nonexistent/chive.toml"]);
+    assert!(!ok);
+    assert!(err.contains("/nonexistent/chive.toml"));
+}
+
+/// Run the binary expecting it to exit by itself within 10 s (killed otherwise,
+/// which counts as "accepted"). Returns (exited successfully, stderr).
+fn run_briefly(args: &[&str]) -> (bool, String) {
+    let mut child = Command::new(BIN).args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            return (status.success(), err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (true, "still running after 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn exit_notation_pins_the_exit_and_policy_refusals_fail_cleanly() {
+    let net = Network::start("exitpin", "");
+    // host.<nickname>.exit goes through that exit.
+    let host = format!("{}.relay2.exit", net.http.ip());
+    let mut s = TcpStream::connect(net.socks).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(&[5, 1, 0]).unwrap();
+    let mut r = [0u8; 2];
+    s.read_exact(&mut r).unwrap();
+    let mut req = vec![5, 1, 0, 3, host.len() as u8];
+    req.extend_from_slice(host.as_bytes());
+    req.extend_from_slice(&net.http.port().to_be_bytes());
+    s.write_all(&req).unwrap();
+    let mut rep = [0u8; 10];
+    s.read_exact(&mut rep).unwrap();
+    assert_eq!(rep[1], 0, "pinned exit request failed");
+    write!(s, "GET /bytes/1000 HTTP/1.0\r\n\r\n").unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    assert!(all.ends_with(&pattern(1000)));
+    let log = net.log("client");
+    let launched = log.lines().filter(|l| l.contains("launching circuit")).collect::<Vec<_>>();
+    assert!(launched.iter().any(|l| l.trim_end().ends_with(",relay2")), "no circuit ends at relay2: {launched:?}");
+    // A target no exit allows (a non-loopback address) is refused, not hung.
+    let mut s = TcpStream::connect(net.socks).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(&[5, 1, 0]).unwrap();
+    s.read_exact(&mut r).unwrap();
+    s.write_all(&[5, 1, 0, 1, 192, 0, 2, 1, 0, 80]).unwrap();
+    s.read_exact(&mut rep).unwrap();
+    assert_ne!(rep[1], 0, "a target every exit rejects must fail");
+    let _ = (&net.authority, &net.authority_id);
+}
