@@ -1,0 +1,196 @@
+"""``chive-lab``: the command line over :mod:`chive_lab.network`.
+
+stdout carries only machine-readable results (one JSON object for ``up``);
+progress and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from . import __version__
+from .config import parse_assignment, parse_param
+from .errors import LabError
+from .network import MAX_RELAYS, MIN_RELAYS, Network, NetworkSpec
+
+
+def _assignment(text: str):
+    try:
+        return parse_assignment(text)
+    except LabError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _param(text: str):
+    try:
+        return parse_param(text)
+    except LabError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from e
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from e
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``chive-lab`` (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(
+        prog="chive-lab",
+        description="Start and stop private chive networks on loopback.",
+        epilog="See docs/lab.md in the chive repository for the directory layout and examples.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser(
+        "up",
+        help="start a network and wait until it works",
+        description=(
+            "Write configs and start 1 authority, N relays (all exits allowing 127.0.0.0/8), "
+            "1 SOCKS client and 1 `chive httpd` on 127.0.0.1 with free ports; wait until the "
+            "consensus lists every relay and a real fetch through the SOCKS port returns the "
+            "expected bytes; then print one JSON object on stdout: "
+            '{"socks": "127.0.0.1:P", "http": "http://127.0.0.1:P", "dir": DIR, "pids": {...}}. '
+            "On failure, stop what was started and exit 1 with the reason and the failing "
+            "node's log tail on stderr."
+        ),
+    )
+    up.add_argument("--dir", required=True, type=Path,
+                    help="directory for configs, data, logs (DIR/<node>/chive.log) and state.json; "
+                         "must not already hold a network")
+    up.add_argument("--relays", type=int, default=3, metavar="N",
+                    help=f"number of relays, {MIN_RELAYS}..{MAX_RELAYS} (default: 3)")
+    up.add_argument("--bandwidth-rate", type=_non_negative_int, default=None, metavar="BYTES",
+                    help="set BandwidthRate and BandwidthBurst (bytes/s) on every relay "
+                         "(default: unlimited)")
+    up.add_argument("--set", dest="sets", action="append", type=_assignment, default=[],
+                    metavar="KEY=VALUE",
+                    help="add or override KEY in every relay's config; repeatable. VALUE is typed: "
+                         "integer, float, true/false, a JSON list if it starts with '[', else a string "
+                         "(e.g. --set CircuitPriorityHalflife=0)")
+    up.add_argument("--param", dest="params", action="append", type=_param, default=[],
+                    metavar="KEY=INT",
+                    help="set an authority [NetworkParameters] entry; repeatable "
+                         "(e.g. --param circwindow=101)")
+    up.add_argument("--timeout", type=_positive_float, default=60.0, metavar="SECONDS",
+                    help="give up if the network does not work within this time (default: 60)")
+    up.add_argument("--consensus-interval", type=int, default=2, metavar="SECONDS",
+                    help="the authority's ConsensusInterval (default: 2)")
+    up.add_argument("--log-level", default="info", metavar="FILTER",
+                    help="the Log setting of every node, e.g. debug (default: info)")
+    up.add_argument("--chive-bin", type=Path, default=None, metavar="PATH",
+                    help="the chive binary (default: $CHIVE_BIN, else target/release/chive "
+                         "in the repository)")
+    up.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+
+    down = sub.add_parser(
+        "down",
+        help="stop every process a network directory recorded",
+        description=(
+            "SIGTERM every process recorded in DIR/state.json that is still the same process "
+            "(same command line and start time, so a reused pid is never signalled), wait up to "
+            "5 s, SIGKILL the rest. Exit 1 listing any that would not stop. Removes no files."
+        ),
+    )
+    down.add_argument("--dir", required=True, type=Path, help="the directory given to `up`")
+    return parser
+
+
+def _print_error(err: LabError) -> None:
+    print(f"chive-lab: error: {err}", file=sys.stderr)
+    if err.log_tail:
+        print(f"--- last lines of the {err.node} log ---", file=sys.stderr)
+        print(err.log_tail, file=sys.stderr)
+        print("---", file=sys.stderr)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """``chive-lab up``."""
+    spec = NetworkSpec(
+        relays=args.relays,
+        bandwidth_rate=args.bandwidth_rate,
+        relay_overrides=dict(args.sets),
+        authority_params=dict(args.params),
+        binary=args.chive_bin,
+        timeout=args.timeout,
+        consensus_interval=args.consensus_interval,
+        log_level=args.log_level,
+    )
+    progress = None if args.quiet else _stderr
+    # SIGTERM (e.g. from a script's trap) must also stop what `up` started:
+    # turn it into the KeyboardInterrupt that Network.up cleans up after.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        info = Network.up(spec, args.dir, progress=progress)
+    except LabError as e:
+        _print_error(e)
+        return 1
+    except KeyboardInterrupt:
+        print("chive-lab: interrupted; stopped what had been started", file=sys.stderr)
+        return 130
+    print(json.dumps(info.to_json()), flush=True)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """``chive-lab down``."""
+    try:
+        report = Network.down(args.dir)
+    except LabError as e:
+        _print_error(e)
+        return 1
+    parts = []
+    if report.stopped:
+        parts.append(f"stopped {', '.join(report.stopped)}")
+    if report.killed:
+        parts.append(f"killed (SIGKILL) {', '.join(report.killed)}")
+    if report.not_running:
+        parts.append(f"already gone: {', '.join(report.not_running)}")
+    if report.not_ours:
+        parts.append(f"left alone (pid now runs something else): {', '.join(report.not_ours)}")
+    print(f"chive-lab: {'; '.join(parts) or 'nothing recorded'}", file=sys.stderr)
+    for name, why in report.failed.items():
+        print(f"chive-lab: error: {name} would not stop: {why}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+def _raise_interrupt(signum, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stderr(msg: str) -> None:
+    print(f"chive-lab: {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``chive-lab`` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "up":
+        return cmd_up(args)
+    if args.command == "down":
+        return cmd_down(args)
+    raise AssertionError(f"unknown command {args.command}")  # argparse prevents this
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""Shared fixtures: a fake chive binary and process clean-up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # so tests can import fake_chive
+
+
+@pytest.fixture
+def fake_chive(tmp_path: Path) -> Path:
+    """An executable `chive` stand-in (see fake_chive.py).
+
+    The shebang names this interpreter directly, so the process's command line
+    is final as soon as it starts (no shim re-exec that the lab could observe
+    half way).
+    """
+    path = tmp_path / "bin" / "chive"
+    path.parent.mkdir()
+    path.write_text(f"#!{sys.executable}\n" + (HERE / "fake_chive.py").read_text())
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def reaper():
+    """Collects ProcessRecords of processes a test started; at the end, kills
+    any that are still the same process, so a failing test leaves nothing
+    behind (and never signals a reused pid)."""
+    from chive_lab.process import is_same_process
+
+    recs: list = []
+    yield recs
+    for rec in recs:
+        if is_same_process(rec):
+            try:
+                os.kill(rec.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            os.waitpid(rec.pid, 0)
+        except ChildProcessError:
+            pass
