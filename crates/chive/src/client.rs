@@ -8,8 +8,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chive_cell::{EndReason, ResolvedAnswer};
-use chive_client::circmgr::{CircMgrConfig, CircuitManager, Outcome, RequestKind, StreamRequest, Ticket};
-use chive_client::socks::{accept_socks, send_reply, SocksCommand, SocksReply, SocksRequest, TargetAddr};
+use chive_client::circmgr::{
+    CircMgrConfig, CircuitManager, Outcome, RequestKind, StreamRequest, Ticket,
+};
+use chive_client::socks::{
+    accept_socks, send_reply, SocksCommand, SocksReply, SocksRequest, TargetAddr,
+};
 use chive_core::{Core, CoreConfig, Event, StreamHandle};
 use chive_crypto::IdentityKey;
 use chive_net::{FeatureSet, LinkConfig, LinkLimits};
@@ -106,13 +110,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut seed = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut seed);
     let core = Core::new(
-        CoreConfig { circuit_build_timeout: Duration::from_secs(cfg.circuit_build_timeout.max(1)), ..CoreConfig::default() },
+        CoreConfig {
+            circuit_build_timeout: Duration::from_secs(cfg.circuit_build_timeout.max(1)),
+            ..CoreConfig::default()
+        },
         seed,
     );
     let mut driver = Driver::new(
         core,
         DriverConfig {
-            link: Arc::new(LinkConfig { identity: None, features: FeatureSet::EMPTY }),
+            link: Arc::new(LinkConfig {
+                identity: None,
+                features: FeatureSet::EMPTY,
+            }),
             limits: LinkLimits::default(),
             outbuf_cells: cfg.outbuf_cells,
             exit_policy: None,
@@ -147,7 +157,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let stop_tx = tx;
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
             return;
         };
         tokio::select! {
@@ -163,18 +176,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Fetch and verify the consensus now, and again whenever it stops being fresh.
-pub fn spawn_consensus_fetcher(authority: SocketAddr, authority_id: IdentityKey, tx: mpsc::Sender<Input>) {
+pub fn spawn_consensus_fetcher(
+    authority: SocketAddr,
+    authority_id: IdentityKey,
+    tx: mpsc::Sender<Input>,
+) {
     tokio::spawn(async move {
         let mut have: Option<u64> = None;
         loop {
             let wait = match crate::dirclient::fetch_consensus(authority, &authority_id).await {
                 Ok((consensus, _doc)) => {
                     let now = crate::common::unix_now();
-                    let wait = Duration::from_secs(consensus.fresh_until.saturating_sub(now).clamp(1, 300));
+                    let wait = Duration::from_secs(
+                        consensus.fresh_until.saturating_sub(now).clamp(1, 300),
+                    );
                     if have != Some(consensus.valid_after) {
                         have = Some(consensus.valid_after);
                         debug!(relays = consensus.relays.len(), "new consensus");
-                        if tx.send(Input::Consensus(Arc::new(consensus))).await.is_err() {
+                        if tx
+                            .send(Input::Consensus(Arc::new(consensus)))
+                            .await
+                            .is_err()
+                        {
                             return;
                         }
                     }
@@ -193,7 +216,10 @@ pub fn spawn_consensus_fetcher(authority: SocketAddr, authority_id: IdentityKey,
 /// Client-only inputs to the driver.
 pub enum ClientInput {
     /// A SOCKS request wants a stream.
-    Socks { req: SocksRequest, reply: oneshot::Sender<SocksAnswer> },
+    Socks {
+        req: SocksRequest,
+        reply: oneshot::Sender<SocksAnswer>,
+    },
 }
 
 /// What the driver tells a SOCKS connection.
@@ -232,10 +258,19 @@ fn socks_error(reason: EndReason) -> SocksReply {
 
 impl ClientState {
     fn new(mgr: CircuitManager) -> Self {
-        ClientState { mgr, waiting: HashMap::new(), opening: HashMap::new() }
+        ClientState {
+            mgr,
+            waiting: HashMap::new(),
+            opening: HashMap::new(),
+        }
     }
 
-    pub fn set_consensus(&mut self, core: &mut Core, consensus: Arc<chive_dir::Consensus>, now: Instant) {
+    pub fn set_consensus(
+        &mut self,
+        core: &mut Core,
+        consensus: Arc<chive_dir::Consensus>,
+        now: Instant,
+    ) {
         debug!(relays = consensus.relays.len(), "using new consensus");
         self.mgr.set_consensus(core, consensus, now);
     }
@@ -268,18 +303,34 @@ impl ClientState {
                     SocksCommand::Connect => RequestKind::Connect,
                     SocksCommand::Resolve => RequestKind::Resolve,
                 };
-                let ticket = self.mgr.request(core, StreamRequest { host, port, isolation, kind }, now);
+                let ticket = self.mgr.request(
+                    core,
+                    StreamRequest {
+                        host,
+                        port,
+                        isolation,
+                        kind,
+                    },
+                    now,
+                );
                 self.waiting.insert(ticket, reply);
             }
         }
     }
 
     /// Hand out finished circuit requests. Returns whether anything happened.
-    pub fn poll(&mut self, _core: &mut Core, streams: &mut HashMap<StreamHandle, StreamIo>, _now: Instant) -> bool {
+    pub fn poll(
+        &mut self,
+        _core: &mut Core,
+        streams: &mut HashMap<StreamHandle, StreamIo>,
+        _now: Instant,
+    ) -> bool {
         let mut any = false;
         while let Some((ticket, outcome)) = self.mgr.poll_outcome() {
             any = true;
-            let Some(reply) = self.waiting.remove(&ticket) else { continue };
+            let Some(reply) = self.waiting.remove(&ticket) else {
+                continue;
+            };
             match outcome {
                 Outcome::Started(handle) => {
                     streams.insert(handle, StreamIo::parked());
@@ -294,15 +345,29 @@ impl ClientState {
         any
     }
 
-    pub fn on_event(&mut self, core: &mut Core, streams: &mut HashMap<StreamHandle, StreamIo>, ev: Event, now: Instant) {
+    pub fn on_event(
+        &mut self,
+        core: &mut Core,
+        streams: &mut HashMap<StreamHandle, StreamIo>,
+        ev: Event,
+        now: Instant,
+    ) {
         match ev {
             Event::StreamConnected { stream, .. } => {
-                let (Some(reply), Some((write_rx, credit_rx))) =
-                    (self.opening.remove(&stream), streams.get_mut(&stream).and_then(|io| io.unpark()))
-                else {
+                let (Some(reply), Some((write_rx, credit_rx))) = (
+                    self.opening.remove(&stream),
+                    streams.get_mut(&stream).and_then(|io| io.unpark()),
+                ) else {
                     return;
                 };
-                if reply.send(SocksAnswer::Connected { handle: stream, write_rx, credit_rx }).is_err() {
+                if reply
+                    .send(SocksAnswer::Connected {
+                        handle: stream,
+                        write_rx,
+                        credit_rx,
+                    })
+                    .is_err()
+                {
                     // The application went away while we waited.
                     streams.remove(&stream);
                     core.stream_error(stream, now);
@@ -358,7 +423,14 @@ async fn serve_socks(mut tcp: TcpStream, peer: SocketAddr, tx: mpsc::Sender<Inpu
         }
     };
     let (reply_tx, reply_rx) = oneshot::channel();
-    if tx.send(Input::Client(ClientInput::Socks { req: req.clone(), reply: reply_tx })).await.is_err() {
+    if tx
+        .send(Input::Client(ClientInput::Socks {
+            req: req.clone(),
+            reply: reply_tx,
+        }))
+        .await
+        .is_err()
+    {
         return;
     }
     let answer = match tokio::time::timeout(SOCKS_STREAM_TIMEOUT, reply_rx).await {
@@ -367,11 +439,23 @@ async fn serve_socks(mut tcp: TcpStream, peer: SocketAddr, tx: mpsc::Sender<Inpu
         Err(_) => SocksAnswer::Failed(SocksReply::TtlExpired),
     };
     match answer {
-        SocksAnswer::Connected { handle, write_rx, credit_rx } => {
-            if send_reply(&mut tcp, &req, SocksReply::Succeeded, None).await.is_ok() {
+        SocksAnswer::Connected {
+            handle,
+            write_rx,
+            credit_rx,
+        } => {
+            if send_reply(&mut tcp, &req, SocksReply::Succeeded, None)
+                .await
+                .is_ok()
+            {
                 spawn_stream_io(handle, tcp, write_rx, credit_rx, tx);
             } else {
-                let _ = tx.send(Input::StreamError { stream: handle, why: "SOCKS reply failed".into() }).await;
+                let _ = tx
+                    .send(Input::StreamError {
+                        stream: handle,
+                        why: "SOCKS reply failed".into(),
+                    })
+                    .await;
             }
         }
         SocksAnswer::Resolved(answers) => {
@@ -379,7 +463,11 @@ async fn serve_socks(mut tcp: TcpStream, peer: SocketAddr, tx: mpsc::Sender<Inpu
                 ResolvedAnswer::Ip(ip, _) => Some(SocketAddr::new(*ip, 0)),
                 _ => None,
             });
-            let reply = if addr.is_some() { SocksReply::Succeeded } else { SocksReply::HostUnreachable };
+            let reply = if addr.is_some() {
+                SocksReply::Succeeded
+            } else {
+                SocksReply::HostUnreachable
+            };
             let _ = send_reply(&mut tcp, &req, reply, addr).await;
         }
         SocksAnswer::Failed(code) => {

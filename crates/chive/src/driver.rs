@@ -41,6 +41,8 @@ const EXIT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const INPUT_BATCH: usize = 256;
 
 /// Something for the core, from an IO task.
+// Cells travel inline (no allocation per cell); other inputs are rare.
+#[allow(clippy::large_enum_variant)]
 pub enum Input {
     /// A link finished its handshake and has reader/writer tasks.
     LinkUp {
@@ -67,11 +69,22 @@ pub enum Input {
     /// `writes` stream writes were written to the socket.
     StreamFlushed { stream: StreamHandle, writes: u32 },
     /// Exit: connected.
-    ExitConnected { stream: StreamHandle, addr: SocketAddr, tcp: TcpStream },
+    ExitConnected {
+        stream: StreamHandle,
+        addr: SocketAddr,
+        tcp: TcpStream,
+    },
     /// Exit: could not connect.
-    ExitFailed { stream: StreamHandle, reason: EndReason, why: String },
+    ExitFailed {
+        stream: StreamHandle,
+        reason: EndReason,
+        why: String,
+    },
     /// Exit: resolved.
-    ExitResolved { stream: StreamHandle, answers: Vec<ResolvedAnswer> },
+    ExitResolved {
+        stream: StreamHandle,
+        answers: Vec<ResolvedAnswer>,
+    },
     /// A fresh, verified consensus.
     Consensus(Arc<chive_dir::Consensus>),
     /// Client-only inputs (SOCKS requests).
@@ -91,7 +104,10 @@ pub struct StreamIo {
     write_tx: mpsc::UnboundedSender<StreamCmd>,
     credit_tx: mpsc::UnboundedSender<usize>,
     /// Receivers handed to the IO tasks once the socket is ready.
-    parked: Option<(mpsc::UnboundedReceiver<StreamCmd>, mpsc::UnboundedReceiver<usize>)>,
+    parked: Option<(
+        mpsc::UnboundedReceiver<StreamCmd>,
+        mpsc::UnboundedReceiver<usize>,
+    )>,
 }
 
 impl StreamIo {
@@ -99,11 +115,20 @@ impl StreamIo {
     pub fn parked() -> Self {
         let (write_tx, write_rx) = mpsc::unbounded_channel();
         let (credit_tx, credit_rx) = mpsc::unbounded_channel();
-        StreamIo { write_tx, credit_tx, parked: Some((write_rx, credit_rx)) }
+        StreamIo {
+            write_tx,
+            credit_tx,
+            parked: Some((write_rx, credit_rx)),
+        }
     }
 
     /// Take the receivers for the IO tasks.
-    pub fn unpark(&mut self) -> Option<(mpsc::UnboundedReceiver<StreamCmd>, mpsc::UnboundedReceiver<usize>)> {
+    pub fn unpark(
+        &mut self,
+    ) -> Option<(
+        mpsc::UnboundedReceiver<StreamCmd>,
+        mpsc::UnboundedReceiver<usize>,
+    )> {
         self.parked.take()
     }
 }
@@ -212,8 +237,21 @@ impl Driver {
     /// Apply one input to the core. Returns false on shutdown.
     fn handle_input(&mut self, input: Input, now: Instant) -> bool {
         match input {
-            Input::LinkUp { chan, peer, initiator, writer, reader } => {
-                self.chans.insert(chan, ChanIo { writer, reader, in_flight: 0 });
+            Input::LinkUp {
+                chan,
+                peer,
+                initiator,
+                writer,
+                reader,
+            } => {
+                self.chans.insert(
+                    chan,
+                    ChanIo {
+                        writer,
+                        reader,
+                        in_flight: 0,
+                    },
+                );
                 self.core.channel_opened(chan, peer, initiator, now);
             }
             Input::ConnectFailed { identity, why } => {
@@ -244,22 +282,33 @@ impl Driver {
                 self.streams.remove(&stream);
                 self.core.stream_error(stream, now);
             }
-            Input::StreamFlushed { stream, writes } => self.core.stream_flushed(stream, writes, now),
-            Input::ExitConnected { stream, addr, tcp } => match self.streams.get_mut(&stream).and_then(|s| s.unpark()) {
-                Some((write_rx, credit_rx)) => {
-                    spawn_stream_io(stream, tcp, write_rx, credit_rx, self.tx.clone());
-                    self.core.exit_connected(stream, addr, now);
+            Input::StreamFlushed { stream, writes } => {
+                self.core.stream_flushed(stream, writes, now)
+            }
+            Input::ExitConnected { stream, addr, tcp } => {
+                match self.streams.get_mut(&stream).and_then(|s| s.unpark()) {
+                    Some((write_rx, credit_rx)) => {
+                        spawn_stream_io(stream, tcp, write_rx, credit_rx, self.tx.clone());
+                        self.core.exit_connected(stream, addr, now);
+                    }
+                    None => drop(tcp), // the stream was closed meanwhile
                 }
-                None => drop(tcp), // the stream was closed meanwhile
-            },
-            Input::ExitFailed { stream, reason, why } => {
+            }
+            Input::ExitFailed {
+                stream,
+                reason,
+                why,
+            } => {
                 debug!(?stream, %why, "exit connect failed");
                 self.streams.remove(&stream);
                 self.core.exit_failed(stream, reason, now);
             }
-            Input::ExitResolved { stream, answers } => self.core.exit_resolved(stream, answers, now),
+            Input::ExitResolved { stream, answers } => {
+                self.core.exit_resolved(stream, answers, now)
+            }
             Input::Consensus(consensus) => {
-                self.core.set_circwindow(u32::from(consensus.params.circwindow()));
+                self.core
+                    .set_circwindow(u32::from(consensus.params.circwindow()));
                 if let Some(client) = self.client.as_mut() {
                     client.set_consensus(&mut self.core, consensus, now);
                 }
@@ -297,7 +346,9 @@ impl Driver {
 
     /// Move cells to a link's writer while it has room.
     fn transmit(&mut self, chan: ChannelId, now: Instant) {
-        let Some(io) = self.chans.get_mut(&chan) else { return };
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
         let room = self.cfg.outbuf_cells.saturating_sub(io.in_flight);
         if room == 0 {
             return;
@@ -324,7 +375,12 @@ impl Driver {
                     match chive_net::connect(addr, Some(identity), &cfg).await {
                         Ok(link) => start_link(chan, link, true, limits, tx).await,
                         Err(e) => {
-                            let _ = tx.send(Input::ConnectFailed { identity, why: e.to_string() }).await;
+                            let _ = tx
+                                .send(Input::ConnectFailed {
+                                    identity,
+                                    why: e.to_string(),
+                                })
+                                .await;
                         }
                     }
                 });
@@ -394,7 +450,13 @@ impl Driver {
 }
 
 /// Split a finished link into reader and writer tasks and announce it.
-pub async fn start_link(chan: ChannelId, link: Link, initiator: bool, limits: LinkLimits, tx: mpsc::Sender<Input>) {
+pub async fn start_link(
+    chan: ChannelId,
+    link: Link,
+    initiator: bool,
+    limits: LinkLimits,
+    tx: mpsc::Sender<Input>,
+) {
     let peer = link.peer_identity;
     let (mut reader, mut writer) = link.split(limits);
     let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<Cell>>();
@@ -418,36 +480,69 @@ pub async fn start_link(chan: ChannelId, link: Link, initiator: bool, limits: Li
         while let Some(cells) = wrx.recv().await {
             let n = cells.len();
             if let Err(e) = writer.write_cells(&cells).await {
-                let _ = wtx_status.send(Input::LinkDown { chan, why: format!("write failed: {e}") }).await;
+                let _ = wtx_status
+                    .send(Input::LinkDown {
+                        chan,
+                        why: format!("write failed: {e}"),
+                    })
+                    .await;
                 return;
             }
-            if wtx_status.send(Input::Written { chan, cells: n }).await.is_err() {
+            if wtx_status
+                .send(Input::Written { chan, cells: n })
+                .await
+                .is_err()
+            {
                 return;
             }
         }
         let _ = writer.shutdown().await;
     });
     let _ = tx
-        .send(Input::LinkUp { chan, peer, initiator, writer: wtx, reader: reader_task.abort_handle() })
+        .send(Input::LinkUp {
+            chan,
+            peer,
+            initiator,
+            writer: wtx,
+            reader: reader_task.abort_handle(),
+        })
         .await;
 }
 
 /// Resolve, check the exit policy, connect.
-async fn exit_connect(stream: StreamHandle, host: &str, port: u16, policy: Option<Arc<ExitPolicy>>) -> Input {
-    let fail = |reason, why: String| Input::ExitFailed { stream, reason, why };
+async fn exit_connect(
+    stream: StreamHandle,
+    host: &str,
+    port: u16,
+    policy: Option<Arc<ExitPolicy>>,
+) -> Input {
+    let fail = |reason, why: String| Input::ExitFailed {
+        stream,
+        reason,
+        why,
+    };
     let Some(policy) = policy else {
         return fail(EndReason::EXITPOLICY, "not an exit".into());
     };
     let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
-        Err(_) => match tokio::time::timeout(EXIT_CONNECT_TIMEOUT, tokio::net::lookup_host((host, port))).await {
-            Ok(Ok(a)) => a.collect(),
-            Ok(Err(e)) => return fail(EndReason::RESOLVEFAILED, format!("resolve {host}: {e}")),
-            Err(_) => return fail(EndReason::TIMEOUT, format!("resolve {host}: timeout")),
-        },
+        Err(_) => {
+            match tokio::time::timeout(EXIT_CONNECT_TIMEOUT, tokio::net::lookup_host((host, port)))
+                .await
+            {
+                Ok(Ok(a)) => a.collect(),
+                Ok(Err(e)) => {
+                    return fail(EndReason::RESOLVEFAILED, format!("resolve {host}: {e}"))
+                }
+                Err(_) => return fail(EndReason::TIMEOUT, format!("resolve {host}: timeout")),
+            }
+        }
     };
     let Some(addr) = addrs.into_iter().find(|a| policy.allows(a.ip(), a.port())) else {
-        return fail(EndReason::EXITPOLICY, format!("{host}:{port} rejected by exit policy"));
+        return fail(
+            EndReason::EXITPOLICY,
+            format!("{host}:{port} rejected by exit policy"),
+        );
     };
     match tokio::time::timeout(EXIT_CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
         Ok(Ok(tcp)) => {
@@ -529,7 +624,12 @@ pub fn spawn_stream_io(
             }
             if !batch.is_empty() {
                 if let Err(e) = wr.write_all(&batch).await {
-                    let _ = tx.send(Input::StreamError { stream, why: e.to_string() }).await;
+                    let _ = tx
+                        .send(Input::StreamError {
+                            stream,
+                            why: e.to_string(),
+                        })
+                        .await;
                     return;
                 }
                 let _ = tx.send(Input::StreamFlushed { stream, writes }).await;

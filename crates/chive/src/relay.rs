@@ -16,7 +16,9 @@ use rand::RngCore;
 use serde::Deserialize;
 use tracing::{info, warn};
 
-use crate::common::{init_logging, keys_dir, load_config, load_identity, load_or_create_secret, unix_now};
+use crate::common::{
+    init_logging, keys_dir, load_config, load_identity, load_or_create_secret, unix_now,
+};
 use crate::driver::{start_link, Driver, DriverConfig, Input};
 
 /// Command-line arguments of `chive relay`.
@@ -105,7 +107,10 @@ impl RelayConfig {
     /// Everything checkable before starting, with the option named in the error.
     fn validate(&self) -> anyhow::Result<(ExitPolicy, IdentityKey)> {
         if !valid_nickname(&self.nickname) {
-            bail!("Nickname {:?} must be 1-19 letters or digits", self.nickname);
+            bail!(
+                "Nickname {:?} must be 1-19 letters or digits",
+                self.nickname
+            );
         }
         if !(1..=100_000).contains(&self.outbuf_cells) {
             bail!("OutbufCells must be between 1 and 100000");
@@ -127,13 +132,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     init_logging(&cfg.log);
     let (policy, authority_id) = cfg.validate()?;
     let identity = Arc::new(load_identity(&cfg.data_directory)?);
-    let ntor = NtorSecretKey::from_bytes(load_or_create_secret(&keys_dir(&cfg.data_directory).join("ntor.key"))?);
+    let ntor = NtorSecretKey::from_bytes(load_or_create_secret(
+        &keys_dir(&cfg.data_directory).join("ntor.key"),
+    )?);
     let ntor_public = ntor.public();
 
     let read_bucket = Arc::new(TokenBucket::new(cfg.bandwidth_rate, cfg.burst()));
     let write_bucket = Arc::new(TokenBucket::new(cfg.bandwidth_rate, cfg.burst()));
-    let limits = LinkLimits { read_bucket: Some(read_bucket.clone()), write_bucket: Some(write_bucket.clone()) };
-    let link = Arc::new(LinkConfig { identity: Some(identity.clone()), features: FeatureSet::EMPTY });
+    let limits = LinkLimits {
+        read_bucket: Some(read_bucket.clone()),
+        write_bucket: Some(write_bucket.clone()),
+    };
+    let link = Arc::new(LinkConfig {
+        identity: Some(identity.clone()),
+        features: FeatureSet::EMPTY,
+    });
     let listener = LinkListener::bind(cfg.or_port, link.clone())
         .await
         .with_context(|| format!("ORPort {}: cannot listen", cfg.or_port))?;
@@ -144,7 +157,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let is_exit = policy.is_exit();
     let core = Core::new(
         CoreConfig {
-            relay: Some(RelayKeys { identity: identity.public(), ntor }),
+            relay: Some(RelayKeys {
+                identity: identity.public(),
+                ntor,
+            }),
             exit: is_exit,
             ..CoreConfig::default()
         },
@@ -195,7 +211,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         identity: identity.public(),
         ntor_key: ntor_public.0,
         address: cfg.or_port,
-        bandwidth: if cfg.bandwidth_rate > 0 { cfg.bandwidth_rate } else { UNLIMITED_BANDWIDTH },
+        bandwidth: if cfg.bandwidth_rate > 0 {
+            cfg.bandwidth_rate
+        } else {
+            UNLIMITED_BANDWIDTH
+        },
         exit_policy: (*policy).clone(),
         features: FeatureSet::EMPTY.0,
         published: 0,
@@ -246,7 +266,10 @@ fn spawn_signal_handlers(
     use tokio::signal::unix::{signal, SignalKind};
     let stop_tx = tx.clone();
     tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
             return;
         };
         tokio::select! {
@@ -257,15 +280,23 @@ fn spawn_signal_handlers(
         let _ = stop_tx.send(Input::Shutdown).await;
     });
     tokio::spawn(async move {
-        let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
         while hup.recv().await.is_some() {
             match load_config::<RelayConfig>(&config).and_then(|c| c.validate().map(|_| c)) {
                 Ok(c) => {
                     read_bucket.set_rate(c.bandwidth_rate, c.burst());
                     write_bucket.set_rate(c.bandwidth_rate, c.burst());
-                    info!(rate = c.bandwidth_rate, burst = c.burst(), "config reloaded");
+                    info!(
+                        rate = c.bandwidth_rate,
+                        burst = c.burst(),
+                        "config reloaded"
+                    );
                 }
-                Err(e) => warn!(error = %format!("{e:#}"), "config reload failed; keeping the old one"),
+                Err(e) => {
+                    warn!(error = %format!("{e:#}"), "config reload failed; keeping the old one")
+                }
             }
         }
     });

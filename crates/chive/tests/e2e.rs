@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_chive");
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 struct Network {
@@ -60,10 +64,19 @@ impl Network {
         )
         .unwrap();
         let out = Command::new(BIN)
-            .args(["authority", "--config", auth_cfg.to_str().unwrap(), "--print-identity"])
+            .args([
+                "authority",
+                "--config",
+                auth_cfg.to_str().unwrap(),
+                "--print-identity",
+            ])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let authority_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
         let mut net = Network {
             dir: dir.clone(),
@@ -74,7 +87,14 @@ impl Network {
             authority,
             authority_id: authority_id.clone(),
         };
-        net.children.push(("authority".into(), spawn(&dir, "authority", &["authority", "--config", auth_cfg.to_str().unwrap()])));
+        net.children.push((
+            "authority".into(),
+            spawn(
+                &dir,
+                "authority",
+                &["authority", "--config", auth_cfg.to_str().unwrap()],
+            ),
+        ));
         for i in 1..=3 {
             let or: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             let cfg = dir.join(format!("relay{i}.toml"));
@@ -89,7 +109,14 @@ impl Network {
             )
             .unwrap();
             net.relays.push(or);
-            net.children.push((format!("relay{i}"), spawn(&dir, &format!("relay{i}"), &["relay", "--config", cfg.to_str().unwrap()])));
+            net.children.push((
+                format!("relay{i}"),
+                spawn(
+                    &dir,
+                    &format!("relay{i}"),
+                    &["relay", "--config", cfg.to_str().unwrap()],
+                ),
+            ));
         }
         let ccfg = dir.join("client.toml");
         std::fs::write(
@@ -101,9 +128,19 @@ impl Network {
             ),
         )
         .unwrap();
-        net.children.push(("client".into(), spawn(&dir, "client", &["client", "--config", ccfg.to_str().unwrap()])));
+        net.children.push((
+            "client".into(),
+            spawn(
+                &dir,
+                "client",
+                &["client", "--config", ccfg.to_str().unwrap()],
+            ),
+        ));
         let http = net.http.to_string();
-        net.children.push(("httpd".into(), spawn(&dir, "httpd", &["httpd", "--listen", &http])));
+        net.children.push((
+            "httpd".into(),
+            spawn(&dir, "httpd", &["httpd", "--listen", &http]),
+        ));
         net.wait_ready();
         net
     }
@@ -125,7 +162,10 @@ impl Network {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        panic!("network not ready after 60 s: {last}; logs in {}", self.dir.display());
+        panic!(
+            "network not ready after 60 s: {last}; logs in {}",
+            self.dir.display()
+        );
     }
 
     fn log(&self, name: &str) -> String {
@@ -138,12 +178,18 @@ fn pattern(n: usize) -> Vec<u8> {
 }
 
 /// SOCKS5 (optionally with username/password) + HTTP/1.0 GET of /bytes/N.
-fn fetch(socks: SocketAddr, http: SocketAddr, n: usize, auth: Option<(&str, &str)>) -> Result<Vec<u8>, String> {
+fn fetch(
+    socks: SocketAddr,
+    http: SocketAddr,
+    n: usize,
+    auth: Option<(&str, &str)>,
+) -> Result<Vec<u8>, String> {
     fn e(what: &'static str) -> impl Fn(std::io::Error) -> String {
         move |err| format!("{what}: {err}")
     }
     let mut s = TcpStream::connect(socks).map_err(e("connect"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(e("timeout"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(e("timeout"))?;
     match auth {
         None => s.write_all(&[5, 1, 0]).map_err(e("greet"))?,
         Some(_) => s.write_all(&[5, 1, 2]).map_err(e("greet"))?,
@@ -174,7 +220,10 @@ fn fetch(socks: SocketAddr, http: SocketAddr, n: usize, auth: Option<(&str, &str
     write!(s, "GET /bytes/{n} HTTP/1.0\r\nHost: x\r\n\r\n").map_err(e("http"))?;
     let mut all = Vec::new();
     s.read_to_end(&mut all).map_err(e("body"))?;
-    let split = all.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no header end")?;
+    let split = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("no header end")?;
     Ok(all[split + 4..].to_vec())
 }
 
@@ -187,14 +236,21 @@ fn download_is_byte_exact_and_usernames_isolate_circuits() {
     // and the two never share one.
     for _ in 0..2 {
         for who in ["alice", "bob"] {
-            assert_eq!(fetch(net.socks, net.http, 5000, Some((who, "pw"))).unwrap(), pattern(5000));
+            assert_eq!(
+                fetch(net.socks, net.http, 5000, Some((who, "pw"))).unwrap(),
+                pattern(5000)
+            );
         }
     }
     let log = net.log("client");
     let circuit_of = |who: &str| -> Vec<String> {
         log.lines()
             .filter(|l| l.contains("stream attached") && l.contains(&format!("isolation={who}")))
-            .filter_map(|l| l.split("key=").nth(1).map(|k| k.split_whitespace().next().unwrap_or("").to_string()))
+            .filter_map(|l| {
+                l.split("key=")
+                    .nth(1)
+                    .map(|k| k.split_whitespace().next().unwrap_or("").to_string())
+            })
             .collect()
     };
     let (a, b) = (circuit_of("alice"), circuit_of("bob"));
@@ -211,7 +267,12 @@ fn hostile_input_does_not_disturb_a_concurrent_transfer() {
     let (socks, http) = (net.socks, net.http);
     let transfer = std::thread::spawn(move || fetch(socks, http, 20_000_000, None));
     // Garbage and oversized requests on the SOCKS port.
-    for junk in [&b"GET / HTTP/1.1\r\n\r\n"[..], &[5, 255][..], &[4, 1, 0, 80, 0, 0, 0, 1][..], &[0u8; 600][..]] {
+    for junk in [
+        &b"GET / HTTP/1.1\r\n\r\n"[..],
+        &[5, 255][..],
+        &[4, 1, 0, 80, 0, 0, 0, 1][..],
+        &[0u8; 600][..],
+    ] {
         if let Ok(mut s) = TcpStream::connect(net.socks) {
             let _ = s.write_all(junk);
             let _ = s.shutdown(std::net::Shutdown::Write);
@@ -235,9 +296,14 @@ fn hostile_input_does_not_disturb_a_concurrent_transfer() {
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let cfg = chive_net::LinkConfig { identity: None, features: chive_net::FeatureSet::EMPTY };
+        let cfg = chive_net::LinkConfig {
+            identity: None,
+            features: chive_net::FeatureSet::EMPTY,
+        };
         for relay in &net.relays {
-            let Ok(link) = chive_net::connect(*relay, None, &cfg).await else { continue };
+            let Ok(link) = chive_net::connect(*relay, None, &cfg).await else {
+                continue;
+            };
             let (_r, mut w) = link.split(chive_net::LinkLimits::default());
             use chive_cell::{Cell, CellCommand};
             let cells = vec![
@@ -257,13 +323,28 @@ fn hostile_input_does_not_disturb_a_concurrent_transfer() {
             drop(w);
         }
     });
-    let body = transfer.join().unwrap().expect("concurrent transfer failed");
-    assert!(body == pattern(20_000_000), "concurrent transfer was not byte-exact");
+    let body = transfer
+        .join()
+        .unwrap()
+        .expect("concurrent transfer failed");
+    assert!(
+        body == pattern(20_000_000),
+        "concurrent transfer was not byte-exact"
+    );
     // Every process is still serving.
-    assert_eq!(fetch(net.socks, net.http, 100_000, None).unwrap(), pattern(100_000));
+    assert_eq!(
+        fetch(net.socks, net.http, 100_000, None).unwrap(),
+        pattern(100_000)
+    );
     let logs: String = (1..=3).map(|i| net.log(&format!("relay{i}"))).collect();
-    assert!(logs.contains("incoming link failed"), "garbage link should be logged");
-    assert!(net.log("client").contains("bad SOCKS request"), "garbage SOCKS should be logged");
+    assert!(
+        logs.contains("incoming link failed"),
+        "garbage link should be logged"
+    );
+    assert!(
+        net.log("client").contains("bad SOCKS request"),
+        "garbage SOCKS should be logged"
+    );
 }
 
 #[test]
@@ -282,7 +363,10 @@ fn broken_config_is_refused_with_the_option_named() {
         std::fs::write(&path, text).unwrap();
         let (ok, err) = run_briefly(&[cmd, "--config", path.to_str().unwrap()]);
         assert!(!ok, "{cmd} accepted a broken config: {text}");
-        assert!(err.contains(option), "{cmd}: error should name {option}, got: {err}");
+        assert!(
+            err.contains(option),
+            "{cmd}: error should name {option}, got: {err}"
+        );
     }
     let (ok, err) = run_briefly(&["relay", "--config", "/nonexistent/chive.toml"]);
     assert!(!ok);
@@ -292,12 +376,22 @@ fn broken_config_is_refused_with_the_option_named() {
 /// Run the binary expecting it to exit by itself within 10 s (killed otherwise,
 /// which counts as "accepted"). Returns (exited successfully, stderr).
 fn run_briefly(args: &[&str]) -> (bool, String) {
-    let mut child = Command::new(BIN).args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(status) = child.try_wait().unwrap() {
             let mut err = String::new();
-            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
             return (status.success(), err);
         }
         if Instant::now() > deadline {
@@ -331,8 +425,14 @@ fn exit_notation_pins_the_exit_and_policy_refusals_fail_cleanly() {
     s.read_to_end(&mut all).unwrap();
     assert!(all.ends_with(&pattern(1000)));
     let log = net.log("client");
-    let launched = log.lines().filter(|l| l.contains("launching circuit")).collect::<Vec<_>>();
-    assert!(launched.iter().any(|l| l.trim_end().ends_with(",relay2")), "no circuit ends at relay2: {launched:?}");
+    let launched = log
+        .lines()
+        .filter(|l| l.contains("launching circuit"))
+        .collect::<Vec<_>>();
+    assert!(
+        launched.iter().any(|l| l.trim_end().ends_with(",relay2")),
+        "no circuit ends at relay2: {launched:?}"
+    );
     // A target no exit allows (a non-loopback address) is refused, not hung.
     let mut s = TcpStream::connect(net.socks).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();

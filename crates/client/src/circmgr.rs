@@ -126,7 +126,11 @@ fn exit_allows(relay: &ConsensusRelay, host: &str, port: u16) -> bool {
 }
 
 fn hop_spec(r: &ConsensusRelay) -> HopSpec {
-    HopSpec { identity: r.identity, ntor_key: NtorPublicKey(r.ntor_key), addr: r.address }
+    HopSpec {
+        identity: r.identity,
+        ntor_key: NtorPublicKey(r.ntor_key),
+        addr: r.address,
+    }
 }
 
 impl CircuitManager {
@@ -196,7 +200,14 @@ impl CircuitManager {
         v
     }
 
-    fn usable(&self, info: &CircInfo, req: &StreamRequest, host: &str, pin: Option<&str>, now: Instant) -> bool {
+    fn usable(
+        &self,
+        info: &CircInfo,
+        req: &StreamRequest,
+        host: &str,
+        pin: Option<&str>,
+        now: Instant,
+    ) -> bool {
         if let Some(iso) = &info.isolation {
             if *iso != req.isolation {
                 return false;
@@ -212,16 +223,28 @@ impl CircuitManager {
                 return false;
             }
         }
-        let Some(cons) = &self.consensus else { return false };
+        let Some(cons) = &self.consensus else {
+            return false;
+        };
         match cons.relay_by_identity(&info.exit) {
             Some(r) => req.kind == RequestKind::Resolve || exit_allows(r, host, req.port),
             None => false,
         }
     }
 
-    fn place(&mut self, core: &mut Core, ticket: Ticket, req: StreamRequest, attempts: u32, now: Instant) {
+    fn place(
+        &mut self,
+        core: &mut Core,
+        ticket: Ticket,
+        req: StreamRequest,
+        attempts: u32,
+        now: Instant,
+    ) {
         if attempts >= self.cfg.max_attempts {
-            self.outcomes.push_back((ticket, Outcome::Failed(format!("no circuit after {attempts} attempts"))));
+            self.outcomes.push_back((
+                ticket,
+                Outcome::Failed(format!("no circuit after {attempts} attempts")),
+            ));
             return;
         }
         if self.consensus.is_none() {
@@ -235,11 +258,15 @@ impl CircuitManager {
         // A built circuit: prefer one already dirty with this key, then a clean one.
         let mut best: Option<(bool, CircKey)> = None;
         for (key, info) in &self.circuits {
-            if !info.built || !core.circuit_is_open(*key) || !self.usable(info, &req, &host, pin.as_deref(), now) {
+            if !info.built
+                || !core.circuit_is_open(*key)
+                || !self.usable(info, &req, &host, pin.as_deref(), now)
+            {
                 continue;
             }
             let rank = info.isolation.is_some();
-            if best.is_none_or(|(r, k)| (rank, std::cmp::Reverse(*key)) > (r, std::cmp::Reverse(k))) {
+            if best.is_none_or(|(r, k)| (rank, std::cmp::Reverse(*key)) > (r, std::cmp::Reverse(k)))
+            {
                 best = Some((rank, *key));
             }
         }
@@ -250,7 +277,10 @@ impl CircuitManager {
         let building = self.circuits.iter().find(|(_, info)| {
             !info.built
                 && self.usable(info, &req, &host, pin.as_deref(), now)
-                && info.waiting.iter().all(|(_, r, _)| r.isolation == req.isolation)
+                && info
+                    .waiting
+                    .iter()
+                    .all(|(_, r, _)| r.isolation == req.isolation)
         });
         if let Some((key, _)) = building {
             let key = *key;
@@ -259,7 +289,13 @@ impl CircuitManager {
             }
             return;
         }
-        match self.launch(core, Some((&host, req.port)), pin.as_deref(), req.kind == RequestKind::Resolve, now) {
+        match self.launch(
+            core,
+            Some((&host, req.port)),
+            pin.as_deref(),
+            req.kind == RequestKind::Resolve,
+            now,
+        ) {
             Ok(key) => {
                 if let Some(info) = self.circuits.get_mut(&key) {
                     info.waiting.push((ticket, req, attempts));
@@ -313,7 +349,9 @@ impl CircuitManager {
         any_exit: bool,
         now: Instant,
     ) -> Result<CircKey, String> {
-        let Some(cons) = self.consensus.clone() else { return Err("no consensus".into()) };
+        let Some(cons) = self.consensus.clone() else {
+            return Err("no consensus".into());
+        };
         if self.guard.is_none() {
             self.guard = choose_guard(&cons, &mut self.rng).map(|r| r.identity);
         }
@@ -321,9 +359,16 @@ impl CircuitManager {
             Some((h, p)) if !any_exit => target_of(h, p),
             _ => PathTarget::Any,
         };
-        let req = PathRequest { target: path_target, exit_nickname: pin, guard: self.guard.as_ref(), hops: 3 };
+        let req = PathRequest {
+            target: path_target,
+            exit_nickname: pin,
+            guard: self.guard.as_ref(),
+            hops: 3,
+        };
         let path = select_path(&cons, &req, &mut self.rng).map_err(|e| e.to_string())?;
-        let Some(exit) = path.last() else { return Err("empty path".into()) };
+        let Some(exit) = path.last() else {
+            return Err("empty path".into());
+        };
         let (exit_id, exit_nick) = (exit.identity, exit.nickname.clone());
         let names: Vec<&str> = path.iter().map(|r| r.nickname.as_str()).collect();
         let key = core.launch_circuit(path.iter().map(|r| hop_spec(r)).collect(), now);
@@ -344,7 +389,9 @@ impl CircuitManager {
 
     /// The core reported [`chive_core::Event::CircuitBuilt`].
     pub fn on_circuit_built(&mut self, core: &mut Core, circ: CircKey, now: Instant) {
-        let Some(info) = self.circuits.get_mut(&circ) else { return };
+        let Some(info) = self.circuits.get_mut(&circ) else {
+            return;
+        };
         info.built = true;
         let waiting = std::mem::take(&mut info.waiting);
         for (ticket, req, attempts) in waiting {
@@ -356,7 +403,9 @@ impl CircuitManager {
 
     /// The core reported [`chive_core::Event::CircuitClosed`]: retry its waiters elsewhere.
     pub fn on_circuit_closed(&mut self, core: &mut Core, circ: CircKey, now: Instant) {
-        let Some(info) = self.circuits.remove(&circ) else { return };
+        let Some(info) = self.circuits.remove(&circ) else {
+            return;
+        };
         for (ticket, req, attempts) in info.waiting {
             self.place(core, ticket, req, attempts + 1, now);
         }
@@ -369,7 +418,8 @@ impl CircuitManager {
             .iter()
             .filter(|(k, c)| {
                 c.built
-                    && c.dirty_since.is_some_and(|d| now.duration_since(d) >= self.cfg.max_circuit_dirtiness)
+                    && c.dirty_since
+                        .is_some_and(|d| now.duration_since(d) >= self.cfg.max_circuit_dirtiness)
                     && core.circuit_streams(**k) == 0
             })
             .map(|(k, _)| *k)
@@ -382,7 +432,11 @@ impl CircuitManager {
         if self.consensus.is_none() {
             return;
         }
-        let clean = self.circuits.values().filter(|c| c.isolation.is_none() && c.waiting.is_empty()).count();
+        let clean = self
+            .circuits
+            .values()
+            .filter(|c| c.isolation.is_none() && c.waiting.is_empty())
+            .count();
         let building = self.circuits.values().filter(|c| !c.built).count();
         let want = self.cfg.preemptive_circuits.saturating_sub(clean);
         for _ in 0..want.min(self.cfg.max_building.saturating_sub(building)) {

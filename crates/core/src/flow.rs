@@ -72,7 +72,9 @@ impl CircuitWindow {
     pub fn on_data_sent(&mut self, digest: [u8; 20]) {
         self.package = self.package.saturating_sub(1);
         self.sent_data_cells += 1;
-        if self.sent_data_cells % u64::from(CIRCUIT_SENDME_INCREMENT) == 0
+        if self
+            .sent_data_cells
+            .is_multiple_of(u64::from(CIRCUIT_SENDME_INCREMENT))
             && self.pending_digests.len() < MAX_PENDING_DIGESTS
         {
             self.pending_digests.push_back(digest);
@@ -102,7 +104,9 @@ impl CircuitWindow {
     /// stopped by the relays' circuit queue limits instead.
     pub fn on_data_received(&mut self, digest: [u8; 20]) -> Option<[u8; 20]> {
         self.delivered_data_cells += 1;
-        (self.delivered_data_cells % u64::from(CIRCUIT_SENDME_INCREMENT) == 0).then_some(digest)
+        self.delivered_data_cells
+            .is_multiple_of(u64::from(CIRCUIT_SENDME_INCREMENT))
+            .then_some(digest)
     }
 }
 
@@ -118,7 +122,11 @@ pub struct StreamWindow {
 
 impl Default for StreamWindow {
     fn default() -> Self {
-        StreamWindow { package: STREAM_WINDOW, received_unacked: 0, flushed_unacked: 0 }
+        StreamWindow {
+            package: STREAM_WINDOW,
+            received_unacked: 0,
+            flushed_unacked: 0,
+        }
     }
 }
 
@@ -189,7 +197,10 @@ mod tests {
                     sender.on_data_sent(digest(sent));
                     in_flight.push(sent);
                 }
-                assert!(!in_flight.is_empty(), "window {start} stalled after {sent} cells");
+                assert!(
+                    !in_flight.is_empty(),
+                    "window {start} stalled after {sent} cells"
+                );
                 for n in in_flight.drain(..) {
                     if let Some(d) = receiver.on_data_received(digest(n)) {
                         sender.on_sendme(Some(d)).unwrap();
@@ -214,11 +225,17 @@ mod tests {
     #[test]
     fn bad_or_unexpected_sendme_is_refused() {
         let mut w = CircuitWindow::new(1000);
-        assert_eq!(w.on_sendme(None), Err(FlowError::UnexpectedSendme("circuit")));
+        assert_eq!(
+            w.on_sendme(None),
+            Err(FlowError::UnexpectedSendme("circuit"))
+        );
         for n in 1..=100 {
             w.on_data_sent(digest(n));
         }
-        assert_eq!(w.on_sendme(Some(digest(99))), Err(FlowError::BadSendmeDigest));
+        assert_eq!(
+            w.on_sendme(Some(digest(99))),
+            Err(FlowError::BadSendmeDigest)
+        );
     }
 
     #[test]
@@ -227,7 +244,10 @@ mod tests {
         for _ in 0..STREAM_WINDOW {
             s.on_data_received().unwrap();
         }
-        assert_eq!(s.on_data_received(), Err(FlowError::WindowExceeded("stream")));
+        assert_eq!(
+            s.on_data_received(),
+            Err(FlowError::WindowExceeded("stream"))
+        );
     }
 
     #[test]

@@ -219,7 +219,10 @@ fn queue_id(key: CircKey, side: Side) -> QueueId {
 }
 
 fn queue_of(q: QueueId) -> (CircKey, Side) {
-    (CircKey(q.0 >> 1), if q.0 & 1 == 1 { Side::Next } else { Side::Prev })
+    (
+        CircKey(q.0 >> 1),
+        if q.0 & 1 == 1 { Side::Next } else { Side::Prev },
+    )
 }
 
 struct Channel {
@@ -275,10 +278,17 @@ struct Edge {
 
 impl Edge {
     fn new(circwindow: u32) -> Self {
-        Edge { window: CircuitWindow::new(circwindow), streams: HashMap::new(), next_stream_id: 1 }
+        Edge {
+            window: CircuitWindow::new(circwindow),
+            streams: HashMap::new(),
+            next_stream_id: 1,
+        }
     }
 }
 
+// Origin circuits carry the whole path's crypto; there are few of them (a
+// client's own), so the size difference with relay circuits does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Role {
     /// A circuit through this relay. `edge` is Some when this relay is its last hop
     /// and streams have been opened on it.
@@ -436,7 +446,13 @@ impl Core {
     pub fn connect_failed(&mut self, identity: IdentityKey, now: Instant) {
         if let Some(waiting) = self.waiting_for_channel.remove(&identity) {
             for key in waiting {
-                self.close_circuit_inner(key, DestroyReason::CONNECTFAILED, None, now, "connect failed");
+                self.close_circuit_inner(
+                    key,
+                    DestroyReason::CONNECTFAILED,
+                    None,
+                    now,
+                    "connect failed",
+                );
             }
         }
     }
@@ -444,7 +460,9 @@ impl Core {
     /// A channel closed (EOF, error, or after [`Event::CloseChannel`]): every
     /// circuit on it goes, and relays tell the other side with DESTROY.
     pub fn channel_closed(&mut self, chan: ChannelId, now: Instant) {
-        let Some(ch) = self.channels.remove(&chan) else { return };
+        let Some(ch) = self.channels.remove(&chan) else {
+            return;
+        };
         if let Some(peer) = ch.peer {
             if self.chan_by_identity.get(&peer) == Some(&chan) {
                 self.chan_by_identity.remove(&peer);
@@ -490,7 +508,9 @@ impl Core {
     ) -> usize {
         let mut sent = 0;
         let mut drained_edges: Vec<CircKey> = Vec::new();
-        let Some(ch) = self.channels.get_mut(&chan) else { return 0 };
+        let Some(ch) = self.channels.get_mut(&chan) else {
+            return 0;
+        };
         while sent < max {
             if let Some(cell) = ch.urgent.pop_front() {
                 out.push(cell);
@@ -537,7 +557,11 @@ impl Core {
         self.circuits
             .values()
             .filter_map(|c| match &c.role {
-                Role::Origin { built: false, deadline, .. } => Some(*deadline),
+                Role::Origin {
+                    built: false,
+                    deadline,
+                    ..
+                } => Some(*deadline),
                 _ => None,
             })
             .min()
@@ -549,7 +573,11 @@ impl Core {
             .circuits
             .iter()
             .filter_map(|(k, c)| match &c.role {
-                Role::Origin { built: false, deadline, .. } if *deadline <= now => Some(*k),
+                Role::Origin {
+                    built: false,
+                    deadline,
+                    ..
+                } if *deadline <= now => Some(*k),
                 _ => None,
             })
             .collect();
@@ -596,11 +624,16 @@ impl Core {
             warn!(?chan, "CREATE2 sent to a client: refusing");
             return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
         };
-        let Some(ch) = self.channels.get(&chan) else { return };
+        let Some(ch) = self.channels.get(&chan) else {
+            return;
+        };
         // The channel's initiator uses ids with the high bit set, the responder without.
         let peer_high_bit = !ch.initiator;
         if circ_id == 0 || (circ_id & 0x8000_0000 != 0) != peer_high_bit {
-            warn!(?chan, circ_id, "CREATE2 with an id from the wrong space: refusing");
+            warn!(
+                ?chan,
+                circ_id, "CREATE2 with an id from the wrong space: refusing"
+            );
             return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
         }
         if ch.circ_ids.contains_key(&circ_id) {
@@ -614,7 +647,11 @@ impl Core {
         let create = match Create2::decode(&cell.payload) {
             Ok(c) if c.handshake_type == NTOR_HTYPE => c,
             Ok(c) => {
-                warn!(?chan, htype = c.handshake_type, "unsupported handshake type");
+                warn!(
+                    ?chan,
+                    htype = c.handshake_type,
+                    "unsupported handshake type"
+                );
                 return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
             }
             Err(e) => {
@@ -632,7 +669,10 @@ impl Core {
                 }
             };
         let key = self.alloc_key();
-        let created = Created2 { handshake: reply.to_vec() }.encode();
+        let created = Created2 {
+            handshake: reply.to_vec(),
+        }
+        .encode();
         self.circuits.insert(
             key,
             Circuit {
@@ -659,12 +699,16 @@ impl Core {
     }
 
     fn on_created2(&mut self, chan: ChannelId, cell: Cell, now: Instant) {
-        let Some(key) = self.lookup(chan, cell.circ_id) else { return };
+        let Some(key) = self.lookup(chan, cell.circ_id) else {
+            return;
+        };
         let created = match Created2::decode(&cell.payload) {
             Ok(c) => c,
             Err(e) => return self.kill(key, &format!("malformed CREATED2: {e}"), now),
         };
-        let Some(circ) = self.circuits.get_mut(&key) else { return };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
         if circ.next.map(|n| n.0) != Some(chan) {
             return self.kill(key, "CREATED2 from the wrong side", now);
         }
@@ -673,9 +717,14 @@ impl Core {
                 if !std::mem::take(extending) {
                     return self.kill(key, "unexpected CREATED2", now);
                 }
-                let body = Extended2 { handshake: created.handshake }.encode();
+                let body = Extended2 {
+                    handshake: created.handshake,
+                }
+                .encode();
                 match body {
-                    Ok(body) => self.send_relay_backward(key, RelayCommand::EXTENDED2, 0, &body, now),
+                    Ok(body) => {
+                        self.send_relay_backward(key, RelayCommand::EXTENDED2, 0, &body, now)
+                    }
                     Err(e) => self.kill(key, &format!("cannot encode EXTENDED2: {e}"), now),
                 }
             }
@@ -684,7 +733,9 @@ impl Core {
     }
 
     fn on_destroy(&mut self, chan: ChannelId, cell: Cell, now: Instant) {
-        let Some(key) = self.lookup(chan, cell.circ_id) else { return };
+        let Some(key) = self.lookup(chan, cell.circ_id) else {
+            return;
+        };
         let reason = Destroy::decode(&cell.payload)
             .map(|d| d.reason)
             .unwrap_or(DestroyReason::NONE);
@@ -695,10 +746,16 @@ impl Core {
 
     fn on_relay(&mut self, chan: ChannelId, mut cell: Cell, now: Instant) {
         let Some(key) = self.lookup(chan, cell.circ_id) else {
-            debug!(?chan, circ_id = cell.circ_id, "relay cell for unknown circuit: dropped");
+            debug!(
+                ?chan,
+                circ_id = cell.circ_id,
+                "relay cell for unknown circuit: dropped"
+            );
             return;
         };
-        let Some(circ) = self.circuits.get_mut(&key) else { return };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
         let from_prev = circ.prev.map(|p| p.0) == Some(chan) && !circ.is_origin();
         let early = cell.command == CellCommand::RELAY_EARLY;
         if from_prev && early {
@@ -728,7 +785,9 @@ impl Core {
                 }
             }
             Role::Origin { crypto, .. } => match crypto.decrypt_from_any(&mut cell.payload) {
-                Some((hop, digest)) => self.origin_cell_for_us(key, hop, &cell.payload, digest, now),
+                Some((hop, digest)) => {
+                    self.origin_cell_for_us(key, hop, &cell.payload, digest, now)
+                }
                 None => self.kill(key, "unrecognized relay cell at the client", now),
             },
         }
@@ -831,11 +890,15 @@ impl Core {
         if Some(identity) == self.identity() {
             return self.kill(key, "EXTEND2 to ourselves", now);
         }
-        let Some(circ) = self.circuits.get_mut(&key) else { return };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
         match &mut circ.role {
-            Role::Relay { pending_extend, extending, .. }
-                if circ.next.is_none() && pending_extend.is_none() && !*extending =>
-            {
+            Role::Relay {
+                pending_extend,
+                extending,
+                ..
+            } if circ.next.is_none() && pending_extend.is_none() && !*extending => {
                 *pending_extend = Some((identity, ext.create2));
             }
             _ => return self.kill(key, "EXTEND2 on a circuit that already extends", now),
@@ -859,35 +922,51 @@ impl Core {
         let Some(circ_id) = self.alloc_circ_id(chan) else {
             return self.kill(key, "no circuit id available", now);
         };
-        let Some(circ) = self.circuits.get_mut(&key) else { return };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
         let create = match &mut circ.role {
-            Role::Relay { pending_extend, extending, .. } => match pending_extend.take() {
+            Role::Relay {
+                pending_extend,
+                extending,
+                ..
+            } => match pending_extend.take() {
                 Some((_, create)) => {
                     *extending = true;
                     create
                 }
                 None => return,
             },
-            Role::Origin { path, handshake, .. } => {
+            Role::Origin {
+                path, handshake, ..
+            } => {
                 let Some(first) = path.first() else { return };
                 let (state, onionskin) =
                     ntor::client_create(&mut self.rng, &first.identity.ntor_id(), &first.ntor_key);
                 *handshake = Some(state);
-                Create2 { handshake_type: NTOR_HTYPE, handshake: onionskin.to_vec() }
+                Create2 {
+                    handshake_type: NTOR_HTYPE,
+                    handshake: onionskin.to_vec(),
+                }
             }
         };
         circ.next = Some((chan, circ_id));
         if let Some(ch) = self.channels.get_mut(&chan) {
             ch.circ_ids.insert(circ_id, key);
         }
-        match create.encode().and_then(|b| Cell::new(circ_id, CellCommand::CREATE2, &b)) {
+        match create
+            .encode()
+            .and_then(|b| Cell::new(circ_id, CellCommand::CREATE2, &b))
+        {
             Ok(cell) => self.enqueue(key, Side::Next, cell, now),
             Err(e) => self.kill(key, &format!("cannot encode CREATE2: {e}"), now),
         }
     }
 
     fn on_truncate(&mut self, key: CircKey, now: Instant) {
-        let Some(circ) = self.circuits.get_mut(&key) else { return };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
         if let Some((chan, id)) = circ.next.take() {
             let dropped = circ.q_next.len();
             circ.q_next.clear();
@@ -898,13 +977,26 @@ impl Core {
             }
             self.send_destroy(chan, id, DestroyReason::REQUESTED);
         }
-        if let Some(Circuit { role: Role::Relay { pending_extend, extending, .. }, .. }) =
-            self.circuits.get_mut(&key)
+        if let Some(Circuit {
+            role:
+                Role::Relay {
+                    pending_extend,
+                    extending,
+                    ..
+                },
+            ..
+        }) = self.circuits.get_mut(&key)
         {
             *pending_extend = None;
             *extending = false;
         }
-        self.send_relay_backward(key, RelayCommand::TRUNCATED, 0, &[DestroyReason::REQUESTED.0], now);
+        self.send_relay_backward(
+            key,
+            RelayCommand::TRUNCATED,
+            0,
+            &[DestroyReason::REQUESTED.0],
+            now,
+        );
     }
 
     // ------------------------------------------------------------ origin side
@@ -944,8 +1036,19 @@ impl Core {
 
     /// A CREATED2 or EXTENDED2 answered the pending handshake of an origin circuit.
     fn origin_hop_done(&mut self, key: CircKey, reply: &[u8], now: Instant) {
-        let Some(circ) = self.circuits.get_mut(&key) else { return };
-        let Role::Origin { crypto, path, handshake, built, .. } = &mut circ.role else { return };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        let Role::Origin {
+            crypto,
+            path,
+            handshake,
+            built,
+            ..
+        } = &mut circ.role
+        else {
+            return;
+        };
         let Some(state) = handshake.take() else {
             return self.kill(key, "handshake reply without a handshake", now);
         };
@@ -972,24 +1075,37 @@ impl Core {
         specs.push(LinkSpec::LegacyId(hop.identity.ntor_id()));
         let ext = Extend2 {
             link_specifiers: specs,
-            create2: Create2 { handshake_type: NTOR_HTYPE, handshake: onionskin.to_vec() },
+            create2: Create2 {
+                handshake_type: NTOR_HTYPE,
+                handshake: onionskin.to_vec(),
+            },
         };
         match ext.encode() {
-            Ok(body) => self.send_relay_forward(key, done - 1, RelayCommand::EXTEND2, 0, &body, true, now),
+            Ok(body) => {
+                self.send_relay_forward(key, done - 1, RelayCommand::EXTEND2, 0, &body, true, now)
+            }
             Err(e) => self.kill(key, &format!("cannot encode EXTEND2: {e}"), now),
         }
     }
 
     /// Whether an origin circuit is built and usable.
     pub fn circuit_is_open(&self, circ: CircKey) -> bool {
-        matches!(self.circuits.get(&circ), Some(Circuit { role: Role::Origin { built: true, .. }, .. }))
+        matches!(
+            self.circuits.get(&circ),
+            Some(Circuit {
+                role: Role::Origin { built: true, .. },
+                ..
+            })
+        )
     }
 
     /// Number of streams open on a circuit.
     pub fn circuit_streams(&self, circ: CircKey) -> usize {
         match self.circuits.get(&circ).map(|c| &c.role) {
             Some(Role::Origin { edge, .. }) => edge.streams.len(),
-            Some(Role::Relay { edge: Some(edge), .. }) => edge.streams.len(),
+            Some(Role::Relay {
+                edge: Some(edge), ..
+            }) => edge.streams.len(),
             _ => 0,
         }
     }
@@ -1003,19 +1119,42 @@ impl Core {
         port: u16,
         now: Instant,
     ) -> Result<StreamHandle, CoreError> {
-        let body = Begin { host: host.to_string(), port, flags: 0 }
-            .encode()
-            .map_err(|e| CoreError::BadTarget(e.to_string()))?;
-        self.new_origin_stream(circ, RelayCommand::BEGIN, &body, StreamState::Connecting, now)
+        let body = Begin {
+            host: host.to_string(),
+            port,
+            flags: 0,
+        }
+        .encode()
+        .map_err(|e| CoreError::BadTarget(e.to_string()))?;
+        self.new_origin_stream(
+            circ,
+            RelayCommand::BEGIN,
+            &body,
+            StreamState::Connecting,
+            now,
+        )
     }
 
     /// Ask the exit of a built circuit to resolve `host`. Emits [`Event::Resolved`]
     /// or [`Event::StreamClosed`].
-    pub fn resolve(&mut self, circ: CircKey, host: &str, now: Instant) -> Result<StreamHandle, CoreError> {
-        let body = Resolve { host: host.to_string() }
-            .encode()
-            .map_err(|e| CoreError::BadTarget(e.to_string()))?;
-        self.new_origin_stream(circ, RelayCommand::RESOLVE, &body, StreamState::Resolving, now)
+    pub fn resolve(
+        &mut self,
+        circ: CircKey,
+        host: &str,
+        now: Instant,
+    ) -> Result<StreamHandle, CoreError> {
+        let body = Resolve {
+            host: host.to_string(),
+        }
+        .encode()
+        .map_err(|e| CoreError::BadTarget(e.to_string()))?;
+        self.new_origin_stream(
+            circ,
+            RelayCommand::RESOLVE,
+            &body,
+            StreamState::Resolving,
+            now,
+        )
     }
 
     fn new_origin_stream(
@@ -1027,8 +1166,17 @@ impl Core {
         now: Instant,
     ) -> Result<StreamHandle, CoreError> {
         let handle = StreamHandle(self.next_handle);
-        let circ = self.circuits.get_mut(&circ_key).ok_or(CoreError::NoSuchCircuit)?;
-        let Role::Origin { edge, built: true, crypto, .. } = &mut circ.role else {
+        let circ = self
+            .circuits
+            .get_mut(&circ_key)
+            .ok_or(CoreError::NoSuchCircuit)?;
+        let Role::Origin {
+            edge,
+            built: true,
+            crypto,
+            ..
+        } = &mut circ.role
+        else {
             return Err(CoreError::CircuitNotOpen);
         };
         let last = crypto.len() - 1;
@@ -1051,13 +1199,18 @@ impl Core {
 
     fn client_connected(&mut self, key: CircKey, sid: u16, data: &[u8], now: Instant) {
         let addr = Connected::decode(data).ok().and_then(|c| c.addr);
-        let Some(stream) = self.stream_mut(key, sid) else { return };
+        let Some(stream) = self.stream_mut(key, sid) else {
+            return;
+        };
         if stream.state != StreamState::Connecting {
             return self.kill(key, "unexpected CONNECTED", now);
         }
         stream.state = StreamState::Open;
         let handle = stream.handle;
-        self.events.push_back(Event::StreamConnected { stream: handle, addr });
+        self.events.push_back(Event::StreamConnected {
+            stream: handle,
+            addr,
+        });
         self.grant_credit(key, sid);
     }
 
@@ -1066,12 +1219,17 @@ impl Core {
             Ok(r) => r.answers,
             Err(e) => return self.kill(key, &format!("malformed RESOLVED: {e}"), now),
         };
-        let Some(stream) = self.stream_mut(key, sid) else { return };
+        let Some(stream) = self.stream_mut(key, sid) else {
+            return;
+        };
         if stream.state != StreamState::Resolving {
             return self.kill(key, "unexpected RESOLVED", now);
         }
         let handle = stream.handle;
-        self.events.push_back(Event::Resolved { stream: handle, answers });
+        self.events.push_back(Event::Resolved {
+            stream: handle,
+            answers,
+        });
         self.remove_stream(key, sid);
     }
 
@@ -1080,9 +1238,12 @@ impl Core {
     fn exit_edge(&mut self, key: CircKey) -> Option<&mut Edge> {
         let circwindow = self.cfg.circwindow;
         match &mut self.circuits.get_mut(&key)?.role {
-            Role::Relay { edge, extending: false, pending_extend: None, crypto: _ } => {
-                Some(edge.get_or_insert_with(|| Edge::new(circwindow)))
-            }
+            Role::Relay {
+                edge,
+                extending: false,
+                pending_extend: None,
+                crypto: _,
+            } => Some(edge.get_or_insert_with(|| Edge::new(circwindow))),
             _ => None,
         }
     }
@@ -1108,10 +1269,15 @@ impl Core {
         if edge.streams.contains_key(&sid) {
             return self.kill(key, "BEGIN for a stream id in use", now);
         }
-        edge.streams.insert(sid, Stream::new(handle, StreamState::Connecting));
+        edge.streams
+            .insert(sid, Stream::new(handle, StreamState::Connecting));
         self.next_handle += 1;
         self.streams.insert(handle, (key, sid));
-        self.events.push_back(Event::ExitConnect { stream: handle, host: begin.host, port: begin.port });
+        self.events.push_back(Event::ExitConnect {
+            stream: handle,
+            host: begin.host,
+            port: begin.port,
+        });
     }
 
     fn on_resolve(&mut self, key: CircKey, sid: u16, data: &[u8], now: Instant) {
@@ -1129,28 +1295,42 @@ impl Core {
         if sid == 0 || edge.streams.contains_key(&sid) {
             return self.kill(key, "RESOLVE with a bad stream id", now);
         }
-        edge.streams.insert(sid, Stream::new(handle, StreamState::Resolving));
+        edge.streams
+            .insert(sid, Stream::new(handle, StreamState::Resolving));
         self.next_handle += 1;
         self.streams.insert(handle, (key, sid));
-        self.events.push_back(Event::ExitResolve { stream: handle, host });
+        self.events.push_back(Event::ExitResolve {
+            stream: handle,
+            host,
+        });
     }
 
     /// Exit: the TCP connection for `stream` is up.
     pub fn exit_connected(&mut self, stream: StreamHandle, addr: SocketAddr, now: Instant) {
-        let Some(&(key, sid)) = self.streams.get(&stream) else { return };
-        let Some(s) = self.stream_mut(key, sid) else { return };
+        let Some(&(key, sid)) = self.streams.get(&stream) else {
+            return;
+        };
+        let Some(s) = self.stream_mut(key, sid) else {
+            return;
+        };
         if s.state != StreamState::Connecting {
             return;
         }
         s.state = StreamState::Open;
-        let body = Connected { addr: Some(addr.ip()), ttl: 300 }.encode();
+        let body = Connected {
+            addr: Some(addr.ip()),
+            ttl: 300,
+        }
+        .encode();
         self.send_relay_backward(key, RelayCommand::CONNECTED, sid, &body, now);
         self.grant_credit(key, sid);
     }
 
     /// Exit: the TCP connection for `stream` failed (or the policy refused it).
     pub fn exit_failed(&mut self, stream: StreamHandle, reason: EndReason, now: Instant) {
-        let Some((key, sid)) = self.streams.remove(&stream) else { return };
+        let Some((key, sid)) = self.streams.remove(&stream) else {
+            return;
+        };
         if let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) {
             edge.streams.remove(&sid);
         }
@@ -1158,8 +1338,15 @@ impl Core {
     }
 
     /// Exit: answers for a RESOLVE.
-    pub fn exit_resolved(&mut self, stream: StreamHandle, answers: Vec<ResolvedAnswer>, now: Instant) {
-        let Some((key, sid)) = self.streams.remove(&stream) else { return };
+    pub fn exit_resolved(
+        &mut self,
+        stream: StreamHandle,
+        answers: Vec<ResolvedAnswer>,
+        now: Instant,
+    ) {
+        let Some((key, sid)) = self.streams.remove(&stream) else {
+            return;
+        };
         if let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) {
             edge.streams.remove(&sid);
         }
@@ -1173,10 +1360,17 @@ impl Core {
 
     /// Bytes read from a stream's local socket (at most the credit granted).
     pub fn stream_data(&mut self, stream: StreamHandle, data: &[u8], now: Instant) {
-        let Some(&(key, sid)) = self.streams.get(&stream) else { return };
-        let Some(s) = self.stream_mut(key, sid) else { return };
+        let Some(&(key, sid)) = self.streams.get(&stream) else {
+            return;
+        };
+        let Some(s) = self.stream_mut(key, sid) else {
+            return;
+        };
         if s.credit < data.len() {
-            warn!(?stream, "stream data beyond granted credit; accepting (driver bug)");
+            warn!(
+                ?stream,
+                "stream data beyond granted credit; accepting (driver bug)"
+            );
         }
         s.credit = s.credit.saturating_sub(data.len());
         s.pending.extend(data);
@@ -1185,15 +1379,21 @@ impl Core {
 
     /// The local socket of `stream` reached EOF: END it after its data.
     pub fn stream_eof(&mut self, stream: StreamHandle, now: Instant) {
-        let Some(&(key, sid)) = self.streams.get(&stream) else { return };
-        let Some(s) = self.stream_mut(key, sid) else { return };
+        let Some(&(key, sid)) = self.streams.get(&stream) else {
+            return;
+        };
+        let Some(s) = self.stream_mut(key, sid) else {
+            return;
+        };
         s.local_eof = true;
         self.package_stream(key, sid, now);
     }
 
     /// The local socket of `stream` failed: END it at once, dropping unsent data.
     pub fn stream_error(&mut self, stream: StreamHandle, now: Instant) {
-        let Some((key, sid)) = self.streams.remove(&stream) else { return };
+        let Some((key, sid)) = self.streams.remove(&stream) else {
+            return;
+        };
         if let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) {
             edge.streams.remove(&sid);
         }
@@ -1202,8 +1402,12 @@ impl Core {
 
     /// `cells` [`Event::StreamWrite`]s of `stream` have been written to its socket.
     pub fn stream_flushed(&mut self, stream: StreamHandle, cells: u32, now: Instant) {
-        let Some(&(key, sid)) = self.streams.get(&stream) else { return };
-        let Some(s) = self.stream_mut(key, sid) else { return };
+        let Some(&(key, sid)) = self.streams.get(&stream) else {
+            return;
+        };
+        let Some(s) = self.stream_mut(key, sid) else {
+            return;
+        };
         let sendmes = s.window.on_flushed(cells);
         for _ in 0..sendmes {
             self.send_edge(key, RelayCommand::SENDME, sid, &[], now);
@@ -1211,17 +1415,28 @@ impl Core {
     }
 
     fn stream_mut(&mut self, key: CircKey, sid: u16) -> Option<&mut Stream> {
-        self.circuits.get_mut(&key)?.edge_mut()?.streams.get_mut(&sid)
+        self.circuits
+            .get_mut(&key)?
+            .edge_mut()?
+            .streams
+            .get_mut(&sid)
     }
 
     fn remove_stream(&mut self, key: CircKey, sid: u16) -> Option<StreamHandle> {
-        let s = self.circuits.get_mut(&key)?.edge_mut()?.streams.remove(&sid)?;
+        let s = self
+            .circuits
+            .get_mut(&key)?
+            .edge_mut()?
+            .streams
+            .remove(&sid)?;
         self.streams.remove(&s.handle);
         Some(s.handle)
     }
 
     fn edge_data(&mut self, key: CircKey, sid: u16, data: &[u8], digest: [u8; 20], now: Instant) {
-        let Some(circ) = self.circuits.get_mut(&key) else { return };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
         let Some(edge) = circ.edge_mut() else {
             return self.kill(key, "DATA on a circuit without streams", now);
         };
@@ -1239,12 +1454,18 @@ impl Core {
             self.send_edge(key, RelayCommand::SENDME, 0, &body, now);
         }
         match outcome {
-            Ok(handle) => self.events.push_back(Event::StreamWrite { stream: handle, data: data.to_vec() }),
+            Ok(handle) => self.events.push_back(Event::StreamWrite {
+                stream: handle,
+                data: data.to_vec(),
+            }),
             Err(e) if e.is_empty() => {}
             Err(e) => {
                 warn!(?key, sid, error = %e, "closing stream");
                 if let Some(handle) = self.remove_stream(key, sid) {
-                    self.events.push_back(Event::StreamClosed { stream: handle, reason: EndReason::TORPROTOCOL });
+                    self.events.push_back(Event::StreamClosed {
+                        stream: handle,
+                        reason: EndReason::TORPROTOCOL,
+                    });
                 }
                 self.send_end(key, sid, EndReason::TORPROTOCOL, now);
             }
@@ -1252,9 +1473,14 @@ impl Core {
     }
 
     fn edge_end(&mut self, key: CircKey, sid: u16, data: &[u8], _now: Instant) {
-        let reason = End::decode(data).map(|e| e.reason).unwrap_or(EndReason::MISC);
+        let reason = End::decode(data)
+            .map(|e| e.reason)
+            .unwrap_or(EndReason::MISC);
         if let Some(handle) = self.remove_stream(key, sid) {
-            self.events.push_back(Event::StreamClosed { stream: handle, reason });
+            self.events.push_back(Event::StreamClosed {
+                stream: handle,
+                reason,
+            });
         }
     }
 
@@ -1272,7 +1498,9 @@ impl Core {
             }
             self.package_all(key, now);
         } else {
-            let Some(s) = edge.streams.get_mut(&sid) else { return };
+            let Some(s) = edge.streams.get_mut(&sid) else {
+                return;
+            };
             if let Err(e) = s.window.on_sendme() {
                 return self.kill(key, &e.to_string(), now);
             }
@@ -1282,7 +1510,9 @@ impl Core {
 
     /// Package every stream of an edge circuit that has data waiting.
     fn package_all(&mut self, key: CircKey, now: Instant) {
-        let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) else { return };
+        let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) else {
+            return;
+        };
         let mut sids: Vec<u16> = edge
             .streams
             .iter()
@@ -1299,12 +1529,16 @@ impl Core {
     /// circuit queue allow; then END it if the local side is done; then grant more credit.
     fn package_stream(&mut self, key: CircKey, sid: u16, now: Instant) {
         loop {
-            let Some(circ) = self.circuits.get_mut(&key) else { return };
+            let Some(circ) = self.circuits.get_mut(&key) else {
+                return;
+            };
             let side = circ.edge_out_side();
             let queued = circ.queue(side).len();
             let Some(edge) = circ.edge_mut() else { return };
             let circ_open = edge.window.can_package();
-            let Some(s) = edge.streams.get_mut(&sid) else { return };
+            let Some(s) = edge.streams.get_mut(&sid) else {
+                return;
+            };
             if s.pending.is_empty() {
                 if s.local_eof {
                     self.remove_stream(key, sid);
@@ -1313,7 +1547,11 @@ impl Core {
                 }
                 break;
             }
-            if s.state != StreamState::Open || !circ_open || !s.window.can_package() || queued >= QUEUE_HIGHWATER {
+            if s.state != StreamState::Open
+                || !circ_open
+                || !s.window.can_package()
+                || queued >= QUEUE_HIGHWATER
+            {
                 break;
             }
             let n = s.pending.len().min(RELAY_DATA_LEN);
@@ -1326,7 +1564,9 @@ impl Core {
 
     /// Top up a stream's read credit so pending + credit stays near the target.
     fn grant_credit(&mut self, key: CircKey, sid: u16) {
-        let Some(s) = self.stream_mut(key, sid) else { return };
+        let Some(s) = self.stream_mut(key, sid) else {
+            return;
+        };
         if s.state != StreamState::Open || s.local_eof {
             return;
         }
@@ -1335,7 +1575,8 @@ impl Core {
             let bytes = STREAM_BUFFER_TARGET - have;
             s.credit += bytes;
             let stream = s.handle;
-            self.events.push_back(Event::StreamReadCredit { stream, bytes });
+            self.events
+                .push_back(Event::StreamReadCredit { stream, bytes });
         }
     }
 
@@ -1343,7 +1584,9 @@ impl Core {
 
     /// Send a relay message from this circuit's edge toward its peer edge.
     fn send_edge(&mut self, key: CircKey, cmd: RelayCommand, sid: u16, body: &[u8], now: Instant) {
-        let Some(circ) = self.circuits.get(&key) else { return };
+        let Some(circ) = self.circuits.get(&key) else {
+            return;
+        };
         match &circ.role {
             Role::Origin { crypto, .. } => {
                 let last = crypto.len().saturating_sub(1);
@@ -1358,12 +1601,22 @@ impl Core {
     }
 
     /// Originate a relay cell at this relay, toward the client.
-    fn send_relay_backward(&mut self, key: CircKey, cmd: RelayCommand, sid: u16, body: &[u8], now: Instant) {
+    fn send_relay_backward(
+        &mut self,
+        key: CircKey,
+        cmd: RelayCommand,
+        sid: u16,
+        body: &[u8],
+        now: Instant,
+    ) {
         let Ok(mut payload) = relay_payload(cmd, sid, body) else {
             return self.kill(key, "relay message too long", now);
         };
-        let Some(circ) = self.circuits.get_mut(&key) else { return };
-        let (Role::Relay { crypto, edge, .. }, Some((_, prev_id))) = (&mut circ.role, circ.prev) else {
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        let (Role::Relay { crypto, edge, .. }, Some((_, prev_id))) = (&mut circ.role, circ.prev)
+        else {
             return;
         };
         let digest = crypto.originate_backward(&mut payload);
@@ -1391,8 +1644,11 @@ impl Core {
         let Ok(mut payload) = relay_payload(cmd, sid, body) else {
             return self.kill(key, "relay message too long", now);
         };
-        let Some(circ) = self.circuits.get_mut(&key) else { return };
-        let (Role::Origin { crypto, edge, .. }, Some((_, next_id))) = (&mut circ.role, circ.next) else {
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        let (Role::Origin { crypto, edge, .. }, Some((_, next_id))) = (&mut circ.role, circ.next)
+        else {
             return;
         };
         let digest = match crypto.encrypt_to(hop, &mut payload) {
@@ -1402,21 +1658,33 @@ impl Core {
         if cmd == RelayCommand::DATA {
             edge.window.on_data_sent(digest);
         }
-        let command = if early { CellCommand::RELAY_EARLY } else { CellCommand::RELAY };
+        let command = if early {
+            CellCommand::RELAY_EARLY
+        } else {
+            CellCommand::RELAY
+        };
         let cell = Cell::from_payload(next_id, command, payload);
         self.enqueue(key, Side::Next, cell, now);
     }
 
     /// Put a cell on a circuit's queue toward `side` and wake its channel.
     fn enqueue(&mut self, key: CircKey, side: Side, cell: Cell, now: Instant) {
-        let Some(circ) = self.circuits.get_mut(&key) else { return };
-        let Some((chan, _)) = circ.endpoint(side) else { return };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        let Some((chan, _)) = circ.endpoint(side) else {
+            return;
+        };
         let queue = circ.queue(side);
         queue.push_back(cell);
         let len = queue.len();
         self.stats.queued_cells += 1;
         if len > self.cfg.max_circuit_queue {
-            return self.kill(key, "circuit queue limit exceeded (peer ignores flow control)", now);
+            return self.kill(
+                key,
+                "circuit queue limit exceeded (peer ignores flow control)",
+                now,
+            );
         }
         if len == 1 {
             if let Some(ch) = self.channels.get_mut(&chan) {
@@ -1436,7 +1704,8 @@ impl Core {
     }
 
     fn send_destroy(&mut self, chan: ChannelId, circ_id: CircId, reason: DestroyReason) {
-        let Ok(cell) = Cell::new(circ_id, CellCommand::DESTROY, &Destroy { reason }.encode()) else {
+        let Ok(cell) = Cell::new(circ_id, CellCommand::DESTROY, &Destroy { reason }.encode())
+        else {
             return;
         };
         if let Some(ch) = self.channels.get_mut(&chan) {
@@ -1453,7 +1722,11 @@ impl Core {
             .max_by_key(|(_, c)| c.q_prev.len() + c.q_next.len())
             .map(|(k, _)| *k);
         if let Some(key) = victim {
-            warn!(?key, queued = self.stats.queued_cells, "queue memory cap reached: killing the largest circuit");
+            warn!(
+                ?key,
+                queued = self.stats.queued_cells,
+                "queue memory cap reached: killing the largest circuit"
+            );
             self.kill(key, "queue memory cap reached", now);
         }
     }
@@ -1477,7 +1750,9 @@ impl Core {
         _now: Instant,
         why: &str,
     ) {
-        let Some(circ) = self.circuits.remove(&key) else { return };
+        let Some(circ) = self.circuits.remove(&key) else {
+            return;
+        };
         self.stats.queued_cells = self
             .stats
             .queued_cells
@@ -1490,7 +1765,11 @@ impl Core {
             }
             if Some(chan) != except {
                 // Relays pass on the reason as tor-spec asks; a client says FINISHED.
-                let r = if circ.is_origin() { DestroyReason::FINISHED } else { reason };
+                let r = if circ.is_origin() {
+                    DestroyReason::FINISHED
+                } else {
+                    reason
+                };
                 self.send_destroy(chan, id, r);
             }
         }
@@ -1504,12 +1783,18 @@ impl Core {
         if let Some(edge) = edge {
             for s in edge.streams.into_values() {
                 self.streams.remove(&s.handle);
-                self.events.push_back(Event::StreamClosed { stream: s.handle, reason: EndReason::DESTROY });
+                self.events.push_back(Event::StreamClosed {
+                    stream: s.handle,
+                    reason: EndReason::DESTROY,
+                });
             }
         }
         if origin {
             info!(?key, reason = why, "circuit closed");
-            self.events.push_back(Event::CircuitClosed { circ: key, reason: why.to_string() });
+            self.events.push_back(Event::CircuitClosed {
+                circ: key,
+                reason: why.to_string(),
+            });
         }
     }
 

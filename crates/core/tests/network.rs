@@ -48,7 +48,13 @@ struct Net {
 impl Net {
     fn new(circwindow: u32) -> Net {
         let mut rng = StdRng::seed_from_u64(7);
-        let mut nodes = vec![Core::new(CoreConfig { circwindow, ..CoreConfig::default() }, [1; 32])];
+        let mut nodes = vec![Core::new(
+            CoreConfig {
+                circwindow,
+                ..CoreConfig::default()
+            },
+            [1; 32],
+        )];
         let mut identities = vec![None];
         let mut hops = Vec::new();
         for i in 0..3u8 {
@@ -88,7 +94,10 @@ impl Net {
     }
 
     fn node_of(&self, id: &IdentityKey) -> usize {
-        self.identities.iter().position(|i| i.as_ref() == Some(id)).unwrap()
+        self.identities
+            .iter()
+            .position(|i| i.as_ref() == Some(id))
+            .unwrap()
     }
 
     fn connect(&mut self, from: usize, to: usize) {
@@ -158,7 +167,10 @@ impl Net {
             }
             Event::StreamWrite { stream, data } => {
                 if n == CLIENT {
-                    self.received.entry(stream).or_default().extend_from_slice(&data);
+                    self.received
+                        .entry(stream)
+                        .or_default()
+                        .extend_from_slice(&data);
                 } else {
                     self.exit_received.extend_from_slice(&data);
                     match self.server {
@@ -189,7 +201,9 @@ impl Net {
         let circ = self.nodes[CLIENT].launch_circuit(self.hops.clone(), self.now);
         self.run(1000);
         assert!(
-            self.events.iter().any(|(n, e)| *n == CLIENT && *e == Event::CircuitBuilt { circ }),
+            self.events
+                .iter()
+                .any(|(n, e)| *n == CLIENT && *e == Event::CircuitBuilt { circ }),
             "circuit not built: {:?}",
             self.events
         );
@@ -197,10 +211,13 @@ impl Net {
     }
 
     fn open(&mut self, circ: CircKey) -> StreamHandle {
-        let s = self.nodes[CLIENT].open_stream(circ, "127.0.0.1", 80, self.now).unwrap();
+        let s = self.nodes[CLIENT]
+            .open_stream(circ, "127.0.0.1", 80, self.now)
+            .unwrap();
         self.run(1000);
         assert!(
-            self.events.iter().any(|(n, e)| *n == CLIENT && matches!(e, Event::StreamConnected { stream, .. } if *stream == s)),
+            self.events.iter().any(|(n, e)| *n == CLIENT
+                && matches!(e, Event::StreamConnected { stream, .. } if *stream == s)),
             "stream not connected: {:?}",
             self.events
         );
@@ -253,9 +270,20 @@ fn echo_roundtrip(circwindow: u32, total: usize) {
     }
     assert!(net.credit_events() > 0);
     let got = net.received.get(&s).cloned().unwrap_or_default();
-    assert_eq!(got.len(), total, "circwindow {circwindow}: got {} of {total} bytes", got.len());
+    assert_eq!(
+        got.len(),
+        total,
+        "circwindow {circwindow}: got {} of {total} bytes",
+        got.len()
+    );
     assert!(got == data, "circwindow {circwindow}: bytes differ");
-    assert_eq!(net.nodes.iter().map(|n| n.stats().circuits_killed).sum::<u64>(), 0);
+    assert_eq!(
+        net.nodes
+            .iter()
+            .map(|n| n.stats().circuits_killed)
+            .sum::<u64>(),
+        0
+    );
 }
 
 #[test]
@@ -285,10 +313,14 @@ fn stream_end_is_delivered_after_data() {
     // The exit wrote "hello" to its server, then saw the END (tor-spec: END
     // closes the stream in both directions, so the echo is not sent back).
     assert_eq!(net.exit_received, b"hello");
-    assert!(net
-        .events
-        .iter()
-        .any(|(n, e)| *n != CLIENT && matches!(e, Event::StreamClosed { reason: EndReason::DONE, .. })));
+    assert!(net.events.iter().any(|(n, e)| *n != CLIENT
+        && matches!(
+            e,
+            Event::StreamClosed {
+                reason: EndReason::DONE,
+                ..
+            }
+        )));
     assert_eq!(net.nodes[CLIENT].stats().streams, 0);
     assert_eq!(net.nodes[3].stats().streams, 0);
 }
@@ -308,10 +340,17 @@ fn closing_one_circuit_leaves_the_other_working() {
     assert!(!net.nodes[CLIENT].circuit_is_open(bad));
     net.nodes[CLIENT].stream_data(s, b"still alive", net.now);
     net.run(1000);
-    assert_eq!(net.received.get(&s).map(|v| v.as_slice()), Some(&b"still alive"[..]));
+    assert_eq!(
+        net.received.get(&s).map(|v| v.as_slice()),
+        Some(&b"still alive"[..])
+    );
     // DESTROY travelled the whole path: every relay forgot the closed circuit.
     for n in 1..4 {
-        assert_eq!(net.nodes[n].stats().circuits, 1, "relay {n} still holds the closed circuit");
+        assert_eq!(
+            net.nodes[n].stats().circuits,
+            1,
+            "relay {n} still holds the closed circuit"
+        );
     }
 }
 
@@ -339,9 +378,20 @@ fn tampered_relay_cell_kills_only_its_circuit() {
         net.nodes[guard].handle_cell(guard_chan, cell, net.now);
     }
     net.run(1000);
-    assert_eq!(net.received.get(&sa).map(|v| v.as_slice()), Some(&b"for a"[..]));
-    assert!(net.received.get(&sb).is_none());
+    assert_eq!(
+        net.received.get(&sa).map(|v| v.as_slice()),
+        Some(&b"for a"[..])
+    );
+    assert!(!net.received.contains_key(&sb));
     assert!(net.nodes[CLIENT].circuit_is_open(a));
-    assert!(!net.nodes[CLIENT].circuit_is_open(b), "tampered circuit must be closed");
-    assert!(net.events.iter().any(|(n, e)| *n == CLIENT && matches!(e, Event::CircuitClosed { circ, .. } if *circ == b)));
+    assert!(
+        !net.nodes[CLIENT].circuit_is_open(b),
+        "tampered circuit must be closed"
+    );
+    assert!(
+        net.events
+            .iter()
+            .any(|(n, e)| *n == CLIENT
+                && matches!(e, Event::CircuitClosed { circ, .. } if *circ == b))
+    );
 }
