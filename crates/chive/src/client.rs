@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 use crate::common::{init_logging, load_config};
-use crate::driver::{spawn_stream_io, Driver, DriverConfig, Input, StreamCmd, StreamIo};
+use crate::driver::{spawn_stream_io, Driver, DriverConfig, Input, StreamCmd, StreamIo, Tunables};
 
 /// Command-line arguments of `chive client`.
 #[derive(clap::Args, Debug)]
@@ -67,8 +67,8 @@ pub struct ClientConfig {
     pub preemptive_circuits: usize,
     #[serde(rename = "CircuitBuildTimeout", default = "default_build_timeout")]
     pub circuit_build_timeout: u64,
-    #[serde(rename = "OutbufCells", default = "default_outbuf")]
-    pub outbuf_cells: usize,
+    #[serde(rename = "OutbufCells", default)]
+    pub outbuf_cells: Option<usize>,
     #[serde(rename = "Log", default = "crate::relay::default_log")]
     pub log: String,
 }
@@ -82,9 +82,6 @@ fn default_preemptive() -> usize {
 fn default_build_timeout() -> u64 {
     30
 }
-fn default_outbuf() -> usize {
-    64
-}
 
 /// How long a SOCKS request may wait for its stream to open.
 const SOCKS_STREAM_TIMEOUT: Duration = Duration::from_secs(120);
@@ -97,9 +94,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     init_logging(&cfg.log);
     let authority_id = IdentityKey::from_hex(&cfg.authority_identity)
         .map_err(|e| anyhow::anyhow!("AuthorityIdentity: {e}"))?;
-    if !(1..=100_000).contains(&cfg.outbuf_cells) {
-        anyhow::bail!("OutbufCells must be between 1 and 100000");
+    if let Some(n) = cfg.outbuf_cells {
+        if !(1..=10_000).contains(&n) {
+            anyhow::bail!("OutbufCells must be between 1 and 10000");
+        }
     }
+    let tunables = Tunables {
+        outbuf_cells: cfg.outbuf_cells,
+        ..Tunables::default()
+    };
     std::fs::create_dir_all(&cfg.data_directory)
         .with_context(|| format!("DataDirectory {}", cfg.data_directory.display()))?;
     let listener = TcpListener::bind(cfg.socks_port)
@@ -122,9 +125,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             link: Arc::new(LinkConfig {
                 identity: None,
                 features: FeatureSet::EMPTY,
+                socket_buffer: None,
             }),
             limits: LinkLimits::default(),
-            outbuf_cells: cfg.outbuf_cells,
+            outbuf_cells: tunables.effective(None).1,
+            tunables,
             exit_policy: None,
         },
     );

@@ -11,14 +11,14 @@
 //! (the paper's cached-time fix). Cells move to a link's writer only while it
 //! has fewer than `outbuf_cells` unwritten, so the scheduler decides late.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chive_cell::{AnyCell, Cell, EndReason, ResolvedAnswer};
-use chive_core::{ChannelId, Core, Event, StreamHandle};
+use chive_core::{CellSample, ChannelId, Core, Event, SchedulerKind, StreamHandle};
 use chive_crypto::IdentityKey;
 use chive_dir::ExitPolicy;
 use chive_net::{Link, LinkConfig, LinkLimits};
@@ -87,6 +87,8 @@ pub enum Input {
     },
     /// A fresh, verified consensus.
     Consensus(Arc<chive_dir::Consensus>),
+    /// New local settings (SIGHUP).
+    Reconfigure(Tunables),
     /// Client-only inputs (SOCKS requests).
     Client(crate::client::ClientInput),
     /// Stop.
@@ -137,6 +139,42 @@ struct ChanIo {
     writer: mpsc::UnboundedSender<Vec<Cell>>,
     reader: AbortHandle,
     in_flight: usize,
+    /// Batches handed to the writer, oldest first, with their sampled cells.
+    batches: VecDeque<(usize, Vec<CellSample>)>,
+    /// The output buffer is full and cells are waiting (counted once per episode).
+    blocked: bool,
+}
+
+/// Settings a node's operator may set locally; unset ones come from the consensus.
+#[derive(Clone, Debug, Default)]
+pub struct Tunables {
+    /// `Scheduler`: "rr", "ewma" or "ewma-direct" (default "ewma", as Tor).
+    pub scheduler: Option<String>,
+    /// `CircuitPriorityHalflife` in seconds (≤ 0: round-robin).
+    pub halflife: Option<f64>,
+    /// `OutbufCells`.
+    pub outbuf_cells: Option<usize>,
+}
+
+impl Tunables {
+    /// The policy and output bound in force, given the latest consensus parameters.
+    pub fn effective(&self, params: Option<&chive_dir::NetParams>) -> (SchedulerKind, usize) {
+        let halflife = self.halflife.unwrap_or_else(|| {
+            let msec = params
+                .map(|p| p.get_spec(&chive_dir::CIRCUIT_PRIORITY_HALFLIFE_MSEC))
+                .unwrap_or(chive_dir::CIRCUIT_PRIORITY_HALFLIFE_MSEC.default);
+            msec as f64 / 1000.0
+        });
+        let name = self.scheduler.as_deref().unwrap_or("ewma");
+        let kind =
+            SchedulerKind::from_config(name, Some(halflife)).unwrap_or(SchedulerKind::RoundRobin);
+        let outbuf = self.outbuf_cells.unwrap_or_else(|| {
+            params
+                .map(|p| p.get_spec(&chive_dir::OUTBUF_CELLS))
+                .unwrap_or(chive_dir::OUTBUF_CELLS.default) as usize
+        });
+        (kind, outbuf)
+    }
 }
 
 /// Driver settings.
@@ -146,6 +184,8 @@ pub struct DriverConfig {
     pub outbuf_cells: usize,
     /// Exit policy applied to resolved addresses; None = not an exit.
     pub exit_policy: Option<Arc<ExitPolicy>>,
+    /// Local settings (scheduler, half-life, output bound).
+    pub tunables: Tunables,
 }
 
 /// Owns the core and the IO tasks' handles.
@@ -158,6 +198,8 @@ pub struct Driver {
     chans: HashMap<ChannelId, ChanIo>,
     pub streams: HashMap<StreamHandle, StreamIo>,
     pub client: Option<ClientState>,
+    pub metrics: Option<crate::metrics::Metrics>,
+    params: Option<chive_dir::NetParams>,
 }
 
 impl Driver {
@@ -173,6 +215,21 @@ impl Driver {
             chans: HashMap::new(),
             streams: HashMap::new(),
             client: None,
+            metrics: None,
+            params: None,
+        }
+    }
+
+    /// Apply the tunables and consensus parameters now in force.
+    pub fn apply_policy(&mut self, now: Instant) {
+        let (kind, outbuf) = self.cfg.tunables.effective(self.params.as_ref());
+        if kind != self.core.scheduler() {
+            info!(scheduler = %kind.label(), "circuit scheduler changed");
+            self.core.set_scheduler(kind, now);
+        }
+        if outbuf != self.cfg.outbuf_cells {
+            info!(outbuf_cells = outbuf, "output buffer bound changed");
+            self.cfg.outbuf_cells = outbuf;
         }
     }
 
@@ -228,6 +285,11 @@ impl Driver {
                     if let Some(client) = self.client.as_mut() {
                         client.tick(&mut self.core, now);
                     }
+                    if let Some(m) = self.metrics.as_mut() {
+                        let outbufs: Vec<(u64, usize)> =
+                            self.chans.iter().map(|(c, io)| (c.0, io.in_flight)).collect();
+                        m.tick(&self.core, &outbufs, self.cfg.outbuf_cells, now);
+                    }
                     self.flush(now);
                 }
             }
@@ -250,6 +312,8 @@ impl Driver {
                         writer,
                         reader,
                         in_flight: 0,
+                        batches: VecDeque::new(),
+                        blocked: false,
                     },
                 );
                 self.core.channel_opened(chan, peer, initiator, now);
@@ -265,6 +329,12 @@ impl Driver {
             Input::Written { chan, cells } => {
                 if let Some(io) = self.chans.get_mut(&chan) {
                     io.in_flight = io.in_flight.saturating_sub(cells);
+                    // The writer reports whole batches, in order.
+                    if let Some((_, samples)) = io.batches.pop_front() {
+                        if let Some(m) = self.metrics.as_mut() {
+                            m.cells_written(samples, now);
+                        }
+                    }
                 }
                 self.transmit(chan, now);
             }
@@ -306,9 +376,15 @@ impl Driver {
             Input::ExitResolved { stream, answers } => {
                 self.core.exit_resolved(stream, answers, now)
             }
+            Input::Reconfigure(t) => {
+                self.cfg.tunables = t;
+                self.apply_policy(now);
+            }
             Input::Consensus(consensus) => {
                 self.core
                     .set_circwindow(u32::from(consensus.params.circwindow()));
+                self.params = Some(consensus.params.clone());
+                self.apply_policy(now);
                 if let Some(client) = self.client.as_mut() {
                     client.set_consensus(&mut self.core, consensus, now);
                 }
@@ -351,12 +427,24 @@ impl Driver {
         };
         let room = self.cfg.outbuf_cells.saturating_sub(io.in_flight);
         if room == 0 {
+            if !io.blocked && self.core.has_pending(chan) {
+                io.blocked = true;
+                if let Some(m) = self.metrics.as_mut() {
+                    m.outbuf_full_events += 1;
+                }
+            }
             return;
         }
+        io.blocked = false;
         let mut cells = Vec::with_capacity(room.min(64));
         let n = self.core.poll_transmit(chan, room, now, &mut cells);
         if n > 0 {
             io.in_flight += n;
+            let mut samples = Vec::new();
+            while let Some(s) = self.core.poll_cell_sample() {
+                samples.push(s);
+            }
+            io.batches.push_back((n, samples));
             if io.writer.send(cells).is_err() {
                 // The writer is gone; its LinkDown is on the way.
                 debug!(?chan, "writer gone");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use chive_core::{ChannelId, Core, CoreConfig, RelayKeys};
+use chive_core::{ChannelId, Core, CoreConfig, RelayKeys, SchedulerKind};
 use chive_crypto::ntor::NtorSecretKey;
 use chive_crypto::IdentityKey;
 use chive_dir::{valid_nickname, ExitPolicy, RelayDescriptor};
@@ -19,7 +19,8 @@ use tracing::{info, warn};
 use crate::common::{
     init_logging, keys_dir, load_config, load_identity, load_or_create_secret, unix_now,
 };
-use crate::driver::{start_link, Driver, DriverConfig, Input};
+use crate::driver::{start_link, Driver, DriverConfig, Input, Tunables};
+use crate::metrics::Metrics;
 
 /// Command-line arguments of `chive relay`.
 #[derive(clap::Args, Debug)]
@@ -41,10 +42,23 @@ Config file options (TOML):
   BandwidthBurst = 0               bucket size in bytes; 0 = same as BandwidthRate
   ExitPolicy = [\"reject *:*\"]      torrc-style rules, first match wins (default: not an exit)
   ExitPolicyRejectPrivate = true   reject private and local addresses before ExitPolicy
+  Scheduler = \"ewma\"               circuit scheduler: \"rr\", \"ewma\" or \"ewma-direct\" (reference)
+  CircuitPriorityHalflife = 30     EWMA half-life in seconds; <= 0 means round-robin
+                                   (default: consensus CircuitPriorityHalflifeMsec, else 30 s)
   OutbufCells = 64                 cells handed to a connection but not yet written, at most
+                                   (default: consensus OutbufCells, else 64)
+  ConstrainedSockets = true        limit link sockets' kernel buffers (SO_SNDBUF/SO_RCVBUF)...
+  ConstrainedSockSize = 20000      ...to this many bytes (2048..262144), as Tor's options do, so
+                                   queued cells wait where the scheduler can reorder them.
+                                   Default: on when BandwidthRate is set, sized to 20 ms of it
+                                   (at least 8192); off (kernel autotuning) when unlimited
+  MetricsPort = \"127.0.0.1:9101\"   Prometheus text endpoint (GET /metrics); default off
+  MetricsFile = \"/path/m.jsonl\"    JSON-lines instrumentation (per-cell timing, per-second stats)
+  CellSampleRate = 100             time one cell in this many (0 = no per-cell timing)
   PublishInterval = 30             seconds between descriptor uploads
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
-SIGHUP reloads BandwidthRate and BandwidthBurst without dropping circuits.";
+SIGHUP reloads BandwidthRate, BandwidthBurst, Scheduler, CircuitPriorityHalflife and
+OutbufCells without dropping circuits.";
 
 /// The relay's config file.
 #[derive(Deserialize, Debug, Clone)]
@@ -68,8 +82,22 @@ pub struct RelayConfig {
     pub exit_policy: Vec<String>,
     #[serde(rename = "ExitPolicyRejectPrivate", default = "yes")]
     pub exit_policy_reject_private: bool,
-    #[serde(rename = "OutbufCells", default = "default_outbuf")]
-    pub outbuf_cells: usize,
+    #[serde(rename = "OutbufCells", default)]
+    pub outbuf_cells: Option<usize>,
+    #[serde(rename = "Scheduler", default)]
+    pub scheduler: Option<String>,
+    #[serde(rename = "CircuitPriorityHalflife", default)]
+    pub circuit_priority_halflife: Option<f64>,
+    #[serde(rename = "ConstrainedSockets", default)]
+    pub constrained_sockets: Option<bool>,
+    #[serde(rename = "ConstrainedSockSize", default)]
+    pub constrained_sock_size: Option<u32>,
+    #[serde(rename = "MetricsPort", default)]
+    pub metrics_port: Option<SocketAddr>,
+    #[serde(rename = "MetricsFile", default)]
+    pub metrics_file: Option<PathBuf>,
+    #[serde(rename = "CellSampleRate", default = "default_sample_rate")]
+    pub cell_sample_rate: u64,
     #[serde(rename = "PublishInterval", default = "default_publish")]
     pub publish_interval: u64,
     #[serde(rename = "Log", default = "default_log")]
@@ -82,8 +110,8 @@ fn default_exit_policy() -> Vec<String> {
 fn yes() -> bool {
     true
 }
-fn default_outbuf() -> usize {
-    64
+fn default_sample_rate() -> u64 {
+    100
 }
 fn default_publish() -> u64 {
     30
@@ -96,6 +124,32 @@ pub(crate) fn default_log() -> String {
 const UNLIMITED_BANDWIDTH: u64 = 100_000_000;
 
 impl RelayConfig {
+    /// Kernel socket buffer size for links, if constrained. A rate-limited relay's
+    /// buffers only add delay beyond what the rate drains quickly: without a limit, loopback
+    /// autotuning lets megabytes queue in the kernel in FIFO order, where no scheduler acts.
+    fn socket_buffer(&self) -> Option<u32> {
+        let limited = self.bandwidth_rate > 0;
+        if !self.constrained_sockets.unwrap_or(limited) {
+            return None;
+        }
+        Some(self.constrained_sock_size.unwrap_or_else(|| {
+            if limited {
+                (self.bandwidth_rate / 50).clamp(8192, 262_144) as u32
+            } else {
+                8192
+            }
+        }))
+    }
+
+    /// The settings SIGHUP may change in the running core.
+    fn tunables(&self) -> Tunables {
+        Tunables {
+            scheduler: self.scheduler.clone(),
+            halflife: self.circuit_priority_halflife,
+            outbuf_cells: self.outbuf_cells,
+        }
+    }
+
     fn burst(&self) -> u64 {
         if self.bandwidth_burst == 0 {
             self.bandwidth_rate
@@ -112,8 +166,24 @@ impl RelayConfig {
                 self.nickname
             );
         }
-        if !(1..=100_000).contains(&self.outbuf_cells) {
-            bail!("OutbufCells must be between 1 and 100000");
+        if let Some(n) = self.outbuf_cells {
+            if !(1..=10_000).contains(&n) {
+                bail!("OutbufCells must be between 1 and 10000");
+            }
+        }
+        if let Some(h) = self.circuit_priority_halflife {
+            if !h.is_finite() || h > 1e6 {
+                bail!("CircuitPriorityHalflife must be a number of seconds (<= 0 turns EWMA off)");
+            }
+        }
+        if let Some(name) = &self.scheduler {
+            SchedulerKind::from_config(name, self.circuit_priority_halflife)
+                .map_err(|e| anyhow::anyhow!("Scheduler: {e}"))?;
+        }
+        if let Some(size) = self.constrained_sock_size {
+            if !(2048..=262_144).contains(&size) {
+                bail!("ConstrainedSockSize must be between 2048 and 262144 bytes");
+            }
         }
         if self.publish_interval == 0 {
             bail!("PublishInterval must be at least 1 second");
@@ -146,6 +216,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let link = Arc::new(LinkConfig {
         identity: Some(identity.clone()),
         features: FeatureSet::EMPTY,
+        socket_buffer: cfg.socket_buffer(),
     });
     let listener = LinkListener::bind(cfg.or_port, link.clone())
         .await
@@ -155,6 +226,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut seed = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut seed);
     let is_exit = policy.is_exit();
+    let tunables = cfg.tunables();
+    let (scheduler, _) = tunables.effective(None);
     let core = Core::new(
         CoreConfig {
             relay: Some(RelayKeys {
@@ -162,20 +235,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 ntor,
             }),
             exit: is_exit,
+            scheduler,
+            cell_sample_every: if cfg.metrics_file.is_some() || cfg.metrics_port.is_some() {
+                cfg.cell_sample_rate
+            } else {
+                0
+            },
             ..CoreConfig::default()
         },
         seed,
     );
     let policy = Arc::new(policy);
-    let driver = Driver::new(
+    let mut driver = Driver::new(
         core,
         DriverConfig {
             link,
             limits: limits.clone(),
-            outbuf_cells: cfg.outbuf_cells,
+            outbuf_cells: tunables.effective(None).1,
             exit_policy: is_exit.then(|| policy.clone()),
+            tunables: tunables.clone(),
         },
     );
+    driver.metrics = Metrics::start(cfg.metrics_file.as_deref(), cfg.metrics_port).await?;
     let tx = driver.sender();
     let chan_ids = driver.chan_ids();
 
@@ -288,6 +369,7 @@ fn spawn_signal_handlers(
                 Ok(c) => {
                     read_bucket.set_rate(c.bandwidth_rate, c.burst());
                     write_bucket.set_rate(c.bandwidth_rate, c.burst());
+                    let _ = tx.send(Input::Reconfigure(c.tunables())).await;
                     info!(
                         rate = c.bandwidth_rate,
                         burst = c.burst(),

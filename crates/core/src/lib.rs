@@ -15,7 +15,9 @@ pub mod flow;
 mod node;
 pub mod sched;
 
-pub use node::{Core, CoreConfig, CoreError, CoreStats, Event, HopSpec, RelayKeys};
+pub use node::{
+    CellSample, CircuitStat, Core, CoreConfig, CoreError, CoreStats, Event, HopSpec, RelayKeys,
+};
 pub use sched::{CircuitScheduler, QueueId, SchedulerKind};
 
 /// A channel: the logical link to one neighbour. Chosen by the driver, unique per core.

@@ -57,6 +57,8 @@ pub struct CoreConfig {
     pub relay: Option<RelayKeys>,
     /// Whether this relay opens exit streams (the driver applies the exit policy).
     pub exit: bool,
+    /// Sample one cell in this many for per-cell timing (0 = off).
+    pub cell_sample_every: u64,
 }
 
 impl Default for CoreConfig {
@@ -70,6 +72,7 @@ impl Default for CoreConfig {
             circuit_build_timeout: Duration::from_secs(30),
             relay: None,
             exit: false,
+            cell_sample_every: 0,
         }
     }
 }
@@ -311,17 +314,65 @@ enum Role {
     },
 }
 
+/// One direction of a circuit's cells waiting for their channel, with the
+/// enqueue time of sampled cells (instrumentation: per-cell queue delay).
+#[derive(Default)]
+struct CellQueue {
+    cells: VecDeque<Cell>,
+    pushed: u64,
+    popped: u64,
+    /// (sequence number of the cell, when it was queued), oldest first.
+    samples: VecDeque<(u64, Instant)>,
+}
+
+impl CellQueue {
+    fn push(&mut self, cell: Cell, sampled_at: Option<Instant>) {
+        if let Some(t) = sampled_at {
+            self.samples.push_back((self.pushed, t));
+        }
+        self.pushed += 1;
+        self.cells.push_back(cell);
+    }
+
+    /// The next cell, and its enqueue time if it was sampled.
+    fn pop(&mut self) -> Option<(Cell, Option<Instant>)> {
+        let cell = self.cells.pop_front()?;
+        let seq = self.popped;
+        self.popped += 1;
+        let sampled = match self.samples.front() {
+            Some(&(s, t)) if s == seq => {
+                self.samples.pop_front();
+                Some(t)
+            }
+            _ => None,
+        };
+        Some((cell, sampled))
+    }
+
+    fn len(&self) -> usize {
+        self.cells.len()
+    }
+
+    fn clear(&mut self) {
+        self.popped += self.cells.len() as u64;
+        self.cells.clear();
+        self.samples.clear();
+    }
+}
+
 struct Circuit {
     prev: Option<(ChannelId, CircId)>,
     next: Option<(ChannelId, CircId)>,
-    q_prev: VecDeque<Cell>,
-    q_next: VecDeque<Cell>,
+    q_prev: CellQueue,
+    q_next: CellQueue,
+    /// Cells this circuit handed to its channels (both directions).
+    cells_sent: u64,
     role: Role,
     relay_early_seen: u8,
 }
 
 impl Circuit {
-    fn queue(&mut self, side: Side) -> &mut VecDeque<Cell> {
+    fn queue(&mut self, side: Side) -> &mut CellQueue {
         match side {
             Side::Prev => &mut self.q_prev,
             Side::Next => &mut self.q_next,
@@ -368,6 +419,40 @@ pub struct Core {
     ready: VecDeque<ChannelId>,
     ready_set: HashSet<ChannelId>,
     stats: CoreStats,
+    sample_counter: u64,
+    cell_samples: VecDeque<CellSample>,
+}
+
+/// Samples waiting for the driver beyond this are dropped (bounded memory).
+const MAX_PENDING_SAMPLES: usize = 10_000;
+
+/// Timing of one sampled cell, from entering its circuit queue to leaving it
+/// for the channel's output. The driver adds the time it was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CellSample {
+    /// The channel it left on.
+    pub chan: ChannelId,
+    /// Its circuit.
+    pub circ: CircKey,
+    /// When it entered the circuit queue.
+    pub queued: Instant,
+    /// When the scheduler moved it to the channel's output.
+    pub dequeued: Instant,
+    /// Its index in the `out` vector of the `poll_transmit` call that moved it.
+    pub batch_index: usize,
+}
+
+/// Per-circuit figures for metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CircuitStat {
+    /// The circuit.
+    pub circ: CircKey,
+    /// Cells it handed to its channels so far.
+    pub cells_sent: u64,
+    /// Cells waiting in its queues (both directions).
+    pub queued: usize,
+    /// The scheduler's priority value for its busiest queue, if the policy has one (EWMA count).
+    pub priority: Option<f64>,
 }
 
 impl Core {
@@ -388,7 +473,68 @@ impl Core {
             ready: VecDeque::new(),
             ready_set: HashSet::new(),
             stats: CoreStats::default(),
+            sample_counter: 0,
+            cell_samples: VecDeque::new(),
         }
+    }
+
+    /// Next per-cell timing sample (see [`CoreConfig::cell_sample_every`]).
+    pub fn poll_cell_sample(&mut self) -> Option<CellSample> {
+        self.cell_samples.pop_front()
+    }
+
+    /// Per-circuit figures for metrics. `priority` is the largest EWMA count of
+    /// the circuit's queues (None under a policy without counts).
+    pub fn circuit_stats(&self, now: Instant) -> Vec<CircuitStat> {
+        let mut v: Vec<CircuitStat> = self
+            .circuits
+            .iter()
+            .map(|(k, c)| {
+                let priority = [(Side::Prev, c.prev), (Side::Next, c.next)]
+                    .into_iter()
+                    .filter_map(|(side, end)| {
+                        let (chan, _) = end?;
+                        self.channels
+                            .get(&chan)?
+                            .sched
+                            .ewma_count(queue_id(*k, side), now)
+                    })
+                    .reduce(f64::max);
+                CircuitStat {
+                    circ: *k,
+                    cells_sent: c.cells_sent,
+                    queued: c.q_prev.len() + c.q_next.len(),
+                    priority,
+                }
+            })
+            .collect();
+        v.sort_by_key(|c| c.circ);
+        v
+    }
+
+    /// Change every channel's scheduling policy at runtime (SIGHUP). Circuits
+    /// keep their queues; queues with cells are re-activated in the new policy.
+    pub fn set_scheduler(&mut self, kind: SchedulerKind, now: Instant) {
+        self.cfg.scheduler = kind;
+        for (&chan, ch) in self.channels.iter_mut() {
+            let mut sched = kind.build();
+            for (&id, &key) in &ch.circ_ids {
+                let Some(circ) = self.circuits.get(&key) else {
+                    continue;
+                };
+                for (side, q) in [(Side::Prev, &circ.q_prev), (Side::Next, &circ.q_next)] {
+                    if q.len() > 0 && circ.endpoint(side) == Some((chan, id)) {
+                        sched.activate(queue_id(key, side), now);
+                    }
+                }
+            }
+            ch.sched = sched;
+        }
+    }
+
+    /// The scheduling policy in use.
+    pub fn scheduler(&self) -> SchedulerKind {
+        self.cfg.scheduler
     }
 
     /// Change the circuit window for circuits created from now on (a new consensus).
@@ -524,11 +670,23 @@ impl Core {
                 continue;
             };
             let queue = circ.queue(side);
-            let Some(cell) = queue.pop_front() else {
+            let Some((cell, sampled)) = queue.pop() else {
                 ch.sched.deactivate(q);
                 continue;
             };
             let left = queue.len();
+            circ.cells_sent += 1;
+            if let Some(queued) = sampled {
+                if self.cell_samples.len() < MAX_PENDING_SAMPLES {
+                    self.cell_samples.push_back(CellSample {
+                        chan,
+                        circ: key,
+                        queued,
+                        dequeued: now,
+                        batch_index: out.len(),
+                    });
+                }
+            }
             ch.sched.cell_sent(q, now);
             if left == 0 {
                 ch.sched.deactivate(q);
@@ -678,8 +836,9 @@ impl Core {
             Circuit {
                 prev: Some((chan, circ_id)),
                 next: None,
-                q_prev: VecDeque::new(),
-                q_next: VecDeque::new(),
+                q_prev: CellQueue::default(),
+                q_next: CellQueue::default(),
+                cells_sent: 0,
                 role: Role::Relay {
                     crypto: RelayHopCrypto::new(&km),
                     edge: None,
@@ -974,6 +1133,7 @@ impl Core {
             if let Some(ch) = self.channels.get_mut(&chan) {
                 ch.circ_ids.remove(&id);
                 ch.sched.deactivate(queue_id(key, Side::Next));
+                ch.sched.forget(queue_id(key, Side::Next));
             }
             self.send_destroy(chan, id, DestroyReason::REQUESTED);
         }
@@ -1011,8 +1171,9 @@ impl Core {
             Circuit {
                 prev: None,
                 next: None,
-                q_prev: VecDeque::new(),
-                q_next: VecDeque::new(),
+                q_prev: CellQueue::default(),
+                q_next: CellQueue::default(),
+                cells_sent: 0,
                 role: Role::Origin {
                     crypto: ClientCircuitCrypto::new(),
                     path,
@@ -1675,8 +1836,15 @@ impl Core {
         let Some((chan, _)) = circ.endpoint(side) else {
             return;
         };
+        let sampled_at = match self.cfg.cell_sample_every {
+            0 => None,
+            every => {
+                self.sample_counter = self.sample_counter.wrapping_add(1);
+                self.sample_counter.is_multiple_of(every).then_some(now)
+            }
+        };
         let queue = circ.queue(side);
-        queue.push_back(cell);
+        queue.push(cell, sampled_at);
         let len = queue.len();
         self.stats.queued_cells += 1;
         if len > self.cfg.max_circuit_queue {
@@ -1762,6 +1930,7 @@ impl Core {
             if let Some(ch) = self.channels.get_mut(&chan) {
                 ch.circ_ids.remove(&id);
                 ch.sched.deactivate(queue_id(key, side));
+                ch.sched.forget(queue_id(key, side));
             }
             if Some(chan) != except {
                 // Relays pass on the reason as tor-spec asks; a client says FINISHED.

@@ -22,7 +22,9 @@ pub use consensus::{
     CONSENSUS_CLOCK_SKEW, MAX_CONSENSUS_LEN, MAX_RELAYS,
 };
 pub use descriptor::{valid_nickname, RelayDescriptor, MAX_DESCRIPTOR_LEN};
-pub use params::{NetParams, ParamSpec, CIRCWINDOW, KNOWN_PARAMS};
+pub use params::{
+    NetParams, ParamSpec, CIRCUIT_PRIORITY_HALFLIFE_MSEC, CIRCWINDOW, KNOWN_PARAMS, OUTBUF_CELLS,
+};
 pub use policy::{AddrPattern, ExitPolicy, PolicyRule, PortRange};
 
 /// Everything that can go wrong reading or checking a directory document.

@@ -38,7 +38,25 @@ pub const CIRCWINDOW: ParamSpec = ParamSpec {
 /// Every parameter this version knows, with its range. [`NetParams::check_known`]
 /// refuses values outside these ranges (the authority uses it on its config, so an
 /// operator's typo stops it instead of being silently clamped by every reader).
-pub const KNOWN_PARAMS: &[ParamSpec] = &[CIRCWINDOW];
+pub const KNOWN_PARAMS: &[ParamSpec] = &[CIRCWINDOW, CIRCUIT_PRIORITY_HALFLIFE_MSEC, OUTBUF_CELLS];
+
+/// EWMA half-life in milliseconds (Tor's name); 0 or less turns EWMA off (round-robin).
+/// A relay's own `CircuitPriorityHalflife` (seconds) overrides it.
+pub const CIRCUIT_PRIORITY_HALFLIFE_MSEC: ParamSpec = ParamSpec {
+    name: "CircuitPriorityHalflifeMsec",
+    default: 30_000,
+    min: -1,
+    max: i32::MAX as i64,
+};
+
+/// Cells a relay hands to a connection before they are written (the bounded output buffer,
+/// so that the scheduler decides late). A relay's own `OutbufCells` overrides it.
+pub const OUTBUF_CELLS: ParamSpec = ParamSpec {
+    name: "OutbufCells",
+    default: 64,
+    min: 1,
+    max: 10_000,
+};
 
 /// Network parameters: name to integer. Unknown names are kept and passed on (a newer
 /// authority may set parameters this version does not know).

@@ -66,6 +66,10 @@ pub struct LinkConfig {
     pub identity: Option<Arc<IdentityKeypair>>,
     /// Features this node supports.
     pub features: FeatureSet,
+    /// SO_SNDBUF and SO_RCVBUF for link sockets (Tor's ConstrainedSockSize), in bytes; `None`
+    /// leaves the kernel's autotuning. Small buffers keep queued cells in user space, where the
+    /// circuit scheduler can still reorder them, instead of in the kernel where it cannot.
+    pub socket_buffer: Option<u32>,
 }
 
 impl std::fmt::Debug for LinkConfig {

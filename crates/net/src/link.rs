@@ -202,7 +202,11 @@ impl LinkListener {
             ));
         }
         let acceptor = TlsAcceptor::from(tls::server_config()?);
-        let tcp = TcpListener::bind(addr).await?;
+        let socket = new_socket(addr, cfg.socket_buffer)?;
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        // Accepted sockets inherit the listener's buffer sizes.
+        let tcp = socket.listen(1024)?;
         let local_addr = tcp.local_addr()?;
         Ok(LinkListener {
             tcp,
@@ -294,7 +298,7 @@ pub async fn connect(
 ) -> Result<Link, LinkError> {
     let fut = async {
         let connector = TlsConnector::from(client_config()?);
-        let tcp = TcpStream::connect(addr).await?;
+        let tcp = new_socket(addr, cfg.socket_buffer)?.connect(addr).await?;
         let io = prepare(tcp)?;
         let tls = connector
             .connect(tls::server_name(addr), io)
@@ -327,6 +331,21 @@ fn client_config() -> Result<Arc<rustls::ClientConfig>, LinkError> {
         .get_or_init(|| tls::client_config().map_err(|e| e.to_string()))
         .clone()
         .map_err(LinkError::Tls)
+}
+
+/// A TCP socket for `addr`'s family with the configured buffer sizes (set before
+/// connect/listen, so the TCP window is negotiated with them).
+fn new_socket(addr: SocketAddr, buffer: Option<u32>) -> Result<tokio::net::TcpSocket, LinkError> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if let Some(size) = buffer {
+        socket.set_send_buffer_size(size)?;
+        socket.set_recv_buffer_size(size)?;
+    }
+    Ok(socket)
 }
 
 fn prepare(tcp: TcpStream) -> Result<BufReader<TcpStream>, LinkError> {

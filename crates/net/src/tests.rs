@@ -26,6 +26,7 @@ fn relay_cfg(features: u64) -> (Arc<LinkConfig>, IdentityKey) {
         Arc::new(LinkConfig {
             identity: Some(id),
             features: FeatureSet(features),
+            socket_buffer: None,
         }),
         public,
     )
@@ -35,6 +36,7 @@ fn client_cfg(features: u64) -> LinkConfig {
     LinkConfig {
         identity: None,
         features: FeatureSet(features),
+        socket_buffer: None,
     }
 }
 

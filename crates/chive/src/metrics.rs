@@ -1,0 +1,384 @@
+//! Relay instrumentation: JSON lines to a file and a Prometheus text endpoint.
+//!
+//! What is recorded (the papers used per-cell timing and a "node monitor"):
+//! - `{"type":"cell", ...}`: one sampled cell's life: entered its circuit queue,
+//!   moved to the connection's output, written to the socket (UNIX seconds);
+//! - `{"type":"relay", ...}` once per second: cells in/out, bytes forwarded per
+//!   second, circuits, queued cells, scheduler, outbuf-full events;
+//! - `{"type":"chan", ...}` once per second per busy channel: output-buffer occupancy;
+//! - `{"type":"circ", ...}` once per second per circuit that sent cells: cells
+//!   sent, queue length, scheduler priority (EWMA count) when the policy has one.
+//!
+//! Sampling (`CellSampleRate`, one cell in N) keeps the cost small; the
+//! per-second records cost O(circuits) once a second.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use chive_core::{CellSample, Core};
+use tracing::{info, warn};
+
+/// Converts the core's `Instant`s to UNIX seconds.
+#[derive(Clone, Copy)]
+pub struct Clock {
+    base_instant: Instant,
+    base_unix: f64,
+}
+
+impl Clock {
+    pub fn new() -> Self {
+        let base_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        Clock {
+            base_instant: Instant::now(),
+            base_unix,
+        }
+    }
+
+    pub fn unix(&self, t: Instant) -> f64 {
+        if t >= self.base_instant {
+            self.base_unix + (t - self.base_instant).as_secs_f64()
+        } else {
+            self.base_unix - (self.base_instant - t).as_secs_f64()
+        }
+    }
+}
+
+/// The latest figures, shared with the Prometheus endpoint.
+#[derive(Default, Clone)]
+pub struct Snapshot {
+    pub cells_received: u64,
+    pub cells_transmitted: u64,
+    pub circuits: usize,
+    pub streams: usize,
+    pub queued_cells: usize,
+    pub circuits_killed: u64,
+    pub outbuf_full_events: u64,
+    pub bytes_forwarded_per_sec: f64,
+    pub scheduler: String,
+    pub outbuf_cells: usize,
+    /// Recent sampled queue delays (seconds), for quantiles.
+    pub queue_delays: VecDeque<f64>,
+    pub samples_total: u64,
+}
+
+const RECENT_DELAYS: usize = 2048;
+
+/// Everything the driver needs to record.
+pub struct Metrics {
+    clock: Clock,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+    shared: Arc<Mutex<Snapshot>>,
+    last_tick: Instant,
+    last_transmitted: u64,
+    last_received: u64,
+    pub outbuf_full_events: u64,
+    last_circ_sent: std::collections::HashMap<chive_core::CircKey, u64>,
+}
+
+impl Metrics {
+    /// Open the JSON-lines file (if any) and start the endpoint (if any).
+    pub async fn start(
+        file: Option<&Path>,
+        port: Option<SocketAddr>,
+    ) -> anyhow::Result<Option<Metrics>> {
+        if file.is_none() && port.is_none() {
+            return Ok(None);
+        }
+        let file = match file {
+            Some(p) => {
+                if let Some(dir) = p.parent() {
+                    std::fs::create_dir_all(dir).ok();
+                }
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .map_err(|e| anyhow::anyhow!("MetricsFile {}: {e}", p.display()))?;
+                Some(std::io::BufWriter::with_capacity(256 * 1024, f))
+            }
+            None => None,
+        };
+        let shared = Arc::new(Mutex::new(Snapshot::default()));
+        if let Some(addr) = port {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("MetricsPort {addr}: cannot listen: {e}"))?;
+            info!(addr = %listener.local_addr()?, "metrics endpoint listening");
+            tokio::spawn(serve(listener, shared.clone()));
+        }
+        Ok(Some(Metrics {
+            clock: Clock::new(),
+            file,
+            shared,
+            last_tick: Instant::now(),
+            last_transmitted: 0,
+            last_received: 0,
+            outbuf_full_events: 0,
+            last_circ_sent: Default::default(),
+        }))
+    }
+
+    /// Cells of one write batch were written to the socket at `written`.
+    pub fn cells_written(&mut self, samples: Vec<CellSample>, written: Instant) {
+        if samples.is_empty() {
+            return;
+        }
+        let mut delays = Vec::with_capacity(samples.len());
+        for s in &samples {
+            delays.push((s.dequeued - s.queued).as_secs_f64());
+            if let Some(f) = self.file.as_mut() {
+                let _ = writeln!(
+                    f,
+                    "{{\"type\":\"cell\",\"chan\":{},\"circ\":{},\"queued\":{:.6},\"dequeued\":{:.6},\"written\":{:.6}}}",
+                    s.chan.0,
+                    s.circ.0,
+                    self.clock.unix(s.queued),
+                    self.clock.unix(s.dequeued),
+                    self.clock.unix(written)
+                );
+            }
+        }
+        if let Ok(mut snap) = self.shared.lock() {
+            snap.samples_total += delays.len() as u64;
+            for d in delays {
+                if snap.queue_delays.len() >= RECENT_DELAYS {
+                    snap.queue_delays.pop_front();
+                }
+                snap.queue_delays.push_back(d);
+            }
+        }
+    }
+
+    /// Once a second: relay, channel and circuit records; refresh the snapshot.
+    pub fn tick(
+        &mut self,
+        core: &Core,
+        outbufs: &[(u64, usize)],
+        outbuf_cells: usize,
+        now: Instant,
+    ) {
+        let elapsed = now.duration_since(self.last_tick);
+        if elapsed < Duration::from_secs(1) {
+            return;
+        }
+        self.last_tick = now;
+        let stats = core.stats();
+        let secs = elapsed.as_secs_f64();
+        let out_rate = (stats.cells_transmitted - self.last_transmitted) as f64
+            * chive_cell::CELL_LEN as f64
+            / secs;
+        let in_cells = stats.cells_received - self.last_received;
+        let out_cells = stats.cells_transmitted - self.last_transmitted;
+        self.last_transmitted = stats.cells_transmitted;
+        self.last_received = stats.cells_received;
+        let t = self.clock.unix(now);
+        let scheduler = format!("{:?}", core.scheduler());
+        if let Some(f) = self.file.as_mut() {
+            let _ = writeln!(
+                f,
+                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells}}}",
+                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, stats.circuits_killed, scheduler
+            );
+            for (chan, occupancy) in outbufs.iter().filter(|(_, o)| *o > 0) {
+                let _ = writeln!(
+                    f,
+                    "{{\"type\":\"chan\",\"t\":{t:.6},\"chan\":{chan},\"outbuf\":{occupancy}}}"
+                );
+            }
+            let mut seen = std::collections::HashMap::new();
+            for c in core.circuit_stats(now) {
+                let before = self.last_circ_sent.get(&c.circ).copied().unwrap_or(0);
+                if c.cells_sent > before {
+                    let prio = c
+                        .priority
+                        .map(|p| format!("{p:.6}"))
+                        .unwrap_or_else(|| "null".into());
+                    let _ = writeln!(
+                        f,
+                        "{{\"type\":\"circ\",\"t\":{t:.6},\"circ\":{},\"cells_sent\":{},\"sent_since\":{},\"queued\":{},\"priority\":{prio}}}",
+                        c.circ.0,
+                        c.cells_sent,
+                        c.cells_sent - before,
+                        c.queued
+                    );
+                }
+                seen.insert(c.circ, c.cells_sent);
+            }
+            self.last_circ_sent = seen;
+            if let Err(e) = f.flush() {
+                warn!(error = %e, "cannot write metrics file");
+            }
+        }
+        if let Ok(mut snap) = self.shared.lock() {
+            snap.cells_received = stats.cells_received;
+            snap.cells_transmitted = stats.cells_transmitted;
+            snap.circuits = stats.circuits;
+            snap.streams = stats.streams;
+            snap.queued_cells = stats.queued_cells;
+            snap.circuits_killed = stats.circuits_killed;
+            snap.outbuf_full_events = self.outbuf_full_events;
+            snap.bytes_forwarded_per_sec = out_rate;
+            snap.scheduler = scheduler;
+            snap.outbuf_cells = outbuf_cells;
+        }
+    }
+}
+
+/// Prometheus text exposition of a snapshot.
+pub fn render(snap: &Snapshot) -> String {
+    let mut s = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+        let _ = writeln!(
+            s,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    };
+    metric(
+        "chive_cells_received_total",
+        "counter",
+        "Cells received on all channels.",
+        snap.cells_received.to_string(),
+    );
+    metric(
+        "chive_cells_transmitted_total",
+        "counter",
+        "Cells moved to connection output buffers.",
+        snap.cells_transmitted.to_string(),
+    );
+    metric(
+        "chive_circuits",
+        "gauge",
+        "Circuits open.",
+        snap.circuits.to_string(),
+    );
+    metric(
+        "chive_streams",
+        "gauge",
+        "Edge streams open.",
+        snap.streams.to_string(),
+    );
+    metric(
+        "chive_queued_cells",
+        "gauge",
+        "Cells waiting in circuit queues.",
+        snap.queued_cells.to_string(),
+    );
+    metric(
+        "chive_circuits_killed_total",
+        "counter",
+        "Circuits closed for protocol violations or limits.",
+        snap.circuits_killed.to_string(),
+    );
+    metric(
+        "chive_outbuf_full_events_total",
+        "counter",
+        "Times a connection's output buffer was full with cells waiting.",
+        snap.outbuf_full_events.to_string(),
+    );
+    metric(
+        "chive_bytes_forwarded_per_second",
+        "gauge",
+        "Bytes (whole cells) moved to output in the last second.",
+        format!("{:.1}", snap.bytes_forwarded_per_sec),
+    );
+    metric(
+        "chive_outbuf_cells",
+        "gauge",
+        "Output buffer bound in cells.",
+        snap.outbuf_cells.to_string(),
+    );
+    metric(
+        "chive_cell_samples_total",
+        "counter",
+        "Sampled cells timed.",
+        snap.samples_total.to_string(),
+    );
+    let _ = writeln!(s, "# HELP chive_scheduler_info The circuit scheduler in use.\n# TYPE chive_scheduler_info gauge\nchive_scheduler_info{{policy=\"{}\"}} 1", snap.scheduler.replace('"', "'"));
+    let mut d: Vec<f64> = snap.queue_delays.iter().copied().collect();
+    d.sort_by(|a, b| a.total_cmp(b));
+    let _ = writeln!(s, "# HELP chive_cell_queue_delay_seconds Circuit-queue delay of recent sampled cells.\n# TYPE chive_cell_queue_delay_seconds summary");
+    for q in [0.5, 0.9, 0.99] {
+        let v = if d.is_empty() {
+            f64::NAN
+        } else {
+            d[((d.len() - 1) as f64 * q).round() as usize]
+        };
+        let _ = writeln!(s, "chive_cell_queue_delay_seconds{{quantile=\"{q}\"}} {v}");
+    }
+    let _ = writeln!(s, "chive_cell_queue_delay_seconds_count {}", d.len());
+    s
+}
+
+/// A minimal HTTP/1.1 responder for `GET /metrics` (no keep-alive needed by scrapers).
+async fn serve(listener: tokio::net::TcpListener, shared: Arc<Mutex<Snapshot>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut got = 0;
+            // Read the request head (bounded, with a timeout).
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                while got < buf.len() {
+                    match sock.read(&mut buf[got..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            got += n;
+                            if buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+            .await;
+            if read.is_err() {
+                return;
+            }
+            let head = String::from_utf8_lossy(&buf[..got]);
+            let (status, body) = if head.starts_with("GET /metrics ") || head.starts_with("GET / ")
+            {
+                let snap = shared.lock().map(|s| s.clone()).unwrap_or_default();
+                ("200 OK", render(&snap))
+            } else {
+                ("404 Not Found", "not found; try /metrics\n".to_string())
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_has_quantiles_and_counters() {
+        let mut snap = Snapshot {
+            cells_transmitted: 42,
+            scheduler: "Ewma".into(),
+            ..Default::default()
+        };
+        snap.queue_delays.extend([0.001, 0.002, 0.003, 0.1]);
+        let text = render(&snap);
+        assert!(text.contains("chive_cells_transmitted_total 42"));
+        assert!(text.contains("chive_cell_queue_delay_seconds{quantile=\"0.5\"} 0.003"));
+        assert!(text.contains("chive_scheduler_info{policy=\"Ewma\"} 1"));
+    }
+}

@@ -1,0 +1,1063 @@
+//! EWMA circuit scheduling (Tang & Goldberg, CCS 2010; C tor's `circuitmux_ewma`).
+//!
+//! Every queue has a cell count that decays with half-life H: a cell sent Δt seconds ago weighs
+//! 2^(-Δt/H). The active queue with the lowest count sends next, so a circuit that has been quiet
+//! (interactive) goes ahead of one that has been busy (bulk). History survives deactivation: a
+//! busy circuit that pauses keeps its decaying count; [`CircuitScheduler::forget`] drops it.
+//!
+//! Two implementations make the same choices:
+//! - [`EwmaDirect`], the reference: on every event with a new `now` it multiplies every count by
+//!   2^(-Δt/H), adds 1 per sent cell and scans the active queues for the minimum. O(circuits)
+//!   per cell.
+//! - [`Ewma`], the fast one (Mathewson's optimisation, described in the paper's §3.5): counts are
+//!   stored relative to a reference time t0. One scale value V = 2^((now - t0)/H) is the weight
+//!   of a cell sent now, and a sent cell adds V to its queue's stored count. All stored counts
+//!   are the decayed counts times the same V, so their order is the decayed order and an
+//!   indexed min-heap of the active queues stays valid as time passes. Before V grows large
+//!   enough to cost precision (2^32), every stored count is divided by V, V reset to 1 and t0 to
+//!   now (renormalisation). O(log active) per cell.
+//!
+//! Shared rules, so that both agree exactly:
+//! - the pick is the smallest [`QueueId`] among the active queues whose count is within a
+//!   relative 1e-9 of the lowest active count. The two implementations round differently, so
+//!   counts that are equal in exact arithmetic may differ in the last bits; the window absorbs
+//!   that. It is a window around the minimum, not a tolerant pairwise comparison: "equal within
+//!   1e-9" is not transitive (a ≈ b, b ≈ c, a < c), and with such a comparator a heap and a
+//!   linear scan can pick different queues (the property test found such a case: residues of
+//!   ~1e-9 cells left by a 30-half-life gap). The heap itself is ordered exactly by
+//!   (stored count, id); the fast pick visits only the heap nodes inside the window, usually
+//!   just the root's two children;
+//! - a decayed count below 1e-12 cells is zero (no history): both would otherwise end up
+//!   comparing subnormal leftovers of circuits idle for hundreds of half-lives;
+//! - time never goes backwards: a `now` older than the latest one seen counts as the latest.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use super::{CircuitScheduler, QueueId, QueueMap};
+
+/// Relative width of the window above the lowest count inside which the smallest id is picked.
+const TOLERANCE: f64 = 1e-9;
+/// A decayed count below this many cells is flushed to zero.
+const FLOOR: f64 = 1e-12;
+/// Renormalise when the exponent of V exceeds this (V > 2^32). Well inside f64's range and
+/// precision: stored counts stay below 2^32 × (the largest decayed count).
+const RENORM_EXP: f64 = 32.0;
+/// Half-lives after an exact exp2() during which V is derived from it by a series (2^-10).
+const ANCHOR_SPAN: f64 = 1.0 / 1024.0;
+/// "Not in this heap" marker.
+const NIL: u32 = u32::MAX;
+
+/// Upper end of the tie window above the lowest count `min` (scale-invariant, so stored and
+/// decayed counts give the same window).
+#[inline(always)]
+fn window(min: f64) -> f64 {
+    min * (1.0 + TOLERANCE)
+}
+
+/// A heap element: the queue's stored count, its id (tie-break) and its slot.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    key: f64,
+    id: QueueId,
+    slot: u32,
+}
+
+/// Exact heap order: (stored count, id). A strict total order (counts are never NaN), which a
+/// heap needs.
+#[inline(always)]
+fn entry_before(a: &Entry, b: &Entry) -> bool {
+    a.key < b.key || (a.key == b.key && a.id < b.id)
+}
+
+/// Children per heap node. A 4-ary heap is half as deep as a binary one; the four children of a
+/// node are adjacent (96 bytes), so each level costs about one cache miss, which is what
+/// dominates once the cells moving through the relay have evicted the heap from cache.
+const ARITY: usize = 4;
+
+/// `ARITY`-ary min-heap of entries with a position map (slot → index), so an arbitrary queue can
+/// be removed or re-keyed in O(log n). Keys live in the entries, so sifting reads no other memory.
+#[derive(Default)]
+struct Heap {
+    items: Vec<Entry>,
+    /// `pos[slot]` is the slot's index in `items`, or `NIL`.
+    pos: Vec<u32>,
+}
+
+impl Heap {
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    fn peek(&self) -> Option<&Entry> {
+        self.items.first()
+    }
+
+    fn position(&self, slot: u32) -> Option<usize> {
+        match self.pos.get(slot as usize) {
+            Some(&p) if p != NIL => Some(p as usize),
+            _ => None,
+        }
+    }
+
+    fn contains(&self, slot: u32) -> bool {
+        self.position(slot).is_some()
+    }
+
+    #[inline(always)]
+    fn place(&mut self, i: usize, e: Entry) {
+        self.items[i] = e;
+        self.pos[e.slot as usize] = i as u32;
+    }
+
+    fn push(&mut self, e: Entry) {
+        let s = e.slot as usize;
+        if s >= self.pos.len() {
+            self.pos.resize(s + 1, NIL);
+        }
+        let i = self.items.len();
+        self.items.push(e);
+        self.pos[s] = i as u32;
+        self.sift_up(i);
+    }
+
+    /// Index of the first child of `i` that goes first, if `i` has children.
+    #[inline(always)]
+    fn min_child(&self, i: usize) -> Option<usize> {
+        let first = ARITY * i + 1;
+        let children = self.items.get(first..)?;
+        let mut best = 0;
+        for (k, c) in children.iter().enumerate().take(ARITY).skip(1) {
+            if entry_before(c, &children[best]) {
+                best = k;
+            }
+        }
+        (!children.is_empty()).then_some(first + best)
+    }
+
+    /// Move the entry at `i` up to its place; returns its final index.
+    fn sift_up(&mut self, mut i: usize) -> usize {
+        let e = self.items[i];
+        while i > 0 {
+            let parent = (i - 1) / ARITY;
+            let p = self.items[parent];
+            if !entry_before(&e, &p) {
+                break;
+            }
+            self.place(i, p);
+            i = parent;
+        }
+        self.place(i, e);
+        i
+    }
+
+    /// Move the entry at `i` down to its place; returns its final index.
+    fn sift_down(&mut self, mut i: usize) -> usize {
+        let e = self.items[i];
+        while let Some(child) = self.min_child(i) {
+            let c = self.items[child];
+            if !entry_before(&c, &e) {
+                break;
+            }
+            self.place(i, c);
+            i = child;
+        }
+        self.place(i, e);
+        i
+    }
+
+    /// Restore the heap order around index `i` after its key changed either way.
+    fn fix(&mut self, i: usize) {
+        if self.sift_up(i) == i {
+            self.sift_down(i);
+        }
+    }
+
+    /// Remove the slot's entry, if present.
+    fn remove(&mut self, slot: u32) -> Option<Entry> {
+        let i = self.position(slot)?;
+        let removed = self.items[i];
+        self.pos[slot as usize] = NIL;
+        let last = self.items.pop()?;
+        if i < self.items.len() {
+            self.place(i, last);
+            self.fix(i);
+        }
+        Some(removed)
+    }
+
+    /// Set the slot's key (if present) and restore the order.
+    #[inline]
+    fn set_key(&mut self, slot: u32, key: f64) {
+        if let Some(i) = self.position(slot) {
+            let old = self.items[i].key;
+            self.items[i].key = key;
+            if key >= old {
+                self.key_increased(i);
+            } else {
+                self.sift_up(i);
+            }
+        }
+    }
+
+    /// The key at `i` grew. Bottom-up sift (Floyd): move the hole down along the first-going
+    /// children to a leaf, without comparing against the entry, then sift the entry back up.
+    /// The queue that just sent a cell usually belongs near the bottom, so this saves a
+    /// comparison per level over the textbook sift-down.
+    #[inline]
+    fn key_increased(&mut self, top: usize) {
+        let e = self.items[top];
+        let mut i = top;
+        while let Some(child) = self.min_child(i) {
+            let c = self.items[child];
+            self.place(i, c);
+            i = child;
+        }
+        while i > top {
+            let parent = (i - 1) / ARITY;
+            let p = self.items[parent];
+            if !entry_before(&e, &p) {
+                break;
+            }
+            self.place(i, p);
+            i = parent;
+        }
+        self.place(i, e);
+    }
+
+    /// Take every entry out, leaving the heap empty (position map reset).
+    fn drain(&mut self) -> Vec<Entry> {
+        for e in &self.items {
+            self.pos[e.slot as usize] = NIL;
+        }
+        std::mem::take(&mut self.items)
+    }
+
+    /// Replace the contents with `entries` in O(n) (Floyd's heapify).
+    fn rebuild(&mut self, entries: Vec<Entry>) {
+        self.drain();
+        self.items = entries;
+        for i in 0..self.items.len() {
+            let s = self.items[i].slot as usize;
+            if s >= self.pos.len() {
+                self.pos.resize(s + 1, NIL);
+            }
+            self.pos[s] = i as u32;
+        }
+        for i in (0..self.items.len() / ARITY + 1).rev() {
+            if i < self.items.len() {
+                self.sift_down(i);
+            }
+        }
+    }
+}
+
+/// A queue the fast scheduler knows: active, or inactive with history.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    id: QueueId,
+    /// Stored count: decayed count × V.
+    count: f64,
+    /// False when the slot is on the free list.
+    live: bool,
+}
+
+/// EWMA, fast implementation: scale factor V and an indexed min-heap of active queues.
+///
+/// Active queues with no history (count 0) are kept in a second heap (ordered by id alone, as
+/// all their counts are equal); this makes "a count that decayed below 1e-12 is zero" exact:
+/// the smallest positive count is the top of the main heap, so flushing the ones that crossed
+/// the floor is a pop loop at pick time.
+pub struct Ewma {
+    halflife: f64,
+    inv_halflife: f64,
+    /// 1 / (H in nanoseconds).
+    inv_halflife_ns: f64,
+    /// Reference time of stored counts; `None` before the first event.
+    t0: Option<Instant>,
+    /// Latest `now` seen (time never goes backwards).
+    last: Option<Instant>,
+    /// V = 2^((last - t0)/H): weight of a cell sent at `last`, in stored units.
+    scale: f64,
+    /// (time, exponent (time - t0)/H, V) at the last exact exp2(): V at a nearby time is
+    /// computed from it with a short series.
+    anchor: Option<(Instant, f64, f64)>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    index: QueueMap<u32>,
+    /// Active queues with a positive count.
+    heap: Heap,
+    /// Active queues with count 0.
+    zero: Heap,
+    /// The queue returned by the last `pick` and its slot: `cell_sent` and `deactivate` for it
+    /// (the per-cell path) need no hash lookup.
+    picked: Option<(QueueId, u32)>,
+    /// Scratch stack of heap indices for the tie-window search (kept to avoid allocating).
+    scratch: Vec<usize>,
+}
+
+impl Ewma {
+    /// A fresh scheduler with half-life `halflife` seconds (callers validate the range; see
+    /// [`super::SchedulerKind::from_config`]).
+    pub fn new(halflife: f64) -> Ewma {
+        Ewma {
+            halflife,
+            inv_halflife: 1.0 / halflife,
+            inv_halflife_ns: 1e-9 / halflife,
+            t0: None,
+            last: None,
+            scale: 1.0,
+            anchor: None,
+            slots: Vec::new(),
+            free: Vec::new(),
+            index: QueueMap::default(),
+            heap: Heap::default(),
+            zero: Heap::default(),
+            picked: None,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The half-life, seconds.
+    pub fn halflife(&self) -> f64 {
+        self.halflife
+    }
+
+    /// Among the active queues with a positive count, the smallest id whose count is within the
+    /// tie window of the lowest (the root). Visits only heap nodes inside the window: a node
+    /// outside it has no descendant inside (heap order).
+    #[inline]
+    fn pick_positive(&mut self) -> Option<(QueueId, u32)> {
+        let items = &self.heap.items;
+        let root = items.first()?;
+        let bound = window(root.key);
+        let mut best = (root.id, root.slot);
+        // Common case: the root's children are clearly above the window; nothing else to see.
+        if !items.iter().skip(1).take(ARITY).any(|e| e.key <= bound) {
+            return Some(best);
+        }
+        let stack = &mut self.scratch;
+        stack.clear();
+        stack.extend(1..=ARITY);
+        while let Some(i) = stack.pop() {
+            let Some(e) = items.get(i) else { continue };
+            if e.key > bound {
+                continue;
+            }
+            if e.id < best.0 {
+                best = (e.id, e.slot);
+            }
+            stack.extend(ARITY * i + 1..=ARITY * i + ARITY);
+        }
+        Some(best)
+    }
+
+    /// Queues with state (active, or inactive with history). Bounded: inactive queues whose
+    /// count decayed to zero are dropped at renormalisation.
+    pub fn tracked_len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// `d` in half-lives, with multiplications only (`as_secs_f64` divides).
+    #[inline(always)]
+    fn halflives(&self, d: Duration) -> f64 {
+        d.as_secs() as f64 * self.inv_halflife + f64::from(d.subsec_nanos()) * self.inv_halflife_ns
+    }
+
+    /// Bring V up to `now`, renormalising if it grew past 2^32.
+    #[inline]
+    fn advance(&mut self, now: Instant) {
+        let (Some(t0), Some(last)) = (self.t0, self.last) else {
+            self.t0 = Some(now);
+            self.last = Some(now);
+            self.scale = 1.0;
+            self.anchor = Some((now, 0.0, 1.0));
+            return;
+        };
+        if now <= last {
+            // Same write event (cached time), or a stale `now`: V is current.
+            return;
+        }
+        self.last = Some(now);
+        // V at t0 is 1 by definition.
+        let (at, ae, av) = self.anchor.unwrap_or((t0, 0.0, 1.0));
+        let d = self.halflives(now.duration_since(at));
+        if d < ANCHOR_SPAN {
+            // V = V(anchor) · 2^d, with 2^d = e^x from its Taylor series: x < 6.8e-4, so the
+            // terms left out are below 2e-18 relative. Multiplications only (no exp2() call, no
+            // division) on the per-cell path, and exact to rounding because it never compounds
+            // (always from the anchor).
+            let x = d * std::f64::consts::LN_2;
+            let p = 1.0 + x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0))));
+            self.scale = av * p;
+            if ae + d <= RENORM_EXP {
+                return;
+            }
+        }
+        let e = self.halflives(now.duration_since(t0));
+        if e > RENORM_EXP {
+            self.renormalise(e, now);
+        } else {
+            self.scale = e.exp2();
+            self.anchor = Some((now, e, self.scale));
+        }
+    }
+
+    /// Divide every stored count by V = 2^e, reset V to 1 and t0 to `now`. Counts that fall
+    /// below the floor become zero; inactive queues left with no history are dropped.
+    #[cold]
+    fn renormalise(&mut self, e: f64, now: Instant) {
+        // 2^-e underflows to 0 for very long idle gaps: then every count is zero, as it should.
+        let factor = (-e).exp2();
+        for s in self.slots.iter_mut().filter(|s| s.live) {
+            s.count *= factor;
+            if s.count < FLOOR {
+                s.count = 0.0;
+            }
+        }
+        self.t0 = Some(now);
+        self.scale = 1.0;
+        self.anchor = Some((now, 0.0, 1.0));
+        self.picked = None;
+        let mut active = self.heap.drain();
+        active.extend(self.zero.drain());
+        let (mut positive, mut zero) = (Vec::new(), Vec::new());
+        for mut entry in active {
+            let Some(slot) = self.slots.get(entry.slot as usize) else {
+                continue;
+            };
+            entry.key = slot.count;
+            if entry.key > 0.0 {
+                positive.push(entry);
+            } else {
+                zero.push(entry);
+            }
+        }
+        self.heap.rebuild(positive);
+        self.zero.rebuild(zero);
+        // Inactive queues without history are the same as unknown ones: free them.
+        let stale: Vec<u32> = (0..self.slots.len() as u32)
+            .filter(|&i| {
+                self.slots
+                    .get(i as usize)
+                    .is_some_and(|s| s.live && s.count == 0.0)
+                    && !self.heap.contains(i)
+                    && !self.zero.contains(i)
+            })
+            .collect();
+        for i in stale {
+            self.free_slot(i);
+        }
+    }
+
+    /// Active queues whose count decayed below the floor become zero-count queues. The smallest
+    /// positive count is at the top of `heap`, so this stops at the first one above the floor.
+    #[inline]
+    fn flush_decayed(&mut self) {
+        let limit = FLOOR * self.scale;
+        while let Some(top) = self.heap.peek() {
+            if top.key >= limit {
+                break;
+            }
+            let slot = top.slot;
+            if let Some(mut e) = self.heap.remove(slot) {
+                e.key = 0.0;
+                if let Some(s) = self.slots.get_mut(slot as usize) {
+                    s.count = 0.0;
+                }
+                self.zero.push(e);
+            }
+        }
+    }
+
+    fn slot_of(&self, queue: QueueId) -> Option<u32> {
+        if let Some((id, slot)) = self.picked {
+            if id == queue {
+                return Some(slot);
+            }
+        }
+        self.index.get(&queue).copied()
+    }
+
+    fn slot_or_insert(&mut self, queue: QueueId) -> Option<u32> {
+        if let Some(s) = self.slot_of(queue) {
+            return Some(s);
+        }
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                let s = u32::try_from(self.slots.len()).ok().filter(|&s| s != NIL)?;
+                self.slots.push(Slot {
+                    id: queue,
+                    count: 0.0,
+                    live: true,
+                });
+                s
+            }
+        };
+        let s = self.slots.get_mut(slot as usize)?;
+        *s = Slot {
+            id: queue,
+            count: 0.0,
+            live: true,
+        };
+        self.index.insert(queue, slot);
+        Some(slot)
+    }
+
+    fn free_slot(&mut self, slot: u32) {
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        if !s.live {
+            return;
+        }
+        s.live = false;
+        let id = s.id;
+        self.index.remove(&id);
+        self.free.push(slot);
+        if self.picked.is_some_and(|(_, p)| p == slot) {
+            self.picked = None;
+        }
+    }
+
+    /// Current V (test helper).
+    #[cfg(test)]
+    fn scale(&self) -> f64 {
+        self.scale
+    }
+}
+
+impl CircuitScheduler for Ewma {
+    fn activate(&mut self, queue: QueueId, now: Instant) {
+        self.advance(now);
+        let Some(slot) = self.slot_or_insert(queue) else {
+            return;
+        };
+        if self.heap.contains(slot) || self.zero.contains(slot) {
+            return;
+        }
+        let Some(s) = self.slots.get(slot as usize) else {
+            return;
+        };
+        // An old count that decayed below the floor while inactive goes into `heap` and is
+        // flushed to zero by the next `pick`, like any other.
+        let entry = Entry {
+            key: s.count,
+            id: queue,
+            slot,
+        };
+        if entry.key > 0.0 {
+            self.heap.push(entry);
+        } else {
+            self.zero.push(entry);
+        }
+    }
+
+    fn deactivate(&mut self, queue: QueueId) {
+        let Some(slot) = self.slot_of(queue) else {
+            return;
+        };
+        if self.heap.remove(slot).is_some() {
+            return; // history kept
+        }
+        if self.zero.remove(slot).is_some() {
+            // No history to keep: the same as never seen.
+            self.free_slot(slot);
+        }
+    }
+
+    #[inline]
+    fn pick(&mut self, now: Instant) -> Option<QueueId> {
+        self.advance(now);
+        self.flush_decayed();
+        // Zero counts come first (0 has no window above it); among them the smallest id.
+        let picked = match self.zero.peek() {
+            Some(z) => (z.id, z.slot),
+            None => self.pick_positive()?,
+        };
+        self.picked = Some(picked);
+        Some(picked.0)
+    }
+
+    #[inline]
+    fn cell_sent(&mut self, queue: QueueId, now: Instant) {
+        self.advance(now);
+        let Some(slot) = self.slot_or_insert(queue) else {
+            return;
+        };
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        s.count += self.scale;
+        let count = s.count;
+        // Per-cell path: the queue just picked is the heap's root.
+        if self.heap.items.first().is_some_and(|r| r.slot == slot) {
+            if let Some(root) = self.heap.items.first_mut() {
+                root.key = count;
+            }
+            self.heap.key_increased(0);
+        } else if self.heap.contains(slot) {
+            self.heap.set_key(slot, count);
+        } else if let Some(mut e) = self.zero.remove(slot) {
+            e.key = count;
+            self.heap.push(e);
+        }
+        // Otherwise inactive: the count is kept as history.
+    }
+
+    fn forget(&mut self, queue: QueueId) {
+        let Some(slot) = self.slot_of(queue) else {
+            return;
+        };
+        self.heap.remove(slot);
+        self.zero.remove(slot);
+        self.free_slot(slot);
+    }
+
+    fn ewma_count(&self, queue: QueueId, now: Instant) -> Option<f64> {
+        let count = self
+            .index
+            .get(&queue)
+            .and_then(|&s| self.slots.get(s as usize))
+            .map_or(0.0, |s| s.count);
+        let e = match (self.t0, self.last) {
+            (Some(t0), Some(last)) => now.max(last).duration_since(t0).as_secs_f64(),
+            _ => 0.0,
+        } * self.inv_halflife;
+        let c = count * (-e).exp2();
+        Some(if c < FLOOR { 0.0 } else { c })
+    }
+
+    fn name(&self) -> &'static str {
+        "ewma"
+    }
+
+    fn active_len(&self) -> usize {
+        self.heap.len() + self.zero.len()
+    }
+}
+
+/// EWMA, direct reference implementation: decay every count on every new `now`, add 1 per
+/// cell, scan the active queues for the lowest count. O(circuits) per cell; it exists to check
+/// [`Ewma`] against and to show in benchmarks why the heap exists.
+pub struct EwmaDirect {
+    halflife: f64,
+    /// Latest `now` seen; counts are decayed up to it.
+    last: Option<Instant>,
+    /// Decayed counts (cells) of queues with history, active or not.
+    counts: QueueMap<f64>,
+    /// Active queues, scanned in id order.
+    active: BTreeSet<QueueId>,
+}
+
+impl EwmaDirect {
+    /// A fresh scheduler with half-life `halflife` seconds.
+    pub fn new(halflife: f64) -> EwmaDirect {
+        EwmaDirect {
+            halflife,
+            last: None,
+            counts: QueueMap::default(),
+            active: BTreeSet::new(),
+        }
+    }
+
+    /// The half-life, seconds.
+    pub fn halflife(&self) -> f64 {
+        self.halflife
+    }
+
+    /// Decay every count to `now`.
+    fn advance(&mut self, now: Instant) {
+        if let Some(last) = self.last {
+            if now <= last {
+                return;
+            }
+            let factor = (-(now.duration_since(last).as_secs_f64() / self.halflife)).exp2();
+            for c in self.counts.values_mut() {
+                *c *= factor;
+                if *c < FLOOR {
+                    *c = 0.0;
+                }
+            }
+            // Zero counts are no history; keep the map bounded by queues that have some.
+            self.counts.retain(|_, c| *c > 0.0);
+        }
+        self.last = Some(now);
+    }
+}
+
+impl CircuitScheduler for EwmaDirect {
+    fn activate(&mut self, queue: QueueId, now: Instant) {
+        self.advance(now);
+        self.active.insert(queue);
+    }
+
+    fn deactivate(&mut self, queue: QueueId) {
+        self.active.remove(&queue);
+    }
+
+    fn pick(&mut self, now: Instant) -> Option<QueueId> {
+        self.advance(now);
+        let count = |q: &QueueId| self.counts.get(q).copied().unwrap_or(0.0);
+        // Two passes: the lowest count, then the smallest id within the window above it.
+        let min = self.active.iter().map(count).reduce(f64::min)?;
+        let bound = window(min);
+        self.active.iter().find(|q| count(q) <= bound).copied()
+    }
+
+    fn cell_sent(&mut self, queue: QueueId, now: Instant) {
+        self.advance(now);
+        *self.counts.entry(queue).or_insert(0.0) += 1.0;
+    }
+
+    fn forget(&mut self, queue: QueueId) {
+        self.active.remove(&queue);
+        self.counts.remove(&queue);
+    }
+
+    fn ewma_count(&self, queue: QueueId, now: Instant) -> Option<f64> {
+        let c = self.counts.get(&queue).copied().unwrap_or(0.0);
+        let dt = match self.last {
+            Some(last) => now.max(last).duration_since(last).as_secs_f64(),
+            None => 0.0,
+        };
+        let c = c * (-(dt / self.halflife)).exp2();
+        Some(if c < FLOOR { 0.0 } else { c })
+    }
+
+    fn name(&self) -> &'static str {
+        "ewma-direct"
+    }
+
+    fn active_len(&self) -> usize {
+        self.active.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn both(h: f64) -> (Ewma, EwmaDirect) {
+        (Ewma::new(h), EwmaDirect::new(h))
+    }
+
+    fn send(s: &mut dyn CircuitScheduler, q: QueueId, n: usize, now: Instant) {
+        for _ in 0..n {
+            s.cell_sent(q, now);
+        }
+    }
+
+    #[test]
+    fn quiet_queue_goes_before_busy_one() {
+        let t = Instant::now();
+        let (mut f, mut d) = both(30.0);
+        for s in [&mut f as &mut dyn CircuitScheduler, &mut d] {
+            let (bulk, quiet) = (QueueId(1), QueueId(2));
+            s.activate(bulk, t);
+            for _ in 0..10 {
+                assert_eq!(s.pick(t), Some(bulk));
+                s.cell_sent(bulk, t);
+            }
+            s.activate(quiet, t);
+            // quiet has 0, bulk 10: quiet sends until its count passes bulk's.
+            for _ in 0..10 {
+                assert_eq!(s.pick(t), Some(quiet), "{}", s.name());
+                s.cell_sent(quiet, t);
+            }
+            // Both at 10: tie goes to the smaller id.
+            assert_eq!(s.pick(t), Some(bulk));
+            assert_eq!(s.active_len(), 2);
+        }
+    }
+
+    #[test]
+    fn counts_decay_with_halflife() {
+        let t = Instant::now();
+        let (mut f, mut d) = both(1.0);
+        for s in [&mut f as &mut dyn CircuitScheduler, &mut d] {
+            let (a, b) = (QueueId(1), QueueId(2));
+            s.activate(a, t);
+            send(s, a, 10, t);
+            s.deactivate(a);
+            let later = t + Duration::from_secs(1);
+            s.activate(b, later);
+            send(s, b, 6, later);
+            // a: 10 cells one half-life ago = 5 < b's 6.
+            s.activate(a, later);
+            assert_eq!(s.pick(later), Some(a), "{}", s.name());
+            let ca = s.ewma_count(a, later).unwrap();
+            assert!((ca - 5.0).abs() < 1e-9, "{}: {ca}", s.name());
+            let cb = s.ewma_count(b, later + Duration::from_secs(2)).unwrap();
+            assert!((cb - 1.5).abs() < 1e-9, "{}: {cb}", s.name());
+        }
+    }
+
+    #[test]
+    fn history_survives_deactivation_and_forget_drops_it() {
+        let t = Instant::now();
+        let (mut f, mut d) = both(30.0);
+        for s in [&mut f as &mut dyn CircuitScheduler, &mut d] {
+            let (busy, other) = (QueueId(1), QueueId(2));
+            s.activate(busy, t);
+            send(s, busy, 100, t);
+            s.deactivate(busy);
+            let t1 = t + Duration::from_secs(1);
+            s.activate(other, t1);
+            send(s, other, 10, t1);
+            s.activate(busy, t1);
+            assert_eq!(s.pick(t1), Some(other), "{}: history lost", s.name());
+            s.forget(busy);
+            assert_eq!(s.active_len(), 1, "{}: forget must deactivate", s.name());
+            s.activate(busy, t1);
+            assert_eq!(s.pick(t1), Some(busy), "{}: history kept", s.name());
+            assert_eq!(s.ewma_count(busy, t1), Some(0.0));
+            // Unknown queues: no-ops.
+            s.deactivate(QueueId(77));
+            s.forget(QueueId(78));
+            assert_eq!(s.active_len(), 2);
+        }
+    }
+
+    #[test]
+    fn equal_counts_go_to_smaller_id() {
+        let t = Instant::now();
+        let (mut f, mut d) = both(30.0);
+        for s in [&mut f as &mut dyn CircuitScheduler, &mut d] {
+            for id in [9, 4, 6] {
+                s.activate(QueueId(id), t);
+            }
+            let mut seen = Vec::new();
+            for _ in 0..6 {
+                let q = s.pick(t).unwrap();
+                seen.push(q.0);
+                s.cell_sent(q, t);
+            }
+            assert_eq!(seen, vec![4, 6, 9, 4, 6, 9], "{}", s.name());
+        }
+    }
+
+    #[test]
+    fn equal_decayed_counts_from_different_histories_tie() {
+        // a: 2 cells at t; b: 1 cell one half-life later, with time passing in thirds. The counts
+        // are equal (1 cell) but computed with different roundings by the two implementations,
+        // and differently from each other's history: only the tolerance makes both see a tie.
+        for h_ms in [300u64, 3_000, 30_000, 90_000] {
+            let third = Duration::from_millis(h_ms / 3);
+            let t = Instant::now();
+            let (mut f, mut d) = both(h_ms as f64 / 1000.0);
+            for s in [&mut f as &mut dyn CircuitScheduler, &mut d] {
+                let (a, b) = (QueueId(2), QueueId(1));
+                s.activate(a, t);
+                send(s, a, 2, t);
+                for k in 1..=3 {
+                    assert_eq!(s.pick(t + third * k), Some(a));
+                }
+                s.activate(b, t + third * 3);
+                assert_eq!(s.pick(t + third * 3), Some(b)); // 0 < 1
+                s.cell_sent(b, t + third * 3);
+                // a: 2 * 2^-1 = 1, b: 1. Tie: smaller id (b) first, at every later time.
+                for k in 3..=9 {
+                    assert_eq!(s.pick(t + third * k), Some(b), "{} H={h_ms}ms", s.name());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tie_window_is_anchored_at_the_minimum() {
+        // Residues of 1, 2, 3 cells after 30 half-lives (≈0.93e-9 cells each), then one cell
+        // each: counts 1 + 0.93e-9, 1 + 1.86e-9, 1 + 2.79e-9 for queues 5, 4, 3. A pairwise
+        // "equal within 1e-9" comparison is cyclic here (3 ≈ 4 ≈ 5 but 5 < 3); the window
+        // [min, min·(1 + 1e-9)] holds 5 and 4, so 4 (smaller id) is picked, by both.
+        let t = Instant::now();
+        let (mut f, mut d) = both(1.0);
+        for s in [&mut f as &mut dyn CircuitScheduler, &mut d] {
+            for (q, n) in [(3, 3), (4, 2), (5, 1)] {
+                s.activate(QueueId(q), t);
+                send(s, QueueId(q), n, t);
+            }
+            let later = t + Duration::from_secs(30);
+            for q in [3, 4, 5] {
+                s.cell_sent(QueueId(q), later);
+            }
+            assert_eq!(s.pick(later), Some(QueueId(4)), "{}", s.name());
+        }
+    }
+
+    #[test]
+    fn renormalisation_keeps_order_and_drops_dead_history() {
+        let h = 0.01;
+        let mut f = Ewma::new(h);
+        let mut d = EwmaDirect::new(h);
+        let mut now = Instant::now();
+        // 50 queues with different histories, then each 0.2 s (20 half-lives) a round of cells.
+        for i in 0..50u64 {
+            let q = QueueId(i);
+            f.activate(q, now);
+            d.activate(q, now);
+            for _ in 0..(i % 7) {
+                f.cell_sent(q, now);
+                d.cell_sent(q, now);
+            }
+        }
+        let mut renormalised = false;
+        for round in 0..40 {
+            now += Duration::from_millis(200);
+            for _ in 0..30 {
+                let a = f.pick(now);
+                assert_eq!(a, d.pick(now), "round {round}");
+                let q = a.unwrap();
+                f.cell_sent(q, now);
+                d.cell_sent(q, now);
+            }
+            // V must stay bounded: the scale is reset before it passes 2^32.
+            assert!(f.scale() <= 2f64.powi(32));
+            if f.scale() < 2f64.powi(20) && round > 2 {
+                renormalised = true;
+            }
+        }
+        assert!(renormalised);
+        for i in 0..50u64 {
+            f.deactivate(QueueId(i));
+            d.deactivate(QueueId(i));
+        }
+        // A long idle gap: everything decays to nothing, and inactive state is dropped.
+        now += Duration::from_secs(100);
+        let q = QueueId(1000);
+        f.activate(q, now);
+        d.activate(q, now);
+        assert_eq!(f.pick(now), Some(q));
+        assert_eq!(d.pick(now), Some(q));
+        assert_eq!(f.tracked_len(), 1);
+        assert!(d.counts.is_empty());
+        assert_eq!(f.ewma_count(QueueId(3), now), Some(0.0));
+    }
+
+    #[test]
+    fn stale_now_counts_as_latest() {
+        let t = Instant::now() + Duration::from_secs(10);
+        let (mut f, mut d) = both(1.0);
+        for s in [&mut f as &mut dyn CircuitScheduler, &mut d] {
+            s.activate(QueueId(1), t);
+            send(s, QueueId(1), 4, t);
+            s.activate(QueueId(2), t - Duration::from_secs(5));
+            send(s, QueueId(2), 3, t - Duration::from_secs(5));
+            // Both sent at (effectively) t: 3 < 4.
+            assert_eq!(s.pick(t - Duration::from_secs(9)), Some(QueueId(2)));
+        }
+    }
+
+    /// One step of a random workload.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Activate(u8),
+        Deactivate(u8),
+        Forget(u8),
+        /// Pick and send this many cells, as `poll_transmit` does.
+        Send(u8),
+        /// Pick, send one cell, and deactivate the picked queue (it drained).
+        SendLast,
+        /// Advance time by this many microseconds.
+        Micros(u32),
+        /// Advance time by this many half-lives (fraction).
+        Halflives(f64),
+        /// Advance time by this many thirds of a half-life, exactly (H is a multiple of 3 ms), so
+        /// that different histories give mathematically equal counts (ties within rounding).
+        Thirds(u8),
+        /// Use a `now` this far in the past for the next pick (stale time).
+        StalePick(u32),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u8..12).prop_map(Op::Activate),
+            2 => (0u8..12).prop_map(Op::Deactivate),
+            1 => (0u8..12).prop_map(Op::Forget),
+            6 => (1u8..8).prop_map(Op::Send),
+            2 => Just(Op::SendLast),
+            4 => (0u32..20_000).prop_map(Op::Micros),
+            2 => (0.0f64..3.0).prop_map(Op::Halflives),
+            // Long idle gaps: past the renormalisation bound (32 half-lives) and past the floor.
+            1 => (30.0f64..200.0).prop_map(Op::Halflives),
+            1 => (1000.0f64..3000.0).prop_map(Op::Halflives),
+            3 => (1u8..7).prop_map(Op::Thirds),
+            1 => (0u32..1_000_000).prop_map(Op::StalePick),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// The fast and the direct implementation pick the same queue every time.
+        #[test]
+        fn fast_and_direct_pick_the_same(
+            log_h in (0.1f64).log10()..(100.0f64).log10(),
+            ops in proptest::collection::vec(op(), 1..300),
+        ) {
+            // H from 0.1 s to 100 s, log-uniform, rounded to a multiple of 3 ms.
+            let third_ms = ((10f64.powf(log_h) * 1000.0 / 3.0).round() as u64).max(1);
+            let third = Duration::from_millis(third_ms);
+            let h = (3 * third_ms) as f64 / 1000.0;
+            let (mut f, mut d) = both(h);
+            let mut now = Instant::now();
+            for (step, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Activate(q) => {
+                        f.activate(QueueId(q.into()), now);
+                        d.activate(QueueId(q.into()), now);
+                    }
+                    Op::Deactivate(q) => {
+                        f.deactivate(QueueId(q.into()));
+                        d.deactivate(QueueId(q.into()));
+                    }
+                    Op::Forget(q) => {
+                        f.forget(QueueId(q.into()));
+                        d.forget(QueueId(q.into()));
+                    }
+                    Op::Send(n) => {
+                        for _ in 0..n {
+                            let a = f.pick(now);
+                            prop_assert_eq!(a, d.pick(now), "step {} {:?}", step, op);
+                            let Some(q) = a else { break };
+                            f.cell_sent(q, now);
+                            d.cell_sent(q, now);
+                        }
+                    }
+                    Op::SendLast => {
+                        let a = f.pick(now);
+                        prop_assert_eq!(a, d.pick(now), "step {}", step);
+                        if let Some(q) = a {
+                            f.cell_sent(q, now);
+                            d.cell_sent(q, now);
+                            f.deactivate(q);
+                            d.deactivate(q);
+                        }
+                    }
+                    Op::Micros(us) => now += Duration::from_micros(us.into()),
+                    Op::Halflives(x) => now += Duration::from_secs_f64(x * h),
+                    Op::Thirds(n) => now += third * n.into(),
+                    Op::StalePick(us) => {
+                        let stale = now.checked_sub(Duration::from_micros(us.into())).unwrap_or(now);
+                        prop_assert_eq!(f.pick(stale), d.pick(stale), "step {}", step);
+                    }
+                }
+                prop_assert_eq!(f.active_len(), d.active_len());
+                for q in 0..12u64 {
+                    let (cf, cd) = (
+                        f.ewma_count(QueueId(q), now).unwrap_or(f64::NAN),
+                        d.ewma_count(QueueId(q), now).unwrap_or(f64::NAN),
+                    );
+                    prop_assert!(
+                        (cf - cd).abs() <= 1e-9 * cf.abs().max(cd.abs()) + FLOOR,
+                        "step {}: queue {} fast {} direct {}", step, q, cf, cd
+                    );
+                }
+            }
+            // Memory stays bounded by the queues in play.
+            prop_assert!(f.tracked_len() <= 12);
+        }
+    }
+}

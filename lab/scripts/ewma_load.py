@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Issue 3's load figure: 50 KiB fetch times idle and under bulk load, per scheduler.
+
+For each scheduler: start a network (`chive-lab up --relays 4 --bandwidth-rate 1000000`),
+time 50 KiB fetches every 0.5 s on fresh circuits while idle, then again while two
+continuous bulk downloads run, and measure the bulk goodput. Prints p25/p50/p75 and
+the load/idle ratio of the median, and writes the raw records under --out.
+
+    .venv/bin/python lab/scripts/ewma_load.py --out runs/ewma-load [--samples 40]
+        [--schedulers rr,ewma] [--set ConstrainedSockets=true ...]
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from chive_lab.socks import SocksError, socks5_connect  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = ROOT / ".venv" / "bin" / "chive-lab"
+CHIVE = ROOT / "target" / "release" / "chive"
+RATE = 1_000_000
+
+
+def quantiles(xs):
+    xs = sorted(xs)
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return {"p25": q[0], "p50": q[1], "p75": q[2], "n": len(xs)}
+
+
+def fetch_times(socks, url, samples, out):
+    """`chive perf` fetches on fresh circuits; returns last_byte - start per success."""
+    with open(out, "w") as f:
+        subprocess.run(
+            [str(CHIVE), "perf", "--socks", socks, "--url", url, "--count", str(samples),
+             "--interval", "0.5", "--isolate", "--timeout", "60"],
+            stdout=f, check=False)
+    times = []
+    for line in open(out):
+        r = json.loads(line)
+        if r.get("type", "transfer") == "transfer" and not r.get("error"):
+            times.append(r["last_byte"] - r["start"])
+    return times
+
+
+def bulk(socks, http, index, stop, counters):
+    """A continuous download on its own circuit; counts bytes until `stop`."""
+    host, port = http.removeprefix("http://").rsplit(":", 1)
+    while not stop.is_set():
+        try:
+            s = socks5_connect(socks, host, int(port), username=f"bulk{index}", password="x")
+            s.settimeout(1.0)
+            s.sendall(b"GET /bytes/10000000000 HTTP/1.0\r\n\r\n")
+            while not stop.is_set():
+                try:
+                    data = s.recv(65536)
+                except TimeoutError:
+                    continue
+                if not data:
+                    break
+                counters[index] += len(data)
+            s.close()
+        except (OSError, SocksError) as e:
+            print(f"bulk{index}: {e}; retrying", file=sys.stderr)
+            stop.wait(0.5)
+
+
+def run_one(scheduler, args, outdir):
+    netdir = outdir / f"net-{scheduler}"
+    up = [str(LAB), "up", "--dir", str(netdir), "--relays", "4", "--bandwidth-rate", str(RATE),
+          "--set", f"Scheduler={scheduler}", "--quiet"]
+    for kv in args.set:
+        up += ["--set", kv]
+    info = json.loads(subprocess.run(up, check=True, capture_output=True, text=True).stdout)
+    try:
+        socks, http = info["socks"], info["http"]
+        small = f"{http}/bytes/51200"
+        idle = fetch_times(socks, small, args.samples, outdir / f"{scheduler}-idle.jsonl")
+        stop = threading.Event()
+        counters = [0, 0]
+        threads = [threading.Thread(target=bulk, args=(socks, http, i, stop, counters), daemon=True)
+                   for i in range(2)]
+        for t in threads:
+            t.start()
+        stop.wait(5)  # let the bulk transfers ramp up
+        t0, c0 = time.monotonic(), sum(counters)
+        load = fetch_times(socks, small, args.samples, outdir / f"{scheduler}-load.jsonl")
+        goodput = (sum(counters) - c0) / (time.monotonic() - t0)
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
+        return {"idle": quantiles(idle), "load": quantiles(load),
+                "bulk_goodput_Bps": goodput, "bulk_share_of_rate": goodput / RATE}
+    finally:
+        subprocess.run([str(LAB), "down", "--dir", str(netdir)], check=False)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--samples", type=int, default=40)
+    ap.add_argument("--schedulers", default="rr,ewma")
+    ap.add_argument("--set", action="append", default=[], help="extra relay option KEY=VALUE")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for sched in args.schedulers.split(","):
+        print(f"== {sched}", file=sys.stderr)
+        results[sched] = run_one(sched, args, args.out)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    print(f"{'scheduler':10} {'idle p25/p50/p75 (s)':24} {'load p25/p50/p75 (s)':24} {'load/idle p50':14} bulk goodput")
+    for sched, r in results.items():
+        i, l = r["idle"], r["load"]
+        print(f"{sched:10} {i['p25']:.3f}/{i['p50']:.3f}/{i['p75']:.3f}{'':6} "
+              f"{l['p25']:.3f}/{l['p50']:.3f}/{l['p75']:.3f}{'':6} {l['p50'] / i['p50']:>6.2f}x{'':7} "
+              f"{r['bulk_goodput_Bps'] / 1e6:.2f} MB/s ({100 * r['bulk_share_of_rate']:.0f}% of {RATE / 1e6:g} MB/s)")
+
+
+if __name__ == "__main__":
+    main()
