@@ -3,11 +3,14 @@
 mod authority;
 mod client;
 mod common;
+mod delay;
 mod dirclient;
 mod driver;
 mod httpd;
+mod metrics;
 mod perf;
 mod relay;
+mod shape;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +35,10 @@ enum Command {
     Httpd(httpd::Args),
     /// Timed transfers over SOCKS, one JSON line per transfer (torperf-style).
     Perf(perf::Args),
+    /// Install, print (--dry-run) or remove ACK prioritisation on an interface (paper 002).
+    Shape(shape::Args),
+    /// User-space one-way delay line between two interfaces (for the lab; no netem needed).
+    Delayline(delay::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,6 +61,8 @@ fn main() -> std::process::ExitCode {
             Command::Client(a) => client::run(a).await,
             Command::Httpd(a) => httpd::run(a).await,
             Command::Perf(a) => perf::run(a).await,
+            Command::Shape(a) => shape::run(a).await,
+            Command::Delayline(a) => delay::run(a).await,
         }
     });
     match result {
