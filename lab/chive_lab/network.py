@@ -40,6 +40,8 @@ PROBE_BYTES = 1024
 # Bound on the consensus document the lab reads while waiting.
 MAX_CONSENSUS_BYTES = 16 << 20
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+# The overlays `up` can start: chive, or the real Tor as the baseline (tor.py).
+IMPLS = ("chive", "tor")
 _POLL_S = 0.25
 
 Progress = Callable[[str], None]
@@ -109,6 +111,12 @@ class NetworkSpec:
     """Seconds between consensuses (short, so a lab network is ready fast)."""
     log_level: str = "info"
     """The ``Log`` filter of every node."""
+    impl: str = "chive"
+    """Which overlay to start: ``chive`` or ``tor`` (the real Tor as the baseline
+    peer, configured as Chutney does; see chive_lab/tor.py and docs/tor-baseline.md)."""
+    tor_authorities: int = 3
+    """impl="tor" only: how many directory authorities to start besides the relays (1..9;
+    fewer than 3 gives up equal relay weights, see docs/tor-baseline.md)."""
 
     def validate(self) -> None:
         """Raise LabError naming the first bad field."""
@@ -135,6 +143,11 @@ class NetworkSpec:
         interval = self.consensus_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise LabError("consensus_interval must be a positive integer")
+        if self.impl not in IMPLS:
+            raise LabError(f"impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
+        n_auth = self.tor_authorities
+        if isinstance(n_auth, bool) or not isinstance(n_auth, int) or not 1 <= n_auth <= 9:
+            raise LabError(f"tor_authorities must be an integer 1..9, got {n_auth!r}")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (recorded in state.json)."""
@@ -147,6 +160,8 @@ class NetworkSpec:
             "timeout": self.timeout,
             "consensus_interval": self.consensus_interval,
             "log_level": self.log_level,
+            "impl": self.impl,
+            "tor_authorities": self.tor_authorities,
         }
 
 
@@ -250,6 +265,10 @@ class Network:
                 f"chive binary not found or not executable: {binary} "
                 "(build it with `cargo build --release`, or pass --chive-bin / set CHIVE_BIN)"
             )
+        if spec.impl == "tor":
+            from .tor import find_tor_tools
+
+            find_tor_tools()  # fail with the reason before touching DIR
         dir = dir.resolve()
         if state_path(dir).exists():
             raise LabError(
@@ -262,7 +281,12 @@ class Network:
         save_state(dir, state)  # from here on `down` works
         procs: dict[str, subprocess.Popen] = {}
         try:
-            info = self._start_and_wait(spec, binary, dir, state, procs)
+            if spec.impl == "tor":
+                from .tor import start_tor_network
+
+                info = start_tor_network(self, spec, binary, dir, state, procs)
+            else:
+                info = self._start_and_wait(spec, binary, dir, state, procs)
         except BaseException as e:
             # Includes KeyboardInterrupt: never leave half a network behind.
             reason = str(e) or type(e).__name__

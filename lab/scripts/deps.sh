@@ -16,6 +16,16 @@ else
     need+=(python3 python3-venv)
 fi
 
+# The real Tor as the lab's baseline peer (`chive-lab up --impl tor`, issue 5)
+# and iperf3 for plain-TCP reference runs. Optional: if they cannot be
+# installed, `make build` still succeeds and the tor tests skip with the reason.
+optional=()
+# Debian installs tor in /usr/sbin, which a non-root PATH may lack.
+if ! command -v tor >/dev/null 2>&1 && [ ! -x /usr/sbin/tor ] || ! command -v tor-gencert >/dev/null 2>&1; then
+    optional+=(tor)
+fi
+command -v iperf3 >/dev/null 2>&1 || optional+=(iperf3)
+
 if [ ${#need[@]} -gt 0 ]; then
     if ! command -v apt-get >/dev/null 2>&1; then
         echo "deps: missing ${need[*]} and no apt-get to install them; install them by hand" >&2
@@ -26,6 +36,24 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "deps: installing ${need[*]} with apt-get" >&2
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if [ ${#optional[@]} -gt 0 ]; then
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "deps: ${optional[*]} not installed and no apt-get: the tor baseline (--impl tor) is unavailable" >&2
+    else
+        sudo=""
+        if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+        echo "deps: installing ${optional[*]} with apt-get (the tor baseline)" >&2
+        # Debian's tor package would start a system tor service where services
+        # run; the lab never uses it (it runs its own tor processes).
+        if ! { $sudo apt-get update -qq &&
+               DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+                   "${optional[@]}" >/dev/null; }; then
+            echo "deps: could not install ${optional[*]}: the tor baseline (--impl tor) is unavailable" \
+                 "and its tests will be skipped" >&2
+        fi
+    fi
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
