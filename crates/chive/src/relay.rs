@@ -46,15 +46,24 @@ Config file options (TOML):
   CircuitPriorityHalflife = 30     EWMA half-life in seconds; <= 0 means round-robin
                                    (default: consensus CircuitPriorityHalflifeMsec, else 30 s)
   OutbufCells = 64                 cells handed to a connection but not yet written, at most
-                                   (default: consensus OutbufCells, else 64)
+                                   (default: 10 ms of BandwidthRate, at least 8, when set;
+                                   else the consensus OutbufCells, else 64)
   ConstrainedSockets = true        limit link sockets' kernel buffers (SO_SNDBUF/SO_RCVBUF)...
   ConstrainedSockSize = 20000      ...to this many bytes (2048..262144), as Tor's options do, so
                                    queued cells wait where the scheduler can reorder them.
-                                   Default: on when BandwidthRate is set, sized to 20 ms of it
+                                   Default: on when BandwidthRate is set, sized to 10 ms of it
                                    (at least 8192); off (kernel autotuning) when unlimited
   MetricsPort = \"127.0.0.1:9101\"   Prometheus text endpoint (GET /metrics); default off
   MetricsFile = \"/path/m.jsonl\"    JSON-lines instrumentation (per-cell timing, per-second stats)
   CellSampleRate = 100             time one cell in this many (0 = no per-cell timing)
+  SplitDirection = \"off\"           split-direction links (paper 002): \"off\" (default for now),
+                                   \"always\" or \"dynamic\". When on, links to relays that also
+                                   support it may use two one-way connections per channel
+                                   (the three Split options are read at start only)
+  SplitThreshold = 200000          \"dynamic\": bytes/s in each direction that count as bulk;
+                                   split after both directions exceed it for 3 s
+  SplitIdle = 30                   \"dynamic\": seconds below bulk before the second connection
+                                   closes
   PublishInterval = 30             seconds between descriptor uploads
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SIGHUP reloads BandwidthRate, BandwidthBurst, Scheduler, CircuitPriorityHalflife and
@@ -102,6 +111,12 @@ pub struct RelayConfig {
     pub publish_interval: u64,
     #[serde(rename = "Log", default = "default_log")]
     pub log: String,
+    #[serde(rename = "SplitDirection", default = "default_split_mode")]
+    pub split_direction: String,
+    #[serde(rename = "SplitThreshold", default = "default_split_threshold")]
+    pub split_threshold: u64,
+    #[serde(rename = "SplitIdle", default = "default_split_idle")]
+    pub split_idle: u64,
 }
 
 fn default_exit_policy() -> Vec<String> {
@@ -115,6 +130,15 @@ fn default_sample_rate() -> u64 {
 }
 fn default_publish() -> u64 {
     30
+}
+fn default_split_mode() -> String {
+    "off".to_string()
+}
+fn default_split_threshold() -> u64 {
+    crate::split::SplitConfig::default().threshold
+}
+fn default_split_idle() -> u64 {
+    crate::split::SplitConfig::default().idle.as_secs()
 }
 pub(crate) fn default_log() -> String {
     "info".to_string()
@@ -134,7 +158,7 @@ impl RelayConfig {
         }
         Some(self.constrained_sock_size.unwrap_or_else(|| {
             if limited {
-                (self.bandwidth_rate / 50).clamp(8192, 262_144) as u32
+                (self.bandwidth_rate / 100).clamp(8192, 262_144) as u32
             } else {
                 8192
             }
@@ -146,8 +170,18 @@ impl RelayConfig {
         Tunables {
             scheduler: self.scheduler.clone(),
             halflife: self.circuit_priority_halflife,
-            outbuf_cells: self.outbuf_cells,
+            outbuf_cells: self.outbuf_cells.or_else(|| self.rate_based_outbuf()),
         }
+    }
+
+    /// A rate-limited relay hands a connection about 10 ms of its rate (at least 8 cells), so
+    /// the scheduler's choice is made close to the moment the cell leaves; unlimited relays
+    /// use the consensus `OutbufCells` (default 64), where batching matters more.
+    fn rate_based_outbuf(&self) -> Option<usize> {
+        (self.bandwidth_rate > 0).then(|| {
+            let cells = self.bandwidth_rate / 100 / chive_cell::CELL_LEN as u64;
+            cells.clamp(8, 64) as usize
+        })
     }
 
     fn burst(&self) -> u64 {
@@ -155,6 +189,31 @@ impl RelayConfig {
             self.bandwidth_rate
         } else {
             self.bandwidth_burst.max(self.bandwidth_rate)
+        }
+    }
+
+    /// The split-direction settings, with the option named in any error.
+    fn split_config(&self) -> anyhow::Result<crate::split::SplitConfig> {
+        let mode = crate::split::SplitMode::parse(&self.split_direction)
+            .map_err(|e| anyhow::anyhow!("SplitDirection: {e}"))?;
+        if self.split_threshold == 0 {
+            bail!("SplitThreshold must be at least 1 byte/s");
+        }
+        if !(1..=86_400).contains(&self.split_idle) {
+            bail!("SplitIdle must be between 1 and 86400 seconds");
+        }
+        Ok(crate::split::SplitConfig {
+            mode,
+            threshold: self.split_threshold,
+            idle: Duration::from_secs(self.split_idle),
+        })
+    }
+
+    /// Link features this relay announces.
+    fn features(&self) -> FeatureSet {
+        match self.split_config().map(|c| c.mode) {
+            Ok(crate::split::SplitMode::Off) | Err(_) => FeatureSet::EMPTY,
+            Ok(_) => FeatureSet(chive_net::SPLIT_DIRECTION),
         }
     }
 
@@ -185,6 +244,7 @@ impl RelayConfig {
                 bail!("ConstrainedSockSize must be between 2048 and 262144 bytes");
             }
         }
+        self.split_config()?;
         if self.publish_interval == 0 {
             bail!("PublishInterval must be at least 1 second");
         }
@@ -215,7 +275,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let link = Arc::new(LinkConfig {
         identity: Some(identity.clone()),
-        features: FeatureSet::EMPTY,
+        features: cfg.features(),
         socket_buffer: cfg.socket_buffer(),
     });
     let listener = LinkListener::bind(cfg.or_port, link.clone())
@@ -257,6 +317,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
     );
     driver.metrics = Metrics::start(cfg.metrics_file.as_deref(), cfg.metrics_port).await?;
+    driver.split = cfg.split_config()?;
     let tx = driver.sender();
     let chan_ids = driver.chan_ids();
 
@@ -298,7 +359,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             UNLIMITED_BANDWIDTH
         },
         exit_policy: (*policy).clone(),
-        features: FeatureSet::EMPTY.0,
+        features: cfg.features().0,
         published: 0,
         uptime: 0,
         version: format!("chive {}", env!("CARGO_PKG_VERSION")),
