@@ -79,6 +79,12 @@ impl CellCommand {
     pub const AUTHORIZE: Self = Self(132);
     /// chive's own: link feature negotiation (variable-length, body [`LinkFeatures`]).
     pub const LINK_FEATURES: Self = Self(133);
+    /// chive's own: attach this connection to an existing channel as its peer's write-only
+    /// connection (split-direction links; body [`Bind`]).
+    pub const BIND: Self = Self(134);
+    /// chive's own: the sender's last cell on one connection of a split channel before it
+    /// continues on the other (body [`Handoff`]).
+    pub const HANDOFF: Self = Self(135);
 
     /// True for commands carried in variable-length cells: VERSIONS and every command >= 128
     /// (tor-spec's rule, so the framing never depends on knowing the command).
@@ -108,6 +114,8 @@ impl CellCommand {
             131 => "AUTHENTICATE",
             132 => "AUTHORIZE",
             133 => "LINK_FEATURES",
+            134 => "BIND",
+            135 => "HANDOFF",
             _ => return None,
         })
     }

@@ -897,6 +897,86 @@ impl LinkFeatures {
     }
 }
 
+/// BIND body (chive's own, command 134): the 32-byte token both ends of a channel's first
+/// connection derive from its TLS session (chive-net's `Link::bind_token`). Exactly 32 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bind {
+    /// The channel's bind token.
+    pub token: [u8; 32],
+}
+
+impl Bind {
+    /// Encoded length.
+    pub const LEN: usize = 32;
+
+    /// Encode (32 bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        self.token.to_vec()
+    }
+
+    /// Decode; the body must be exactly 32 bytes (no slack in authentication data).
+    pub fn decode(body: &[u8]) -> Result<Self, CellError> {
+        if body.len() != Self::LEN {
+            return Err(CellError::WrongLength {
+                what: "BIND",
+                expected: Self::LEN,
+                got: body.len(),
+            });
+        }
+        Ok(Bind {
+            token: Reader::new(body, "BIND").array()?,
+        })
+    }
+}
+
+/// HANDOFF body (chive's own, command 135): `seq` (4, big-endian), `cells` (8, big-endian),
+/// `flags` (1). Trailing bytes are ignored so that later versions can add fields.
+///
+/// `seq` numbers the sender's switches on a channel from 0; `cells` is how many cells the sender
+/// wrote on the connection it leaves since its previous switch (so the receiver can check that
+/// none is missing); `flags` bit 0 ([`Handoff::RECOVERY`]) marks a marker sent on the connection
+/// the sender resumes because the one it leaves failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handoff {
+    /// Switch number, from 0 on each channel.
+    pub seq: u32,
+    /// Cells written on the connection being left, in this epoch.
+    pub cells: u64,
+    /// Flag bits.
+    pub flags: u8,
+}
+
+impl Handoff {
+    /// Encoded length.
+    pub const LEN: usize = 13;
+    /// Flag: sent on the connection being resumed, because the one being left failed.
+    pub const RECOVERY: u8 = 1;
+
+    /// Encode (13 bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::LEN);
+        out.extend_from_slice(&self.seq.to_be_bytes());
+        out.extend_from_slice(&self.cells.to_be_bytes());
+        out.push(self.flags);
+        out
+    }
+
+    /// Decode; fewer than 13 bytes is an error.
+    pub fn decode(body: &[u8]) -> Result<Self, CellError> {
+        let mut r = Reader::new(body, "HANDOFF");
+        Ok(Handoff {
+            seq: r.u32()?,
+            cells: u64::from_be_bytes(r.array()?),
+            flags: r.u8()?,
+        })
+    }
+
+    /// Whether this is a recovery marker (see [`Handoff::RECOVERY`]).
+    pub fn is_recovery(&self) -> bool {
+        self.flags & Self::RECOVERY != 0
+    }
+}
+
 /// AUTHENTICATE body (chive's layout): Ed25519 identity (32) and signature (64).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Authenticate {

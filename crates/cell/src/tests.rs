@@ -464,6 +464,29 @@ fn link_messages() {
     );
     assert!(LinkFeatures::decode(&[1, 2, 3]).is_err());
 
+    // Split-direction messages: exact layouts.
+    let b = Bind { token: [9; 32] };
+    assert_eq!(b.encode(), vec![9; 32]);
+    assert_eq!(Bind::decode(&[9; 32]).unwrap(), b);
+    assert!(Bind::decode(&[9; 31]).is_err());
+    assert!(Bind::decode(&[9; 33]).is_err());
+    assert!(CellCommand::BIND.is_variable() && CellCommand::HANDOFF.is_variable());
+    assert_eq!(CellCommand::HANDOFF.to_string(), "HANDOFF");
+    let h = Handoff {
+        seq: 0x0102_0304,
+        cells: 0x1112_1314_1516_1718,
+        flags: Handoff::RECOVERY,
+    };
+    assert_eq!(
+        h.encode(),
+        [1, 2, 3, 4, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 1]
+    );
+    let mut long = h.encode();
+    long.extend_from_slice(&[0xAA, 0xBB]);
+    assert_eq!(Handoff::decode(&long).unwrap(), h);
+    assert!(h.is_recovery());
+    assert!(Handoff::decode(&h.encode()[..12]).is_err());
+
     let a = Authenticate {
         identity: [1; 32],
         signature: [2; 64],
@@ -567,6 +590,8 @@ proptest! {
         let _ = Versions::decode(&bytes);
         let _ = LinkFeatures::decode(&bytes);
         let _ = Authenticate::decode(&bytes);
+        let _ = Bind::decode(&bytes);
+        let _ = Handoff::decode(&bytes);
         let mut p = [0u8; PAYLOAD_LEN];
         let n = bytes.len().min(PAYLOAD_LEN);
         p[..n].copy_from_slice(&bytes[..n]);

@@ -43,7 +43,7 @@ Config file options (TOML):
   AuthorityIdentity = \"<hex>\"      its Ed25519 identity, 64 hex digits (required)
   MaxCircuitDirtiness = 600        seconds a circuit takes new streams after its first
   PreemptiveCircuits = 2           clean circuits kept built and ready
-  CircuitBuildTimeout = 30         seconds before an unfinished circuit is abandoned
+  CircuitBuildTimeout = 10         seconds before an unfinished circuit is abandoned (its streams retry elsewhere)
   OutbufCells = 64                 cells handed to a connection but not yet written, at most
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SOCKS5 username/password isolate streams: distinct credentials never share a circuit.
@@ -80,7 +80,7 @@ fn default_preemptive() -> usize {
     2
 }
 fn default_build_timeout() -> u64 {
-    30
+    10
 }
 
 /// How long a SOCKS request may wait for its stream to open.

@@ -10,6 +10,12 @@
 //! Time is read once per wake-up and passed to every core call made for it
 //! (the paper's cached-time fix). Cells move to a link's writer only while it
 //! has fewer than `outbuf_cells` unwritten, so the scheduler decides late.
+//!
+//! A channel normally has one connection. With split-direction links (split.rs,
+//! docs/protocol.md) a channel between relays may have a second one: the channel's
+//! responder writes only there, its initiator only on the first; the core never
+//! notices. Connections are named by ids from the channel-id allocator; a channel's
+//! first connection has the channel's own id.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -17,18 +23,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chive_cell::{AnyCell, Cell, EndReason, ResolvedAnswer};
+use chive_cell::{
+    AnyCell, Bind, Cell, CellCommand, EndReason, Handoff, ResolvedAnswer, VarCell, CELL_LEN,
+    VAR_CELL_HEADER_LEN,
+};
 use chive_core::{CellSample, ChannelId, Core, Event, SchedulerKind, StreamHandle};
 use chive_crypto::IdentityKey;
 use chive_dir::ExitPolicy;
-use chive_net::{Link, LinkConfig, LinkLimits};
+use chive_net::{
+    FeatureSet, Link, LinkConfig, LinkLimits, LinkReader, LinkWriter, SPLIT_DIRECTION,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
 use crate::client::ClientState;
+use crate::split::{
+    BulkDetector, Conn, Decision, Item, Reorder, Sender as SplitSender, SplitConfig, SplitMode,
+    Violation, HOLD_CELLS,
+};
 
 /// Capacity of the driver's input queue: readers wait (and stop reading their
 /// sockets) when the core falls behind.
@@ -39,6 +54,12 @@ const STREAM_READ_CHUNK: usize = 16 * 1024;
 const EXIT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Inputs handled before the driver flushes output again.
 const INPUT_BATCH: usize = 256;
+/// How long an accepted link that negotiated split-direction may stay silent before it counts
+/// as a channel of its own (its first cell may be a BIND making it another channel's second
+/// connection; an honest peer sends that, or its first CREATE2, at once).
+const BIND_WAIT: Duration = Duration::from_secs(2);
+/// After a second connection failed or could not be opened, wait this long before another.
+const SPLIT_RETRY: Duration = Duration::from_secs(10);
 
 /// Something for the core, from an IO task.
 // Cells travel inline (no allocation per cell); other inputs are rare.
@@ -49,16 +70,27 @@ pub enum Input {
         chan: ChannelId,
         peer: Option<IdentityKey>,
         initiator: bool,
-        writer: mpsc::UnboundedSender<Vec<Cell>>,
-        reader: AbortHandle,
+        /// Negotiated link features.
+        features: FeatureSet,
+        /// The link's split-direction bind token.
+        bind_token: [u8; 32],
+        conn: ConnHandles,
     },
+    /// Our second connection for `chan` is up and its BIND was sent.
+    SplitUp {
+        chan: ChannelId,
+        conn_id: ChannelId,
+        conn: ConnHandles,
+    },
+    /// Opening a second connection for `chan` failed.
+    SplitFailed { chan: ChannelId, why: String },
     /// Opening a link to `identity` failed.
     ConnectFailed { identity: IdentityKey, why: String },
-    /// A cell arrived.
+    /// A cell arrived on connection `chan`.
     Cell { chan: ChannelId, cell: AnyCell },
-    /// A link's writer finished writing `cells` cells.
+    /// Connection `chan`'s writer finished writing a batch of `cells` cells.
     Written { chan: ChannelId, cells: usize },
-    /// A link closed or failed.
+    /// Connection `chan` closed or failed.
     LinkDown { chan: ChannelId, why: String },
     /// Bytes read from a stream's socket.
     StreamData { stream: StreamHandle, data: Vec<u8> },
@@ -135,14 +167,138 @@ impl StreamIo {
     }
 }
 
-struct ChanIo {
-    writer: mpsc::UnboundedSender<Vec<Cell>>,
+/// What a connection's writer task is given.
+pub enum WriteMsg {
+    /// A batch of cells, acknowledged with [`Input::Written`].
+    Cells(Vec<Cell>),
+    /// A variable-length link cell (HANDOFF), not acknowledged.
+    Var(VarCell),
+}
+
+/// Handles of one connection's IO tasks (see [`start_link`]).
+pub struct ConnHandles {
+    writer: mpsc::UnboundedSender<WriteMsg>,
     reader: AbortHandle,
+    /// `true` pauses the reader (its cells would only be held back).
+    hold: watch::Sender<bool>,
+}
+
+/// The driver's side of one connection.
+struct ConnIo {
+    id: ChannelId,
+    h: ConnHandles,
     in_flight: usize,
     /// Batches handed to the writer, oldest first, with their sampled cells.
     batches: VecDeque<(usize, Vec<CellSample>)>,
+    held: bool,
+}
+
+impl ConnIo {
+    fn new(id: ChannelId, h: ConnHandles) -> Self {
+        ConnIo {
+            id,
+            h,
+            in_flight: 0,
+            batches: VecDeque::new(),
+            held: false,
+        }
+    }
+
+    /// Stop reading now; the writer task finishes what it was given, then closes (TLS
+    /// close_notify + FIN) once this handle's sender is dropped.
+    fn close(self) {
+        self.h.reader.abort();
+    }
+
+    fn send_var(&self, command: CellCommand, payload: Vec<u8>) {
+        let cell = VarCell {
+            circ_id: 0,
+            command,
+            payload,
+        };
+        // A gone writer has its LinkDown on the way.
+        let _ = self.h.writer.send(WriteMsg::Var(cell));
+    }
+}
+
+/// A channel's split-direction state.
+enum SplitSide {
+    /// One bidirectional connection (feature not negotiated, or a client link).
+    None,
+    /// We opened the first connection: the peer may bind a connection it writes on.
+    Reader { token: [u8; 32], reorder: Reorder },
+    /// We accepted the first connection: we may open our own and write there.
+    Writer {
+        token: [u8; 32],
+        sender: SplitSender,
+        /// A connect task for the second connection is running.
+        opening: bool,
+        /// No new second connection before this.
+        retry_at: Option<Instant>,
+        detector: BulkDetector,
+    },
+}
+
+struct ChanIo {
+    /// The channel's first connection (id = the channel's id).
+    primary: ConnIo,
+    /// The peer's (Reader) or our (Writer) one-way second connection.
+    secondary: Option<ConnIo>,
     /// The output buffer is full and cells are waiting (counted once per episode).
     blocked: bool,
+    peer: Option<IdentityKey>,
+    initiator: bool,
+    /// The core knows the channel (false while an accepted link may still send a BIND).
+    opened: bool,
+    up_since: Instant,
+    /// Bytes read and written on the channel (all connections), for "dynamic".
+    bytes_in: u64,
+    bytes_out: u64,
+    split: SplitSide,
+}
+
+impl ChanIo {
+    fn conn_mut(&mut self, which: Conn) -> Option<&mut ConnIo> {
+        match which {
+            Conn::Primary => Some(&mut self.primary),
+            Conn::Secondary => self.secondary.as_mut(),
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.primary.in_flight + self.secondary.as_ref().map_or(0, |s| s.in_flight)
+    }
+
+    /// Whether our cells currently go on the second connection.
+    fn writing_secondary(&self) -> bool {
+        matches!(&self.split, SplitSide::Writer { sender, .. } if sender.current() == Conn::Secondary)
+            && self.secondary.is_some()
+    }
+
+    fn close(self) {
+        self.primary.close();
+        if let Some(s) = self.secondary {
+            s.close();
+        }
+    }
+}
+
+/// Wire size of a cell, for the byte counters.
+fn cell_len(cell: &AnyCell) -> u64 {
+    match cell {
+        AnyCell::Fixed(_) => CELL_LEN as u64,
+        AnyCell::Var(v) => (VAR_CELL_HEADER_LEN + v.payload.len()) as u64,
+    }
+}
+
+/// A peer identity for the log, in full hex (tests and operators match it against others).
+fn hex_peer(peer: Option<IdentityKey>) -> String {
+    peer.map(|p| p.to_hex()).unwrap_or_else(|| "client".into())
+}
+
+/// Constant-time equality for bind tokens.
+fn token_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Settings a node's operator may set locally; unset ones come from the consensus.
@@ -200,6 +356,12 @@ pub struct Driver {
     pub client: Option<ClientState>,
     pub metrics: Option<crate::metrics::Metrics>,
     params: Option<chive_dir::NetParams>,
+    /// Split-direction settings (relays; clients keep the default, off).
+    pub split: SplitConfig,
+    /// Relays' ORPorts from the latest consensus (where second connections go).
+    relay_addrs: HashMap<IdentityKey, SocketAddr>,
+    /// Second connections: connection id → channel.
+    secondaries: HashMap<ChannelId, ChannelId>,
 }
 
 impl Driver {
@@ -217,6 +379,9 @@ impl Driver {
             client: None,
             metrics: None,
             params: None,
+            split: SplitConfig::default(),
+            relay_addrs: HashMap::new(),
+            secondaries: HashMap::new(),
         }
     }
 
@@ -285,9 +450,10 @@ impl Driver {
                     if let Some(client) = self.client.as_mut() {
                         client.tick(&mut self.core, now);
                     }
+                    self.split_tick(now);
                     if let Some(m) = self.metrics.as_mut() {
                         let outbufs: Vec<(u64, usize)> =
-                            self.chans.iter().map(|(c, io)| (c.0, io.in_flight)).collect();
+                            self.chans.iter().map(|(c, io)| (c.0, io.in_flight())).collect();
                         m.tick(&self.core, &outbufs, self.cfg.outbuf_cells, now);
                     }
                     self.flush(now);
@@ -303,34 +469,40 @@ impl Driver {
                 chan,
                 peer,
                 initiator,
-                writer,
-                reader,
-            } => {
-                self.chans.insert(
-                    chan,
-                    ChanIo {
-                        writer,
-                        reader,
-                        in_flight: 0,
-                        batches: VecDeque::new(),
-                        blocked: false,
-                    },
-                );
-                self.core.channel_opened(chan, peer, initiator, now);
+                features,
+                bind_token,
+                conn,
+            } => self.link_up(chan, peer, initiator, features, bind_token, conn, now),
+            Input::SplitUp {
+                chan,
+                conn_id,
+                conn,
+            } => self.split_up(chan, conn_id, conn, now),
+            Input::SplitFailed { chan, why } => {
+                if let Some(io) = self.chans.get_mut(&chan) {
+                    if let SplitSide::Writer {
+                        opening, retry_at, ..
+                    } = &mut io.split
+                    {
+                        *opening = false;
+                        *retry_at = Some(now + SPLIT_RETRY);
+                    }
+                }
+                warn!(?chan, %why, "could not open a second connection; staying on one");
             }
             Input::ConnectFailed { identity, why } => {
                 warn!(peer = %identity, %why, "connect failed");
                 self.core.connect_failed(identity, now);
             }
-            Input::Cell { chan, cell } => match cell {
-                AnyCell::Fixed(cell) => self.core.handle_cell(chan, cell, now),
-                AnyCell::Var(cell) => self.core.handle_var_cell(chan, cell, now),
-            },
-            Input::Written { chan, cells } => {
-                if let Some(io) = self.chans.get_mut(&chan) {
-                    io.in_flight = io.in_flight.saturating_sub(cells);
+            Input::Cell { chan, cell } => self.on_cell(chan, cell, now),
+            Input::Written { chan: conn, cells } => {
+                let Some((chan, which)) = self.locate(conn) else {
+                    return true;
+                };
+                if let Some(c) = self.chans.get_mut(&chan).and_then(|io| io.conn_mut(which)) {
+                    c.in_flight = c.in_flight.saturating_sub(cells);
                     // The writer reports whole batches, in order.
-                    if let Some((_, samples)) = io.batches.pop_front() {
+                    if let Some((_, samples)) = c.batches.pop_front() {
                         if let Some(m) = self.metrics.as_mut() {
                             m.cells_written(samples, now);
                         }
@@ -338,13 +510,18 @@ impl Driver {
                 }
                 self.transmit(chan, now);
             }
-            Input::LinkDown { chan, why } => {
-                if let Some(io) = self.chans.remove(&chan) {
-                    info!(?chan, %why, "link closed");
-                    io.reader.abort();
+            Input::LinkDown { chan: conn, why } => match self.locate(conn) {
+                Some((chan, Conn::Primary)) => {
+                    if let Some(io) = self.remove_channel(chan) {
+                        info!(?chan, %why, "link closed");
+                        io.close();
+                    }
+                    self.core.channel_closed(chan, now);
                 }
-                self.core.channel_closed(chan, now);
-            }
+                Some((chan, Conn::Secondary)) => self.secondary_down(chan, &why, now),
+                // Already forgotten (a second connection we closed).
+                None => {}
+            },
             Input::StreamData { stream, data } => self.core.stream_data(stream, &data, now),
             Input::StreamEof { stream } => self.core.stream_eof(stream, now),
             Input::StreamError { stream, why } => {
@@ -381,6 +558,11 @@ impl Driver {
                 self.apply_policy(now);
             }
             Input::Consensus(consensus) => {
+                self.relay_addrs = consensus
+                    .relays
+                    .iter()
+                    .map(|r| (r.identity, r.address))
+                    .collect();
                 self.core
                     .set_circwindow(u32::from(consensus.params.circwindow()));
                 self.params = Some(consensus.params.clone());
@@ -420,32 +602,50 @@ impl Driver {
         }
     }
 
-    /// Move cells to a link's writer while it has room.
+    /// Move cells to a link's writer while it has room. A split channel's responder writes on
+    /// its second connection, everyone else on the first.
     fn transmit(&mut self, chan: ChannelId, now: Instant) {
         let Some(io) = self.chans.get_mut(&chan) else {
             return;
         };
-        let room = self.cfg.outbuf_cells.saturating_sub(io.in_flight);
+        let on_secondary = io.writing_secondary();
+        let ChanIo {
+            primary,
+            secondary,
+            blocked,
+            bytes_out,
+            split,
+            ..
+        } = io;
+        let conn = match (on_secondary, secondary.as_mut()) {
+            (true, Some(s)) => s,
+            _ => primary,
+        };
+        let room = self.cfg.outbuf_cells.saturating_sub(conn.in_flight);
         if room == 0 {
-            if !io.blocked && self.core.has_pending(chan) {
-                io.blocked = true;
+            if !*blocked && self.core.has_pending(chan) {
+                *blocked = true;
                 if let Some(m) = self.metrics.as_mut() {
                     m.outbuf_full_events += 1;
                 }
             }
             return;
         }
-        io.blocked = false;
+        *blocked = false;
         let mut cells = Vec::with_capacity(room.min(64));
         let n = self.core.poll_transmit(chan, room, now, &mut cells);
         if n > 0 {
-            io.in_flight += n;
+            conn.in_flight += n;
+            *bytes_out += (n * CELL_LEN) as u64;
+            if let SplitSide::Writer { sender, .. } = split {
+                sender.sent(n);
+            }
             let mut samples = Vec::new();
             while let Some(s) = self.core.poll_cell_sample() {
                 samples.push(s);
             }
-            io.batches.push_back((n, samples));
-            if io.writer.send(cells).is_err() {
+            conn.batches.push_back((n, samples));
+            if conn.h.writer.send(WriteMsg::Cells(cells)).is_err() {
                 // The writer is gone; its LinkDown is on the way.
                 debug!(?chan, "writer gone");
             }
@@ -475,8 +675,8 @@ impl Driver {
             }
             Event::CloseChannel { chan, reason } => {
                 info!(?chan, %reason, "closing channel");
-                if let Some(io) = self.chans.remove(&chan) {
-                    io.reader.abort();
+                if let Some(io) = self.remove_channel(chan) {
+                    io.close();
                 }
                 self.core.channel_closed(chan, now);
             }
@@ -537,6 +737,462 @@ impl Driver {
     }
 }
 
+/// Connections and split-direction channels (the policy; the ordering rules are in split.rs).
+impl Driver {
+    /// Which channel a connection belongs to, and as which of its connections.
+    fn locate(&self, conn: ChannelId) -> Option<(ChannelId, Conn)> {
+        if self.chans.contains_key(&conn) {
+            return Some((conn, Conn::Primary));
+        }
+        self.secondaries
+            .get(&conn)
+            .map(|chan| (*chan, Conn::Secondary))
+    }
+
+    /// Forget a channel's connections (the caller closes them and tells the core).
+    fn remove_channel(&mut self, chan: ChannelId) -> Option<ChanIo> {
+        let io = self.chans.remove(&chan)?;
+        if let Some(s) = &io.secondary {
+            self.secondaries.remove(&s.id);
+        }
+        Some(io)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn link_up(
+        &mut self,
+        chan: ChannelId,
+        peer: Option<IdentityKey>,
+        initiator: bool,
+        features: FeatureSet,
+        bind_token: [u8; 32],
+        conn: ConnHandles,
+        now: Instant,
+    ) {
+        let split_ok = features.contains(SPLIT_DIRECTION) && peer.is_some();
+        let split = match (split_ok, initiator) {
+            (false, _) => SplitSide::None,
+            (true, true) => SplitSide::Reader {
+                token: bind_token,
+                reorder: Reorder::default(),
+            },
+            (true, false) => SplitSide::Writer {
+                token: bind_token,
+                sender: SplitSender::default(),
+                opening: false,
+                retry_at: None,
+                detector: BulkDetector::new(self.split.threshold, self.split.idle),
+            },
+        };
+        if let Some(p) = peer {
+            info!(?chan, peer = %p, initiator, split = split_ok, "relay link up");
+        }
+        self.chans.insert(
+            chan,
+            ChanIo {
+                primary: ConnIo::new(chan, conn),
+                secondary: None,
+                blocked: false,
+                peer,
+                initiator,
+                opened: false,
+                up_since: now,
+                bytes_in: 0,
+                bytes_out: 0,
+                split,
+            },
+        );
+        // An accepted link that negotiated the feature may be another channel's second
+        // connection; its first cell (BIND or not) tells, so the core waits for it.
+        if !split_ok || initiator {
+            self.open_channel(chan, now);
+        }
+    }
+
+    /// Tell the core about a channel.
+    fn open_channel(&mut self, chan: ChannelId, now: Instant) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        if io.opened {
+            return;
+        }
+        io.opened = true;
+        let (peer, initiator) = (io.peer, io.initiator);
+        self.core.channel_opened(chan, peer, initiator, now);
+        if self.split.mode == SplitMode::Always {
+            self.start_split(chan, now);
+        }
+    }
+
+    fn deliver(&mut self, chan: ChannelId, cell: AnyCell, now: Instant) {
+        match cell {
+            AnyCell::Fixed(cell) => self.core.handle_cell(chan, cell, now),
+            AnyCell::Var(cell) => self.core.handle_var_cell(chan, cell, now),
+        }
+    }
+
+    fn on_cell(&mut self, conn: ChannelId, cell: AnyCell, now: Instant) {
+        let Some((chan, which)) = self.locate(conn) else {
+            return;
+        };
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        io.bytes_in += cell_len(&cell);
+        if !io.opened {
+            if let AnyCell::Var(v) = &cell {
+                if v.command == CellCommand::BIND {
+                    return self.bind(chan, &v.payload);
+                }
+            }
+            self.open_channel(chan, now);
+        }
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        match &mut io.split {
+            SplitSide::None => self.deliver(chan, cell, now),
+            SplitSide::Reader { reorder, .. } => {
+                let item = match cell {
+                    AnyCell::Var(v) if v.command == CellCommand::HANDOFF => {
+                        match Handoff::decode(&v.payload) {
+                            Ok(h) => Item::Handoff(h),
+                            Err(_) => {
+                                return self.split_violation(
+                                    chan,
+                                    Violation::Protocol("malformed HANDOFF"),
+                                    now,
+                                )
+                            }
+                        }
+                    }
+                    other => Item::Cell(other),
+                };
+                let before = reorder.current();
+                let mut out = Vec::new();
+                let result = reorder.push(which, item, &mut out);
+                let after = reorder.current();
+                self.after_reorder(chan, before, after, out, result, now);
+            }
+            SplitSide::Writer { .. } => {
+                if which == Conn::Secondary {
+                    // The peer must never write on our write-only connection.
+                    warn!(?chan, "peer wrote on our one-way connection; dropping it");
+                    return self.secondary_down(chan, "peer wrote on a one-way connection", now);
+                }
+                if let AnyCell::Var(v) = &cell {
+                    if v.command == CellCommand::HANDOFF || v.command == CellCommand::BIND {
+                        return self.split_violation(
+                            chan,
+                            Violation::Protocol("HANDOFF or BIND from the channel's initiator"),
+                            now,
+                        );
+                    }
+                }
+                self.deliver(chan, cell, now);
+            }
+        }
+    }
+
+    /// Deliver what the reorder released, log switches, close on violations, pause readers.
+    fn after_reorder(
+        &mut self,
+        chan: ChannelId,
+        before: Conn,
+        after: Conn,
+        out: Vec<AnyCell>,
+        result: Result<(), Violation>,
+        now: Instant,
+    ) {
+        for cell in out {
+            self.deliver(chan, cell, now);
+        }
+        if let Err(v) = result {
+            return self.split_violation(chan, v, now);
+        }
+        if before != after {
+            let peer = hex_peer(self.chans.get(&chan).and_then(|io| io.peer));
+            match after {
+                Conn::Secondary => {
+                    info!(?chan, %peer, "channel went split: peer writes on its own connection")
+                }
+                Conn::Primary => {
+                    info!(?chan, %peer, "channel back to one connection: peer writes on ours again")
+                }
+            }
+        }
+        self.update_holds(chan);
+    }
+
+    /// Pause reading a connection whose cells pile up waiting for a HANDOFF on the other;
+    /// resume once they can flow.
+    fn update_holds(&mut self, chan: ChannelId) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        let SplitSide::Reader { reorder, .. } = &io.split else {
+            return;
+        };
+        let wants = [Conn::Primary, Conn::Secondary]
+            .map(|c| (c, c != reorder.current() && reorder.queued(c) >= HOLD_CELLS));
+        for (which, want) in wants {
+            if let Some(c) = io.conn_mut(which) {
+                if c.held != want {
+                    c.held = want;
+                    let _ = c.h.hold.send(want);
+                }
+            }
+        }
+    }
+
+    fn split_violation(&mut self, chan: ChannelId, v: Violation, now: Instant) {
+        warn!(?chan, reason = %v, "closing split channel: peer broke the hand-off rules");
+        if let Some(io) = self.remove_channel(chan) {
+            io.close();
+        }
+        self.core.channel_closed(chan, now);
+    }
+
+    /// The first cell of accepted link `conn` was a BIND: attach it to the channel it names.
+    fn bind(&mut self, conn: ChannelId, payload: &[u8]) {
+        let Some(x) = self.chans.remove(&conn) else {
+            return;
+        };
+        let refuse = |x: ChanIo, why: &str| {
+            warn!(?conn, peer = %hex_peer(x.peer), why, "refusing BIND");
+            x.close();
+        };
+        let Ok(bind) = Bind::decode(payload) else {
+            return refuse(x, "malformed BIND");
+        };
+        let target = self.chans.iter_mut().find(|(_, io)| {
+            io.opened
+                && io.peer == x.peer
+                && io.secondary.is_none()
+                && matches!(&io.split, SplitSide::Reader { token, .. } if token_eq(token, &bind.token))
+        });
+        let Some((&chan, io)) = target else {
+            return refuse(x, "no channel of ours with that peer and token");
+        };
+        let SplitSide::Reader { reorder, .. } = &mut io.split else {
+            return refuse(x, "not a reader");
+        };
+        if !reorder.attach_secondary() {
+            return refuse(x, "the previous second connection is not finished");
+        }
+        io.secondary = Some(x.primary);
+        self.secondaries.insert(conn, chan);
+        info!(?chan, ?conn, peer = %hex_peer(io.peer), "second connection bound to channel");
+    }
+
+    /// A channel's second connection closed or failed.
+    fn secondary_down(&mut self, chan: ChannelId, why: &str, now: Instant) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        if let Some(s) = io.secondary.take() {
+            self.secondaries.remove(&s.id);
+            s.close();
+        }
+        match &mut io.split {
+            SplitSide::None => {}
+            SplitSide::Reader { reorder, .. } => {
+                let before = reorder.current();
+                let mut out = Vec::new();
+                let result = reorder.closed(Conn::Secondary, &mut out);
+                let after = reorder.current();
+                debug!(?chan, %why, "peer's second connection closed");
+                self.after_reorder(chan, before, after, out, result, now);
+            }
+            SplitSide::Writer {
+                sender, retry_at, ..
+            } => {
+                if sender.current() == Conn::Secondary {
+                    // Resume on the first connection; the recovery marker tells the peer how
+                    // many cells to expect from the failed one.
+                    let h = sender.recover();
+                    io.primary.send_var(CellCommand::HANDOFF, h.encode());
+                    info!(?chan, %why, "channel back to one connection: second connection failed");
+                }
+                *retry_at = Some(now + SPLIT_RETRY);
+                self.transmit(chan, now);
+            }
+        }
+    }
+
+    /// Our second connection for `chan` is ready: switch our writing to it.
+    fn split_up(&mut self, chan: ChannelId, conn_id: ChannelId, conn: ConnHandles, now: Instant) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            conn.reader.abort();
+            return;
+        };
+        let SplitSide::Writer {
+            sender, opening, ..
+        } = &mut io.split
+        else {
+            conn.reader.abort();
+            return;
+        };
+        if !*opening || io.secondary.is_some() || sender.current() != Conn::Primary {
+            conn.reader.abort();
+            return;
+        }
+        *opening = false;
+        // The marker goes behind every cell already handed to the first connection's writer.
+        let h = sender.switch();
+        io.primary.send_var(CellCommand::HANDOFF, h.encode());
+        io.secondary = Some(ConnIo::new(conn_id, conn));
+        self.secondaries.insert(conn_id, chan);
+        info!(?chan, peer = %hex_peer(io.peer), "channel went split: we write on our own connection");
+        self.transmit(chan, now);
+    }
+
+    /// Open our second connection for `chan` if it is eligible and none is open or opening.
+    fn start_split(&mut self, chan: ChannelId, now: Instant) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        let Some(peer) = io.peer else {
+            return;
+        };
+        let SplitSide::Writer {
+            token,
+            sender,
+            opening,
+            retry_at,
+            ..
+        } = &mut io.split
+        else {
+            return;
+        };
+        if !io.opened
+            || *opening
+            || io.secondary.is_some()
+            || sender.current() != Conn::Primary
+            || retry_at.is_some_and(|t| now < t)
+        {
+            return;
+        }
+        // The peer's ORPort comes from the consensus, as for any relay link.
+        let Some(addr) = self.relay_addrs.get(&peer).copied() else {
+            return;
+        };
+        *opening = true;
+        let token = *token;
+        let conn_id = ChannelId(self.next_chan.fetch_add(1, Ordering::Relaxed));
+        let cfg = self.cfg.link.clone();
+        let limits = self.cfg.limits.clone();
+        let tx = self.tx.clone();
+        debug!(?chan, %addr, "opening second connection");
+        tokio::spawn(async move {
+            let opened = async {
+                let link = chive_net::connect(addr, Some(peer), &cfg)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !link.features.contains(SPLIT_DIRECTION) {
+                    return Err("peer did not offer split-direction on it".to_string());
+                }
+                let (reader, mut writer) = link.split(limits);
+                let bind = VarCell {
+                    circ_id: 0,
+                    command: CellCommand::BIND,
+                    payload: Bind { token }.encode(),
+                };
+                writer
+                    .write_var_cell(&bind)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok((reader, writer))
+            }
+            .await;
+            match opened {
+                Ok((reader, writer)) => {
+                    let (conn, gate) = spawn_conn(conn_id, reader, writer, tx.clone());
+                    if tx
+                        .send(Input::SplitUp {
+                            chan,
+                            conn_id,
+                            conn,
+                        })
+                        .await
+                        .is_ok()
+                    {
+                        let _ = gate.send(());
+                    }
+                }
+                Err(why) => {
+                    let _ = tx.send(Input::SplitFailed { chan, why }).await;
+                }
+            }
+        });
+    }
+
+    /// "dynamic": go back to one connection (marker on the second, which then closes).
+    fn merge(&mut self, chan: ChannelId, now: Instant) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        let SplitSide::Writer { sender, .. } = &mut io.split else {
+            return;
+        };
+        if sender.current() != Conn::Secondary {
+            return;
+        }
+        let Some(s) = io.secondary.take() else {
+            return;
+        };
+        let h = sender.switch();
+        s.send_var(CellCommand::HANDOFF, h.encode());
+        self.secondaries.remove(&s.id);
+        s.close();
+        info!(?chan, peer = %hex_peer(io.peer), "channel back to one connection: second connection idle");
+        self.transmit(chan, now);
+    }
+
+    /// Periodic split-direction work: silent accepted links become channels; "always" retries;
+    /// "dynamic" measures and decides.
+    fn split_tick(&mut self, now: Instant) {
+        let silent: Vec<ChannelId> = self
+            .chans
+            .iter()
+            .filter(|(_, io)| !io.opened && now.saturating_duration_since(io.up_since) >= BIND_WAIT)
+            .map(|(c, _)| *c)
+            .collect();
+        for chan in silent {
+            self.open_channel(chan, now);
+        }
+        if self.split.mode == SplitMode::Off {
+            return;
+        }
+        let mut split = Vec::new();
+        let mut merge = Vec::new();
+        for (chan, io) in self.chans.iter_mut() {
+            let writing_secondary = io.writing_secondary();
+            let SplitSide::Writer { detector, .. } = &mut io.split else {
+                continue;
+            };
+            match self.split.mode {
+                SplitMode::Always => split.push(*chan),
+                SplitMode::Dynamic => {
+                    match detector.observe(now, io.bytes_in, io.bytes_out, writing_secondary) {
+                        Decision::Split => split.push(*chan),
+                        Decision::Merge => merge.push(*chan),
+                        Decision::Stay => {}
+                    }
+                }
+                SplitMode::Off => {}
+            }
+        }
+        for chan in split {
+            self.start_split(chan, now);
+        }
+        for chan in merge {
+            self.merge(chan, now);
+        }
+    }
+}
+
 /// Split a finished link into reader and writer tasks and announce it.
 pub async fn start_link(
     chan: ChannelId,
@@ -546,14 +1202,51 @@ pub async fn start_link(
     tx: mpsc::Sender<Input>,
 ) {
     let peer = link.peer_identity;
-    let (mut reader, mut writer) = link.split(limits);
-    let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<Cell>>();
+    let features = link.features;
+    let bind_token = link.bind_token();
+    let (reader, writer) = link.split(limits);
+    let (conn, gate) = spawn_conn(chan, reader, writer, tx.clone());
+    if tx
+        .send(Input::LinkUp {
+            chan,
+            peer,
+            initiator,
+            features,
+            bind_token,
+            conn,
+        })
+        .await
+        .is_ok()
+    {
+        let _ = gate.send(());
+    }
+}
+
+/// Start connection `id`'s reader and writer tasks. The reader waits for the returned gate,
+/// fired once the driver has been told about the connection, so that no cell can overtake
+/// that announcement in the input queue.
+fn spawn_conn(
+    id: ChannelId,
+    mut reader: LinkReader,
+    mut writer: LinkWriter,
+    tx: mpsc::Sender<Input>,
+) -> (ConnHandles, oneshot::Sender<()>) {
+    let (gate_tx, gate_rx) = oneshot::channel::<()>();
+    let (hold_tx, mut hold_rx) = watch::channel(false);
+    let (wtx, mut wrx) = mpsc::unbounded_channel::<WriteMsg>();
     let rtx = tx.clone();
     let reader_task = tokio::spawn(async move {
+        if gate_rx.await.is_err() {
+            return;
+        }
         let why = loop {
+            // Paused while the driver holds this connection's cells back (split channels).
+            if hold_rx.wait_for(|held| !*held).await.is_err() {
+                return;
+            }
             match reader.read_cell().await {
                 Ok(Some(cell)) => {
-                    if rtx.send(Input::Cell { chan, cell }).await.is_err() {
+                    if rtx.send(Input::Cell { chan: id, cell }).await.is_err() {
                         return;
                     }
                 }
@@ -561,40 +1254,39 @@ pub async fn start_link(
                 Err(e) => break e.to_string(),
             }
         };
-        let _ = rtx.send(Input::LinkDown { chan, why }).await;
+        let _ = rtx.send(Input::LinkDown { chan: id, why }).await;
     });
-    let wtx_status = tx.clone();
     tokio::spawn(async move {
-        while let Some(cells) = wrx.recv().await {
-            let n = cells.len();
-            if let Err(e) = writer.write_cells(&cells).await {
-                let _ = wtx_status
+        while let Some(msg) = wrx.recv().await {
+            let (result, n) = match msg {
+                WriteMsg::Cells(cells) => (writer.write_cells(&cells).await, Some(cells.len())),
+                WriteMsg::Var(cell) => (writer.write_var_cell(&cell).await, None),
+            };
+            if let Err(e) = result {
+                let _ = tx
                     .send(Input::LinkDown {
-                        chan,
+                        chan: id,
                         why: format!("write failed: {e}"),
                     })
                     .await;
                 return;
             }
-            if wtx_status
-                .send(Input::Written { chan, cells: n })
-                .await
-                .is_err()
-            {
-                return;
+            if let Some(cells) = n {
+                if tx.send(Input::Written { chan: id, cells }).await.is_err() {
+                    return;
+                }
             }
         }
         let _ = writer.shutdown().await;
     });
-    let _ = tx
-        .send(Input::LinkUp {
-            chan,
-            peer,
-            initiator,
+    (
+        ConnHandles {
             writer: wtx,
             reader: reader_task.abort_handle(),
-        })
-        .await;
+            hold: hold_tx,
+        },
+        gate_tx,
+    )
 }
 
 /// Resolve, check the exit policy, connect.

@@ -11,6 +11,7 @@ mod metrics;
 mod perf;
 mod relay;
 mod shape;
+mod split;
 
 use clap::{Parser, Subcommand};
 

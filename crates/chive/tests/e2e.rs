@@ -549,9 +549,7 @@ fn mann_whitney_less(a: &[f64], b: &[f64]) -> f64 {
             j += 1;
         }
         let r = (i + j) as f64 / 2.0 + 1.0;
-        for k in i..=j {
-            ranks[k] = r;
-        }
+        ranks[i..=j].fill(r);
         i = j + 1;
     }
     let (n1, n2) = (a.len() as f64, b.len() as f64);

@@ -13,6 +13,10 @@ use crate::{FeatureSet, LinkConfig, LinkError, LINK_VERSIONS, MAX_PEER_VERSIONS}
 
 /// TLS exporter label for the value signed in AUTHENTICATE.
 pub(crate) const EXPORTER_LABEL: &[u8] = b"EXPORTER-chive-link-auth";
+/// TLS exporter label for a channel's split-direction bind token (see `Link::bind_token`).
+/// A different label from the AUTHENTICATE one, so the token reveals nothing about the value
+/// the identities signed.
+pub(crate) const BIND_EXPORTER_LABEL: &[u8] = b"EXPORTER-chive-split-bind";
 /// Length of the exported keying material.
 pub(crate) const EXPORTER_LEN: usize = 32;
 /// Domain separation prefix of the signed message.

@@ -31,6 +31,12 @@ pub const MAX_PEER_VERSIONS: usize = 16;
 /// Time allowed for TCP connect (initiator), TLS handshake and link handshake together.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Feature bit: split-direction connections. On a link where both ends set it, the link's
+/// responder may open a second connection back to the initiator, bind it to the same channel
+/// with a BIND cell carrying [`Link::bind_token`], and write all its cells there (HANDOFF cells
+/// mark each switch). Protocol: docs/protocol.md, "Split-direction connections".
+pub const SPLIT_DIRECTION: u64 = 1 << 0;
+
 /// A bitmap of optional link features (split-direction, switching, ...).
 ///
 /// Each side announces the bits it supports; the link uses the intersection, so a node that does

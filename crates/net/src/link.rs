@@ -10,7 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 
 use crate::framing::{CellBuf, Fill};
-use crate::handshake::{self, Role, EXPORTER_LABEL, EXPORTER_LEN};
+use crate::handshake::{self, Role, BIND_EXPORTER_LABEL, EXPORTER_LABEL, EXPORTER_LEN};
 use crate::{tls, FeatureSet, LinkConfig, LinkError, TokenBucket, HANDSHAKE_TIMEOUT};
 
 /// Size of the socket read buffer under TLS: rustls itself reads only 4 KiB per call, so this
@@ -36,6 +36,8 @@ pub struct Link {
     stream: Stream,
     /// Bytes the peer sent right after its handshake cells.
     rbuf: CellBuf,
+    /// Keying material for binding a second connection to this one's channel.
+    bind_token: [u8; EXPORTER_LEN],
 }
 
 impl std::fmt::Debug for Link {
@@ -59,6 +61,14 @@ pub struct LinkLimits {
 }
 
 impl Link {
+    /// 32 bytes of keying material exported from this link's TLS session with the label
+    /// `"EXPORTER-chive-split-bind"` (no context). Both ends derive the same value and nobody
+    /// else can, so a BIND cell carrying it on another connection proves that connection's
+    /// sender is this link's peer (split-direction connections).
+    pub fn bind_token(&self) -> [u8; 32] {
+        self.bind_token
+    }
+
     /// Split into independent reader and writer halves (usable from different tasks).
     pub fn split(self, limits: LinkLimits) -> (LinkReader, LinkWriter) {
         let (rd, wr) = tokio::io::split(self.stream);
@@ -272,12 +282,17 @@ impl Accepting {
                 .1
                 .export_keying_material([0u8; EXPORTER_LEN], EXPORTER_LABEL, None)
                 .map_err(|e| LinkError::Tls(e.to_string()))?;
+            let bind_token = tls
+                .get_ref()
+                .1
+                .export_keying_material([0u8; EXPORTER_LEN], BIND_EXPORTER_LABEL, None)
+                .map_err(|e| LinkError::Tls(e.to_string()))?;
             finish(
                 TlsStream::from(tls),
                 peer_addr,
                 Role::Responder,
                 &cfg,
-                &exporter,
+                (&exporter, bind_token),
                 None,
             )
             .await
@@ -309,12 +324,17 @@ pub async fn connect(
             .1
             .export_keying_material([0u8; EXPORTER_LEN], EXPORTER_LABEL, None)
             .map_err(|e| LinkError::Tls(e.to_string()))?;
+        let bind_token = tls
+            .get_ref()
+            .1
+            .export_keying_material([0u8; EXPORTER_LEN], BIND_EXPORTER_LABEL, None)
+            .map_err(|e| LinkError::Tls(e.to_string()))?;
         finish(
             TlsStream::from(tls),
             addr,
             Role::Initiator,
             cfg,
-            &exporter,
+            (&exporter, bind_token),
             expected_identity,
         )
         .await
@@ -365,7 +385,7 @@ async fn finish(
     peer_addr: SocketAddr,
     role: Role,
     cfg: &LinkConfig,
-    exporter: &[u8; EXPORTER_LEN],
+    (exporter, bind_token): (&[u8; EXPORTER_LEN], [u8; EXPORTER_LEN]),
     expected: Option<IdentityKey>,
 ) -> Result<Link, LinkError> {
     let mut rbuf = CellBuf::new();
@@ -381,5 +401,6 @@ async fn finish(
         features: n.features,
         stream,
         rbuf,
+        bind_token,
     })
 }

@@ -122,6 +122,24 @@ async fn relays_authenticate_each_other() {
 }
 
 #[tokio::test]
+async fn bind_tokens_match_per_session_and_differ_across_sessions() {
+    let (a_cfg, a_id) = relay_cfg(SPLIT_DIRECTION);
+    let (b_cfg, _) = relay_cfg(SPLIT_DIRECTION);
+    let (addr, mut rx) = serve(a_cfg).await;
+    let first_b = connect(addr, Some(a_id), &b_cfg).await.unwrap();
+    let first_a = next(&mut rx).await.unwrap();
+    let second_b = connect(addr, Some(a_id), &b_cfg).await.unwrap();
+    let second_a = next(&mut rx).await.unwrap();
+    // Both ends of one TLS session derive the same token...
+    assert_eq!(first_a.bind_token(), first_b.bind_token());
+    assert_eq!(second_a.bind_token(), second_b.bind_token());
+    // ...and another session (same two relays) a different one.
+    assert_ne!(first_a.bind_token(), second_a.bind_token());
+    assert_ne!(first_a.bind_token(), [0u8; 32]);
+    assert!(first_a.features.contains(SPLIT_DIRECTION));
+}
+
+#[tokio::test]
 async fn client_is_anonymous_and_wrong_identity_is_rejected() {
     let (r_cfg, r_id) = relay_cfg(0);
     let (addr, mut rx) = serve(r_cfg).await;
