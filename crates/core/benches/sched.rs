@@ -5,8 +5,10 @@
 //! cell from that circuit's queue → push it into the channel's output `Vec` → `cell_sent` →
 //! deactivate if the queue drained. Every 32 cells (one write event) the output is "written":
 //! its cells arrive again at the queues they came from, activating queues that were empty, so
-//! the number of queued cells stays constant. `now` advances by 1 µs per cell (worst case for
-//! EWMA: a fresh scale value per cell; the real driver reads the clock once per write event).
+//! the number of queued cells stays constant. Group `sched`: `now` advances by 1 µs per cell
+//! (worst case for EWMA: a fresh scale value per cell). Group `sched-cached-time`: `now` advances
+//! by 32 µs once per write event, as the real driver reads the clock once per wake-up (the
+//! paper's cached-time fix), so EWMA's scale value is computed once per batch.
 //! The scheduler is used through `Box<dyn CircuitScheduler>`, as the core holds it.
 //!
 //! Run: `cargo bench -p chive-core --bench sched`
@@ -31,6 +33,8 @@ struct Channel {
     out_from: Vec<usize>,
     start: Instant,
     micros: u64,
+    /// Advance time once per write event instead of once per cell.
+    cached_time: bool,
 }
 
 /// Queue ids shaped like the core's (circuit key << 1 | direction).
@@ -39,7 +43,7 @@ fn qid(i: usize) -> QueueId {
 }
 
 impl Channel {
-    fn new(kind: SchedulerKind, circuits: usize) -> Channel {
+    fn new(kind: SchedulerKind, circuits: usize, cached_time: bool) -> Channel {
         let start = Instant::now();
         let mut sched = kind.build();
         let mut queues = Vec::with_capacity(circuits);
@@ -65,6 +69,7 @@ impl Channel {
             out_from: Vec::with_capacity(WRITE_BATCH),
             start,
             micros: 0,
+            cached_time,
         };
         // Warm up: every queue has sent and been refilled at least once (capped, so that
         // EWMA-direct at 10 000 circuits does not take minutes).
@@ -77,7 +82,11 @@ impl Channel {
     /// Schedule one cell.
     #[inline]
     fn step(&mut self) {
-        self.micros += 1;
+        if !self.cached_time {
+            self.micros += 1;
+        } else if self.out.is_empty() {
+            self.micros += WRITE_BATCH as u64;
+        }
         let now = self.start + Duration::from_micros(self.micros);
         let Some(q) = self.sched.pick(now) else {
             panic!("no active queue: the benchmark keeps cells queued");
@@ -113,27 +122,29 @@ impl Channel {
 }
 
 fn bench_sched(c: &mut Criterion) {
-    let mut group = c.benchmark_group("sched");
-    group.throughput(Throughput::Elements(1));
-    for circuits in [10usize, 100, 1_000, 10_000] {
-        for kind in [
-            SchedulerKind::RoundRobin,
-            SchedulerKind::Ewma { halflife: 30.0 },
-            SchedulerKind::EwmaDirect { halflife: 30.0 },
-        ] {
-            let name = match kind {
-                SchedulerKind::RoundRobin => "rr",
-                SchedulerKind::Ewma { .. } => "ewma",
-                SchedulerKind::EwmaDirect { .. } => "ewma-direct",
-            };
-            let mut ch = Channel::new(kind, circuits);
-            group.bench_with_input(BenchmarkId::new(name, circuits), &circuits, |b, _| {
-                b.iter(|| ch.step())
-            });
-            black_box(ch.out.len());
+    for (group_name, cached_time) in [("sched", false), ("sched-cached-time", true)] {
+        let mut group = c.benchmark_group(group_name);
+        group.throughput(Throughput::Elements(1));
+        for circuits in [10usize, 100, 1_000, 10_000] {
+            for kind in [
+                SchedulerKind::RoundRobin,
+                SchedulerKind::Ewma { halflife: 30.0 },
+                SchedulerKind::EwmaDirect { halflife: 30.0 },
+            ] {
+                let name = match kind {
+                    SchedulerKind::RoundRobin => "rr",
+                    SchedulerKind::Ewma { .. } => "ewma",
+                    SchedulerKind::EwmaDirect { .. } => "ewma-direct",
+                };
+                let mut ch = Channel::new(kind, circuits, cached_time);
+                group.bench_with_input(BenchmarkId::new(name, circuits), &circuits, |b, _| {
+                    b.iter(|| ch.step())
+                });
+                black_box(ch.out.len());
+            }
         }
+        group.finish();
     }
-    group.finish();
 }
 
 criterion_group! {
