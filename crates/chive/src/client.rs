@@ -24,7 +24,9 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 use crate::common::{init_logging, load_config};
-use crate::driver::{spawn_stream_io, Driver, DriverConfig, Input, StreamCmd, StreamIo, Tunables};
+use crate::driver::{
+    spawn_stream_io, stop_on_signal, Driver, DriverConfig, Input, StreamCmd, StreamIo, Tunables,
+};
 
 /// Command-line arguments of `chive client`.
 #[derive(clap::Args, Debug)]
@@ -159,22 +161,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     });
     spawn_consensus_fetcher(cfg.authority, authority_id, tx.clone());
-    let stop_tx = tx;
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        info!("stopping on signal");
-        let _ = stop_tx.send(Input::Shutdown).await;
-    });
+    stop_on_signal(tx);
     driver.run().await;
     info!("client stopped");
     Ok(())

@@ -1422,3 +1422,23 @@ pub fn spawn_stream_io(
         let _ = wr.shutdown().await;
     });
 }
+
+/// SIGTERM or SIGINT stops the driver (and so the process) cleanly.
+pub fn stop_on_signal(tx: mpsc::Sender<Input>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    tokio::spawn(async move {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            warn!("cannot install signal handlers; stop with SIGKILL");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        info!("stopping on signal");
+        let _ = tx.send(Input::Shutdown).await;
+    });
+}

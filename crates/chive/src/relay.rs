@@ -19,7 +19,7 @@ use tracing::{info, warn};
 use crate::common::{
     init_logging, keys_dir, load_config, load_identity, load_or_create_secret, unix_now,
 };
-use crate::driver::{start_link, Driver, DriverConfig, Input, Tunables};
+use crate::driver::{start_link, stop_on_signal, Driver, DriverConfig, Input, Tunables};
 use crate::metrics::Metrics;
 
 /// Command-line arguments of `chive relay`.
@@ -406,21 +406,7 @@ fn spawn_signal_handlers(
     write_bucket: Arc<TokenBucket>,
 ) {
     use tokio::signal::unix::{signal, SignalKind};
-    let stop_tx = tx.clone();
-    tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        info!("stopping on signal");
-        let _ = stop_tx.send(Input::Shutdown).await;
-    });
+    stop_on_signal(tx.clone());
     tokio::spawn(async move {
         let Ok(mut hup) = signal(SignalKind::hangup()) else {
             return;
