@@ -4,265 +4,16 @@
 //! Every test starts its own network on free ports and kills it on drop.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_chive");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Network {
-    dir: PathBuf,
-    children: Vec<(String, Child)>,
-    socks: SocketAddr,
-    http: SocketAddr,
-    relays: Vec<SocketAddr>,
-    /// Each relay's MetricsPort.
-    metrics: Vec<SocketAddr>,
-    /// Each relay's config file and the text it was started with.
-    relay_configs: Vec<(PathBuf, String)>,
-    authority: SocketAddr,
-    authority_id: String,
-}
-
-impl Drop for Network {
-    fn drop(&mut self) {
-        for (_, child) in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn spawn(dir: &Path, name: &str, args: &[&str]) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {name}: {e}"))
-}
-
-impl Network {
-    fn start(test: &str, relay_extra: &str) -> Network {
-        let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let authority: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let auth_cfg = dir.join("auth.toml");
-        std::fs::write(
-            &auth_cfg,
-            format!(
-                "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{authority}\"\nConsensusInterval = 2\nTestingAllGuards = true\n",
-                dir.join("auth").display()
-            ),
-        )
-        .unwrap();
-        let out = Command::new(BIN)
-            .args([
-                "authority",
-                "--config",
-                auth_cfg.to_str().unwrap(),
-                "--print-identity",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let authority_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        let mut net = Network {
-            dir: dir.clone(),
-            children: Vec::new(),
-            socks: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-            http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-            relays: Vec::new(),
-            metrics: Vec::new(),
-            relay_configs: Vec::new(),
-            authority,
-            authority_id: authority_id.clone(),
-        };
-        net.children.push((
-            "authority".into(),
-            spawn(
-                &dir,
-                "authority",
-                &["authority", "--config", auth_cfg.to_str().unwrap()],
-            ),
-        ));
-        for i in 1..=3 {
-            let or: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-            let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-            let cfg = dir.join(format!("relay{i}.toml"));
-            let text = format!(
-                "Nickname = \"relay{i}\"\nDataDirectory = \"{}\"\nORPort = \"{or}\"\nAuthority = \"{authority}\"\n\
-                 AuthorityIdentity = \"{authority_id}\"\nExitPolicy = [\"accept 127.0.0.0/8:*\", \"reject *:*\"]\n\
-                 ExitPolicyRejectPrivate = false\nMetricsPort = \"{metrics}\"\nMetricsFile = \"{}\"\n{relay_extra}\n",
-                dir.join(format!("relay{i}")).display(),
-                dir.join(format!("relay{i}.metrics.jsonl")).display(),
-            );
-            std::fs::write(&cfg, &text).unwrap();
-            net.relays.push(or);
-            net.metrics.push(metrics);
-            net.relay_configs.push((cfg.clone(), text));
-            net.children.push((
-                format!("relay{i}"),
-                spawn(
-                    &dir,
-                    &format!("relay{i}"),
-                    &["relay", "--config", cfg.to_str().unwrap()],
-                ),
-            ));
-        }
-        let ccfg = dir.join("client.toml");
-        std::fs::write(
-            &ccfg,
-            format!(
-                "DataDirectory = \"{}\"\nSocksPort = \"{}\"\nAuthority = \"{authority}\"\nAuthorityIdentity = \"{authority_id}\"\nLog = \"debug\"\n",
-                dir.join("client").display(),
-                net.socks
-            ),
-        )
-        .unwrap();
-        net.children.push((
-            "client".into(),
-            spawn(
-                &dir,
-                "client",
-                &["client", "--config", ccfg.to_str().unwrap()],
-            ),
-        ));
-        let http = net.http.to_string();
-        net.children.push((
-            "httpd".into(),
-            spawn(&dir, "httpd", &["httpd", "--listen", &http]),
-        ));
-        net.wait_ready();
-        net
-    }
-
-    /// Ready when a real fetch through the overlay works.
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut last = String::new();
-        while Instant::now() < deadline {
-            for (name, child) in &mut self.children {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("{name} exited early ({status}); see {}", self.dir.display());
-                }
-            }
-            match fetch(self.socks, self.http, 1024, None) {
-                Ok(body) if body == pattern(1024) => return,
-                Ok(_) => last = "wrong content".into(),
-                Err(e) => last = e,
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        panic!(
-            "network not ready after 60 s: {last}; logs in {}",
-            self.dir.display()
-        );
-    }
-
-    /// Rewrite every relay's config with `line` appended and send SIGHUP.
-    fn reconfigure_relays(&self, line: &str) {
-        for ((path, text), (name, child)) in self
-            .relay_configs
-            .iter()
-            .zip(self.children.iter().filter(|(n, _)| n.starts_with("relay")))
-        {
-            std::fs::write(path, format!("{text}{line}\n")).unwrap();
-            let status = Command::new("kill")
-                .args(["-HUP", &child.id().to_string()])
-                .status()
-                .unwrap();
-            assert!(status.success(), "cannot signal {name}");
-        }
-    }
-
-    fn scrape(&self, i: usize) -> String {
-        let mut s = TcpStream::connect(self.metrics[i]).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    }
-
-    fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
-    }
-}
-
-fn pattern(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i % 251) as u8).collect()
-}
-
-/// SOCKS5 (optionally with username/password) + HTTP/1.0 GET of /bytes/N.
-fn fetch(
-    socks: SocketAddr,
-    http: SocketAddr,
-    n: usize,
-    auth: Option<(&str, &str)>,
-) -> Result<Vec<u8>, String> {
-    fn e(what: &'static str) -> impl Fn(std::io::Error) -> String {
-        move |err| format!("{what}: {err}")
-    }
-    let mut s = TcpStream::connect(socks).map_err(e("connect"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))
-        .map_err(e("timeout"))?;
-    match auth {
-        None => s.write_all(&[5, 1, 0]).map_err(e("greet"))?,
-        Some(_) => s.write_all(&[5, 1, 2]).map_err(e("greet"))?,
-    }
-    let mut r = [0u8; 2];
-    s.read_exact(&mut r).map_err(e("method"))?;
-    if let Some((u, p)) = auth {
-        let mut m = vec![1, u.len() as u8];
-        m.extend_from_slice(u.as_bytes());
-        m.push(p.len() as u8);
-        m.extend_from_slice(p.as_bytes());
-        s.write_all(&m).map_err(e("auth"))?;
-        s.read_exact(&mut r).map_err(e("auth reply"))?;
-        if r[1] != 0 {
-            return Err("auth refused".into());
-        }
-    }
-    let host = http.ip().to_string();
-    let mut req = vec![5, 1, 0, 3, host.len() as u8];
-    req.extend_from_slice(host.as_bytes());
-    req.extend_from_slice(&http.port().to_be_bytes());
-    s.write_all(&req).map_err(e("request"))?;
-    let mut rep = [0u8; 10];
-    s.read_exact(&mut rep).map_err(e("reply"))?;
-    if rep[1] != 0 {
-        return Err(format!("SOCKS reply {}", rep[1]));
-    }
-    write!(s, "GET /bytes/{n} HTTP/1.0\r\nHost: x\r\n\r\n").map_err(e("http"))?;
-    let mut all = Vec::new();
-    s.read_to_end(&mut all).map_err(e("body"))?;
-    let split = all
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("no header end")?;
-    Ok(all[split + 4..].to_vec())
-}
+mod common;
+use common::*;
 
 #[test]
 fn download_is_byte_exact_and_usernames_isolate_circuits() {
-    let net = Network::start("isolation", "");
+    let net = Network::start("isolation", [""; 3]);
     let body = fetch(net.socks, net.http, 3_000_000, None).unwrap();
     assert!(body == pattern(3_000_000), "3 MB download differs");
     // Two SOCKS identities, two fetches each: each identity keeps its circuit,
@@ -296,7 +47,7 @@ fn download_is_byte_exact_and_usernames_isolate_circuits() {
 
 #[test]
 fn hostile_input_does_not_disturb_a_concurrent_transfer() {
-    let net = Network::start("hostile", "");
+    let net = Network::start("hostile", [""; 3]);
     let (socks, http) = (net.socks, net.http);
     let transfer = std::thread::spawn(move || fetch(socks, http, 20_000_000, None));
     // Garbage and oversized requests on the SOCKS port.
@@ -439,7 +190,7 @@ fn run_briefly(args: &[&str]) -> (bool, String) {
 
 #[test]
 fn exit_notation_pins_the_exit_and_policy_refusals_fail_cleanly() {
-    let net = Network::start("exitpin", "");
+    let net = Network::start("exitpin", [""; 3]);
     // host.<nickname>.exit goes through that exit.
     let host = format!("{}.relay2.exit", net.http.ip());
     let mut s = TcpStream::connect(net.socks).unwrap();
@@ -603,7 +354,7 @@ fn mann_whitney_sanity() {
 #[test]
 fn ewma_beats_round_robin_under_load_and_sighup_switches_policy() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let net = Network::start("ewma", "BandwidthRate = 1000000");
+    let net = Network::start("ewma", ["BandwidthRate = 1000000"; 3]);
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let bulks: Vec<_> = ["bulk1", "bulk2"]
         .into_iter()

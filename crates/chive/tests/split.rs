@@ -2,17 +2,14 @@
 //! three relays with per-relay `SplitDirection` settings, a client and `chive httpd`.
 //!
 //! Every test starts its own network on free ports and kills it on drop. The Network helper is
-//! a trimmed copy of the one in e2e.rs (per-relay config lines added).
+//! shared with e2e.rs (tests/common).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
+mod common;
+use common::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_chive");
+use sha2::{Digest, Sha256};
 
 /// Log lines the driver writes (tests look for these).
 const WE_SPLIT: &str = "channel went split: we write on our own connection";
@@ -20,166 +17,7 @@ const PEER_SPLIT: &str = "channel went split: peer writes on its own connection"
 const WE_MERGED_IDLE: &str = "channel back to one connection: second connection idle";
 const PEER_MERGED: &str = "channel back to one connection: peer writes on ours again";
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Network {
-    dir: PathBuf,
-    children: Vec<(String, Child)>,
-    socks: SocketAddr,
-    http: SocketAddr,
-}
-
-impl Drop for Network {
-    fn drop(&mut self) {
-        for (_, child) in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn spawn(dir: &Path, name: &str, args: &[&str]) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {name}: {e}"))
-}
-
 impl Network {
-    /// `relay_extra[i]` is appended to relay i+1's config.
-    fn start(test: &str, relay_extra: [&str; 3]) -> Network {
-        let dir = std::env::temp_dir().join(format!("chive-split-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let authority: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let auth_cfg = dir.join("auth.toml");
-        std::fs::write(
-            &auth_cfg,
-            format!(
-                "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{authority}\"\nConsensusInterval = 2\nTestingAllGuards = true\n",
-                dir.join("auth").display()
-            ),
-        )
-        .unwrap();
-        let out = Command::new(BIN)
-            .args([
-                "authority",
-                "--config",
-                auth_cfg.to_str().unwrap(),
-                "--print-identity",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let authority_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        let mut net = Network {
-            dir: dir.clone(),
-            children: Vec::new(),
-            socks: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-            http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        };
-        net.children.push((
-            "authority".into(),
-            spawn(
-                &dir,
-                "authority",
-                &["authority", "--config", auth_cfg.to_str().unwrap()],
-            ),
-        ));
-        for (i, extra) in (1..=3).zip(relay_extra) {
-            let or: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-            let cfg = dir.join(format!("relay{i}.toml"));
-            let text = format!(
-                "Nickname = \"relay{i}\"\nDataDirectory = \"{}\"\nORPort = \"{or}\"\nAuthority = \"{authority}\"\n\
-                 AuthorityIdentity = \"{authority_id}\"\nExitPolicy = [\"accept 127.0.0.0/8:*\", \"reject *:*\"]\n\
-                 ExitPolicyRejectPrivate = false\n{extra}\n",
-                dir.join(format!("relay{i}")).display(),
-            );
-            std::fs::write(&cfg, &text).unwrap();
-            net.children.push((
-                format!("relay{i}"),
-                spawn(
-                    &dir,
-                    &format!("relay{i}"),
-                    &["relay", "--config", cfg.to_str().unwrap()],
-                ),
-            ));
-        }
-        let ccfg = dir.join("client.toml");
-        std::fs::write(
-            &ccfg,
-            format!(
-                "DataDirectory = \"{}\"\nSocksPort = \"{}\"\nAuthority = \"{authority}\"\nAuthorityIdentity = \"{authority_id}\"\n",
-                dir.join("client").display(),
-                net.socks
-            ),
-        )
-        .unwrap();
-        net.children.push((
-            "client".into(),
-            spawn(
-                &dir,
-                "client",
-                &["client", "--config", ccfg.to_str().unwrap()],
-            ),
-        ));
-        let http = net.http.to_string();
-        net.children.push((
-            "httpd".into(),
-            spawn(&dir, "httpd", &["httpd", "--listen", &http]),
-        ));
-        net.wait_ready();
-        net
-    }
-
-    /// Ready when a real fetch through the overlay works.
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut last = String::new();
-        while Instant::now() < deadline {
-            self.check_alive();
-            match fetch(self.socks, self.http, 1024) {
-                Ok(body) if body == pattern(1024) => return,
-                Ok(_) => last = "wrong content".into(),
-                Err(e) => last = e,
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        panic!(
-            "network not ready after 60 s: {last}; logs in {}",
-            self.dir.display()
-        );
-    }
-
-    fn check_alive(&mut self) {
-        for (name, child) in &mut self.children {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("{name} exited early ({status}); see {}", self.dir.display());
-            }
-        }
-    }
-
-    fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
-    }
-
-    fn relay_logs(&self) -> String {
-        (1..=3).map(|i| self.log(&format!("relay{i}"))).collect()
-    }
-
     /// How many lines of all relay logs contain `what`.
     fn count(&self, what: &str) -> usize {
         self.relay_logs()
@@ -230,63 +68,6 @@ impl Network {
     }
 }
 
-fn pattern(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i % 251) as u8).collect()
-}
-
-/// A SOCKS5 connection to the HTTP server through the overlay.
-fn socks_connect(socks: SocketAddr, http: SocketAddr) -> Result<TcpStream, String> {
-    let e = |what: &'static str| move |err: std::io::Error| format!("{what}: {err}");
-    let mut s = TcpStream::connect(socks).map_err(e("connect"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))
-        .map_err(e("timeout"))?;
-    s.write_all(&[5, 1, 0]).map_err(e("greet"))?;
-    let mut r = [0u8; 2];
-    s.read_exact(&mut r).map_err(e("method"))?;
-    let host = http.ip().to_string();
-    let mut req = vec![5, 1, 0, 3, host.len() as u8];
-    req.extend_from_slice(host.as_bytes());
-    req.extend_from_slice(&http.port().to_be_bytes());
-    s.write_all(&req).map_err(e("request"))?;
-    let mut rep = [0u8; 10];
-    s.read_exact(&mut rep).map_err(e("reply"))?;
-    if rep[1] != 0 {
-        return Err(format!("SOCKS reply {}", rep[1]));
-    }
-    Ok(s)
-}
-
-/// Body of an HTTP response read to EOF.
-fn body_of(mut s: TcpStream) -> Result<Vec<u8>, String> {
-    let mut all = Vec::new();
-    s.read_to_end(&mut all).map_err(|e| format!("body: {e}"))?;
-    let split = all
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("no header end")?;
-    Ok(all[split + 4..].to_vec())
-}
-
-/// GET /bytes/N through the overlay.
-fn fetch(socks: SocketAddr, http: SocketAddr, n: usize) -> Result<Vec<u8>, String> {
-    let mut s = socks_connect(socks, http)?;
-    write!(s, "GET /bytes/{n} HTTP/1.0\r\nHost: x\r\n\r\n").map_err(|e| format!("http: {e}"))?;
-    body_of(s)
-}
-
-/// POST /upload of `n` pattern bytes through the overlay; returns the server's JSON reply.
-fn upload(socks: SocketAddr, http: SocketAddr, n: usize) -> Result<String, String> {
-    let mut s = socks_connect(socks, http)?;
-    write!(
-        s,
-        "POST /upload HTTP/1.0\r\nHost: x\r\nContent-Length: {n}\r\n\r\n"
-    )
-    .map_err(|e| format!("http: {e}"))?;
-    s.write_all(&pattern(n))
-        .map_err(|e| format!("upload body: {e}"))?;
-    Ok(String::from_utf8_lossy(&body_of(s)?).into_owned())
-}
-
 fn assert_byte_exact(got: Result<Vec<u8>, String>, n: usize, net: &Network) {
     let body =
         got.unwrap_or_else(|e| panic!("download failed: {e}; logs in {}", net.dir.display()));
@@ -303,7 +84,11 @@ fn always_split_download_is_byte_exact() {
     // The client's circuit crosses two relay-to-relay channels: both split, seen from each end.
     net.wait_for(WE_SPLIT, 2, 20);
     net.wait_for(PEER_SPLIT, 2, 20);
-    assert_byte_exact(fetch(net.socks, net.http, 20_000_000), 20_000_000, &net);
+    assert_byte_exact(
+        fetch(net.socks, net.http, 20_000_000, None),
+        20_000_000,
+        &net,
+    );
     // Every relay link between these relays negotiated the feature.
     let logs = net.relay_logs();
     assert!(logs
@@ -325,7 +110,11 @@ fn split_relays_interoperate_with_one_that_has_it_off() {
             r#"SplitDirection = "always""#,
         ],
     );
-    assert_byte_exact(fetch(net.socks, net.http, 20_000_000), 20_000_000, &net);
+    assert_byte_exact(
+        fetch(net.socks, net.http, 20_000_000, None),
+        20_000_000,
+        &net,
+    );
     // relay2 never splits, and every link it has, seen from either end, stays single.
     let relay2 = net.log("relay2");
     assert!(
@@ -369,7 +158,7 @@ fn dynamic_splits_under_bidirectional_bulk_and_merges_when_idle() {
     assert_eq!(net.count("channel went split"), 0, "split before any bulk");
     let (socks, http) = (net.socks, net.http);
     const N: usize = 12_000_000;
-    let down = std::thread::spawn(move || fetch(socks, http, N));
+    let down = std::thread::spawn(move || fetch(socks, http, N, None));
     let up = std::thread::spawn(move || upload(socks, http, N));
     let reply = up.join().unwrap().expect("upload failed");
     let want = hex::encode(Sha256::digest(pattern(N)));
@@ -389,6 +178,6 @@ fn dynamic_splits_under_bidirectional_bulk_and_merges_when_idle() {
     net.wait_for(WE_MERGED_IDLE, splits, 15);
     net.wait_for(PEER_MERGED, splits, 5);
     // The merged channels still carry traffic correctly.
-    assert_byte_exact(fetch(net.socks, net.http, 1_000_000), 1_000_000, &net);
+    assert_byte_exact(fetch(net.socks, net.http, 1_000_000, None), 1_000_000, &net);
     net.assert_no_split_trouble();
 }
