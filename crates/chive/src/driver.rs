@@ -125,6 +125,8 @@ pub enum Input {
     Client(crate::client::ClientInput),
     /// Stop.
     Shutdown,
+    /// Log a snapshot of the core and the connections (SIGUSR1).
+    Dump,
 }
 
 /// Commands for a stream's writer task.
@@ -577,6 +579,21 @@ impl Driver {
                 }
             }
             Input::Shutdown => return false,
+            Input::Dump => {
+                let mut conns = String::new();
+                for (chan, io) in &self.chans {
+                    conns.push_str(&format!(
+                        "connection chan={} in_flight={}\n",
+                        chan.0,
+                        io.in_flight()
+                    ));
+                }
+                info!(
+                    "state dump (SIGUSR1):\n{}{}",
+                    conns,
+                    self.core.debug_dump(now)
+                );
+            }
         }
         true
     }
@@ -1423,9 +1440,21 @@ pub fn spawn_stream_io(
     });
 }
 
-/// SIGTERM or SIGINT stops the driver (and so the process) cleanly.
+/// SIGTERM or SIGINT stops the driver (and so the process) cleanly; SIGUSR1
+/// logs a snapshot of circuits, queues, windows and streams.
 pub fn stop_on_signal(tx: mpsc::Sender<Input>) {
     use tokio::signal::unix::{signal, SignalKind};
+    let dump_tx = tx.clone();
+    tokio::spawn(async move {
+        let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
+            return;
+        };
+        while usr1.recv().await.is_some() {
+            if dump_tx.send(Input::Dump).await.is_err() {
+                return;
+            }
+        }
+    });
     tokio::spawn(async move {
         let (Ok(mut term), Ok(mut int)) = (
             signal(SignalKind::terminate()),

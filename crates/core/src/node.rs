@@ -542,6 +542,97 @@ impl Core {
         self.cfg.circwindow = circwindow.clamp(100, 1000);
     }
 
+    /// A human-readable snapshot of every channel and circuit (queues, windows,
+    /// streams), for operators debugging a stall (the relay logs it on SIGUSR1).
+    pub fn debug_dump(&self, now: Instant) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let mut chans: Vec<_> = self.channels.iter().collect();
+        chans.sort_by_key(|(c, _)| **c);
+        for (id, ch) in chans {
+            let _ =
+                writeln!(
+                out,
+                "channel {} peer={} initiator={} circuits={} active_queues={} urgent={} policy={}",
+                id.0,
+                ch.peer.map(|p| p.to_hex()[..16].to_string()).unwrap_or_else(|| "client".into()),
+                ch.initiator,
+                ch.circ_ids.len(),
+                ch.sched.active_len(),
+                ch.urgent.len(),
+                ch.sched.name()
+            );
+        }
+        let mut circs: Vec<_> = self.circuits.iter().collect();
+        circs.sort_by_key(|(k, _)| **k);
+        for (key, c) in circs {
+            let kind = match &c.role {
+                Role::Relay {
+                    extending,
+                    pending_extend,
+                    ..
+                } => {
+                    format!(
+                        "relay extending={extending} pending_extend={}",
+                        pending_extend.is_some()
+                    )
+                }
+                Role::Origin {
+                    built,
+                    crypto,
+                    path,
+                    ..
+                } => {
+                    format!("origin built={built} hops={}/{}", crypto.len(), path.len())
+                }
+            };
+            let prio = |side: Side, end: Option<(ChannelId, CircId)>| {
+                end.and_then(|(chan, _)| {
+                    self.channels
+                        .get(&chan)?
+                        .sched
+                        .ewma_count(queue_id(*key, side), now)
+                })
+            };
+            let _ = writeln!(
+                out,
+                "circuit {} {kind} prev={:?} next={:?} q_prev={} q_next={} sent={} ewma_prev={:?} ewma_next={:?}",
+                key.0,
+                c.prev.map(|(ch, id)| (ch.0, id)),
+                c.next.map(|(ch, id)| (ch.0, id)),
+                c.q_prev.len(),
+                c.q_next.len(),
+                c.cells_sent,
+                prio(Side::Prev, c.prev),
+                prio(Side::Next, c.next),
+            );
+            let edge = match &c.role {
+                Role::Relay { edge, .. } => edge.as_ref(),
+                Role::Origin { edge, .. } => Some(edge),
+            };
+            if let Some(edge) = edge {
+                let _ = writeln!(
+                    out,
+                    "  edge package_window={}",
+                    edge.window.package_window()
+                );
+                for (sid, st) in &edge.streams {
+                    let _ = writeln!(
+                        out,
+                        "  stream {sid} handle={} state={:?} pending={} credit={} eof={} window={:?}",
+                        st.handle.0,
+                        st.state,
+                        st.pending.len(),
+                        st.credit,
+                        st.local_eof,
+                        st.window
+                    );
+                }
+            }
+        }
+        out
+    }
+
     /// Current counters.
     pub fn stats(&self) -> CoreStats {
         CoreStats {
