@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``chive-lab`` (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(
         prog="chive-lab",
-        description="Start and stop private chive networks on loopback.",
+        description="Start and stop private chive networks on loopback, and run experiments on them.",
         epilog="See docs/lab.md in the chive repository for the directory layout and examples.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the authority's ConsensusInterval (default: 2)")
     up.add_argument("--log-level", default="info", metavar="FILTER",
                     help="the Log setting of every node, e.g. debug (default: info)")
+    up.add_argument("--impl", choices=("chive", "tor"), default="chive",
+                    help="chive (default), or tor: the real Tor (tor + tor-gencert, Debian package "
+                         "`tor`) as a private network configured as Chutney does, with chive httpd; "
+                         "relay options map onto torrc (see docs/tor-baseline.md); waits at least 180 s")
     up.add_argument("--chive-bin", type=Path, default=None, metavar="PATH",
                     help="the chive binary (default: $CHIVE_BIN, else target/release/chive "
                          "in the repository)")
@@ -113,6 +117,52 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     down.add_argument("--dir", required=True, type=Path, help="the directory given to `up`")
+
+    # Experiments (scenarios, analysis, report): chive_lab.runner / analysis / report.
+    run = sub.add_parser(
+        "run",
+        help="run a scenario: every variant x repetition, then analyze and report",
+        description=(
+            "Run SCENARIO (a TOML file, see docs/lab.md) into OUT: for each repetition and variant "
+            "a fresh network in OUT/runs/<variant>/<rep>/net, the scenario's chive perf clients for "
+            "warm-up + duration, then everything stopped (also on errors and Ctrl-C, keeping what was "
+            "collected). Writes OUT/manifest.json, summary.json, report.html and figures/."
+        ),
+    )
+    run.add_argument("scenario", type=Path, help="scenario file, e.g. scenarios/paper000-ewma-web-vs-bulk.toml")
+    run.add_argument("--out", required=True, type=Path, help="new or empty output directory")
+    run.add_argument("--quick", action="store_true", help="apply the scenario's [quick] overrides (CI, demos)")
+    run.add_argument("--variants", default=None, metavar="LABEL,...",
+                     help="run only these variants (comma-separated labels)")
+    run.add_argument("--repetitions", type=int, default=None, metavar="N",
+                     help="override the number of repetitions")
+    run.add_argument("--chive-bin", type=Path, default=None, metavar="PATH",
+                     help="the chive binary (default: $CHIVE_BIN, else target/release/chive)")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+    analyze = sub.add_parser("analyze", help="recompute OUT/summary.json from the raw records",
+                             description="Recompute DIR/summary.json (schema: docs/summary-schema.md) "
+                                         "from DIR/runs/*/*/clients/*.jsonl and print it.")
+    analyze.add_argument("dir", type=Path, help="a `chive-lab run` output directory")
+
+    report = sub.add_parser("report", help="write DIR/report.html with figures and CSVs",
+                            description="Re-analyze DIR and write DIR/report.html, DIR/figures/*.png "
+                                        "and one CSV per figure with exactly the plotted data.")
+    report.add_argument("dir", type=Path, help="a `chive-lab run` output directory")
+
+    compare = sub.add_parser("compare", help="p50/p75 per class and variant of two runs, with the change",
+                             description="Print ttlb/ttfb p50 and p75 of every class and variant present "
+                                         "in both DIR1/summary.json and DIR2/summary.json, and the "
+                                         "relative change from DIR1 to DIR2.")
+    compare.add_argument("dir1", type=Path)
+    compare.add_argument("dir2", type=Path)
+
+    # netns backend leftovers (chive_lab.netns, brief K).
+    clean = sub.add_parser("netns-clean", help="remove namespaces and processes left by crashed netns runs",
+                           description="Delete chv-* network namespaces (and the processes inside them) "
+                                       "recorded by netns runs whose owner process is gone; live runs "
+                                       "are left alone unless --force. Needs root.")
+    clean.add_argument("--force", action="store_true", help="also remove namespaces of live runs")
     return parser
 
 
@@ -135,6 +185,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         consensus_interval=args.consensus_interval,
         log_level=args.log_level,
+        impl=args.impl,
     )
     progress = None if args.quiet else _stderr
     # SIGTERM (e.g. from a script's trap) must also stop what `up` started:
@@ -174,6 +225,60 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """``chive-lab run``."""
+    from .runner import run_experiment
+
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
+    try:
+        return run_experiment(args.scenario, args.out, quick=args.quick, variants=variants,
+                              repetitions=args.repetitions, binary=args.chive_bin,
+                              progress=not args.quiet, argv=sys.argv)
+    except LabError as e:
+        _print_error(e)
+        return 1
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """``chive-lab analyze``."""
+    from .runner import analyze_dir
+
+    try:
+        result = analyze_dir(args.dir)
+    except LabError as e:
+        _print_error(e)
+        return 1
+    print(json.dumps(result.summary, indent=2))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``chive-lab report``."""
+    from .report import write_report
+    from .runner import analyze_dir
+
+    try:
+        path = write_report(args.dir, analyze_dir(args.dir))
+    except LabError as e:
+        _print_error(e)
+        return 1
+    print(path)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``chive-lab compare``."""
+    from .report import compare, format_compare
+
+    try:
+        rows = compare(args.dir1, args.dir2)
+    except LabError as e:
+        _print_error(e)
+        return 1
+    print(format_compare(rows, str(args.dir1), str(args.dir2)))
+    return 0
+
+
 def _raise_interrupt(signum, _frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -189,6 +294,18 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_up(args)
     if args.command == "down":
         return cmd_down(args)
+    if args.command == "run":
+        return cmd_run(args)
+    if args.command == "analyze":
+        return cmd_analyze(args)
+    if args.command == "report":
+        return cmd_report(args)
+    if args.command == "compare":
+        return cmd_compare(args)
+    if args.command == "netns-clean":
+        from .netns import cmd_netns_clean
+
+        return cmd_netns_clean(args)
     raise AssertionError(f"unknown command {args.command}")  # argparse prevents this
 
 

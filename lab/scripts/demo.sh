@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# `make demo`: start a 3-relay chive network on loopback, download 1 MiB and
+# `make demo`: (1) start a 3-relay chive network on loopback, download 1 MiB and
 # 10 MiB through it with curl --socks5-hostname, print curl's timings and a
-# byte-exact check, and always stop the network (trap), even on failure.
+# byte-exact check, and always stop the network (trap), even on failure;
+# (2) run the quick EWMA-vs-round-robin scenario (scenarios/paper000-ewma-web-vs-bulk.toml
+# --quick, about three minutes) and print its key table: web p50/p75 per variant,
+# the improvement in percent, the bulk K-S p value and where the report is.
 #
-# Environment: DEMO_DIR (default runs/demo), DEMO_RELAYS (default 3).
+# Environment: DEMO_DIR (default runs/demo), DEMO_RELAYS (default 3),
+# DEMO_SCENARIO (default scenarios/paper000-ewma-web-vs-bulk.toml),
+# DEMO_EXPERIMENT_DIR (default runs/demo-ewma), DEMO_SKIP_EXPERIMENT=1 to skip (2).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -70,4 +75,34 @@ if [ "$failed" -ne 0 ]; then
     echo "demo: FAILED (logs: $DIR/<node>/chive.log)" >&2
     exit 1
 fi
-echo "demo: OK (logs: $DIR/<node>/chive.log)" >&2
+echo "demo: curl part OK (logs: $DIR/<node>/chive.log)" >&2
+"$LAB" down --dir "$DIR" >/dev/null 2>&1 || true
+
+if [ "${DEMO_SKIP_EXPERIMENT:-0}" = 1 ]; then
+    exit 0
+fi
+SCEN=${DEMO_SCENARIO:-$ROOT/scenarios/paper000-ewma-web-vs-bulk.toml}
+EXP=${DEMO_EXPERIMENT_DIR:-$ROOT/runs/demo-ewma}
+rm -rf "$EXP"
+echo "demo: running $(basename "$SCEN") --quick into $EXP (a few minutes)" >&2
+"$LAB" run "$SCEN" --quick --out "$EXP"
+"$PY" - "$EXP/summary.json" <<'PYEOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+order = s["variants_order"]
+base = order[0]
+print()
+print(f"{'variant':<10} {'web ttlb p50':>13} {'web ttlb p75':>13} {'p50 vs ' + base:>12} {'bulk K-S p':>11}")
+for label in order:
+    web = s["variants"][label].get("web", {})
+    bulk = s["variants"][label].get("bulk", {})
+    p50, p75 = web.get("ttlb", {}).get("p50"), web.get("ttlb", {}).get("p75")
+    b50 = s["variants"][base].get("web", {}).get("ttlb", {}).get("p50")
+    imp = "" if None in (p50, b50) or b50 == 0 else f"{(b50 - p50) / b50 * 100:+.1f}% better"
+    ks = bulk.get("ks_vs_first", {}).get("pvalue")
+    f = lambda v: "-" if v is None else f"{v:.3f} s"
+    print(f"{label:<10} {f(p50):>13} {f(p75):>13} {imp if label != base else '(baseline)':>12} "
+          f"{'-' if ks is None or label == base else f'{ks:.3g}':>11}")
+print("(ttlb: time to last byte from the start of the transfer; K-S: bulk ttlb vs the baseline)")
+PYEOF
+echo "demo: report: $EXP/report.html" >&2

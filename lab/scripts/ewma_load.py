@@ -7,7 +7,11 @@ continuous bulk downloads run, and measure the bulk goodput. Prints p25/p50/p75 
 the load/idle ratio of the median, and writes the raw records under --out.
 
     .venv/bin/python lab/scripts/ewma_load.py --out runs/ewma-load [--samples 40]
-        [--schedulers rr,ewma] [--set ConstrainedSockets=true ...]
+        [--schedulers rr,ewma,tor:ewma] [--set ConstrainedSockets=true ...]
+
+A `tor:` prefix runs the same measurement on a private network of the real Tor
+(`chive-lab up --impl tor`), with its scheduler mapped (ewma: CircuitPriorityHalflife,
+rr: CircuitPriorityHalflife 0).
 """
 
 import argparse
@@ -72,16 +76,19 @@ def bulk(socks, http, index, stop, counters):
 
 
 def run_one(scheduler, args, outdir):
-    netdir = outdir / f"net-{scheduler}"
+    netdir = outdir / f"net-{scheduler.replace(':', '-')}"
+    impl, _, sched = scheduler.rpartition(":")
+    impl = impl or "chive"
     up = [str(LAB), "up", "--dir", str(netdir), "--relays", "4", "--bandwidth-rate", str(RATE),
-          "--set", f"Scheduler={scheduler}", "--quiet"]
+          "--impl", impl, "--set", f"Scheduler={sched}", "--quiet"]
     for kv in args.set:
         up += ["--set", kv]
     info = json.loads(subprocess.run(up, check=True, capture_output=True, text=True).stdout)
     try:
         socks, http = info["socks"], info["http"]
         small = f"{http}/bytes/51200"
-        idle = fetch_times(socks, small, args.samples, outdir / f"{scheduler}-idle.jsonl")
+        label = scheduler.replace(":", "-")
+        idle = fetch_times(socks, small, args.samples, outdir / f"{label}-idle.jsonl")
         stop = threading.Event()
         counters = [0, 0]
         threads = [threading.Thread(target=bulk, args=(socks, http, i, stop, counters), daemon=True)
@@ -90,7 +97,7 @@ def run_one(scheduler, args, outdir):
             t.start()
         stop.wait(5)  # let the bulk transfers ramp up
         t0, c0 = time.monotonic(), sum(counters)
-        load = fetch_times(socks, small, args.samples, outdir / f"{scheduler}-load.jsonl")
+        load = fetch_times(socks, small, args.samples, outdir / f"{label}-load.jsonl")
         goodput = (sum(counters) - c0) / (time.monotonic() - t0)
         stop.set()
         for t in threads:
@@ -105,7 +112,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--samples", type=int, default=40)
-    ap.add_argument("--schedulers", default="rr,ewma")
+    ap.add_argument("--schedulers", default="rr,ewma",
+                    help="comma-separated; prefix tor: to run the real Tor (e.g. rr,ewma,tor:ewma,tor:rr)")
     ap.add_argument("--set", action="append", default=[], help="extra relay option KEY=VALUE")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

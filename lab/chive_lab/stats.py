@@ -1,0 +1,199 @@
+"""Statistics used by the analysis: percentiles, ECDFs with confidence bands,
+K–S tests, kernel density estimates, binned throughput with t-intervals.
+
+Pure functions on plain sequences of floats; no file IO. Empty or too-small
+inputs give ``None`` (or empty arrays) rather than exceptions, because a
+variant that produced no transfers must still get a report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+__all__ = [
+    "PERCENTILES",
+    "Band",
+    "binned_rate",
+    "dkw_epsilon",
+    "ecdf",
+    "ecdf_at",
+    "ecdf_band",
+    "kde",
+    "ks_test",
+    "mean_ci",
+    "summarize",
+]
+
+PERCENTILES = (10, 25, 50, 75, 90)
+
+
+def _clean(values: Iterable[float]) -> np.ndarray:
+    arr = np.asarray([float(v) for v in values if v is not None], dtype=float)
+    return arr[np.isfinite(arr)]
+
+
+def summarize(values: Iterable[float]) -> dict[str, float | int | None]:
+    """p10, p25, p50, p75, p90 (linear interpolation, numpy's default), mean,
+    sample standard deviation (ddof=1) and n. All None (n=0) when empty."""
+    arr = _clean(values)
+    out: dict[str, float | int | None] = {f"p{p}": None for p in PERCENTILES}
+    out.update(mean=None, sd=None, n=int(arr.size))
+    if arr.size == 0:
+        return out
+    for p, q in zip(PERCENTILES, np.percentile(arr, PERCENTILES)):
+        out[f"p{p}"] = float(q)
+    out["mean"] = float(arr.mean())
+    out["sd"] = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
+    return out
+
+
+def ecdf(values: Iterable[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The empirical CDF as step points: sorted values x and F(x) = i/n."""
+    arr = np.sort(_clean(values))
+    n = arr.size
+    return arr, (np.arange(1, n + 1, dtype=float) / n if n else np.zeros(0))
+
+
+def ecdf_at(values: Iterable[float], grid: Sequence[float]) -> np.ndarray:
+    """F_n evaluated at each grid point (fraction of values <= x)."""
+    arr = np.sort(_clean(values))
+    g = np.asarray(grid, dtype=float)
+    if arr.size == 0:
+        return np.full(g.shape, np.nan)
+    return np.searchsorted(arr, g, side="right") / arr.size
+
+
+def dkw_epsilon(n: int, level: float = 0.95) -> float:
+    """Half-width of the Dvoretzky–Kiefer–Wolfowitz band: sqrt(ln(2/alpha) / (2n))."""
+    if n <= 0:
+        return 1.0
+    alpha = 1.0 - level
+    return math.sqrt(math.log(2.0 / alpha) / (2.0 * n))
+
+
+@dataclass(frozen=True)
+class Band:
+    """A CDF with a pointwise band on a grid."""
+
+    x: np.ndarray
+    center: np.ndarray
+    """ECDF of all repetitions pooled."""
+    lo: np.ndarray
+    hi: np.ndarray
+    method: str
+    """``percentile`` (across repetitions) or ``dkw`` (one repetition)."""
+
+
+def ecdf_band(per_rep: Sequence[Iterable[float]], level: float = 0.95, grid_points: int = 200) -> Band | None:
+    """ECDF of the pooled samples with a confidence band.
+
+    With two or more non-empty repetitions the band is, at each grid point,
+    the ((1-level)/2, (1+level)/2) percentiles of the per-repetition ECDFs
+    (with few repetitions that is close to their min..max envelope). With one,
+    it is the DKW band ``F ± eps`` clipped to [0, 1]. None if no data.
+    """
+    reps = [_clean(r) for r in per_rep]
+    reps = [r for r in reps if r.size]
+    if not reps:
+        return None
+    pooled = np.concatenate(reps)
+    grid = np.unique(np.quantile(pooled, np.linspace(0.0, 1.0, grid_points)))
+    center = ecdf_at(pooled, grid)
+    if len(reps) >= 2:
+        curves = np.vstack([ecdf_at(r, grid) for r in reps])
+        tail = (1.0 - level) / 2.0 * 100.0
+        lo = np.percentile(curves, tail, axis=0)
+        hi = np.percentile(curves, 100.0 - tail, axis=0)
+        method = "percentile"
+    else:
+        eps = dkw_epsilon(pooled.size, level)
+        lo = np.clip(center - eps, 0.0, 1.0)
+        hi = np.clip(center + eps, 0.0, 1.0)
+        method = "dkw"
+    return Band(x=grid, center=center, lo=lo, hi=hi, method=method)
+
+
+def ks_test(a: Iterable[float], b: Iterable[float]) -> dict[str, float | None]:
+    """Two-sample Kolmogorov–Smirnov test (scipy.stats.ks_2samp, two-sided).
+    statistic/pvalue are None when either sample is empty."""
+    x, y = _clean(a), _clean(b)
+    if x.size == 0 or y.size == 0:
+        return {"statistic": None, "pvalue": None}
+    res = sps.ks_2samp(x, y)
+    return {"statistic": float(res.statistic), "pvalue": float(res.pvalue)}
+
+
+def kde(values: Iterable[float], grid: Sequence[float]) -> np.ndarray | None:
+    """Gaussian kernel density (scipy.stats.gaussian_kde, Scott's bandwidth) on
+    ``grid``; None with fewer than two distinct values (no bandwidth exists)."""
+    arr = _clean(values)
+    if arr.size < 2 or np.ptp(arr) == 0:
+        return None
+    try:
+        return sps.gaussian_kde(arr)(np.asarray(grid, dtype=float))
+    except (np.linalg.LinAlgError, ValueError):
+        return None
+
+
+def mean_ci(samples: Sequence[float], level: float = 0.95) -> tuple[float, float, float] | None:
+    """Mean and Student-t confidence interval (lo, hi); with one sample the
+    interval is the point itself. None when empty."""
+    arr = _clean(samples)
+    if arr.size == 0:
+        return None
+    m = float(arr.mean())
+    if arr.size == 1:
+        return m, m, m
+    sem = float(arr.std(ddof=1)) / math.sqrt(arr.size)
+    half = float(sps.t.ppf((1.0 + level) / 2.0, arr.size - 1)) * sem
+    return m, m - half, m + half
+
+
+def binned_rate(
+    series: Iterable[Sequence[tuple[float, float]]],
+    t0: float,
+    t1: float,
+    bin_s: float = 1.0,
+) -> np.ndarray:
+    """Bytes per second in bins [t0 + k*bin_s, t0 + (k+1)*bin_s) from cumulative
+    byte counters.
+
+    Each element of ``series`` is one transfer's (time, cumulative bytes)
+    samples; the increase between consecutive samples is spread uniformly over
+    the time between them (linear interpolation), so a sample interval that
+    straddles a bin edge is split in proportion. Counters that go backwards
+    are treated as a new transfer starting from zero.
+    """
+    nbins = max(0, int(math.ceil((t1 - t0) / bin_s - 1e-9)))
+    out = np.zeros(nbins)
+    if nbins == 0:
+        return out
+    for samples in series:
+        pts = sorted((float(t), float(b)) for t, b in samples)
+        for (ta, ba), (tb, bb) in zip(pts, pts[1:]):
+            delta = bb - ba if bb >= ba else bb
+            if delta <= 0:
+                continue
+            if tb <= ta:
+                _add_point(out, t0, bin_s, tb, delta)
+                continue
+            rate = delta / (tb - ta)
+            lo, hi = max(ta, t0), min(tb, t0 + nbins * bin_s)
+            k = int((lo - t0) // bin_s) if lo < hi else nbins
+            while lo < hi and k < nbins:
+                edge = min(hi, t0 + (k + 1) * bin_s)
+                out[k] += rate * (edge - lo)
+                lo = edge
+                k += 1
+    return out / bin_s
+
+
+def _add_point(out: np.ndarray, t0: float, bin_s: float, t: float, amount: float) -> None:
+    k = int((t - t0) // bin_s)
+    if 0 <= k < out.size:
+        out[k] += amount

@@ -1,0 +1,215 @@
+"""The runner: perf command lines, network specs, registries, a plugged-in
+experiment kind, and a real end-to-end run of a tiny scenario (skipped
+without the chive binary)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from chive_lab import runner
+from chive_lab.analysis import Analysis, Figure, Series
+from chive_lab.errors import LabError
+from chive_lab.network import default_binary
+from chive_lab.scenario import load_scenario, parse_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "lab" / "tests" / "data" / "tiny.toml"
+BIN = Path("/x/chive")
+
+
+def _client(**kw):
+    base = {"name": "s", "clients": [dict({"class": "web", "size": 89088}, **kw)]}
+    return parse_scenario(base).clients[0]
+
+
+def test_perf_argv_new_perf():
+    argv, warns = runner.perf_argv(BIN, _client(pause=2.0, isolate=True, parallel=2, start_delay=1.5),
+                                   socks="127.0.0.1:9", http="http://127.0.0.1:8", run_seconds=40, seed=5)
+    assert warns == []
+    assert argv[:8] == [str(BIN), "perf", "--socks", "127.0.0.1:9", "--url", "http://127.0.0.1:8/bytes/89088",
+                        "--count", "0"]
+    s = " ".join(argv)
+    for part in ("--label web", "--duration 40", "--progress 1", "--pause 2", "--seed 5", "--isolate",
+                 "--parallel 2", "--start-delay 1.5", "--timeout 100"):
+        assert part in s
+
+
+def test_perf_argv_socks_user_only_without_isolate():
+    argv, _ = runner.perf_argv(BIN, _client(pause=1.0), socks="s", http="http://h", run_seconds=10, seed=1,
+                               socks_user="web-0")
+    assert "--socks-user web-0" in " ".join(argv)
+    argv, _ = runner.perf_argv(BIN, _client(pause=1.0, isolate=True), socks="s", http="http://h",
+                               run_seconds=10, seed=1, socks_user="web-0")
+    assert "--socks-user" not in argv and "--isolate" in argv
+
+
+def test_perf_argv_think_upload_and_old_perf():
+    argv, _ = runner.perf_argv(BIN, _client(think={"dist": "exp", "mean": 5}, method="post"),
+                               socks="s", http="http://h", run_seconds=10, seed=1)
+    s = " ".join(argv)
+    assert "--think exp --think-mean 5" in s and "--url http://h/upload" in s
+    assert "--method post --upload-bytes 89088" in s
+    old = {"--socks", "--url", "--count", "--interval", "--isolate", "--timeout"}
+    argv, warns = runner.perf_argv(BIN, _client(pause=2.0), socks="s", http="http://h", run_seconds=10,
+                                   seed=1, flags=old)
+    s = " ".join(argv)
+    assert "--pause" not in s and "--interval 2" in s and "--label" not in s and "--seed" not in s
+    assert any("--pause" in w for w in warns) and any("--label" in w for w in warns)
+
+
+def test_client_seeds_do_not_depend_on_variant_but_on_rep_and_index():
+    assert runner.client_seed(1, 1, 0) == runner.client_seed(1, 1, 0)
+    assert len({runner.client_seed(1, r, i) for r in range(3) for i in range(3)}) == 9
+
+
+def test_network_spec_merges_variant_overrides():
+    s = load_scenario(ROOT / "scenarios" / "paper001-ewma-halflife-sweep.toml")
+    spec = runner.network_spec(s, s.variant("H=10"), BIN)
+    assert spec.relay_overrides == {"Scheduler": "ewma", "CircuitPriorityHalflife": 10}
+    assert spec.bandwidth_rate == 1_000_000 and spec.relays == 4
+    rr = runner.network_spec(s, s.variant("rr"), BIN)
+    assert rr.relay_overrides == {"Scheduler": "rr"}
+
+
+def test_registries():
+    assert isinstance(runner.get_backend("loopback"), runner.LoopbackBackend)
+    with pytest.raises(LabError, match="unknown backend"):
+        runner.get_backend("nope")
+    assert runner.get_kind("overlay") is runner
+    with pytest.raises(LabError, match="unknown experiment kind"):
+        runner.get_kind("nope")
+
+
+class _NullBackend:
+    name = "null"
+
+    def start(self, spec, dir, *, impl="chive", progress=None):
+        raise AssertionError("not used by the fake kind")
+
+    def stop(self, dir):
+        raise AssertionError("not used by the fake kind")
+
+
+def test_plugged_in_kind_runs_through_the_same_flow(tmp_path, monkeypatch):
+    calls = []
+
+    def run_repetition(ctx):
+        calls.append((ctx.variant.label, ctx.rep))
+        (ctx.run_dir / "data.txt").write_text(str(ctx.rep))
+
+    def analyze(out, scenario):
+        n = len(list(Path(out).glob("runs/*/*/data.txt")))
+        fig = Figure(name="fake", title="fake", xlabel="x", ylabel="y",
+                     series=[Series(label="a", x=[0.0, 1.0], y=[float(n), 2.0])])
+        return Analysis(summary={"schema": 1, "variants": {}, "files": n}, figures=[fig])
+
+    mod = types.SimpleNamespace(run_repetition=run_repetition, analyze=analyze,
+                                parse_options=lambda raw: raw)
+    monkeypatch.setitem(runner.KINDS, "fake", mod)
+    monkeypatch.setitem(runner.BACKENDS, "null", _NullBackend)
+    scen = tmp_path / "fake.toml"
+    scen.write_text('name = "fake"\nkind = "fake"\nbackend = "null"\nrepetitions = 2\n'
+                    '[variants]\nX = [1, 2]\n[hosts]\nA = "x"\n')
+    out = tmp_path / "out"
+    rc = runner.run_experiment(scen, out, progress=False)
+    assert rc == 0
+    # repetitions interleaved across variants
+    assert calls == [("X=1", 1), ("X=2", 1), ("X=1", 2), ("X=2", 2)]
+    assert json.loads((out / "summary.json").read_text())["files"] == 4
+    assert (out / "figures" / "fake.png").stat().st_size > 0
+    assert (out / "report.html").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest["variants"] == ["X=1", "X=2"]
+    for key in ("git", "host", "versions", "start", "end", "command", "seed"):
+        assert key in manifest
+    assert manifest["host"]["cores"] >= 1
+    with pytest.raises(LabError, match="already holds"):
+        runner.run_experiment(scen, out, progress=False)
+
+
+def test_failing_repetition_stops_and_still_reports(tmp_path, monkeypatch):
+    def run_repetition(ctx):
+        raise LabError("relay1 refused key Bogus")
+
+    mod = types.SimpleNamespace(run_repetition=run_repetition,
+                                analyze=lambda out, s: Analysis(summary={"schema": 1, "variants": {}}))
+    monkeypatch.setitem(runner.KINDS, "failing", mod)
+    scen = tmp_path / "f.toml"
+    scen.write_text('name = "f"\nkind = "failing"\n[variants]\nX = [1, 2]\n')
+    rc = runner.run_experiment(scen, tmp_path / "o", progress=False)
+    assert rc == 1
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "Bogus" in manifest["failures"][0]["error"]
+    assert (tmp_path / "o" / "report.html").is_file()
+
+
+def _skip_reason() -> str | None:
+    binary = default_binary()
+    if not binary.is_file():
+        return f"{binary} does not exist (cargo build --release)"
+    try:
+        out = subprocess.run([str(binary), "perf", "--help"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"chive perf --help failed: {e}"
+    return None if out.returncode == 0 else "chive perf --help failed"
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+def test_tiny_scenario_end_to_end(tmp_path):
+    out = tmp_path / "exp"
+    proc = subprocess.run([sys.executable, "-m", "chive_lab", "run", str(TINY), "--out", str(out), "--quick"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schema"] == 1
+    assert list(summary["variants"]) == ["OutbufCells=32", "OutbufCells=64"]
+    for label, classes in summary["variants"].items():
+        assert set(classes) == {"web", "bulk"}
+        for cls, m in classes.items():
+            assert m["transfers"] > 0, (label, cls)
+            assert m["errors"] == 0, (label, cls)
+            assert 0 < m["ttfb"]["p50"] <= m["ttlb"]["p50"]
+            assert m["ttlb"]["p25"] <= m["ttlb"]["p50"] <= m["ttlb"]["p75"]
+            assert m["ks_vs_first"]["pvalue"] is not None
+    html = (out / "report.html").read_text()
+    pngs = sorted((out / "figures").glob("*.png"))
+    assert pngs
+    for png in pngs:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        csv_path = png.with_suffix(".csv")
+        assert csv_path.is_file() and f"figures/{png.name}" in html
+        with open(csv_path) as f:
+            rows = list(csv.DictReader(f))
+        assert rows and set(rows[0]) == {"series", "x", "y", "lo", "hi"}
+    # the CDF CSV holds exactly the web ttlb percentiles' sample range
+    with open(out / "figures" / "ttlb_cdf_web.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["series"].startswith("OutbufCells=32")]
+    xs = [float(r["x"]) for r in rows]
+    ys = [float(r["y"]) for r in rows]
+    assert ys[-1] == pytest.approx(1.0) and xs == sorted(xs)
+    median_from_csv = next(x for x, y in zip(xs, ys) if y >= 0.5)
+    p50 = summary["variants"]["OutbufCells=32"]["web"]["ttlb"]["p50"]
+    assert abs(median_from_csv - p50) <= (max(xs) - min(xs)) * 0.2 + 1e-3
+    # node logs and perf records collected; nothing left running
+    run_dir = out / "runs" / "OutbufCells=32" / "1"
+    assert (run_dir / "logs" / "relay1.log").is_file() and (run_dir / "clients" / "web-0.jsonl").is_file()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "ok" and meta["down"]["ok"]
+    from chive_lab.process import is_running
+    for c in meta["clients"]:
+        assert not is_running(c["pid"])
+    # analyze recomputes the same summary from the raw records
+    again = subprocess.run([sys.executable, "-m", "chive_lab", "analyze", str(out)], capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 0 and json.loads(again.stdout)["variants"] == summary["variants"]
+    cmp = subprocess.run([sys.executable, "-m", "chive_lab", "compare", str(out), str(out)], capture_output=True,
+                         text=True, timeout=60)
+    assert cmp.returncode == 0 and "+0.0%" in cmp.stdout
