@@ -18,9 +18,9 @@ const MAX_WAIT: Duration = Duration::from_millis(10);
 
 /// A token bucket limiting a byte rate with a burst allowance.
 ///
-/// `consume(n)` waits until the bucket holds `min(n, burst)` tokens and then takes `n`: a request
-/// larger than the burst drives the bucket into debt instead of waiting forever, and the debt is
-/// repaid (by later callers waiting) at the configured rate.
+/// `consume(n)` waits while the bucket is in debt and then takes `n`, going into debt by what was
+/// missing; the debt is repaid (by later callers waiting) at the configured rate. Waiting for the
+/// whole `n` instead would let a stream of small requests starve a large one forever.
 #[derive(Debug)]
 pub struct TokenBucket {
     inner: Mutex<Inner>,
@@ -72,10 +72,11 @@ impl TokenBucket {
         Self::new(0, 0)
     }
 
-    /// Take `n` tokens, waiting until enough are available.
+    /// Take `n` tokens, waiting while the bucket is in debt.
     ///
-    /// Waits until the bucket holds `min(n, burst)` tokens (and is not in debt), then subtracts
-    /// `n`, possibly going negative: so a request larger than the burst never deadlocks.
+    /// Waits until the bucket holds a positive number of tokens, then subtracts `n`, possibly
+    /// going negative (debt that later callers wait out). A request is never starved by smaller
+    /// ones, and none larger than the burst deadlocks; the overshoot is at most one request.
     pub async fn consume(&self, n: usize) {
         if n == 0 {
             return;
@@ -87,12 +88,14 @@ impl TokenBucket {
                     return;
                 }
                 inner.refill(Instant::now());
-                let needed = (n as f64).min(inner.burst as f64).max(0.0);
-                if inner.tokens >= needed {
+                // Take as soon as the bucket is out of debt, going negative by the rest: the rate
+                // holds on average, and a large request never waits for a full `n` to accrue while
+                // small requests keep draining the bucket (that starved big writers forever).
+                if inner.tokens > 0.0 {
                     inner.tokens -= n as f64;
                     return;
                 }
-                let deficit = needed - inner.tokens;
+                let deficit = 1.0 - inner.tokens;
                 Duration::from_secs_f64(deficit / inner.rate as f64)
             };
             // Wait for the deficit to accrue, but re-check at least every MAX_WAIT and never spin
@@ -187,13 +190,41 @@ mod tests {
             Duration::ZERO,
             "burst must be available at once"
         );
-        // 500 kB more: waits until min(n, burst) = 200 kB have accrued (0.2 s; not much less, and
-        // not much more given the 1 ms granularity), then takes 500 kB, leaving 300 kB of debt.
+        // 500 kB more: taken as soon as the bucket is out of debt (one refill step), leaving
+        // ~500 kB of debt; the next request waits for that debt to be repaid (0.5 s).
         bucket.consume(500_000).await;
         let waited = start.elapsed();
-        assert!(waited >= Duration::from_millis(199), "waited {waited:?}");
-        assert!(waited <= Duration::from_millis(212), "waited {waited:?}");
-        assert!(bucket.available() <= -299_000);
+        assert!(waited <= Duration::from_millis(2), "waited {waited:?}");
+        assert!(bucket.available() <= -497_000);
+        bucket.consume(1).await;
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(497), "waited {waited:?}");
+        assert!(waited <= Duration::from_millis(512), "waited {waited:?}");
+    }
+
+    /// A large request is not starved by a stream of small ones (the old rule, "wait until
+    /// min(n, burst) tokens are there", let small consumers take every token as it accrued).
+    #[tokio::test(start_paused = true)]
+    async fn small_requests_do_not_starve_a_large_one() {
+        let bucket = Arc::new(TokenBucket::new(MB, MB));
+        bucket.consume(1_000_000).await; // empty it
+        let small = {
+            let bucket = bucket.clone();
+            tokio::spawn(async move {
+                loop {
+                    bucket.consume(514).await;
+                }
+            })
+        };
+        let t = Instant::now();
+        let done = tokio::time::timeout(Duration::from_secs(1), bucket.consume(64 * 1024)).await;
+        small.abort();
+        assert!(done.is_ok(), "large request starved for 1 s");
+        assert!(
+            t.elapsed() <= Duration::from_millis(100),
+            "large request starved: {:?}",
+            t.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -227,7 +258,8 @@ mod tests {
         assert_eq!(bucket.try_consume(50_000), 10_000);
         assert_eq!(bucket.try_consume(1), 0);
         let t = Instant::now();
-        bucket.consume(10_000).await; // 0.1 s at 100 kB/s
+        bucket.consume(10_000).await; // taken after one refill step, into 10 kB of debt
+        bucket.consume(1).await; // waits for the debt: 0.1 s at 100 kB/s
         let waited = t.elapsed();
         assert!(
             waited >= Duration::from_millis(99) && waited <= Duration::from_millis(112),
