@@ -224,6 +224,9 @@ def relay_config(
         "ExitPolicy": ["accept 127.0.0.0/8:*", "reject *:*"],
         # The lab's targets are on loopback, which a default exit refuses.
         "ExitPolicyRejectPrivate": False,
+        # Per-cell queue timing and per-second relay stats, for the analysis (relative paths
+        # live in the DataDirectory); override with --set MetricsFile=... .
+        "MetricsFile": "metrics.jsonl",
         "Log": log,
     }
     for key, value in overrides.items():

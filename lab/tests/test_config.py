@@ -148,6 +148,7 @@ def test_relay_config_defaults_and_overrides(tmp_path: Path):
         "BandwidthBurst": 0,
         "ExitPolicy": ["accept 127.0.0.0/8:*", "reject *:*"],
         "ExitPolicyRejectPrivate": False,
+        "MetricsFile": "metrics.jsonl",
         "Log": "info",
     }
     rated = cfg.relay_config(

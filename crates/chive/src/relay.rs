@@ -54,7 +54,8 @@ Config file options (TOML):
                                    Default: on when BandwidthRate is set, sized to 10 ms of it
                                    (at least 8192); off (kernel autotuning) when unlimited
   MetricsPort = \"127.0.0.1:9101\"   Prometheus text endpoint (GET /metrics); default off
-  MetricsFile = \"/path/m.jsonl\"    JSON-lines instrumentation (per-cell timing, per-second stats)
+  MetricsFile = \"metrics.jsonl\"    JSON-lines instrumentation (per-cell timing, per-second stats);
+                                   a relative path is taken inside DataDirectory
   CellSampleRate = 100             time one cell in this many (0 = no per-cell timing)
   SplitDirection = \"off\"           split-direction links (paper 002): \"off\" (default for now),
                                    \"always\" or \"dynamic\". When on, links to relays that also
@@ -296,7 +297,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }),
             exit: is_exit,
             scheduler,
-            cell_sample_every: if cfg.metrics_file.is_some() || cfg.metrics_port.is_some() {
+            cell_sample_every: if cfg
+                .metrics_file
+                .as_ref()
+                .is_some_and(|p| !p.as_os_str().is_empty())
+                || cfg.metrics_port.is_some()
+            {
                 cfg.cell_sample_rate
             } else {
                 0
@@ -316,7 +322,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             tunables: tunables.clone(),
         },
     );
-    driver.metrics = Metrics::start(cfg.metrics_file.as_deref(), cfg.metrics_port).await?;
+    // A relative MetricsFile lives in the DataDirectory, so one setting serves many relays.
+    // An empty MetricsFile means none (so a lab default can be switched off).
+    let metrics_file = cfg
+        .metrics_file
+        .as_ref()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(|p| cfg.data_directory.join(p));
+    driver.metrics = Metrics::start(metrics_file.as_deref(), cfg.metrics_port).await?;
     driver.split = cfg.split_config()?;
     let tx = driver.sender();
     let chan_ids = driver.chan_ids();
