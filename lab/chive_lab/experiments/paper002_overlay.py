@@ -1,0 +1,787 @@
+"""Paper 002 (Marks, Tschorsch, Scheuermann), the overlay case, with chive relays.
+
+Hosts A, B, C on 10 Mbit/s full-duplex links to one switch (netns backend),
+relay ``relayA`` on A, ``relayB`` on B, ``relayC`` on C, the authority on an
+unshaped host X. Every circuit is ``relayA, relayB, relayC`` (or reversed), so
+the overlay links A–B and B–C carry bulk data in BOTH directions and B's access
+link carries everything in both directions — the paper's bidirectional setting
+(Sec. V, Figs 6-9) with overlay connections instead of plain TCP:
+
+* client ``clientA`` on A downloads from ``httpdC`` on C through exit relayC
+  (data C→B→A) and uploads to it (A→B→C), from 0 to 250 s;
+* client ``clientC`` on C does the same towards ``httpdA`` through exit relayA,
+  from 50 to 300 s (times × ``scale``; ``--quick`` uses 0.2).
+
+Clients cannot choose their path: the authority gives Guard only to relayA and
+relayC (relayB advertises a lower bandwidth and ``TestingAllGuards`` is off), so
+a circuit pinned to exit relayC (``host.relayC.exit``) must be relayA, relayB,
+relayC; the client logs are checked for it.
+
+Directions (each is one direction of BOTH overlay links):
+
+* ``A->B``: A→B→C, carried by clientA's upload and clientC's download;
+* ``C->B``: C→B→A, carried by clientC's upload and clientA's download.
+
+Variants (relay config + shaping):
+
+* ``one``            ``SplitDirection = "off"``: one TCP connection per relay pair (paper Fig 6)
+* ``one-ackprio``    the same + ``chive shape`` on every host (Fig 7)
+* ``split``          ``SplitDirection = "always"``: one connection per direction (extra)
+* ``split-ackprio``  split + ``chive shape`` on every host (Fig 8)
+
+Measurement: ``chive perf --progress 1 --verify`` per transfer loop (4 loops);
+bytes per second per loop (downloads counted at the receiving client, uploads
+at the sending client, which the circuit window keeps within 1000 cells of
+what the exit delivered), summed per direction. Same analysis and outputs as
+:mod:`chive_lab.experiments.paper002`: ``throughput_<variant>.png/.csv``,
+``variance.png/.csv`` (1 s samples of the directions towards B, 100-250 s),
+``summary.json`` (schema 1), ``comparison.md``, ``manifest.json``; per run the
+perf records, relay logs, ``links.json`` (which TCP connection carried how many
+bytes, from ``ss``) and ``qdisc-*.txt``.
+
+Standalone: ``python -m chive_lab.experiments.paper002_overlay --quick --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .. import netns
+from ..errors import LabError
+from . import paper002 as p2
+
+KIND = "paper002-overlay"
+
+#: Timeline of the two clients (paper seconds, × scale).
+A_START, A_STOP, C_START, C_STOP = 0.0, 250.0, 50.0, 300.0
+OVERLAP = (50.0, 250.0)  # both clients active: mean goodput
+SOLO = (10.0, 50.0)  # clientA alone (after its start-up)
+VAR_WINDOW = (100.0, 250.0)  # Fig 9
+SLOT = 10.0
+DIRECTIONS = ("A->B", "C->B")  # towards B, as the paper plots them
+
+VARIANTS: dict[str, dict] = {
+    "one": {"split": "off", "ackprio": False, "fig": "6"},
+    "one-ackprio": {"split": "off", "ackprio": True, "fig": "7"},
+    "split": {"split": "always", "ackprio": False, "fig": "-"},
+    "split-ackprio": {"split": "always", "ackprio": True, "fig": "8"},
+}
+
+#: Paper 002, Sec. V (bidirectional TCP connections; the paper has no overlay numbers).
+PAPER = {
+    "one": "towards B ~200 kB/s (1.6 Mbit/s) with high variation (Fig 6)",
+    "one-ackprio": "each direction ~half of the link, but oscillations and multi-second "
+                   "breakdowns in single runs (Fig 7)",
+    "split": "(not measured in the paper)",
+    "split-ackprio": "about half each, much steadier, no multi-second breakdowns (Fig 8)",
+}
+PAPER_VARIANCE = ("Fig 9: variance of towards-B throughput, 100-250 s: bidirectional without ACK prio "
+                  "highest, with ACK prio lower, split + ACK prio lowest (no numbers in the text)")
+#: Issue 6 targets for split + ACK prio.
+TARGET_SHARE = 0.45
+TARGET_VARIANCE_RATIO = 0.1
+
+RELAY_PORT, SOCKS_PORT, HTTP_PORT, DIR_PORT = 9001, 9050, 8080, 7000
+#: relayB advertises this (bytes/s, far above 10 Mbit/s so it never throttles) while
+#: relayA/relayC advertise the relay's "unlimited" 100 MB/s: the median makes only A, C Guards.
+B_BANDWIDTH = 50_000_000
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One perf loop: ``client`` on its host, towards the httpd on ``server`` via exit ``server``."""
+
+    name: str
+    client: str
+    server: str
+    upload: bool
+    start: float
+    stop: float
+
+    @property
+    def direction(self) -> str:
+        """Which direction towards B carries the data."""
+        sender = self.client if self.upload else self.server
+        return f"{sender}->B"
+
+
+@dataclass
+class Params:
+    """Parameters of one experiment (scenario-level)."""
+
+    rate: str = "10mbit"
+    scale: float = 1.0
+    cc: str = "cubic"
+    queue_packets: int = 1000
+    queue_at: str = "switch"
+    ackprio_hosts: tuple[str, ...] = ("A", "B", "C")
+    delay_ms: float = 0.0
+    transfer_bytes: int = 64 * 1024 * 1024
+    log_level: str = "info"
+
+    def t(self, seconds: float) -> float:
+        """A paper time scaled."""
+        return seconds * self.scale
+
+
+def flows(p: Params) -> list[Flow]:
+    """The four transfer loops of a run."""
+    a = (p.t(A_START), p.t(A_STOP))
+    c = (p.t(C_START), p.t(C_STOP))
+    return [Flow("A:down", "A", "C", False, *a), Flow("A:up", "A", "C", True, *a),
+            Flow("C:down", "C", "A", False, *c), Flow("C:up", "C", "A", True, *c)]
+
+
+# ----------------------------------------------------------------- running
+def _relay_overrides(host: str, split: str) -> dict:
+    o: dict = {"SplitDirection": split}
+    if host == "B":
+        # Lower advertised bandwidth => no Guard flag. BandwidthRate would also switch on
+        # constrained sockets and a larger OutbufCells; pin both to the unlimited relays' values.
+        o.update({"BandwidthRate": B_BANDWIDTH, "BandwidthBurst": B_BANDWIDTH,
+                  "ConstrainedSockets": False, "OutbufCells": 64})
+    return o
+
+
+def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
+                       chive_bin: Path | None = None, progress: Callable[[str], None] | None = None,
+                       stop: threading.Event | None = None) -> dict[str, list[float]]:
+    """Run one repetition; return ``{series: [bit/s per second]}`` (directions and loops)
+    and keep the raw records, logs and link statistics in ``out_dir``."""
+    v = VARIANTS[variant]
+    say = progress or (lambda _m: None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    link = netns.LinkSpec(p.rate, delay_ms=p.delay_ms, queue_packets=p.queue_packets, queue_at=p.queue_at)
+    hosts = [netns.HostSpec(n, link, cc=p.cc) for n in ("A", "B", "C")]
+    hosts.append(netns.HostSpec("X", netns.LinkSpec(None), cc=p.cc))  # the authority, unshaped
+    fl = flows(p)
+    end = max(f.stop for f in fl)
+    tb = netns.Testbed(hosts, chive_bin=chive_bin, progress=say, widen_allowed_cc=True)
+    t0 = 0.0
+    try:
+        tb.up()
+        cc = {h.name: h.cc_effective for h in tb.hosts.values()}
+        shape_cmds: list[str] = []
+        if v["ackprio"]:
+            for h in p.ackprio_hosts:
+                shape_cmds = tb.set_ack_priority(h)
+        (out_dir / "shape.txt").write_text("\n".join(shape_cmds) + "\n")
+        ov = netns.Overlay(tb, out_dir / "net", binary=chive_bin, log=p.log_level, progress=say)
+        ov.add_authority("X", port=DIR_PORT, all_guards=False)
+        for h in ("A", "B", "C"):
+            ov.add_relay(h, f"relay{h}", port=RELAY_PORT, overrides=_relay_overrides(h, v["split"]))
+        for h in ("A", "C"):
+            ov.add_client(h, f"client{h}", port=SOCKS_PORT)
+            ov.add_httpd(h, f"httpd{h}", port=HTTP_PORT)
+        ov.start(timeout=60)
+        perf = []
+        t0 = time.time() + 0.5
+        samplers = []
+        for h in ("A", "C"):  # uploads are counted where they arrive: the httpd's sockets
+            samplers.append(tb.popen(h, [sys.executable, "-m", "chive_lab.experiments.paper002_overlay",
+                                         "ss-sample", "--port", str(HTTP_PORT), "--stop-at", f"{t0 + end + 5:.3f}",
+                                         "--out", str(out_dir / f"rx-httpd{h}.jsonl")],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+        for f in fl:
+            url = ov.url(f"httpd{f.server}", "/upload" if f.upload else f"/bytes/{p.transfer_bytes}",
+                         exit=f"relay{f.server}")
+            now = time.time()  # perf counts --duration from its own start, delay included
+            argv = [str(ov.binary), "perf", "--socks", ov.addr(f"client{f.client}"), "--url", url,
+                    "--count", "0", "--duration", f"{max(1.0, t0 + f.stop - now):.3f}",
+                    "--cut-at-deadline", "--start-delay", f"{max(0.0, t0 + f.start - now):.3f}",
+                    "--progress", "1", "--verify", "--timeout", f"{end + 60:.0f}",
+                    "--socks-user", f.name.replace(":", "-"), "--label", f.name]
+            if f.upload:
+                argv += ["--method", "post", "--upload-bytes", str(p.transfer_bytes)]
+            stem = out_dir / f"perf-{f.name.replace(':', '-')}"
+            with open(f"{stem}.jsonl", "wb") as fh, open(f"{stem}.err", "wb") as fe:
+                perf.append(tb.popen(f.client, argv, stdout=fh, stderr=fe))
+        (out_dir / "run.json").write_text(json.dumps({"t0": t0, "variant": variant, "rep": rep,
+                                                      "cc": cc, "params": p.__dict__}, default=list))
+        say(f"paper002-overlay: {variant}: {end:g} s of bulk transfers")
+        deadline = t0 + end + 60
+        for pr in perf:
+            while pr.poll() is None:
+                if (stop is not None and stop.is_set()) or time.time() > deadline:
+                    raise LabError("run interrupted or overran its deadline")
+                time.sleep(0.2)
+        for sp in samplers:
+            try:
+                sp.wait(timeout=max(1.0, t0 + end + 10 - time.time()))
+            except subprocess.TimeoutExpired:
+                sp.terminate()
+        links = {h: tb.sh(h, ["ss", "-tinH"], check=False).stdout for h in ("A", "B", "C")}
+        (out_dir / "ss.txt").write_text("\n".join(f"## {h}\n{t}" for h, t in links.items()))
+        (out_dir / "links.json").write_text(json.dumps(link_bytes(links, tb), indent=1))
+        for h in ("A", "B", "C"):
+            (out_dir / f"qdisc-{h}.txt").write_text(tb.qdisc_stats(h) + tb.qdisc_stats("sw", f"v{h}")
+                                                    + tb.qdisc_stats("sw", f"v{h}d"))
+        ov.stop()
+    finally:
+        tb.down()
+    return collect_flows(out_dir, fl, t0, math.ceil(end))
+
+
+_SS_CONN = re.compile(r"^\S+\s+\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)")
+
+
+def link_bytes(ss_text: dict[str, str], tb: netns.Testbed) -> list[dict]:
+    """Relay-to-relay TCP connections seen from each host (``ss -tin``): who
+    opened it, and bytes sent/received by this end. Split channels show up as
+    two connections per pair, each carrying data one way."""
+    names = {h.addr: h.name for h in tb.hosts.values()}
+    rows = []
+    for host, text in ss_text.items():
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            m = _SS_CONN.match(line.strip())
+            if not m:
+                continue
+            lip, lport, rip, rport = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
+            if rip not in names or names[rip] == host or names[rip] == "X":
+                continue
+            if RELAY_PORT not in (lport, rport):
+                continue
+            info = lines[i + 1] if i + 1 < len(lines) else ""
+            sent = re.search(r"bytes_sent:(\d+)", info)
+            recv = re.search(r"bytes_received:(\d+)", info)
+            rows.append({"host": host, "peer": names[rip], "local": f"{lip}:{lport}",
+                         "remote": f"{rip}:{rport}", "opened_by": host if rport == RELAY_PORT else names[rip],
+                         "bytes_sent": int(sent.group(1)) if sent else 0,
+                         "bytes_received": int(recv.group(1)) if recv else 0})
+    return rows
+
+
+def perf_series(path: Path, t0: float, seconds: int) -> tuple[list[float], dict]:
+    """Bit/s per second since ``t0`` of one perf loop, from its progress and
+    transfer records (cumulative bytes interpolated at whole seconds), and the
+    transfer outcome counts."""
+    samples: list[tuple[float, float]] = []
+    done = 0.0
+    counts = {"ok": 0, "cut": 0, "errors": 0, "bytes_ok": 0, "error_texts": []}
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise LabError(f"missing perf record {path}: {e}") from e
+    for line in text.splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(r, dict):
+            continue
+        if r.get("type") == "progress" and isinstance(r.get("t"), (int, float)):
+            samples.append((float(r["t"]), done + float(r.get("bytes") or 0)))
+        elif r.get("type") == "transfer":
+            b = float(r.get("bytes") or 0)
+            err = r.get("error")
+            if err is None and r.get("status") is not None and 200 <= int(r["status"]) < 300:
+                counts["ok"] += 1
+                counts["bytes_ok"] += int(b)
+            elif err in ("cut at deadline", "interrupted"):
+                counts["cut"] += 1
+            else:
+                counts["errors"] += 1
+                if len(counts["error_texts"]) < 5:
+                    counts["error_texts"].append(str(err))
+            done += b
+            # A cut or failed transfer has no last_byte: its progress records already count.
+            t = r.get("last_byte")
+            if isinstance(t, (int, float)):
+                samples.append((float(t), done))
+    samples.sort()
+    series = []
+    prev = _cum_at(samples, t0)
+    for k in range(seconds):
+        cur = _cum_at(samples, t0 + k + 1)
+        series.append(max(0.0, cur - prev) * 8.0)
+        prev = cur
+    return series, counts
+
+
+def _cum_at(samples: list[tuple[float, float]], t: float) -> float:
+    """Cumulative bytes at time ``t`` (linear between samples, 0 before the first)."""
+    if not samples or t <= samples[0][0]:
+        # Before the first record the loop had 0 bytes at most a second earlier.
+        if samples and t > samples[0][0] - 1.0:
+            t_first, b_first = samples[0]
+            return b_first * max(0.0, 1.0 - (t_first - t))
+        return 0.0
+    lo, hi = 0, len(samples) - 1
+    if t >= samples[hi][0]:
+        return samples[hi][1]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if samples[mid][0] <= t:
+            lo = mid
+        else:
+            hi = mid
+    (ta, ba), (tb_, bb) = samples[lo], samples[hi]
+    return ba if tb_ <= ta else ba + (bb - ba) * (t - ta) / (tb_ - ta)
+
+
+_SS_PAIR = re.compile(r"(\d+\.\d+\.\d+\.\d+):(\d+)\s+(\d+\.\d+\.\d+\.\d+):(\d+)")
+#: Upload connections receive at least this much; smaller ones are download requests.
+_UPLOAD_MIN_RX = 4096
+
+
+def ss_sample(port: int, stop_at: float, out: Path, interval: float = 0.25) -> None:
+    """Inside a host: every ``interval`` s, ``bytes_received`` of each established
+    TCP socket with local port ``port`` (the httpd's), one JSON line per sample:
+    ``{"t": UNIX s, "rx": {"peer_ip:port": bytes}}``."""
+    with out.open("w") as fh:
+        while time.time() < stop_at:
+            t = time.time()
+            r = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+                               capture_output=True, text=True, timeout=5, check=False)
+            rx: dict[str, int] = {}
+            key = None
+            for line in r.stdout.splitlines():
+                m = _SS_PAIR.search(line)
+                if m:
+                    key = f"{m.group(3)}:{m.group(4)}"
+                    continue
+                b = re.search(r"bytes_received:(\d+)", line)
+                if key is not None and b:
+                    rx[key] = int(b.group(1))
+                    key = None
+            fh.write(json.dumps({"t": t, "rx": rx}) + "\n")
+            fh.flush()
+            time.sleep(max(0.0, interval - (time.time() - t)))
+
+
+def rx_series(path: Path, t0: float, seconds: int) -> list[float]:
+    """Bit/s per second since ``t0`` received by the httpd on upload connections,
+    from :func:`ss_sample` records. A connection's bytes after its last sample
+    (at most one sampling interval, 0.25 s) are not counted."""
+    last: dict[str, int] = {}
+    samples: list[tuple[float, float]] = []
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise LabError(f"missing receiver samples {path}: {e}") from e
+    for line in text.splitlines():
+        try:
+            r = json.loads(line)
+            t, rx = float(r["t"]), r["rx"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if not isinstance(rx, dict):
+            continue
+        for k, v in rx.items():
+            if isinstance(v, int) and v >= last.get(k, 0):
+                last[k] = v
+        samples.append((t, float(sum(v for v in last.values() if v >= _UPLOAD_MIN_RX))))
+    out = []
+    prev = _cum_at(samples, t0)
+    for k in range(seconds):
+        cur = _cum_at(samples, t0 + k + 1)
+        out.append(max(0.0, cur - prev) * 8.0)
+        prev = cur
+    return out
+
+
+def collect_flows(out_dir: Path, fl: list[Flow], t0: float, seconds: int) -> dict[str, list[float]]:
+    """Per direction (``A->B``, ``C->B``) and per loop (``A:down`` …): bit/s per second."""
+    out: dict[str, list[float]] = {d: [0.0] * seconds for d in DIRECTIONS}
+    outcomes = {}
+    for f in fl:
+        s, counts = perf_series(out_dir / f"perf-{f.name.replace(':', '-')}.jsonl", t0, seconds)
+        if f.upload:  # perf counts what it wrote into the local SOCKS socket: use the receiver
+            counts["sender_side_series_bps"] = s
+            s = rx_series(out_dir / f"rx-httpd{f.server}.jsonl", t0, seconds)
+        out[f.name] = s
+        out[f.direction] = [a + b for a, b in zip(out[f.direction], s)]
+        outcomes[f.name] = counts
+    (out_dir / "transfers.json").write_text(json.dumps(outcomes, indent=1))
+    return out
+
+
+# ---------------------------------------------------------------- analysis
+def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out: Path,
+                evidence: dict[str, dict] | None = None) -> dict:
+    """Write figures, CSVs, summary.json and comparison.md; return the summary."""
+    out.mkdir(parents=True, exist_ok=True)
+    rate = netns.parse_rate(p.rate)
+    ov = (p.t(OVERLAP[0]), p.t(OVERLAP[1]))
+    vw = (p.t(VAR_WINDOW[0]), p.t(VAR_WINDOW[1]))
+    solo = (p.t(SOLO[0]), p.t(SOLO[1]))
+    summary: dict = {"schema": 1, "kind": KIND,
+                     "units": {"goodput_bps": "bit/s", "variance": "(bit/s)^2", "share_of_link": "fraction"},
+                     "params": {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in p.__dict__.items()},
+                                "goodput_window_s": list(ov), "variance_window_s": list(vw),
+                                "solo_window_s": list(solo)},
+                     "definitions": {
+                         "A->B": "data A->B->C (clientA's upload + clientC's download), one direction of "
+                                 "both overlay links", "C->B": "data C->B->A",
+                         "goodput_bps": "mean of 1 s application throughput while both clients run",
+                         "variance": "sample variance of the 1 s throughput in the variance window",
+                         "share_of_link": "goodput_bps / link rate"},
+                     "variants": {}, "extra": {}}
+    var_rows = []
+    for variant, runs in results.items():
+        if not runs:
+            continue
+        vs: dict = {}
+        extra: dict = {"runs": len(runs), "loops": {}}
+        for d in DIRECTIONS:
+            per_run = [p2._mean(p2._window(r[d], *ov)) for r in runs]
+            samples = [x for r in runs for x in p2._window(r[d], *vw)]
+            g = p2._mean(per_run)
+            vs[d] = {"goodput_bps": g, "variance": p2._var(samples), "share_of_link": g / rate,
+                     "solo_goodput_bps": p2._mean([p2._mean(p2._window(r[d], *solo)) for r in runs]),
+                     "goodput_per_run_bps": per_run}
+        for f in sorted(k for k in runs[0] if ":" in k):
+            extra["loops"][f] = {"goodput_bps": p2._mean([p2._mean(p2._window(r[f], *ov)) for r in runs])}
+        pooled = [x for r in runs for d in DIRECTIONS for x in p2._window(r[d], *vw)]
+        extra["towards_b_variance"] = p2._var(pooled)
+        if evidence and variant in evidence:
+            extra["evidence"] = evidence[variant]
+        var_rows.append((variant, p2._var(pooled), len(pooled),
+                         p2._mean([vs[d]["goodput_bps"] for d in DIRECTIONS])))
+        summary["variants"][variant] = vs
+        summary["extra"][variant] = extra
+        _write_variant(out, variant, runs, SLOT * p.scale, p)
+    p2._write_variance(out, var_rows)
+    summary["targets"] = _targets(summary)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=True))
+    _write_comparison(out, summary, var_rows)
+    return summary
+
+
+def _targets(summary: dict) -> dict:
+    """Issue 6: split + ACK prio gives each direction >= 45% of the link, and
+    variance <= 1/10 of the unshaped single-connection case."""
+    v = summary["variants"]
+    t: dict = {"share_min": TARGET_SHARE, "variance_ratio_max": TARGET_VARIANCE_RATIO}
+    if "split-ackprio" in v:
+        shares = [v["split-ackprio"][d]["share_of_link"] for d in DIRECTIONS]
+        t["split_ackprio_min_share"] = min(shares)
+        t["share_met"] = min(shares) >= TARGET_SHARE
+        base = summary["extra"].get("one", {}).get("towards_b_variance")
+        mine = summary["extra"]["split-ackprio"]["towards_b_variance"]
+        if base and base == base and mine == mine:
+            t["variance_ratio_vs_one"] = mine / base
+            t["variance_met"] = mine / base <= TARGET_VARIANCE_RATIO
+    return t
+
+
+def _write_variant(out: Path, variant: str, runs, slot: float, p: Params) -> None:
+    series = list(DIRECTIONS) + sorted(k for k in runs[0] if ":" in k)
+    end = len(runs[0][DIRECTIONS[0]])
+    with (out / f"throughput_{variant}.csv").open("w") as fh:
+        fh.write("run,second,flow,throughput_bps\n")
+        for i, r in enumerate(runs):
+            for f in series:
+                for s, val in enumerate(r[f]):
+                    fh.write(f"{i},{s},{f},{val:.0f}\n")
+    stats = {f: p2._slot_stats(runs, f, slot, end) for f in series}
+    with (out / f"throughput_avg_{variant}.csv").open("w") as fh:
+        fh.write("slot_start,slot_end,flow,mean_bps,ci90_half_bps,runs\n")
+        for f in series:
+            for lo, hi, m, half, n in stats[f]:
+                fh.write(f"{lo:g},{hi:g},{f},{m:.0f},{half:.0f},{n}\n")
+    rep = p2.representative(runs, "A->B", p.t(OVERLAP[0]), p.t(OVERLAP[1]))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    for f in DIRECTIONS:
+        xs = [(lo + hi) / 2 for lo, hi, *_ in stats[f]]
+        ms = [m / 8000 for _, _, m, _, _ in stats[f]]
+        hs = [0 if math.isnan(h) else h / 8000 for *_, h, _ in stats[f]]
+        ax1.errorbar(xs, ms, yerr=hs, capsize=2, marker="o", ms=3, label=f)
+        ax2.plot(range(end), [x / 8000 for x in runs[rep][f]], lw=0.8, label=f)
+    ax1.axhline(netns.parse_rate(p.rate) / 2 / 8000, color="gray", lw=0.6, ls="--", label="half the link")
+    ax1.set_title(f"overlay {variant}: mean over {len(runs)} run(s), {slot:g} s slots, 90% CI "
+                  f"(cf. paper Fig {VARIANTS[variant]['fig']})", fontsize=9)
+    ax2.set_title(f"representative run #{rep}, 1 s samples", fontsize=9)
+    for ax in (ax1, ax2):
+        ax.set_ylabel("throughput [kB/s]")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    ax2.set_xlabel("time [s]")
+    fig.tight_layout()
+    fig.savefig(out / f"throughput_{variant}.png", dpi=110)
+    plt.close(fig)
+
+
+def _write_comparison(out: Path, summary: dict, var_rows) -> None:
+    lines = ["# Paper 002, overlay (chive relays A, B, C): ours beside the paper", "",
+             f"Parameters: {json.dumps(summary['params'])}", "",
+             "| variant | direction | solo Mbit/s | both clients Mbit/s | share of link | paper (TCP, Sec. V) |",
+             "|---|---|---|---|---|---|"]
+    for v, ds in summary["variants"].items():
+        for d, x in ds.items():
+            lines.append(f"| {v} | {d} | {x['solo_goodput_bps'] / 1e6:.2f} | {x['goodput_bps'] / 1e6:.2f} | "
+                         f"{x['share_of_link']:.2f} | {PAPER[v] if d == 'A->B' else ''} |")
+    lines += ["", "| variant | variance towards B [(kB/s)^2] | relative to one |", "|---|---|---|"]
+    base = next((r[1] for r in var_rows if r[0] == "one"), None)
+    for v, var, _n, _m in var_rows:
+        rel = f"{var / base:.3f}" if base else ""
+        lines.append(f"| {v} | {var / 64e6:.0f} | {rel} |")
+    t = summary.get("targets", {})
+    lines += ["", PAPER_VARIANCE, "",
+              f"Issue 6 targets (split-ackprio): each direction >= {TARGET_SHARE:.0%} of the link: "
+              f"{t.get('split_ackprio_min_share', float('nan')):.3f} -> {t.get('share_met')}; "
+              f"variance <= {TARGET_VARIANCE_RATIO} x one: {t.get('variance_ratio_vs_one', float('nan')):.3f}"
+              f" -> {t.get('variance_met')}", ""]
+    (out / "comparison.md").write_text("\n".join(lines))
+
+
+def run_evidence(run_dir: Path) -> dict:
+    """What the relay logs, client logs and ``ss`` say about one run: split
+    channels, the circuits' paths, bytes per relay connection, transfer outcomes."""
+    net = run_dir / "net"
+    ev: dict = {"went_split": {}, "split_links": {}, "paths": {}, "transfers": {}}
+    for n in ("relayA", "relayB", "relayC"):
+        try:
+            log = (net / n / "chive.log").read_text(errors="replace")
+        except OSError:
+            continue
+        ev["went_split"][n] = len(re.findall(r"channel went split", log))
+        ev["split_links"][n] = len(re.findall(r"relay link up.*split=true", log))
+    for c in ("clientA", "clientC"):
+        try:
+            log = (net / c / "chive.log").read_text(errors="replace")
+        except OSError:
+            continue
+        ev["paths"][c] = sorted(set(re.findall(r"launching circuit.*path=(\S+)", log)))
+    # Circuits that can carry the bulk loops end at relayA or relayC: relayB must be the middle.
+    pinned = [p for ps in ev["paths"].values() for p in ps if p.split(",")[-1] in ("relayA", "relayC")]
+    ev["pinned_paths_ok"] = bool(pinned) and all(p.split(",")[1:2] == ["relayB"] for p in pinned)
+    try:
+        ev["links"] = json.loads((run_dir / "links.json").read_text())
+        ev["transfers"] = json.loads((run_dir / "transfers.json").read_text())
+    except (OSError, ValueError):
+        pass
+    return ev
+
+
+# --------------------------------------------------------------------- CLI
+def run_all(variants: list[str], runs: int, p: Params, out: Path, *,
+            chive_bin: Path | None = None, progress: Callable[[str], None] | None = None) -> dict:
+    """Run ``runs`` repetitions of each variant (one testbed at a time), then analyse."""
+    say = progress or (lambda _m: None)
+    results: dict[str, list] = {v: [] for v in variants}
+    evidence: dict[str, dict] = {}
+    errors: list[str] = []
+    for i in range(runs):
+        for v in variants:
+            say(f"paper002-overlay: {v} run {i + 1}/{runs}")
+            rd = out / "runs" / v / str(i + 1)
+            try:
+                results[v].append(run_repetition_raw(v, i, rd, p, chive_bin=chive_bin, progress=say))
+            except LabError as e:
+                errors.append(f"{v} run {i + 1}: {e}")
+                say(f"paper002-overlay: {v} run {i + 1} failed: {e}")
+                if e.log_tail:
+                    say(e.log_tail)
+            evidence.setdefault(v, {})[str(i + 1)] = run_evidence(rd)
+    manifest = {"kind": KIND, "variants": variants, "runs": runs,
+                "params": {k: (list(x) if isinstance(x, tuple) else x) for k, x in p.__dict__.items()},
+                "errors": errors, "host": platform.node(), "kernel": platform.release(),
+                "git": p2._git_rev(), "started_by": os.getpid(), "finished": time.time()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    summary = analyze_raw({v: r for v, r in results.items() if r}, p, out, evidence)
+    if errors:
+        summary["errors"] = errors
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=True))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chive_lab.experiments.paper002_overlay``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ss-sample"]:  # internal: run inside a host by run_repetition_raw
+        sp = argparse.ArgumentParser(prog="paper002_overlay ss-sample")
+        sp.add_argument("--port", type=int, required=True)
+        sp.add_argument("--stop-at", type=float, required=True)
+        sp.add_argument("--out", type=Path, required=True)
+        b = sp.parse_args(argv[1:])
+        ss_sample(b.port, min(b.stop_at, time.time() + 4 * 3600), b.out)
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m chive_lab.experiments.paper002_overlay",
+                                 description="Paper 002 overlay reproduction: chive relays on the netns testbed.")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true", help="scale 0.2 (0-50 s / 10-60 s), 1 run")
+    ap.add_argument("--scale", type=float, default=None, help="time scale (default 1, quick 0.2)")
+    ap.add_argument("--runs", type=int, default=None, help="repetitions per variant (default 3, quick 1)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated subset of {', '.join(VARIANTS)}")
+    ap.add_argument("--rate", default="10mbit")
+    ap.add_argument("--cc", default="cubic", help="cubic (paper) or bbr")
+    ap.add_argument("--queue-at", choices=["host", "switch"], default="switch",
+                    help="where a host's outgoing queue lives (see netns.LinkSpec.queue_at)")
+    ap.add_argument("--queue-packets", type=int, default=1000)
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per link (delay line)")
+    ap.add_argument("--ackprio-hosts", default="A,B,C", help="hosts that get `chive shape` (default all)")
+    ap.add_argument("--transfer-bytes", type=int, default=64 * 1024 * 1024,
+                    help="size of each verified download/upload (loops run back to back)")
+    ap.add_argument("--chive-bin", type=Path, default=None)
+    a = ap.parse_args(argv)
+    why = netns.available()
+    if why:
+        print(f"paper002-overlay: {why}", file=sys.stderr)
+        return 2
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        ap.error(f"unknown variants {bad}")
+    scale = a.scale if a.scale is not None else (0.2 if a.quick else 1.0)
+    if not 0.01 <= scale <= 10:
+        ap.error("--scale must be within 0.01..10")
+    runs = a.runs if a.runs is not None else (1 if a.quick else 3)
+    if not 1 <= runs <= 1000:
+        ap.error("--runs must be within 1..1000")
+    if not 1024 <= a.transfer_bytes <= 10 * 1024**3:
+        ap.error("--transfer-bytes must be within 1 KiB..10 GiB")
+    p = Params(rate=a.rate, scale=scale, cc=a.cc, queue_packets=a.queue_packets, queue_at=a.queue_at,
+               delay_ms=a.delay_ms, transfer_bytes=a.transfer_bytes,
+               ackprio_hosts=tuple(h.strip() for h in a.ackprio_hosts.split(",") if h.strip()))
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        summary = run_all(variants, runs, p, a.out, chive_bin=a.chive_bin, progress=say)
+    except KeyboardInterrupt:
+        say("paper002-overlay: interrupted; testbeds removed")
+        return 130
+    print(json.dumps({"variants": {v: {d: {k: x[k] for k in ("goodput_bps", "share_of_link", "variance")}
+                                       for d, x in ds.items()} for v, ds in summary["variants"].items()},
+                      "targets": summary["targets"]}, indent=1))
+    return 1 if summary.get("errors") else 0
+
+
+# ------------------------------------------------- `chive-lab run` adapter
+# chive_lab.runner.KINDS maps kind "paper002-overlay" to this module: parse_options()
+# on the scenario's own keys, run_repetition(ctx) per variant and repetition,
+# analyze(out_dir, scenario) once at the end.
+
+_OPTION_KEYS = {"rate", "scale", "cc", "queue_packets", "queue_at", "ackprio_hosts", "delay_ms",
+                "transfer_bytes", "log_level"}
+
+
+def parse_options(raw: dict) -> Params:
+    """The scenario's keys as :class:`Params`; LabError for unknown or bad ones."""
+    unknown = sorted(set(raw) - _OPTION_KEYS)
+    if unknown:
+        raise LabError(f"unknown key {unknown[0]} (kind {KIND!r} takes {', '.join(sorted(_OPTION_KEYS))})")
+    base = p2.parse_options({k: raw[k] for k in raw if k in p2._OPTION_KEYS})
+    p = Params(rate=base.rate, scale=base.scale, cc=base.cc, queue_packets=base.queue_packets,
+               queue_at=base.queue_at)
+    if "ackprio_hosts" in raw:
+        p.ackprio_hosts = base.ackprio_hosts
+    if "delay_ms" in raw:
+        d = raw["delay_ms"]
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 1000:
+            raise LabError(f"delay_ms must be a number within 0..1000, got {d!r}")
+        p.delay_ms = float(d)
+    if "transfer_bytes" in raw:
+        b = raw["transfer_bytes"]
+        if isinstance(b, bool) or not isinstance(b, int) or not 1024 <= b <= 10 * 1024**3:
+            raise LabError(f"transfer_bytes must be an integer within 1024..10 GiB, got {b!r}")
+        p.transfer_bytes = b
+    if "log_level" in raw:
+        if not isinstance(raw["log_level"], str) or not re.fullmatch(r"[a-z_=,:]{1,64}", raw["log_level"]):
+            raise LabError("log_level must be a tracing filter such as \"info\"")
+        p.log_level = raw["log_level"]
+    return p
+
+
+def run_repetition(ctx) -> None:
+    """``chive-lab run`` entry: one repetition of ``ctx.variant`` into ``ctx.run_dir``."""
+    why = netns.available()
+    if why:
+        raise LabError(f"paper002-overlay needs the netns backend: {why}")
+    p = ctx.scenario.options if isinstance(ctx.scenario.options, Params) else Params()
+    name = ctx.variant.label
+    if name not in VARIANTS:
+        raise LabError(f"variant {name!r}: paper002-overlay variants are {', '.join(VARIANTS)}")
+    ctx.status(f"{name}: {p.t(C_STOP):g} s of bulk transfers through relays A, B, C")
+    run_dir = Path(ctx.run_dir)
+    series = run_repetition_raw(name, ctx.rep, run_dir, p, chive_bin=ctx.binary, progress=ctx.log)
+    (run_dir / "flows.json").write_text(json.dumps(series))
+    (run_dir / "evidence.json").write_text(json.dumps(run_evidence(run_dir), indent=1))
+
+
+def analyze(out_dir, scenario=None):
+    """``chive-lab analyze`` entry: read ``runs/<variant>/<rep>/flows.json``, write
+    this kind's figures and CSVs into ``out_dir/paper002_overlay`` and return an
+    :class:`chive_lab.analysis.Analysis` whose summary is schema 1."""
+    from .. import analysis as an
+
+    out_dir = Path(out_dir)
+    p = scenario.options if scenario is not None and isinstance(scenario.options, Params) else Params()
+    results: dict[str, list] = {}
+    evidence: dict[str, dict] = {}
+    for vdir in sorted((out_dir / "runs").glob("*")):
+        if not vdir.is_dir() or vdir.name not in VARIANTS:
+            continue
+        reps = sorted((d for d in vdir.iterdir() if (d / "flows.json").is_file()),
+                      key=lambda d: int(d.name) if d.name.isdigit() else 0)
+        results[vdir.name] = [json.loads((d / "flows.json").read_text()) for d in reps]
+        evidence[vdir.name] = {d.name: json.loads((d / "evidence.json").read_text())
+                               for d in reps if (d / "evidence.json").is_file()}
+    order = [v.label for v in scenario.variants] if scenario is not None else list(VARIANTS)
+    results = {v: results[v] for v in order if v in results}
+    summary = analyze_raw(results, p, out_dir / "paper002_overlay", evidence)
+    rows = []
+    for v, ds in summary["variants"].items():
+        for d, x in ds.items():
+            rows.append([v, d, round(x["goodput_bps"] / 1e6, 2), round(x["share_of_link"], 3),
+                         round(x["variance"] / 64e6) if x["variance"] == x["variance"] else None,
+                         PAPER[v] if d == "A->B" else ""])
+    table = an.Table(title="Paper 002, overlay: goodput per direction while both clients run",
+                     columns=["variant", "direction", "Mbit/s", "share of link", "variance (kB/s)^2", "paper"],
+                     rows=rows, note=PAPER_VARIANCE)
+    notes = ["This kind's own figures: paper002_overlay/throughput_<variant>.png, "
+             "paper002_overlay/variance.png, CSV beside each, and paper002_overlay/comparison.md.",
+             f"Targets: {json.dumps(summary['targets'])}"]
+    figures = []
+    slot = SLOT * p.scale
+    for v, runs in results.items():
+        if not runs:
+            continue
+        end = len(runs[0][DIRECTIONS[0]])
+        series = []
+        for f in DIRECTIONS:
+            st = p2._slot_stats(runs, f, slot, end)
+            xs = [(lo + hi) / 2 for lo, hi, *_ in st]
+            ms = [m / 8000 for _, _, m, _, _ in st]
+            hs = [0.0 if math.isnan(h) else h / 8000 for *_, h, _ in st]
+            series.append(an.Series(label=f, x=xs, y=ms, lo=[m - h for m, h in zip(ms, hs)],
+                                    hi=[m + h for m, h in zip(ms, hs)]))
+        figures.append(an.Figure(name=f"paper002_overlay_throughput_{v}",
+                                 title=f"overlay {v}: throughput per direction (cf. paper Fig {VARIANTS[v]['fig']})",
+                                 xlabel="time [s]", ylabel="throughput [kB/s]", series=series,
+                                 note=f"mean over {len(runs)} run(s) in {slot:g} s slots; band: 90% CI"))
+    var = [(v, summary["extra"][v]["towards_b_variance"]) for v in summary["variants"]]
+    figures.append(an.Figure(name="paper002_overlay_variance",
+                             title="variance of 1 s throughput towards B (cf. Fig 9)",
+                             xlabel="variant #", ylabel="variance [(kB/s)^2]",
+                             series=[an.Series(label="towards B", x=list(range(len(var))),
+                                               y=[(x / 64e6) if x == x else 0.0 for _, x in var],
+                                               style="points")],
+                             xticks=[(float(i), v) for i, (v, _) in enumerate(var)]))
+    return an.Analysis(summary=summary, figures=figures, tables=[table], notes=notes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
