@@ -95,7 +95,8 @@ def test_very_quick_run_produces_its_files(tmp_path):
     before = netns.our_namespaces()
     s = p2.run_all(["uni", "uni-ackprio"], 1, p, tmp_path, parallel=2, chive_bin=CHIVE)
     assert "errors" not in s
-    assert netns.our_namespaces() == before  # nothing left behind
+    # Nothing of ours left behind (another run's namespaces may come and go meanwhile).
+    assert set(netns.our_namespaces()) <= set(before)
     for f in ("throughput_uni.png", "throughput_uni.csv", "throughput_uni-ackprio.png", "variance.png",
               "variance.csv", "summary.json", "comparison.md", "manifest.json"):
         assert (tmp_path / f).is_file(), f
