@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override the number of repetitions")
     run.add_argument("--chive-bin", type=Path, default=None, metavar="PATH",
                      help="the chive binary (default: $CHIVE_BIN, else target/release/chive)")
+    run.add_argument("--impl", choices=("chive", "tor", "both"), default=None,
+                     help="replace the scenario's impl: both = every variant on chive and on the real Tor")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
     analyze = sub.add_parser("analyze", help="recompute OUT/summary.json from the raw records",
@@ -233,7 +235,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         return run_experiment(args.scenario, args.out, quick=args.quick, variants=variants,
                               repetitions=args.repetitions, binary=args.chive_bin,
-                              progress=not args.quiet, argv=sys.argv)
+                              progress=not args.quiet, argv=sys.argv, impl=args.impl)
     except LabError as e:
         _print_error(e)
         return 1

@@ -158,6 +158,17 @@ pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:12px}
 """
 
 
+def _status_line(scenario: Any, status: Any) -> str:
+    """The overlay kind's run description (warm-up + duration per repetition)."""
+    return (
+        f"<p>Status: <b>{html.escape(str(status))}</b>. Variants: "
+        f"{html.escape(', '.join(v.label for v in scenario.variants))}; "
+        f"{scenario.repetitions} repetition(s) of {scenario.warmup:g} s warm-up (discarded) + "
+        f"{scenario.duration:g} s measured{' (--quick)' if scenario.quick else ''}; backend "
+        f"{html.escape(scenario.backend)}, implementation {html.escape(scenario.impl)}.</p>"
+    )
+
+
 def write_report(out: Path, result: Analysis) -> Path:
     """Write OUT/report.html and OUT/figures/*.png|csv; return the HTML path."""
     from .runner import load_manifest, scenario_of
@@ -176,13 +187,19 @@ def write_report(out: Path, result: Analysis) -> Path:
     if scenario.reproduces:
         parts.append(f"<p><b>Reproduces:</b> {html.escape(scenario.reproduces)}</p>")
     status = manifest.get("status")
-    parts.append(
-        f"<p>Status: <b>{html.escape(str(status))}</b>. Variants: "
-        f"{html.escape(', '.join(v.label for v in scenario.variants))}; "
-        f"{scenario.repetitions} repetition(s) of {scenario.warmup:g} s warm-up (discarded) + "
-        f"{scenario.duration:g} s measured{' (--quick)' if scenario.quick else ''}; backend "
-        f"{html.escape(scenario.backend)}, implementation {html.escape(scenario.impl)}.</p>"
-    )
+    if scenario.kind == "idle-vs-load":
+        # This kind's phases, not warmup/duration, define the time measured.
+        load = getattr(scenario.options, "load", None)
+        parts.append(
+            f"<p>Status: <b>{html.escape(str(status))}</b>. Variants: "
+            f"{html.escape(', '.join(v.label for v in scenario.variants))}; {scenario.repetitions} repetition(s); "
+            f"implementation {html.escape(scenario.impl)}. Phases per repetition: "
+            f"{html.escape(str(getattr(load, 'samples', '?')))} fetches idle, the same under "
+            f"{html.escape(str(getattr(load, 'bulk_clients', '?')))} bulk downloads, then the 3-hop goodput "
+            f"network{' (--quick)' if scenario.quick else ''}.</p>"
+        )
+    else:
+        parts.append(_status_line(scenario, status))
     parts.append(
         "<p class=note>ttfb / ttlb: time to first / last byte measured from the start of the transfer "
         "(socket connect to the SOCKS port), as Tor Metrics and OnionPerf report them. ttfb_req / ttlb_req: "

@@ -54,6 +54,7 @@ __all__ = [
     "LoopbackBackend",
     "RepetitionContext",
     "analyze_dir",
+    "collect_tor_step",
     "get_kind",
     "perf_argv",
     "run_experiment",
@@ -149,6 +150,7 @@ KINDS: dict[str, Any] = {
     "overlay": "chive_lab.runner",
     "paper002-tcp": "chive_lab.experiments.paper002",  # plain-TCP reproduction on netns (brief K)
     "paper002-overlay": "chive_lab.experiments.paper002_overlay",  # chive relays on netns (brief M)
+    "idle-vs-load": "chive_lab.experiments.idle_vs_load",  # web idle vs under load, 3-hop goodput (issue 5)
 }
 
 
@@ -462,13 +464,52 @@ def run_repetition(ctx: RepetitionContext) -> None:
             c["exit"] = codes.get(c["pid"])
         for f in files:
             f.close()
+        if impl == "tor":
+            collect_tor_step(net_dir, run_dir, "net", "before_stop")
         try:
             report = ctx.backend.stop(net_dir)
             meta["down"] = {"ok": report.ok, "failed": dict(report.failed)}
         except LabError as e:
             meta["down"] = {"ok": False, "error": str(e)}
+        if impl == "tor":
+            collect_tor_step(net_dir, run_dir, "net", "after_stop")
         _copy_logs(net_dir, run_dir)
         _write_json(run_dir / "run.json", meta)
+
+
+TOR_METRICS_FILE = "tor-metrics.json"
+
+
+def collect_tor_step(net_dir: Path, run_dir: Path, phase: str, when: str) -> dict[str, Any]:
+    """Tor's own view of the tor network in ``net_dir`` (``tor.collect_tor_metrics``)
+    kept in ``run_dir/tor-metrics.json`` under ``[phase][when]`` (``when``:
+    ``before_stop`` or ``after_stop``; the circuit-build-time histogram is only
+    complete after the stop, when Tor has written its state file). Never raises:
+    a failure is recorded as ``{"error": ...}`` so clean-up carries on."""
+    try:
+        from .tor import collect_tor_metrics
+
+        snap: dict[str, Any] = collect_tor_metrics(net_dir)
+    except (LabError, OSError, ValueError) as e:
+        snap = {"error": str(e)}
+    path = Path(run_dir) / TOR_METRICS_FILE
+    doc: dict[str, Any] = {}
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(loaded, dict):
+            doc = loaded
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        pass
+    entry = doc.get(phase)
+    if not isinstance(entry, dict):
+        entry = {}
+    entry[when] = snap
+    doc[phase] = entry
+    try:
+        _write_json(path, doc)
+    except OSError:
+        pass
+    return snap
 
 
 def analyze(out_dir: Path, scenario: sc.Scenario) -> an.Analysis:
@@ -610,12 +651,14 @@ def run_experiment(
     binary: Path | None = None,
     progress: bool = True,
     argv: list[str] | None = None,
+    impl: str | None = None,
 ) -> int:
     """``chive-lab run``: every variant × repetition (repetitions interleaved, so
     slow drift of the machine affects every variant alike), then analyze and
     report. Returns the exit status: 0 ok, 1 a repetition failed, 130 interrupted.
-    What was collected is analyzed in every case."""
-    scenario = sc.load_scenario(scenario_path, quick=quick)
+    What was collected is analyzed in every case. ``impl`` (``--impl``) replaces
+    the scenario's ``impl``: ``both`` runs every variant on chive and on tor."""
+    scenario = sc.load_scenario(scenario_path, quick=quick, impl=impl)
     if variants:
         scenario = sc.select_variants(scenario, variants)
     if repetitions is not None:
@@ -623,7 +666,7 @@ def run_experiment(
     kind = get_kind(scenario.kind)
     backend = get_backend(scenario.backend)
     binary = Path(binary) if binary is not None else default_binary()
-    if scenario.kind == "overlay" and not binary.is_file():
+    if scenario.kind in ("overlay", "idle-vs-load") and not binary.is_file():
         raise LabError(f"chive binary not found: {binary} (run `cargo build --release` or set CHIVE_BIN)")
     out = Path(out).resolve()
     if (out / "runs").exists() or (out / "manifest.json").exists():
@@ -728,7 +771,9 @@ def load_manifest(out: Path) -> dict[str, Any]:
 def scenario_of(out: Path) -> sc.Scenario:
     """The scenario as it was run (quick applied, variants and repetitions as recorded)."""
     manifest = load_manifest(out)
-    scenario = sc.load_scenario(Path(out) / "scenario.toml", quick=bool(manifest.get("quick")))
+    impl = manifest.get("impl")
+    scenario = sc.load_scenario(Path(out) / "scenario.toml", quick=bool(manifest.get("quick")),
+                                impl=impl if impl in sc.IMPLS else None)
     labels = manifest.get("variants")
     if isinstance(labels, list) and labels:
         scenario = sc.select_variants(scenario, [str(x) for x in labels])
@@ -744,5 +789,9 @@ def analyze_dir(out: Path) -> an.Analysis:
     scenario = scenario_of(out)
     kind = get_kind(scenario.kind)
     result = kind.analyze(out, scenario)
+    tor_part, tor_tables = an.tor_section(out, scenario)
+    if tor_part is not None:
+        result.summary["tor"] = tor_part
+        result.tables.extend(tor_tables)
     _write_json(out / "summary.json", result.summary)
     return result

@@ -44,6 +44,8 @@ __all__ = [
     "Scenario",
     "ThinkTime",
     "Variant",
+    "display_label",
+    "impl_of",
     "load_scenario",
     "parse_scenario",
     "variant_label",
@@ -544,8 +546,10 @@ def set_kind_options_parser(parser: KindOptionsParser | None) -> None:
     _kind_options_parser = parser
 
 
-def parse_scenario(doc: Mapping[str, Any], *, quick: bool = False) -> Scenario:
-    """Validate a parsed TOML document; with ``quick``, apply ``[quick]`` first."""
+def parse_scenario(doc: Mapping[str, Any], *, quick: bool = False, impl: str | None = None) -> Scenario:
+    """Validate a parsed TOML document; with ``quick``, apply ``[quick]`` first.
+    ``impl`` (``chive-lab run --impl``) replaces the file's ``impl`` before the
+    variants are derived, so ``both`` adds the impl dimension as if written."""
     source = dict(doc)
     raw = dict(doc)
     if quick and "quick" in raw:
@@ -553,6 +557,8 @@ def parse_scenario(doc: Mapping[str, Any], *, quick: bool = False) -> Scenario:
     elif "quick" in raw:
         _table(raw["quick"], "quick")
     raw.pop("quick", None)
+    if impl is not None:
+        raw["impl"] = _str(impl, "--impl", choices=IMPLS)
 
     kind = _str(raw.get("kind", "overlay"), "kind", max_len=60)
     allowed = set(_COMMON_KEYS) | (_OVERLAY_KEYS if kind == "overlay" else set())
@@ -612,7 +618,7 @@ def parse_scenario(doc: Mapping[str, Any], *, quick: bool = False) -> Scenario:
     )
 
 
-def load_scenario(path: Path | str, *, quick: bool = False) -> Scenario:
+def load_scenario(path: Path | str, *, quick: bool = False, impl: str | None = None) -> Scenario:
     """Read and validate a scenario file. Errors name the file and the key."""
     path = Path(path)
     try:
@@ -627,9 +633,26 @@ def load_scenario(path: Path | str, *, quick: bool = False) -> Scenario:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise LabError(f"{path}: not valid TOML: {e}") from e
     try:
-        return parse_scenario(doc, quick=quick)
+        return parse_scenario(doc, quick=quick, impl=impl)
     except LabError as e:
         raise LabError(f"{path}: {e}") from e
+
+
+def impl_of(scenario: Scenario, variant: Variant) -> str:
+    """The implementation a variant runs on (its own ``impl`` or the scenario's)."""
+    return variant.impl or scenario.impl
+
+
+def display_label(variant: Variant) -> str:
+    """A short name for tables comparing implementations: ``chive/ewma``,
+    ``tor/ewma`` (``impl/rest``), or the label when the variant sets no impl.
+    The variant's label itself (directory and summary key) is unchanged."""
+    if variant.impl is None:
+        return variant.label
+    rest = {k: v for k, v in variant.values.items() if k != "impl"}
+    if not rest:
+        return variant.impl
+    return f"{variant.impl}/{variant_label(rest)}"
 
 
 def select_variants(scenario: Scenario, labels: list[str]) -> Scenario:

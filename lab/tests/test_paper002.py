@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import os
+
 import pytest
 
 from chive_lab import netns
@@ -96,7 +98,7 @@ def test_very_quick_run_produces_its_files(tmp_path):
     s = p2.run_all(["uni", "uni-ackprio"], 1, p, tmp_path, parallel=2, chive_bin=CHIVE)
     assert "errors" not in s
     # Nothing of ours left behind (another run's namespaces may come and go meanwhile).
-    assert set(netns.our_namespaces()) <= set(before)
+    assert {n for n in netns.our_namespaces() if n.startswith(f"{netns.PREFIX}{os.getpid()}-")} <= set(before)
     for f in ("throughput_uni.png", "throughput_uni.csv", "throughput_uni-ackprio.png", "variance.png",
               "variance.csv", "summary.json", "comparison.md", "manifest.json"):
         assert (tmp_path / f).is_file(), f
