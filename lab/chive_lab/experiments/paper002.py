@@ -560,6 +560,19 @@ def run_repetition(ctx) -> None:
     (Path(ctx.run_dir) / "flows.json").write_text(json.dumps(flows))
 
 
+def repetition_dirs(out_dir: Path, variants, scenario=None) -> dict[str, list[Path]]:
+    """``runs/<variant>/<rep>`` directories that hold a ``flows.json``, per known variant, in the
+    scenario's variant order (or ``variants``' order), repetitions in numeric order."""
+    found: dict[str, list[Path]] = {}
+    for vdir in sorted((Path(out_dir) / "runs").glob("*")):
+        if not vdir.is_dir() or vdir.name not in variants:
+            continue
+        found[vdir.name] = sorted((d for d in vdir.iterdir() if (d / "flows.json").is_file()),
+                                  key=lambda d: int(d.name) if d.name.isdigit() else 0)
+    order = [v.label for v in scenario.variants] if scenario is not None else list(variants)
+    return {v: found[v] for v in order if v in found}
+
+
 def analyze(out_dir, scenario=None):
     """``chive-lab analyze`` entry: read ``runs/<variant>/<rep>/flows.json``, write
     this kind's figures and CSVs into ``out_dir/figures`` and return an
@@ -568,15 +581,8 @@ def analyze(out_dir, scenario=None):
 
     out_dir = Path(out_dir)
     p = scenario.options if scenario is not None and isinstance(scenario.options, Params) else Params()
-    results: dict[str, list] = {}
-    for vdir in sorted((out_dir / "runs").glob("*")):
-        if not vdir.is_dir() or vdir.name not in VARIANTS:
-            continue
-        reps = sorted((d for d in vdir.iterdir() if (d / "flows.json").is_file()),
-                      key=lambda d: int(d.name) if d.name.isdigit() else 0)
-        results[vdir.name] = [json.loads((d / "flows.json").read_text()) for d in reps]
-    order = [v.label for v in scenario.variants] if scenario is not None else list(VARIANTS)
-    results = {v: results[v] for v in order if v in results}
+    results = {v: [json.loads((d / "flows.json").read_text()) for d in reps]
+               for v, reps in repetition_dirs(out_dir, VARIANTS, scenario).items()}
     summary = analyze_raw(results, p, out_dir / "paper002")
     rows = []
     for v, flows in summary["variants"].items():

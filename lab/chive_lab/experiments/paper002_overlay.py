@@ -729,18 +729,11 @@ def analyze(out_dir, scenario=None):
 
     out_dir = Path(out_dir)
     p = scenario.options if scenario is not None and isinstance(scenario.options, Params) else Params()
-    results: dict[str, list] = {}
-    evidence: dict[str, dict] = {}
-    for vdir in sorted((out_dir / "runs").glob("*")):
-        if not vdir.is_dir() or vdir.name not in VARIANTS:
-            continue
-        reps = sorted((d for d in vdir.iterdir() if (d / "flows.json").is_file()),
-                      key=lambda d: int(d.name) if d.name.isdigit() else 0)
-        results[vdir.name] = [json.loads((d / "flows.json").read_text()) for d in reps]
-        evidence[vdir.name] = {d.name: json.loads((d / "evidence.json").read_text())
-                               for d in reps if (d / "evidence.json").is_file()}
-    order = [v.label for v in scenario.variants] if scenario is not None else list(VARIANTS)
-    results = {v: results[v] for v in order if v in results}
+    dirs = p2.repetition_dirs(out_dir, VARIANTS, scenario)
+    results = {v: [json.loads((d / "flows.json").read_text()) for d in reps] for v, reps in dirs.items()}
+    evidence = {v: {d.name: json.loads((d / "evidence.json").read_text())
+                    for d in reps if (d / "evidence.json").is_file()}
+                for v, reps in dirs.items()}
     summary = analyze_raw(results, p, out_dir / "paper002_overlay", evidence)
     rows = []
     for v, ds in summary["variants"].items():
