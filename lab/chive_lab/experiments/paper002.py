@@ -300,17 +300,27 @@ def representative(runs: list[dict[str, list[float]]], flow: str, lo: float, hi:
 
 def _write_variant(out: Path, variant: str, runs, slot: float, p: Params) -> None:
     flows = sorted(runs[0])
-    end = len(runs[0][flows[0]])
+    write_throughput(out, variant, runs, slot, p, flows, flows,
+                     f"{variant}: mean over {len(runs)} run(s), {slot:g} s slots, 90% CI "
+                     f"(paper Fig {VARIANTS[variant]['fig']})")
+
+
+def write_throughput(out: Path, variant: str, runs, slot: float, p: Params, csv_flows, plot_flows,
+                     title: str, hline: tuple[float, str] | None = None) -> None:
+    """throughput_<variant>.csv (every 1 s sample of every run), throughput_avg_<variant>.csv
+    (slot means with 90% CIs across runs) and throughput_<variant>.png (those means, and the
+    representative run's 1 s samples); `hline` = (bytes/s, label) draws a reference line."""
+    end = len(runs[0][csv_flows[0]])
     with (out / f"throughput_{variant}.csv").open("w") as fh:
         fh.write("run,second,flow,throughput_bps\n")
         for i, r in enumerate(runs):
-            for f in flows:
+            for f in csv_flows:
                 for s, v in enumerate(r[f]):
                     fh.write(f"{i},{s},{f},{v:.0f}\n")
-    stats = {f: _slot_stats(runs, f, slot, end) for f in flows}
+    stats = {f: _slot_stats(runs, f, slot, end) for f in csv_flows}
     with (out / f"throughput_avg_{variant}.csv").open("w") as fh:
         fh.write("slot_start,slot_end,flow,mean_bps,ci90_half_bps,runs\n")
-        for f in flows:
+        for f in csv_flows:
             for lo, hi, m, half, n in stats[f]:
                 fh.write(f"{lo:g},{hi:g},{f},{m:.0f},{half:.0f},{n}\n")
     rep = representative(runs, "A->B", p.t(OVERLAP[0]), p.t(OVERLAP[1]))
@@ -322,14 +332,15 @@ def _write_variant(out: Path, variant: str, runs, slot: float, p: Params) -> Non
     except ImportError:
         return
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for f in flows:
+    for f in plot_flows:
         xs = [(lo + hi) / 2 for lo, hi, *_ in stats[f]]
         ms = [m / 8000 for _, _, m, _, _ in stats[f]]
         hs = [0 if math.isnan(h) else h / 8000 for *_, h, _ in stats[f]]
         ax1.errorbar(xs, ms, yerr=hs, capsize=2, marker="o", ms=3, label=f)
         ax2.plot(range(end), [v / 8000 for v in runs[rep][f]], lw=0.8, label=f)
-    ax1.set_title(f"{variant}: mean over {len(runs)} run(s), {slot:g} s slots, 90% CI "
-                  f"(paper Fig {VARIANTS[variant]['fig']})", fontsize=9)
+    if hline is not None:
+        ax1.axhline(hline[0] / 8000, color="gray", lw=0.6, ls="--", label=hline[1])
+    ax1.set_title(title, fontsize=9)
     ax2.set_title(f"representative run #{rep}, 1 s samples", fontsize=9)
     for ax in (ax1, ax2):
         ax.set_ylabel("throughput [kB/s]")

@@ -479,48 +479,12 @@ def _targets(summary: dict) -> dict:
 
 
 def _write_variant(out: Path, variant: str, runs, slot: float, p: Params) -> None:
+    # Per-connection series ("host:peer") go into the CSV; the figure shows the two directions.
     series = list(DIRECTIONS) + sorted(k for k in runs[0] if ":" in k)
-    end = len(runs[0][DIRECTIONS[0]])
-    with (out / f"throughput_{variant}.csv").open("w") as fh:
-        fh.write("run,second,flow,throughput_bps\n")
-        for i, r in enumerate(runs):
-            for f in series:
-                for s, val in enumerate(r[f]):
-                    fh.write(f"{i},{s},{f},{val:.0f}\n")
-    stats = {f: p2._slot_stats(runs, f, slot, end) for f in series}
-    with (out / f"throughput_avg_{variant}.csv").open("w") as fh:
-        fh.write("slot_start,slot_end,flow,mean_bps,ci90_half_bps,runs\n")
-        for f in series:
-            for lo, hi, m, half, n in stats[f]:
-                fh.write(f"{lo:g},{hi:g},{f},{m:.0f},{half:.0f},{n}\n")
-    rep = p2.representative(runs, "A->B", p.t(OVERLAP[0]), p.t(OVERLAP[1]))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for f in DIRECTIONS:
-        xs = [(lo + hi) / 2 for lo, hi, *_ in stats[f]]
-        ms = [m / 8000 for _, _, m, _, _ in stats[f]]
-        hs = [0 if math.isnan(h) else h / 8000 for *_, h, _ in stats[f]]
-        ax1.errorbar(xs, ms, yerr=hs, capsize=2, marker="o", ms=3, label=f)
-        ax2.plot(range(end), [x / 8000 for x in runs[rep][f]], lw=0.8, label=f)
-    ax1.axhline(netns.parse_rate(p.rate) / 2 / 8000, color="gray", lw=0.6, ls="--", label="half the link")
-    ax1.set_title(f"overlay {variant}: mean over {len(runs)} run(s), {slot:g} s slots, 90% CI "
-                  f"(cf. paper Fig {VARIANTS[variant]['fig']})", fontsize=9)
-    ax2.set_title(f"representative run #{rep}, 1 s samples", fontsize=9)
-    for ax in (ax1, ax2):
-        ax.set_ylabel("throughput [kB/s]")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    ax2.set_xlabel("time [s]")
-    fig.tight_layout()
-    fig.savefig(out / f"throughput_{variant}.png", dpi=110)
-    plt.close(fig)
+    p2.write_throughput(out, variant, runs, slot, p, series, list(DIRECTIONS),
+                        f"overlay {variant}: mean over {len(runs)} run(s), {slot:g} s slots, 90% CI "
+                        f"(cf. paper Fig {VARIANTS[variant]['fig']})",
+                        hline=(netns.parse_rate(p.rate) / 2, "half the link"))
 
 
 def _write_comparison(out: Path, summary: dict, var_rows) -> None:
