@@ -22,7 +22,7 @@ help:
 	@echo "make build   cargo build --release and the lab's Python environment (.venv)"
 	@echo "make test    build, cargo test --release --workspace, pytest lab/tests"
 	@echo "make demo    build, start a 3-relay network, curl 1 MiB and 10 MiB through it, stop it"
-	@echo "make bench   cargo bench -p chive-crypto and the 3-hop 50 MB goodput benchmark"
+	@echo "make bench   cargo bench (crypto per cell, scheduler per cell) and the 3-hop 50 MB goodput benchmark"
 	@echo "make lint    cargo fmt --check, clippy -D warnings, Python compile (+ pyflakes if present)"
 	@echo "make clean   remove build products (target/, .venv, caches); keeps runs/"
 
@@ -52,6 +52,7 @@ demo: build
 
 bench: build
 	$(CARGO) bench -p chive-crypto
+	$(CARGO) bench -p chive-core --bench sched
 	bash lab/scripts/bench_goodput.sh
 
 lint: deps
