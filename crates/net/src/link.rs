@@ -277,16 +277,7 @@ impl Accepting {
         let fut = async move {
             let io = prepare(tcp)?;
             let tls = acceptor.accept(io).await.map_err(tls_err)?;
-            let exporter = tls
-                .get_ref()
-                .1
-                .export_keying_material([0u8; EXPORTER_LEN], EXPORTER_LABEL, None)
-                .map_err(|e| LinkError::Tls(e.to_string()))?;
-            let bind_token = tls
-                .get_ref()
-                .1
-                .export_keying_material([0u8; EXPORTER_LEN], BIND_EXPORTER_LABEL, None)
-                .map_err(|e| LinkError::Tls(e.to_string()))?;
+            let (exporter, bind_token) = exporters(std::ops::Deref::deref(tls.get_ref().1))?;
             finish(
                 TlsStream::from(tls),
                 peer_addr,
@@ -319,16 +310,7 @@ pub async fn connect(
             .connect(tls::server_name(addr), io)
             .await
             .map_err(tls_err)?;
-        let exporter = tls
-            .get_ref()
-            .1
-            .export_keying_material([0u8; EXPORTER_LEN], EXPORTER_LABEL, None)
-            .map_err(|e| LinkError::Tls(e.to_string()))?;
-        let bind_token = tls
-            .get_ref()
-            .1
-            .export_keying_material([0u8; EXPORTER_LEN], BIND_EXPORTER_LABEL, None)
-            .map_err(|e| LinkError::Tls(e.to_string()))?;
+        let (exporter, bind_token) = exporters(std::ops::Deref::deref(tls.get_ref().1))?;
         finish(
             TlsStream::from(tls),
             addr,
@@ -351,6 +333,18 @@ fn client_config() -> Result<Arc<rustls::ClientConfig>, LinkError> {
         .get_or_init(|| tls::client_config().map_err(|e| e.to_string()))
         .clone()
         .map_err(LinkError::Tls)
+}
+
+/// The TLS session's keying material for link authentication and for BIND tokens (both
+/// ends derive the same values; distinct labels keep them independent).
+fn exporters<D>(
+    conn: &rustls::ConnectionCommon<D>,
+) -> Result<([u8; EXPORTER_LEN], [u8; EXPORTER_LEN]), LinkError> {
+    let export = |label: &[u8]| {
+        conn.export_keying_material([0u8; EXPORTER_LEN], label, None)
+            .map_err(|e| LinkError::Tls(e.to_string()))
+    };
+    Ok((export(EXPORTER_LABEL)?, export(BIND_EXPORTER_LABEL)?))
 }
 
 /// A TCP socket for `addr`'s family with the configured buffer sizes (set before
