@@ -460,22 +460,42 @@ def _git_rev() -> str | None:
         return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m chive_lab.experiments.paper002``."""
-    ap = argparse.ArgumentParser(prog="python -m chive_lab.experiments.paper002",
-                                 description="Paper 002 plain-TCP reproduction on the netns backend.")
+def add_testbed_arguments(ap: argparse.ArgumentParser, variants, default_runs: int) -> None:
+    """Command-line options both paper-002 experiments share."""
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true", help="scale 0.2 (0-50 s / 10-60 s), 1 run")
     ap.add_argument("--scale", type=float, default=None, help="time scale (default 1, quick 0.2)")
-    ap.add_argument("--runs", type=int, default=None, help="repetitions per variant (default 10, quick 1)")
-    ap.add_argument("--parallel", type=int, default=1, help="testbeds at once (default 1)")
-    ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help=f"comma-separated subset of {', '.join(VARIANTS)}")
+    ap.add_argument("--runs", type=int, default=None,
+                    help=f"repetitions per variant (default {default_runs}, quick 1)")
+    ap.add_argument("--variants", default=",".join(variants),
+                    help=f"comma-separated subset of {', '.join(variants)}")
     ap.add_argument("--rate", default="10mbit")
     ap.add_argument("--cc", default="cubic", help="cubic (paper) or bbr")
     ap.add_argument("--queue-at", choices=["host", "switch"], default="switch",
                     help="where a host's outgoing queue lives (see netns.LinkSpec.queue_at)")
     ap.add_argument("--queue-packets", type=int, default=1000)
+
+
+def resolve_testbed_arguments(ap: argparse.ArgumentParser, a, variants,
+                              default_runs: int) -> tuple[list[str], float, int]:
+    """(variants, scale, runs) from the shared options, with the quick defaults applied."""
+    chosen = [v.strip() for v in a.variants.split(",") if v.strip()]
+    bad = [v for v in chosen if v not in variants]
+    if bad:
+        ap.error(f"unknown variants {bad}")
+    scale = a.scale if a.scale is not None else (0.2 if a.quick else 1.0)
+    if not 0.01 <= scale <= 10:
+        ap.error("--scale must be within 0.01..10")
+    runs = a.runs if a.runs is not None else (1 if a.quick else default_runs)
+    return chosen, scale, runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chive_lab.experiments.paper002``."""
+    ap = argparse.ArgumentParser(prog="python -m chive_lab.experiments.paper002",
+                                 description="Paper 002 plain-TCP reproduction on the netns backend.")
+    add_testbed_arguments(ap, VARIANTS, default_runs=10)
+    ap.add_argument("--parallel", type=int, default=1, help="testbeds at once (default 1)")
     ap.add_argument("--ackprio-hosts", default="B", help="hosts that get `chive shape` (default B)")
     ap.add_argument("--chive-bin", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -483,14 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"paper002: {why}", file=sys.stderr)
         return 2
-    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad:
-        ap.error(f"unknown variants {bad}")
-    scale = a.scale if a.scale is not None else (0.2 if a.quick else 1.0)
-    if not 0.01 <= scale <= 10:
-        ap.error("--scale must be within 0.01..10")
-    runs = a.runs if a.runs is not None else (1 if a.quick else 10)
+    variants, scale, runs = resolve_testbed_arguments(ap, a, VARIANTS, default_runs=10)
     p = Params(rate=a.rate, scale=scale, cc=a.cc, queue_packets=a.queue_packets, queue_at=a.queue_at,
                ackprio_hosts=tuple(h.strip() for h in a.ackprio_hosts.split(",") if h.strip()))
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731

@@ -585,17 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ap = argparse.ArgumentParser(prog="python -m chive_lab.experiments.paper002_overlay",
                                  description="Paper 002 overlay reproduction: chive relays on the netns testbed.")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--quick", action="store_true", help="scale 0.2 (0-50 s / 10-60 s), 1 run")
-    ap.add_argument("--scale", type=float, default=None, help="time scale (default 1, quick 0.2)")
-    ap.add_argument("--runs", type=int, default=None, help="repetitions per variant (default 3, quick 1)")
-    ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help=f"comma-separated subset of {', '.join(VARIANTS)}")
-    ap.add_argument("--rate", default="10mbit")
-    ap.add_argument("--cc", default="cubic", help="cubic (paper) or bbr")
-    ap.add_argument("--queue-at", choices=["host", "switch"], default="switch",
-                    help="where a host's outgoing queue lives (see netns.LinkSpec.queue_at)")
-    ap.add_argument("--queue-packets", type=int, default=1000)
+    p2.add_testbed_arguments(ap, VARIANTS, default_runs=3)
     ap.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per link (delay line)")
     ap.add_argument("--ackprio-hosts", default="A,B,C", help="hosts that get `chive shape` (default all)")
     ap.add_argument("--transfer-bytes", type=int, default=64 * 1024 * 1024,
@@ -606,14 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"paper002-overlay: {why}", file=sys.stderr)
         return 2
-    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad:
-        ap.error(f"unknown variants {bad}")
-    scale = a.scale if a.scale is not None else (0.2 if a.quick else 1.0)
-    if not 0.01 <= scale <= 10:
-        ap.error("--scale must be within 0.01..10")
-    runs = a.runs if a.runs is not None else (1 if a.quick else 3)
+    variants, scale, runs = p2.resolve_testbed_arguments(ap, a, VARIANTS, default_runs=3)
     if not 1 <= runs <= 1000:
         ap.error("--runs must be within 1..1000")
     if not 1024 <= a.transfer_bytes <= 10 * 1024**3:
