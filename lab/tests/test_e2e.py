@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from labcli import run_lab  # tests/ is on sys.path (conftest)
 
 from chive_lab import socks
 from chive_lab.content import check_body, check_file
@@ -25,7 +26,6 @@ from chive_lab.process import is_running
 from chive_lab.state import load_state
 
 TEN_MIB = 10 * 1024 * 1024
-LAB_DIR = Path(__file__).resolve().parents[1]
 
 
 def _skip_reason() -> str | None:
@@ -47,11 +47,7 @@ _REASON = _skip_reason()
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
 
 
-def _lab(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "chive_lab", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=LAB_DIR,
-    )
+_lab = run_lab
 
 
 def test_three_relay_network_end_to_end(tmp_path: Path):

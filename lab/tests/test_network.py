@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from labcli import LAB_DIR, run_lab  # tests/ is on sys.path (conftest)
+
 from chive_lab import socks
 from chive_lab.content import check_body
 from chive_lab.errors import LabError
@@ -20,7 +22,6 @@ from chive_lab.network import Network, NetworkSpec, consensus_lists, free_ports
 from chive_lab.process import is_running
 from chive_lab.state import load_state
 
-LAB_DIR = Path(__file__).resolve().parents[1]
 
 
 def _quiet(_msg: str) -> None:
@@ -168,11 +169,7 @@ def test_timeout_names_missing_relay(tmp_path: Path, fake_chive: Path, env_clean
     assert _all_gone(dir)
 
 
-def _lab(*args: str, env: dict | None = None, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "chive_lab", *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=LAB_DIR,
-    )
+_lab = run_lab
 
 
 def test_cli_up_prints_one_json_object_and_down_stops_all(tmp_path: Path, fake_chive: Path, env_clean):

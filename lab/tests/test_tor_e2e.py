@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from labcli import run_lab  # tests/ is on sys.path (conftest)
 
 from chive_lab.content import check_file
 from chive_lab.network import default_binary
@@ -24,7 +25,6 @@ from chive_lab.state import load_state
 from chive_lab.tor import collect_tor_metrics, tor_unavailable_reason
 
 TEN_MIB = 10 * 1024 * 1024
-LAB_DIR = Path(__file__).resolve().parents[1]
 
 
 def _skip_reason() -> str | None:
@@ -43,11 +43,7 @@ _REASON = _skip_reason()
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
 
 
-def _lab(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "chive_lab", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=LAB_DIR,
-    )
+_lab = run_lab
 
 
 def test_tor_network_end_to_end(tmp_path: Path):
