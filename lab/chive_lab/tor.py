@@ -314,6 +314,9 @@ _CHIVE_ONLY_RELAY_KEYS = {
     "OutbufCells": "chive's bounded per-connection output buffer (cells handed to a connection "
     "before they are written); Tor has no such cap: its KIST scheduler limits writes by the "
     "socket's state instead",
+    "ReadRateMargin": "Tor applies BandwidthRate to reading and writing alike; chive lets "
+    "reading go this fraction faster so that queues form in circuit queues, where the scheduler "
+    "acts, rather than in kernel buffers",
     "PublishInterval": "Tor relays choose when to upload descriptors themselves "
     "(at start and when they change; about every 18 h otherwise)",
     "Log": "the lab sets Tor's logging itself (notice level to DIR/<node>/tor.log)",

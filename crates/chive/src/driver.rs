@@ -271,6 +271,15 @@ impl ChanIo {
         self.primary.in_flight + self.secondary.as_ref().map_or(0, |s| s.in_flight)
     }
 
+    /// Cells the connection we write on may still take.
+    fn room(&self, outbuf_cells: usize) -> usize {
+        let conn = match (self.writing_secondary(), &self.secondary) {
+            (true, Some(s)) => s,
+            _ => &self.primary,
+        };
+        outbuf_cells.saturating_sub(conn.in_flight)
+    }
+
     /// Whether our cells currently go on the second connection.
     fn writing_secondary(&self) -> bool {
         matches!(&self.split, SplitSide::Writer { sender, .. } if sender.current() == Conn::Secondary)
@@ -364,6 +373,9 @@ pub struct Driver {
     relay_addrs: HashMap<IdentityKey, SocketAddr>,
     /// Second connections: connection id → channel.
     secondaries: HashMap<ChannelId, ChannelId>,
+    /// Channels with cells waiting for output room while the relay's write rate is shared
+    /// (see [`Driver::dispatch`]), oldest first.
+    waiting: VecDeque<ChannelId>,
 }
 
 impl Driver {
@@ -384,6 +396,7 @@ impl Driver {
             split: SplitConfig::default(),
             relay_addrs: HashMap::new(),
             secondaries: HashMap::new(),
+            waiting: VecDeque::new(),
         }
     }
 
@@ -617,13 +630,87 @@ impl Driver {
                 break;
             }
         }
+        // Room may have appeared without a Written for a waiting channel (a link went down).
+        if !self.waiting.is_empty() {
+            self.dispatch(now);
+        }
     }
 
-    /// Move cells to a link's writer while it has room. A split channel's responder writes on
-    /// its second connection, everyone else on the first.
+    /// `chan` may have cells to send. Without a write rate limit they go straight to its
+    /// writer (up to `outbuf_cells` in flight on the connection). With one, all channels share
+    /// the rate, so the channel joins the waiting list and [`Driver::dispatch`] decides.
     fn transmit(&mut self, chan: ChannelId, now: Instant) {
-        let Some(io) = self.chans.get_mut(&chan) else {
+        if !self.rate_shared() {
+            self.transmit_up_to(chan, usize::MAX, now);
             return;
+        }
+        if !self.waiting.contains(&chan) && self.core.has_pending(chan) {
+            self.waiting.push_back(chan);
+        }
+        self.dispatch(now);
+    }
+
+    /// Whether link writers share a finite write rate (`BandwidthRate`).
+    fn rate_shared(&self) -> bool {
+        self.cfg
+            .limits
+            .write_bucket
+            .as_ref()
+            .is_some_and(|b| b.rate().0 > 0)
+    }
+
+    /// Cross-channel scheduling under a shared write rate (the papers' future work 8.1; C tor's
+    /// KIST does the same with `circuitmux_compare_muxes`). Every writer draws from one token
+    /// bucket, so cells handed to writers wait there in first-come order whatever their
+    /// circuit. Keep that shared queue short — at most `outbuf_cells` cells in flight over all
+    /// connections — and whenever room appears, give it to the waiting channel whose next
+    /// circuit is most deserving (lowest decayed EWMA count; link-level cells first; ties and
+    /// round-robin in turn), a half-buffer at a time so a newcomer never waits behind more
+    /// than that. A fresh circuit on a quiet channel thus overtakes bulk on other channels too,
+    /// not only on its own.
+    fn dispatch(&mut self, now: Instant) {
+        let quantum = (self.cfg.outbuf_cells / 2).max(1);
+        loop {
+            let in_flight: usize = self.chans.values().map(ChanIo::in_flight).sum();
+            let room = self.cfg.outbuf_cells.saturating_sub(in_flight);
+            if room == 0 {
+                return;
+            }
+            let (chans, core) = (&self.chans, &self.core);
+            self.waiting
+                .retain(|c| chans.contains_key(c) && core.has_pending(*c));
+            let best = self
+                .waiting
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| {
+                    chans
+                        .get(c)
+                        .is_some_and(|io| io.room(self.cfg.outbuf_cells) > 0)
+                })
+                .map(|(i, c)| (i, core.channel_priority(*c, now).unwrap_or(0.0)))
+                .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
+                .map(|(i, _)| i);
+            let Some(chan) = best.and_then(|i| self.waiting.remove(i)) else {
+                return;
+            };
+            let sent = self.transmit_up_to(chan, quantum.min(room), now);
+            if self.core.has_pending(chan) {
+                // Behind the others: equals take turns.
+                self.waiting.push_back(chan);
+            }
+            if sent == 0 {
+                return;
+            }
+        }
+    }
+
+    /// Move up to `limit` cells to a link's writer while it has room. A split channel's
+    /// responder writes on its second connection, everyone else on the first. Returns how
+    /// many cells moved.
+    fn transmit_up_to(&mut self, chan: ChannelId, limit: usize, now: Instant) -> usize {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return 0;
         };
         let on_secondary = io.writing_secondary();
         let ChanIo {
@@ -646,9 +733,10 @@ impl Driver {
                     m.outbuf_full_events += 1;
                 }
             }
-            return;
+            return 0;
         }
         *blocked = false;
+        let room = room.min(limit);
         let mut cells = Vec::with_capacity(room.min(64));
         let n = self.core.poll_transmit(chan, room, now, &mut cells);
         if n > 0 {
@@ -667,6 +755,7 @@ impl Driver {
                 debug!(?chan, "writer gone");
             }
         }
+        n
     }
 
     fn handle_event(&mut self, ev: Event, now: Instant) {

@@ -733,6 +733,19 @@ impl Core {
             .is_some_and(|c| !c.urgent.is_empty() || c.sched.active_len() > 0)
     }
 
+    /// How deserving `chan`'s next cell is, for drivers that share one rate limit among
+    /// channels (lower goes first): `Some(-1.0)` while link-level cells (DESTROY, CREATED2…)
+    /// wait, else the scheduler's [`crate::sched::CircuitScheduler::head_priority`] (the decayed
+    /// EWMA count of the circuit it would pick). `None` if nothing waits or the policy does not
+    /// rank (round-robin): then the driver serves channels in turn.
+    pub fn channel_priority(&self, chan: ChannelId, now: Instant) -> Option<f64> {
+        let ch = self.channels.get(&chan)?;
+        if !ch.urgent.is_empty() {
+            return Some(-1.0);
+        }
+        ch.sched.head_priority(now)
+    }
+
     /// Move up to `max` cells for `chan` into `out`, choosing circuits with the
     /// channel's scheduler. Returns how many were added. Call when the
     /// connection's output buffer has room, so the choice is made as late as possible.

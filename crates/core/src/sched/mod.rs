@@ -14,6 +14,10 @@
 //!   any history kept for the queue.
 //! - [`CircuitScheduler::ewma_count`] (optional, default `None`): the queue's current priority
 //!   value, for metrics only.
+//! - [`CircuitScheduler::head_priority`] (optional, default `None`): the priority value of the
+//!   queue [`CircuitScheduler::pick`] would choose now, so that a driver sharing one rate limit
+//!   among many channels can serve the channel with the most deserving circuit first (C tor's
+//!   `circuitmux_compare_muxes`, used by its KIST scheduler). `None` = the policy does not rank.
 //!
 //! `now` is always passed in, read once per write event by the driver, never from a clock
 //! (the papers' cached-time fix: one clock read per write event, not per cell).
@@ -173,6 +177,14 @@ pub trait CircuitScheduler: Send {
     /// `now`), for metrics; `None` for policies without one. `Some(0.0)` for a queue with no
     /// history.
     fn ewma_count(&self, _queue: QueueId, _now: Instant) -> Option<f64> {
+        None
+    }
+
+    /// Optional (default `None`). The decayed count (cells, at `now`) of the queue
+    /// [`Self::pick`] would choose now; lower is more deserving. Values of different channels
+    /// using the same policy and half-life are comparable: counts are decayed to the same
+    /// instant. `None` if no queue is active or the policy does not rank queues.
+    fn head_priority(&self, _now: Instant) -> Option<f64> {
         None
     }
 
