@@ -1,5 +1,6 @@
-//! Cost per scheduled cell of the circuit schedulers (issue 3): round-robin, EWMA (scale factor +
-//! indexed heap) and EWMA-direct (decay everything, linear scan) at 10 … 10 000 active circuits.
+//! Cost per scheduled cell of the circuit schedulers (issue 3): round-robin, EWMA (scale factor,
+//! sorted ring + indexed heap) and EWMA-direct (decay everything, linear scan) at 10 … 10 000
+//! active circuits.
 //!
 //! One iteration is the core's per-cell work in `poll_transmit`: `pick` → pop a real 514-byte
 //! cell from that circuit's queue → push it into the channel's output `Vec` → `cell_sent` →

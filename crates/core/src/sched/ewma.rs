@@ -12,10 +12,20 @@
 //! - [`Ewma`], the fast one (Mathewson's optimisation, described in the paper's §3.5): counts are
 //!   stored relative to a reference time t0. One scale value V = 2^((now - t0)/H) is the weight
 //!   of a cell sent now, and a sent cell adds V to its queue's stored count. All stored counts
-//!   are the decayed counts times the same V, so their order is the decayed order and an
-//!   indexed min-heap of the active queues stays valid as time passes. Before V grows large
-//!   enough to cost precision (2^32), every stored count is divided by V, V reset to 1 and t0 to
-//!   now (renormalisation). O(log active) per cell; the pick is the heap's root.
+//!   are the decayed counts times the same V, so their order is the decayed order and stays
+//!   valid as time passes. Before V grows large enough to cost precision (2^32), every stored
+//!   count is divided by V, V reset to 1 and t0 to now (renormalisation).
+//!
+//!   The active queues are kept in a sorted run plus an indexed min-heap. Within one write event
+//!   V is constant, so every sent cell adds the same amount; when busy circuits have counts
+//!   within one cell of each other (bulk circuits at equal rates, the common case), the queue
+//!   that just sent has the largest count and EWMA serves them like round-robin. The run, a
+//!   ring buffer in ascending order, holds such queues: the pick is its front and the queue that
+//!   sent goes to its back, O(1). A queue whose count does not go after the run's back (a new
+//!   circuit with a small count, a quiet one) goes to the heap, O(log n); the pick is the
+//!   smaller of the run's front and the heap's root, exactly the choice one heap of all queues
+//!   would make. Deactivation in the middle of the run leaves a tombstone, compacted away once
+//!   tombstones outnumber live entries (amortised O(1)).
 //!
 //! Shared rules:
 //! - the pick is the active queue with the lowest count, exactly; equal counts go to the smaller
@@ -241,22 +251,178 @@ impl Heap {
     }
 }
 
+/// `Slot::pos` of a queue that has no live entry in the run.
+const NO_POS: u32 = u32::MAX;
+/// Tombstones the run may hold beyond its live entries before it is compacted: a few, so that
+/// a handful of churning queues does not force a pass over a long run. Tests use fewer, so that
+/// the property test's dozen queues reach compaction often.
+const COMPACT_SLACK: usize = if cfg!(test) { 3 } else { 16 };
+/// An unused position of the run's buffer.
+const JUNK: Entry = Entry {
+    key: 0.0,
+    id: QueueId(0),
+    slot: NIL,
+};
+
+/// The run: active queues in ascending (stored count, id) order, the exact order of
+/// [`entry_before`], in a ring buffer. An entry is only ever appended when it goes after the
+/// back, so the buffer stays sorted without comparisons in the middle; when all busy circuits
+/// send at about the same rate, the queue that just sent is the largest, and EWMA is served
+/// like round-robin, O(1) per cell.
+///
+/// Each live entry's physical position is recorded in its slot (`Slot::pos`). When the buffer is
+/// full (no free position), moving the front to the back is only `head` advancing: the entry
+/// stays where it is, and the per-cell path writes no memory other than that entry's key (with
+/// thousands of circuits, every other line it touched would be a cache miss, as the cells
+/// moving through evict the scheduler's state). When it is not full, the entry moves to the free
+/// position after the back and its slot is updated; after about two rounds of such moves the
+/// buffer is shrunk to fit (O(n), amortised O(1)).
+///
+/// An entry deactivated in the middle becomes a tombstone (`slot == NIL`, key kept so the
+/// buffer stays sorted) instead of being shifted out; tombstones at either end are popped at
+/// once, so the front and the back are always live.
+#[derive(Default)]
+struct Run {
+    /// Every position of the ring; those outside `head .. head + len` (mod length) are unused.
+    buf: Vec<Entry>,
+    /// Physical position of the front.
+    head: usize,
+    /// Entries in the ring, tombstones included.
+    len: usize,
+    /// Tombstones in the ring.
+    dead: usize,
+    /// Entries written to a new position since the buffer was last laid out.
+    moves: usize,
+}
+
+impl Run {
+    /// Positions in the buffer.
+    #[inline(always)]
+    fn cap(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Physical position of the `i`-th entry (`i <= len`, so at most one wrap).
+    #[inline(always)]
+    fn phys(&self, i: usize) -> usize {
+        let p = self.head + i;
+        if p >= self.cap() {
+            p - self.cap()
+        } else {
+            p
+        }
+    }
+
+    /// Live entries.
+    fn live_len(&self) -> usize {
+        self.len - self.dead
+    }
+
+    /// The `i`-th entry in order (tombstones included).
+    #[inline(always)]
+    fn get(&self, i: usize) -> Option<&Entry> {
+        if i < self.len {
+            self.buf.get(self.phys(i))
+        } else {
+            None
+        }
+    }
+
+    /// The smallest live entry (the front is never a tombstone).
+    #[inline(always)]
+    fn front(&self) -> Option<&Entry> {
+        self.get(0)
+    }
+
+    /// True if `e` may be appended: it goes after the back (or the run is empty).
+    #[inline(always)]
+    fn accepts(&self, e: &Entry) -> bool {
+        match self.len.checked_sub(1).and_then(|i| self.get(i)) {
+            Some(b) => entry_before(b, e),
+            None => true,
+        }
+    }
+
+    /// Remove the front entry and any tombstones behind it.
+    #[inline(always)]
+    fn pop_front(&mut self) -> Option<Entry> {
+        let e = *self.front()?;
+        self.head = self.phys(1);
+        self.len -= 1;
+        self.trim();
+        Some(e)
+    }
+
+    /// Pop tombstones at both ends.
+    #[inline(always)]
+    fn trim(&mut self) {
+        while self.front().is_some_and(|e| e.slot == NIL) {
+            self.head = self.phys(1);
+            self.len -= 1;
+            self.dead -= 1;
+        }
+        while self
+            .len
+            .checked_sub(1)
+            .and_then(|i| self.get(i))
+            .is_some_and(|e| e.slot == NIL)
+        {
+            self.len -= 1;
+            self.dead -= 1;
+        }
+    }
+
+    /// Too many tombstones: memory would no longer be bounded by the live entries.
+    fn needs_compaction(&self) -> bool {
+        self.dead > self.live_len() + COMPACT_SLACK
+    }
+
+    /// Positions to give the buffer when it is laid out again for `live` entries and may grow.
+    fn roomy(live: usize) -> usize {
+        live + live / 4 + 4
+    }
+}
+
 /// A queue the fast scheduler knows: active, or inactive with history.
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     id: QueueId,
-    /// Stored count: decayed count × V.
+    /// Stored count: decayed count × V. Not maintained while the queue is in the run: its
+    /// entry's key is the count then (so that the per-cell path need not touch the slot).
     count: f64,
+    /// Physical position of the queue's live entry in the run, or [`NO_POS`].
+    pos: u32,
     /// False when the slot is on the free list.
     live: bool,
 }
 
-/// EWMA, fast implementation: scale factor V and an indexed min-heap of active queues.
+impl Slot {
+    fn fresh(id: QueueId) -> Slot {
+        Slot {
+            id,
+            count: 0.0,
+            pos: NO_POS,
+            live: true,
+        }
+    }
+}
+
+/// EWMA, fast implementation: scale factor V, and the active queues in a sorted run plus an
+/// indexed min-heap.
 ///
-/// Active queues with no history (count 0) are kept in a second heap (ordered by id alone, as
-/// all their counts are equal); this makes "a count that decayed below 1e-12 is zero" exact:
-/// the smallest positive count is the top of the main heap, so flushing the ones that crossed
-/// the floor is a pop loop at pick time.
+/// Every active queue is in exactly one of three places:
+/// - `zero`, a heap ordered by id, if its count is 0 (all such counts are equal); this makes
+///   "a count that decayed below 1e-12 is zero" exact: the smallest positive count is the
+///   front of the run or the root of the heap, so flushing the ones that crossed the floor is a
+///   pop loop at pick time;
+/// - the run (see [`Run`]), if it sent a cell and its new count went after every queue there:
+///   the common case, O(1);
+/// - `heap`, otherwise: activated queues with a positive count, and queues whose count grew but
+///   is still below the run's back, O(log n). Such a queue goes to the run's back once it is
+///   picked and sends (see [`Ewma::requeue`]).
+///
+/// The pick is the zero heap's root if any, else the smaller of the run's front and the heap's
+/// root, in the exact (count, id) order: the same choice as a single heap of all queues.
 pub struct Ewma {
     halflife: f64,
     inv_halflife: f64,
@@ -274,7 +440,9 @@ pub struct Ewma {
     slots: Vec<Slot>,
     free: Vec<u32>,
     index: QueueMap<u32>,
-    /// Active queues with a positive count.
+    /// Active queues with a positive count, in ascending order (most of them).
+    run: Run,
+    /// Active queues with a positive count that are not in the run.
     heap: Heap,
     /// Active queues with count 0.
     zero: Heap,
@@ -298,6 +466,7 @@ impl Ewma {
             slots: Vec::new(),
             free: Vec::new(),
             index: QueueMap::default(),
+            run: Run::default(),
             heap: Heap::default(),
             zero: Heap::default(),
             picked: None,
@@ -364,6 +533,17 @@ impl Ewma {
     /// below the floor become zero; inactive queues left with no history are dropped.
     #[cold]
     fn renormalise(&mut self, e: f64, now: Instant) {
+        // The run's keys are its queues' counts: bring the slots up to date first.
+        let mut in_run = Vec::with_capacity(self.run.live_len());
+        for i in 0..self.run.len {
+            if let Some(&entry) = self.run.get(i).filter(|e| e.slot != NIL) {
+                if let Some(s) = self.slots.get_mut(entry.slot as usize) {
+                    s.count = entry.key;
+                    s.pos = NO_POS;
+                }
+                in_run.push(entry);
+            }
+        }
         // 2^-e underflows to 0 for very long idle gaps: then every count is zero, as it should.
         let factor = (-e).exp2();
         for s in self.slots.iter_mut().filter(|s| s.live) {
@@ -376,28 +556,51 @@ impl Ewma {
         self.scale = 1.0;
         self.anchor = Some((now, 0.0, 1.0));
         self.picked = None;
-        let mut active = self.heap.drain();
-        active.extend(self.zero.drain());
-        let (mut positive, mut zero) = (Vec::new(), Vec::new());
-        for mut entry in active {
-            let Some(slot) = self.slots.get(entry.slot as usize) else {
+        // Multiplying by a positive factor keeps the run ascending, except that rounding may make
+        // two neighbouring counts equal with their ids the wrong way round: such an entry (rare)
+        // goes to the heap. The run is laid out again from its live entries in order (which
+        // drops its tombstones); the heap's entries stay in the heap.
+        let cap = self.run.cap().max(in_run.len());
+        self.run = Run {
+            buf: vec![JUNK; cap],
+            ..Run::default()
+        };
+        let mut zero = self.zero.drain();
+        let mut heap = Vec::new();
+        for mut entry in in_run {
+            let Some(slot) = self.slots.get_mut(entry.slot as usize) else {
                 continue;
             };
             entry.key = slot.count;
-            if entry.key > 0.0 {
-                positive.push(entry);
-            } else {
+            if entry.key <= 0.0 {
                 zero.push(entry);
+            } else if self.run.accepts(&entry) {
+                let p = self.run.len;
+                if let Some(b) = self.run.buf.get_mut(p) {
+                    *b = entry;
+                    self.run.len += 1;
+                    slot.pos = p as u32;
+                }
+            } else {
+                heap.push(entry);
             }
         }
-        self.heap.rebuild(positive);
+        for mut entry in self.heap.drain() {
+            entry.key = self.slots.get(entry.slot as usize).map_or(0.0, |s| s.count);
+            if entry.key <= 0.0 {
+                zero.push(entry);
+            } else {
+                heap.push(entry);
+            }
+        }
+        self.heap.rebuild(heap);
         self.zero.rebuild(zero);
         // Inactive queues without history are the same as unknown ones: free them.
         let stale: Vec<u32> = (0..self.slots.len() as u32)
             .filter(|&i| {
                 self.slots
                     .get(i as usize)
-                    .is_some_and(|s| s.live && s.count == 0.0)
+                    .is_some_and(|s| s.live && s.count == 0.0 && s.pos == NO_POS)
                     && !self.heap.contains(i)
                     && !self.zero.contains(i)
             })
@@ -407,23 +610,164 @@ impl Ewma {
         }
     }
 
+    /// Lay the run out again in a buffer of `cap` positions (at least the live entries), front
+    /// at position 0, tombstones dropped, every live entry's slot updated. O(run).
+    #[cold]
+    fn relayout(&mut self, cap: usize) {
+        let cap = cap.max(self.run.live_len());
+        let mut buf = Vec::with_capacity(cap);
+        for i in 0..self.run.len {
+            let Some(&e) = self.run.get(i) else { break };
+            if e.slot == NIL {
+                continue;
+            }
+            if let Some(s) = self.slots.get_mut(e.slot as usize) {
+                s.pos = buf.len() as u32;
+            }
+            buf.push(e);
+        }
+        let len = buf.len();
+        buf.resize(cap, JUNK);
+        self.run = Run {
+            buf,
+            head: 0,
+            len,
+            dead: 0,
+            moves: 0,
+        };
+    }
+
+    /// Append `e` to the run (the caller checked [`Run::accepts`]) at the free position after
+    /// the back, growing the buffer if it is full.
+    #[inline(always)]
+    fn run_push(&mut self, e: Entry) {
+        if self.run.len == self.run.cap() {
+            self.relayout(Run::roomy(self.run.live_len() + 1));
+        }
+        let p = self.run.phys(self.run.len);
+        let Some(b) = self.run.buf.get_mut(p) else {
+            return;
+        };
+        *b = e;
+        self.run.len += 1;
+        self.run.moves += 1;
+        if let Some(s) = self.slots.get_mut(e.slot as usize) {
+            s.pos = p as u32;
+        }
+        // Moving entries costs a slot update each; once that has been paid for about two rounds,
+        // shrink the buffer to fit so that rotations happen in place.
+        if self.run.moves > 2 * self.run.cap() + COMPACT_SLACK && self.run.len < self.run.cap() {
+            self.relayout(self.run.live_len());
+        }
+    }
+
+    /// Put an active queue that just sent a cell (and is in no structure now) at the run's back
+    /// if it goes after it, else in the heap.
+    ///
+    /// Only queues that sent enter the run, never activated ones: the queue that sends is
+    /// normally the one with the lowest count, so its new count is that minimum plus V, and
+    /// neither the minimum (counts only grow) nor V (time only advances) goes down. The run
+    /// therefore keeps accepting the queues that send, whatever the spread of the counts. A
+    /// queue activated with a count far above the others, if appended, would instead sit at the
+    /// back and turn every later send away to the heap.
+    #[inline(always)]
+    fn requeue(&mut self, e: Entry) {
+        if self.run.accepts(&e) {
+            self.run_push(e);
+        } else {
+            if let Some(s) = self.slots.get_mut(e.slot as usize) {
+                s.count = e.key;
+                s.pos = NO_POS;
+            }
+            self.heap.push(e);
+        }
+    }
+
+    /// The run's front (the pick) sent a cell: its count is now `key`. The per-cell path.
+    #[inline(always)]
+    fn run_front_sent(&mut self, key: f64) {
+        let Some(&front) = self.run.front() else {
+            return;
+        };
+        let new = Entry { key, ..front };
+        // Still before the next entry (a tombstone's key still bounds the live ones behind it):
+        // the run stays sorted with the key updated in place.
+        let stays = match self.run.get(1) {
+            Some(next) => entry_before(&new, next),
+            None => true,
+        };
+        if stays || (self.run.len == self.run.cap() && self.run.accepts(&new)) {
+            let head = self.run.head;
+            if let Some(e) = self.run.buf.get_mut(head) {
+                e.key = key;
+            }
+            if !stays {
+                // Full ring: the front becomes the back by advancing `head`; the entry stays
+                // where it is, so its slot's position is still right.
+                self.run.head = self.run.phys(1);
+                self.run.trim();
+            }
+            return;
+        }
+        self.run.pop_front();
+        self.requeue(new);
+    }
+
+    /// Take the queue in `slot`, whose live entry in the run is at position `pos`, out of the
+    /// run (a tombstone), keeping its count in the slot; compact the run if tombstones
+    /// outnumber live entries.
+    fn run_remove(&mut self, slot: u32, pos: u32) {
+        let Some(e) = self.run.buf.get_mut(pos as usize) else {
+            return;
+        };
+        if e.slot != slot {
+            return;
+        }
+        e.slot = NIL;
+        let key = e.key;
+        self.run.dead += 1;
+        self.run.trim();
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            s.count = key;
+            s.pos = NO_POS;
+        }
+        if self.run.needs_compaction() {
+            self.relayout(Run::roomy(self.run.live_len()));
+        }
+    }
+
     /// Active queues whose count decayed below the floor become zero-count queues. The smallest
-    /// positive count is at the top of `heap`, so this stops at the first one above the floor.
+    /// positive counts are the run's front and the heap's root, so this stops at the first pair
+    /// above the floor.
     #[inline]
     fn flush_decayed(&mut self) {
         let limit = FLOOR * self.scale;
-        while let Some(top) = self.heap.peek() {
-            if top.key >= limit {
+        loop {
+            let e = if self.run.front().is_some_and(|f| f.key < limit) {
+                self.run.pop_front()
+            } else if let Some(root) = self.heap.peek().filter(|r| r.key < limit) {
+                let slot = root.slot;
+                self.heap.remove(slot)
+            } else {
                 break;
+            };
+            let Some(mut e) = e else { break };
+            e.key = 0.0;
+            if let Some(s) = self.slots.get_mut(e.slot as usize) {
+                s.count = 0.0;
+                s.pos = NO_POS;
             }
-            let slot = top.slot;
-            if let Some(mut e) = self.heap.remove(slot) {
-                e.key = 0.0;
-                if let Some(s) = self.slots.get_mut(slot as usize) {
-                    s.count = 0.0;
-                }
-                self.zero.push(e);
-            }
+            self.zero.push(e);
+        }
+    }
+
+    /// The entry `pick` chooses among the positive counts: the smaller of the run's front and
+    /// the heap's root.
+    #[inline(always)]
+    fn positive_min(&self) -> Option<&Entry> {
+        match (self.run.front(), self.heap.peek()) {
+            (Some(f), Some(r)) => Some(if entry_before(r, f) { r } else { f }),
+            (f, r) => f.or(r),
         }
     }
 
@@ -444,20 +788,12 @@ impl Ewma {
             Some(s) => s,
             None => {
                 let s = u32::try_from(self.slots.len()).ok().filter(|&s| s != NIL)?;
-                self.slots.push(Slot {
-                    id: queue,
-                    count: 0.0,
-                    live: true,
-                });
+                self.slots.push(Slot::fresh(queue));
                 s
             }
         };
         let s = self.slots.get_mut(slot as usize)?;
-        *s = Slot {
-            id: queue,
-            count: 0.0,
-            live: true,
-        };
+        *s = Slot::fresh(queue);
         self.index.insert(queue, slot);
         Some(slot)
     }
@@ -470,12 +806,24 @@ impl Ewma {
             return;
         }
         s.live = false;
+        s.pos = NO_POS;
         let id = s.id;
         self.index.remove(&id);
         self.free.push(slot);
         if self.picked.is_some_and(|(_, p)| p == slot) {
             self.picked = None;
         }
+    }
+
+    /// The stored count of a known queue: its run entry's key while it is in the run, else the
+    /// slot's.
+    fn count_of(&self, s: &Slot) -> f64 {
+        if s.pos != NO_POS {
+            if let Some(e) = self.run.buf.get(s.pos as usize) {
+                return e.key;
+            }
+        }
+        s.count
     }
 
     /// A stored (scaled) count as cells decayed to `now`.
@@ -497,6 +845,62 @@ impl Ewma {
     fn scale(&self) -> f64 {
         self.scale
     }
+
+    /// (entries in the run including tombstones, live run entries, heap entries) (test helper).
+    #[cfg(test)]
+    fn structure_lens(&self) -> (usize, usize, usize) {
+        (self.run.len, self.run.live_len(), self.heap.len())
+    }
+
+    /// Check every internal invariant, panicking with a description if one is broken (test
+    /// helper, called after each step of the property test).
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        let run = &self.run;
+        assert!(run.len <= run.cap() && (run.cap() == 0 || run.head < run.cap()));
+        let items: Vec<Entry> = (0..run.len).filter_map(|i| run.get(i).copied()).collect();
+        assert_eq!(items.len(), run.len);
+        for (a, b) in items.iter().zip(items.iter().skip(1)) {
+            assert!(entry_before(a, b), "run not ascending: {a:?} then {b:?}");
+        }
+        assert_ne!(items.first().map(|e| e.slot), Some(NIL), "dead front");
+        assert_ne!(items.last().map(|e| e.slot), Some(NIL), "dead back");
+        let dead = items.iter().filter(|e| e.slot == NIL).count();
+        assert_eq!(dead, run.dead, "tombstone count");
+        assert!(
+            run.len <= 2 * run.live_len() + COMPACT_SLACK + 1,
+            "run of {} for {} live entries",
+            run.len,
+            run.live_len()
+        );
+        let mut in_run = 0;
+        for (i, e) in items.iter().enumerate().filter(|(_, e)| e.slot != NIL) {
+            let s = &self.slots[e.slot as usize];
+            assert!(s.live && s.id == e.id, "run entry for a dead or other slot");
+            assert_eq!(s.pos as usize, run.phys(i), "slot's position");
+            assert!(e.key > 0.0, "zero count in the run");
+            assert!(!self.heap.contains(e.slot) && !self.zero.contains(e.slot));
+            in_run += 1;
+        }
+        assert_eq!(in_run, run.live_len());
+        for e in &self.heap.items {
+            let s = &self.slots[e.slot as usize];
+            assert!(s.live && s.id == e.id && s.pos == NO_POS && s.count == e.key);
+            assert!(!self.zero.contains(e.slot));
+        }
+        for e in &self.zero.items {
+            let s = &self.slots[e.slot as usize];
+            assert!(s.live && s.id == e.id && s.pos == NO_POS && s.count == 0.0);
+        }
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.live {
+                assert_eq!(self.index.get(&s.id), Some(&(i as u32)));
+            }
+            if s.pos != NO_POS {
+                assert!(s.live && run.buf[s.pos as usize].slot == i as u32);
+            }
+        }
+    }
 }
 
 impl CircuitScheduler for Ewma {
@@ -505,14 +909,15 @@ impl CircuitScheduler for Ewma {
         let Some(slot) = self.slot_or_insert(queue) else {
             return;
         };
-        if self.heap.contains(slot) || self.zero.contains(slot) {
-            return;
-        }
         let Some(s) = self.slots.get(slot as usize) else {
             return;
         };
-        // An old count that decayed below the floor while inactive goes into `heap` and is
-        // flushed to zero by the next `pick`, like any other.
+        if s.pos != NO_POS || self.heap.contains(slot) || self.zero.contains(slot) {
+            return;
+        }
+        // An old count that decayed below the floor while inactive goes into the heap and is
+        // flushed to zero by the next `pick`, like any other. (The heap, not the run: see
+        // `requeue`.)
         let entry = Entry {
             key: s.count,
             id: queue,
@@ -529,6 +934,11 @@ impl CircuitScheduler for Ewma {
         let Some(slot) = self.slot_of(queue) else {
             return;
         };
+        let pos = self.slots.get(slot as usize).map_or(NO_POS, |s| s.pos);
+        if pos != NO_POS {
+            self.run_remove(slot, pos);
+            return; // history kept
+        }
         if self.heap.remove(slot).is_some() {
             return; // history kept
         }
@@ -542,12 +952,12 @@ impl CircuitScheduler for Ewma {
     fn pick(&mut self, now: Instant) -> Option<QueueId> {
         self.advance(now);
         self.flush_decayed();
-        // Zero counts come first (0 has no window above it); among them the smallest id.
-        let picked = match self.zero.peek() {
-            Some(z) => (z.id, z.slot),
-            // The heap is ordered exactly by (count, id): its root is the pick, O(1).
-            None => self.heap.items.first().map(|r| (r.id, r.slot))?,
+        // Zero counts come first; among them the smallest id.
+        let e = match self.zero.peek() {
+            Some(z) => z,
+            None => self.positive_min()?,
         };
+        let picked = (e.id, e.slot);
         self.picked = Some(picked);
         Some(picked.0)
     }
@@ -558,22 +968,41 @@ impl CircuitScheduler for Ewma {
         let Some(slot) = self.slot_or_insert(queue) else {
             return;
         };
+        // Per-cell path: the picked queue is the run's front; its slot is not touched.
+        if let Some(f) = self.run.front().filter(|f| f.slot == slot) {
+            let key = f.key + self.scale;
+            self.run_front_sent(key);
+            return;
+        }
+        let Some(s) = self.slots.get(slot as usize) else {
+            return;
+        };
+        let was_in_run = s.pos != NO_POS;
+        if was_in_run {
+            // In the run but not its front (not the pick): out (its count goes back to the
+            // slot), and back in where it fits.
+            let pos = s.pos;
+            self.run_remove(slot, pos);
+        }
         let Some(s) = self.slots.get_mut(slot as usize) else {
             return;
         };
         s.count += self.scale;
         let count = s.count;
-        // Per-cell path: the queue just picked is the heap's root.
-        if self.heap.items.first().is_some_and(|r| r.slot == slot) {
-            if let Some(root) = self.heap.items.first_mut() {
-                root.key = count;
+        let e = Entry {
+            key: count,
+            id: queue,
+            slot,
+        };
+        if self.heap.contains(slot) {
+            if self.run.accepts(&e) {
+                self.heap.remove(slot);
+                self.run_push(e);
+            } else {
+                self.heap.set_key(slot, count);
             }
-            self.heap.key_increased(0);
-        } else if self.heap.contains(slot) {
-            self.heap.set_key(slot, count);
-        } else if let Some(mut e) = self.zero.remove(slot) {
-            e.key = count;
-            self.heap.push(e);
+        } else if was_in_run || self.zero.remove(slot).is_some() {
+            self.requeue(e);
         }
         // Otherwise inactive: the count is kept as history.
     }
@@ -582,6 +1011,10 @@ impl CircuitScheduler for Ewma {
         let Some(slot) = self.slot_of(queue) else {
             return;
         };
+        let pos = self.slots.get(slot as usize).map_or(NO_POS, |s| s.pos);
+        if pos != NO_POS {
+            self.run_remove(slot, pos);
+        }
         self.heap.remove(slot);
         self.zero.remove(slot);
         self.free_slot(slot);
@@ -592,7 +1025,7 @@ impl CircuitScheduler for Ewma {
             .index
             .get(&queue)
             .and_then(|&s| self.slots.get(s as usize))
-            .map_or(0.0, |s| s.count);
+            .map_or(0.0, |s| self.count_of(s));
         Some(self.decayed(count, now))
     }
 
@@ -600,8 +1033,8 @@ impl CircuitScheduler for Ewma {
         if !self.zero.items.is_empty() {
             return Some(0.0);
         }
-        let root = self.heap.items.first()?;
-        Some(self.decayed(root.key, now))
+        let e = self.positive_min()?;
+        Some(self.decayed(e.key, now))
     }
 
     fn name(&self) -> &'static str {
@@ -609,7 +1042,7 @@ impl CircuitScheduler for Ewma {
     }
 
     fn active_len(&self) -> usize {
-        self.heap.len() + self.zero.len()
+        self.run.live_len() + self.heap.len() + self.zero.len()
     }
 }
 
@@ -968,6 +1401,165 @@ mod tests {
         }
     }
 
+    #[test]
+    fn out_of_order_activation_goes_to_heap_and_is_picked_first() {
+        let t = Instant::now();
+        let (mut f, mut d) = both(30.0);
+        let late = QueueId(9);
+        // `late` sends one cell and pauses; five others then send three cells each.
+        for s in [&mut f as &mut dyn CircuitScheduler, &mut d] {
+            s.activate(late, t);
+            send(s, late, 1, t);
+            s.deactivate(late);
+            for q in 1..=5 {
+                s.activate(QueueId(q), t);
+            }
+            for _ in 0..15 {
+                let q = s.pick(t).unwrap();
+                s.cell_sent(q, t);
+            }
+        }
+        f.check_invariants();
+        assert_eq!(f.structure_lens(), (5, 5, 0), "bulk queues all in the run");
+        // Count 1 < the run's back (3): `late` cannot be appended and goes to the heap.
+        f.activate(late, t);
+        d.activate(late, t);
+        f.check_invariants();
+        assert_eq!(f.structure_lens(), (5, 5, 1));
+        for step in 0..2 {
+            assert_eq!(f.pick(t), Some(late), "step {step}: lowest count first");
+            assert_eq!(d.pick(t), Some(late));
+            f.cell_sent(late, t);
+            d.cell_sent(late, t);
+            f.check_invariants();
+        }
+        // Count 3, id 9: after every bulk queue (3, id ≤ 5), so it joined the run's back.
+        assert_eq!(f.structure_lens(), (6, 6, 0));
+        for q in [1, 2, 3, 4, 5, 9, 1] {
+            assert_eq!(f.pick(t), Some(QueueId(q)));
+            assert_eq!(d.pick(t), Some(QueueId(q)));
+            f.cell_sent(QueueId(q), t);
+            d.cell_sent(QueueId(q), t);
+        }
+        assert_eq!(f.head_priority(t), d.head_priority(t));
+    }
+
+    #[test]
+    fn tombstone_compaction_keeps_run_memory_bounded() {
+        let t = Instant::now();
+        let (mut f, mut d) = both(1.0);
+        const N: u64 = 64;
+        for q in 0..N {
+            f.activate(QueueId(q), t);
+            d.activate(QueueId(q), t);
+            f.cell_sent(QueueId(q), t);
+            d.cell_sent(QueueId(q), t);
+        }
+        assert_eq!(f.structure_lens(), (N as usize, N as usize, 0));
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let (mut tombstones, mut longest) = (0usize, 0usize);
+        for k in 0..20_000u32 {
+            let now = t + Duration::from_micros(k.into());
+            let q = f.pick(now);
+            assert!(same_choice(q, d.pick(now), &d, now), "step {k}");
+            let q = q.unwrap();
+            f.cell_sent(q, now);
+            d.cell_sent(q, now);
+            // Churn another queue: out of the run's middle (a tombstone), then back in, to the
+            // heap, sometimes with an extra cell counted while it was out. It re-enters the run
+            // when it is picked and sends.
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let r = QueueId(rng % N);
+            let before = f.structure_lens();
+            f.deactivate(r);
+            d.deactivate(r);
+            let after = f.structure_lens();
+            if after.0 == before.0 && after.1 + 1 == before.1 {
+                tombstones += 1;
+            }
+            if rng & 3 == 0 {
+                send(&mut f, r, 1, now);
+                send(&mut d, r, 1, now);
+            }
+            f.activate(r, now);
+            d.activate(r, now);
+            let (len, live, _) = f.structure_lens();
+            assert!(
+                len <= 2 * live + COMPACT_SLACK + 1,
+                "step {k}: run of {len} for {live} live"
+            );
+            longest = longest.max(len);
+            if k % 64 == 0 {
+                f.check_invariants();
+            }
+        }
+        f.check_invariants();
+        // Far more tombstones were made than the run could ever hold: compaction ran.
+        assert!(tombstones > 1000, "only {tombstones} tombstones made");
+        assert!(longest <= 2 * N as usize + COMPACT_SLACK + 1);
+        assert_eq!(f.active_len(), N as usize);
+    }
+
+    #[test]
+    fn renormalisation_with_entries_in_run_heap_and_tombstones() {
+        let h = 0.01;
+        let t = Instant::now();
+        let (mut f, mut d) = both(h);
+        let late = QueueId(20);
+        for s in [&mut f as &mut dyn CircuitScheduler, &mut d] {
+            s.activate(late, t);
+            send(s, late, 1, t);
+            s.deactivate(late);
+            for q in 1..=10 {
+                s.activate(QueueId(q), t);
+            }
+            for _ in 0..30 {
+                let q = s.pick(t).unwrap();
+                s.cell_sent(q, t);
+            }
+            // A tombstone in the middle of the run, and `late` (count 1 < 3) in the heap.
+            s.deactivate(QueueId(5));
+            s.activate(late, t);
+        }
+        f.check_invariants();
+        assert_eq!(f.structure_lens(), (10, 9, 1));
+        // 35 half-lives later: V would pass 2^32, so the next pick renormalises.
+        let mut now = t + Duration::from_millis(350);
+        assert_eq!(f.pick(now), Some(late));
+        assert_eq!(d.pick(now), Some(late));
+        assert_eq!(f.scale(), 1.0, "renormalised");
+        f.check_invariants();
+        // Tombstone dropped; the order and the split survive.
+        assert_eq!(f.structure_lens(), (9, 9, 1));
+        for q in 1..=10 {
+            let (cf, cd) = (
+                f.ewma_count(QueueId(q), now).unwrap(),
+                d.ewma_count(QueueId(q), now).unwrap(),
+            );
+            assert!((cf - cd).abs() <= 1e-9 * cd, "queue {q}: {cf} vs {cd}");
+        }
+        // Keep going across more renormalisations, pick for pick.
+        for k in 0..2_000 {
+            now += Duration::from_micros(300);
+            let q = f.pick(now);
+            assert!(same_choice(q, d.pick(now), &d, now), "step {k}");
+            let q = q.unwrap();
+            f.cell_sent(q, now);
+            d.cell_sent(q, now);
+            if k % 97 == 0 {
+                for s in [&mut f as &mut dyn CircuitScheduler, &mut d] {
+                    s.deactivate(QueueId(3));
+                    s.activate(QueueId(3), now);
+                }
+            }
+            f.check_invariants();
+        }
+        assert!(f.scale() <= 2f64.powi(32));
+        assert_eq!(f.active_len(), 10);
+    }
+
     /// One step of a random workload.
     #[derive(Clone, Debug)]
     enum Op {
@@ -987,6 +1579,9 @@ mod tests {
         Thirds(u8),
         /// Use a `now` this far in the past for the next pick (stale time).
         StalePick(u32),
+        /// Deactivate the queue, count this many cells for it while inactive, activate it again:
+        /// leaves a tombstone in the run and usually re-enters at its back (or in the heap).
+        Churn(u8, u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1003,6 +1598,7 @@ mod tests {
             1 => (1000.0f64..3000.0).prop_map(Op::Halflives),
             3 => (1u8..7).prop_map(Op::Thirds),
             1 => (0u32..1_000_000).prop_map(Op::StalePick),
+            3 => ((0u8..12), (0u8..4)).prop_map(|(q, n)| Op::Churn(q, n)),
         ]
     }
 
@@ -1077,7 +1673,19 @@ mod tests {
                         let stale = now.checked_sub(Duration::from_micros(us.into())).unwrap_or(now);
                         prop_assert!(same_choice(f.pick(stale), d.pick(stale), &d, stale), "step {}", step);
                     }
+                    Op::Churn(q, n) => {
+                        let q = QueueId(q.into());
+                        let was_active = d.active.contains(&q);
+                        for s in [&mut f as &mut dyn CircuitScheduler, &mut d] {
+                            s.deactivate(q);
+                            send(s, q, n.into(), now);
+                            if was_active {
+                                s.activate(q, now);
+                            }
+                        }
+                    }
                 }
+                f.check_invariants();
                 prop_assert_eq!(f.active_len(), d.active_len());
                 for q in 0..12u64 {
                     let (cf, cd) = (
