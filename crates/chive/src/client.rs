@@ -11,6 +11,7 @@ use chive_cell::{EndReason, ResolvedAnswer};
 use chive_client::circmgr::{
     CircMgrConfig, CircuitManager, Outcome, RequestKind, StreamRequest, Ticket,
 };
+use chive_client::path::valid_node_spec;
 use chive_client::socks::{
     accept_socks, send_reply, SocksCommand, SocksReply, SocksRequest, TargetAddr,
 };
@@ -47,6 +48,10 @@ Config file options (TOML):
   PreemptiveCircuits = 2           clean circuits kept built and ready
   CircuitBuildTimeout = 10         seconds before an unfinished circuit is abandoned (its streams retry elsewhere)
   OutbufCells = 64                 cells handed to a connection but not yet written, at most
+  EntryNodes = [\"relayA\"]          first hops are chosen only among these (Guard flag not required)
+  MiddleNodes = [\"relayB2\"]        middle hops only among these
+                                   (both: relay nicknames or 64-hex identities; default [] = any relay.
+                                   For testbeds and experiments; restricting paths harms anonymity.)
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SOCKS5 username/password isolate streams: distinct credentials never share a circuit.
 A host written as HOST.NICKNAME.exit is reached through the relay NICKNAME as exit.";
@@ -73,6 +78,31 @@ pub struct ClientConfig {
     pub outbuf_cells: Option<usize>,
     #[serde(rename = "Log", default = "crate::relay::default_log")]
     pub log: String,
+    /// Tor's EntryNodes: nicknames or hex identities the first hop is chosen among.
+    #[serde(rename = "EntryNodes", default)]
+    pub entry_nodes: Vec<String>,
+    /// Tor's MiddleNodes: nicknames or hex identities middle hops are chosen among.
+    #[serde(rename = "MiddleNodes", default)]
+    pub middle_nodes: Vec<String>,
+}
+
+/// Most entries accepted in EntryNodes / MiddleNodes (far more than any consensus here).
+const MAX_NODE_LIST: usize = 1000;
+
+/// Refuse a node list with a malformed entry, naming the option and the entry.
+fn check_node_list(option: &str, nodes: &[String]) -> anyhow::Result<()> {
+    if nodes.len() > MAX_NODE_LIST {
+        anyhow::bail!("{option}: at most {MAX_NODE_LIST} entries");
+    }
+    for n in nodes {
+        if !valid_node_spec(n) {
+            anyhow::bail!(
+                "{option}: {n:?} is neither a relay nickname (1-19 letters or digits) \
+                 nor a 64-hex-digit identity"
+            );
+        }
+    }
+    Ok(())
 }
 
 fn default_dirtiness() -> u64 {
@@ -100,6 +130,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         if !(1..=10_000).contains(&n) {
             anyhow::bail!("OutbufCells must be between 1 and 10000");
         }
+    }
+    check_node_list("EntryNodes", &cfg.entry_nodes)?;
+    check_node_list("MiddleNodes", &cfg.middle_nodes)?;
+    if !cfg.entry_nodes.is_empty() || !cfg.middle_nodes.is_empty() {
+        warn!(
+            entry = ?cfg.entry_nodes,
+            middle = ?cfg.middle_nodes,
+            "EntryNodes/MiddleNodes restrict paths: fine for experiments, bad for anonymity"
+        );
     }
     let tunables = Tunables {
         outbuf_cells: cfg.outbuf_cells,
@@ -140,6 +179,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         CircMgrConfig {
             max_circuit_dirtiness: Duration::from_secs(cfg.max_circuit_dirtiness),
             preemptive_circuits: cfg.preemptive_circuits,
+            entry_nodes: cfg.entry_nodes.clone(),
+            middle_nodes: cfg.middle_nodes.clone(),
             ..CircMgrConfig::default()
         },
         seed,

@@ -228,3 +228,102 @@ fn exit_notation_pins_the_exit_and_policy_refusals_fail_cleanly() {
     assert_ne!(rep[1], 0, "a target every exit rejects must fail");
     let _ = (&net.authority, &net.authority_id);
 }
+
+#[test]
+fn entry_and_middle_nodes_pin_every_circuit() {
+    let mut net = Network::start("entrynodes", [""; 3]);
+    // A second client on the same network, restricted to relay2 -> relay3 -> exit.
+    // relay2 and relay3 are exits too, so the only possible exit is relay1.
+    let socks2: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let cfg = net.dir.join("client2.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "DataDirectory = \"{}\"\nSocksPort = \"{socks2}\"\nAuthority = \"{}\"\nAuthorityIdentity = \"{}\"\n\
+             Log = \"debug\"\nEntryNodes = [\"relay2\"]\nMiddleNodes = [\"RELAY3\"]\n",
+            net.dir.join("client2").display(),
+            net.authority,
+            net.authority_id,
+        ),
+    )
+    .unwrap();
+    let child = spawn(
+        &net.dir,
+        "client2",
+        &["client", "--config", cfg.to_str().unwrap()],
+    );
+    net.children.push(("client2".into(), child));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        net.check_alive();
+        let last = match fetch(socks2, net.http, 1000, None) {
+            Ok(body) if body == pattern(1000) => break,
+            Ok(_) => "wrong content".to_string(),
+            Err(e) => e,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "restricted client not ready: {last}; logs in {}",
+            net.dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for who in ["a", "b", "c"] {
+        assert_eq!(
+            fetch(socks2, net.http, 2000, Some((who, "pw"))).unwrap(),
+            pattern(2000)
+        );
+    }
+    // Pinning relay3 (the only middle) as exit leaves no middle: refused cleanly.
+    let host = format!("{}.relay3.exit", net.http.ip());
+    let mut s = TcpStream::connect(socks2).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(&[5, 1, 0]).unwrap();
+    let mut r = [0u8; 2];
+    s.read_exact(&mut r).unwrap();
+    let mut req = vec![5, 1, 0, 3, host.len() as u8];
+    req.extend_from_slice(host.as_bytes());
+    req.extend_from_slice(&net.http.port().to_be_bytes());
+    s.write_all(&req).unwrap();
+    let mut rep = [0u8; 10];
+    s.read_exact(&mut rep).unwrap();
+    assert_ne!(rep[1], 0, "a path with no possible middle must fail");
+
+    let log = net.log("client2");
+    let paths: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("launching circuit"))
+        .filter_map(|l| l.split("path=").nth(1))
+        .filter_map(|p| p.split_whitespace().next())
+        .collect();
+    // At least the preemptive circuits and one per SOCKS identity.
+    assert!(paths.len() >= 4, "too few circuits: {log}");
+    for p in &paths {
+        assert_eq!(*p, "relay2,relay3,relay1", "unrestricted path; log: {log}");
+    }
+    assert!(
+        log.contains("MiddleNodes"),
+        "the refusal should name MiddleNodes: {log}"
+    );
+
+    // A malformed entry is refused at startup with the option named.
+    let bad = net.dir.join("bad-entry.toml");
+    std::fs::write(
+        &bad,
+        format!(
+            "DataDirectory = \"{}\"\nSocksPort = \"127.0.0.1:{}\"\nAuthority = \"{}\"\nAuthorityIdentity = \"{}\"\n\
+             EntryNodes = [\"relay-2\"]\n",
+            net.dir.join("bad").display(),
+            free_port(),
+            net.authority,
+            net.authority_id,
+        ),
+    )
+    .unwrap();
+    let (ok, err) = run_briefly(&["client", "--config", bad.to_str().unwrap()]);
+    assert!(!ok, "a malformed EntryNodes entry was accepted");
+    assert!(
+        err.contains("EntryNodes"),
+        "error should name EntryNodes: {err}"
+    );
+}

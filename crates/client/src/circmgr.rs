@@ -12,6 +12,8 @@
 //!   port somewhere), and must be the pinned relay for `host.<nickname>.exit`.
 //! - `preemptive_circuits` clean circuits are kept built so that a new stream
 //!   rarely waits for a circuit to be built.
+//! - `entry_nodes` / `middle_nodes` (Tor's EntryNodes / MiddleNodes) restrict the
+//!   guard, including the persistent one, and the middles of every circuit.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -39,6 +41,11 @@ pub struct CircMgrConfig {
     pub max_building: usize,
     /// How many circuits a request may try before it fails.
     pub max_attempts: u32,
+    /// Tor's EntryNodes: relay nicknames or 64-hex identities; if non-empty, the
+    /// guard (first hop) is chosen only among these. Empty: unrestricted.
+    pub entry_nodes: Vec<String>,
+    /// Tor's MiddleNodes: if non-empty, middle hops are chosen only among these.
+    pub middle_nodes: Vec<String>,
 }
 
 impl Default for CircMgrConfig {
@@ -48,6 +55,8 @@ impl Default for CircMgrConfig {
             preemptive_circuits: 2,
             max_building: 8,
             max_attempts: 3,
+            entry_nodes: Vec::new(),
+            middle_nodes: Vec::new(),
         }
     }
 }
@@ -353,7 +362,8 @@ impl CircuitManager {
             return Err("no consensus".into());
         };
         if self.guard.is_none() {
-            self.guard = choose_guard(&cons, &mut self.rng).map(|r| r.identity);
+            self.guard =
+                choose_guard(&cons, &self.cfg.entry_nodes, &mut self.rng).map(|r| r.identity);
         }
         let path_target = match target {
             Some((h, p)) if !any_exit => target_of(h, p),
@@ -364,6 +374,8 @@ impl CircuitManager {
             exit_nickname: pin,
             guard: self.guard.as_ref(),
             hops: 3,
+            entry_nodes: &self.cfg.entry_nodes,
+            middle_nodes: &self.cfg.middle_nodes,
         };
         let path = select_path(&cons, &req, &mut self.rng).map_err(|e| e.to_string())?;
         let Some(exit) = path.last() else {

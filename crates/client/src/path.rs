@@ -7,12 +7,17 @@
 //! and not the exit), then middles. Every choice is weighted by the relays' bandwidth
 //! and all relays on a path are distinct. Only relays flagged Running and Valid are
 //! used.
+//!
+//! Tor's `EntryNodes` / `MiddleNodes` restrict the guard and the middles to listed
+//! relays (nicknames or hex identities), for testbeds that must use exact paths. Since
+//! the exit is chosen first, an unpinned exit (and then the guard) avoids relays whose
+//! choice would leave no listed relay for a later hop, when another choice exists.
 
 use std::fmt;
 use std::net::SocketAddr;
 
 use chive_crypto::IdentityKey;
-use chive_dir::{Consensus, ConsensusRelay, RelayFlags};
+use chive_dir::{valid_nickname, Consensus, ConsensusRelay, RelayFlags};
 use rand::Rng;
 
 /// Longest path we build (Tor's limit of 8 RELAY_EARLY cells bounds it too).
@@ -40,6 +45,12 @@ pub struct PathRequest<'a> {
     pub guard: Option<&'a IdentityKey>,
     /// Number of relays, normally 3.
     pub hops: usize,
+    /// Tor's EntryNodes: if non-empty, the first hop is chosen only among these relays
+    /// (nicknames or 64-hex identities; the Guard flag is not required), and `guard`
+    /// is used only if it is one of them. Ignored for one-hop paths.
+    pub entry_nodes: &'a [String],
+    /// Tor's MiddleNodes: if non-empty, every middle hop is chosen only among these.
+    pub middle_nodes: &'a [String],
 }
 
 /// Why no path could be chosen.
@@ -73,6 +84,18 @@ pub enum PathError {
     /// `hops` outside `1..=MAX_HOPS`.
     #[error("cannot build a path of {0} hops (1 to {MAX_HOPS})")]
     BadHopCount(usize),
+    /// EntryNodes or MiddleNodes is set but no usable relay that is not already on the
+    /// path matches it.
+    #[error(
+        "no relay in the consensus matches {option} {nodes:?} \
+         (only running, valid relays not already on this path count)"
+    )]
+    NoMatchingRelay {
+        /// `"EntryNodes"` or `"MiddleNodes"`.
+        option: &'static str,
+        /// The configured list.
+        nodes: Vec<String>,
+    },
 }
 
 impl fmt::Display for PathTarget<'_> {
@@ -124,6 +147,55 @@ fn pick_weighted<'c, R: Rng + ?Sized>(
     None
 }
 
+/// Whether `s` may appear in EntryNodes / MiddleNodes (or `.exit` notation): a relay
+/// nickname (1-19 ASCII letters or digits) or an identity of exactly 64 hex digits.
+pub fn valid_node_spec(s: &str) -> bool {
+    valid_nickname(s) || (s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// One EntryNodes / MiddleNodes list, with its hex identities decoded once. Matching is
+/// the same as for a pinned exit: nickname (case-insensitive) or identity.
+struct NodeFilter<'a> {
+    names: &'a [String],
+    ids: Vec<IdentityKey>,
+}
+
+impl<'a> NodeFilter<'a> {
+    fn new(names: &'a [String]) -> Self {
+        let ids = names
+            .iter()
+            .filter(|n| n.len() == 64)
+            .filter_map(|n| IdentityKey::from_hex(n).ok())
+            .collect();
+        NodeFilter { names, ids }
+    }
+
+    /// An empty list means "no restriction". A non-empty list whose entries are all
+    /// malformed still restricts (to nothing): a typo must not silently unpin a path.
+    fn restricted(&self) -> bool {
+        !self.names.is_empty()
+    }
+
+    fn matches(&self, r: &ConsensusRelay) -> bool {
+        self.names
+            .iter()
+            .any(|n| r.nickname.eq_ignore_ascii_case(n))
+            || self.ids.contains(&r.identity)
+    }
+
+    /// Whether `r` may take this role (always, when unrestricted).
+    fn allows(&self, r: &ConsensusRelay) -> bool {
+        !self.restricted() || self.matches(r)
+    }
+
+    fn error(&self, option: &'static str) -> PathError {
+        PathError::NoMatchingRelay {
+            option,
+            nodes: self.names.to_vec(),
+        }
+    }
+}
+
 /// Find a pinned exit by nickname (case-insensitive) or by 64-hex-digit identity.
 fn find_pinned<'c>(consensus: &'c Consensus, name: &str) -> Option<&'c ConsensusRelay> {
     consensus
@@ -139,6 +211,19 @@ fn find_pinned<'c>(consensus: &'c Consensus, name: &str) -> Option<&'c Consensus
                 .filter(|r| usable(r))
                 .find(|r| r.identity == id)
         })
+}
+
+/// The first non-empty candidate list, weighted pick. Lists go from most to least
+/// preferred, so a preference (Guard flag, keeping the path completable) is dropped
+/// only when nothing satisfies it.
+fn pick_tiered<'c, R: Rng + ?Sized>(
+    tiers: &[Vec<&'c ConsensusRelay>],
+    rng: &mut R,
+) -> Option<&'c ConsensusRelay> {
+    tiers
+        .iter()
+        .find(|t| !t.is_empty())
+        .and_then(|t| pick_weighted(t, rng))
 }
 
 /// Choose a path of `req.hops` distinct relays: `[guard, middles..., exit]` (for one
@@ -158,6 +243,28 @@ pub fn select_path<'c, R: Rng>(
             have: all.len(),
         });
     }
+    let entry = NodeFilter::new(req.entry_nodes);
+    let middle = NodeFilter::new(req.middle_nodes);
+    let n_middles = req.hops.saturating_sub(2);
+    // Whether, with `taken` on the path, enough listed middles remain.
+    let middles_left = |taken: &[&ConsensusRelay]| {
+        n_middles == 0
+            || !middle.restricted()
+            || all
+                .iter()
+                .filter(|r| middle.matches(r) && !taken.iter().any(|t| t.identity == r.identity))
+                .count()
+                >= n_middles
+    };
+    // Whether, with `exit` chosen, a listed guard and enough listed middles remain.
+    let exit_completable = |e: &ConsensusRelay| {
+        req.hops == 1
+            || ((!entry.restricted()
+                || all
+                    .iter()
+                    .any(|r| entry.matches(r) && r.identity != e.identity))
+                && middles_left(&[e]))
+    };
 
     let exit = match req.exit_nickname {
         Some(name) => {
@@ -177,7 +284,14 @@ pub fn select_path<'c, R: Rng>(
                 .copied()
                 .filter(|r| r.flags.contains(RelayFlags::EXIT) && allows(r, &req.target))
                 .collect();
-            pick_weighted(&exits, rng).ok_or_else(|| PathError::NoExit {
+            let completable: Vec<&ConsensusRelay> = exits
+                .iter()
+                .copied()
+                .filter(|r| exit_completable(r))
+                .collect();
+            // If no exit keeps the path completable, choose anyway: the guard or
+            // middle step then reports which list cannot be satisfied.
+            pick_tiered(&[completable, exits], rng).ok_or_else(|| PathError::NoExit {
                 target: req.target.to_string(),
             })?
         }
@@ -187,10 +301,11 @@ pub fn select_path<'c, R: Rng>(
     }
 
     let mut path: Vec<&ConsensusRelay> = Vec::with_capacity(req.hops);
+    let guard_ok = |g: &ConsensusRelay| middles_left(&[exit, g]);
     let preferred = req
         .guard
         .and_then(|id| all.iter().copied().find(|r| r.identity == *id))
-        .filter(|r| r.identity != exit.identity);
+        .filter(|r| r.identity != exit.identity && entry.allows(r) && guard_ok(r));
     let guard = match preferred {
         Some(g) => g,
         None => {
@@ -199,33 +314,57 @@ pub fn select_path<'c, R: Rng>(
                 .copied()
                 .filter(|r| r.identity != exit.identity)
                 .collect();
-            let flagged: Vec<&ConsensusRelay> = not_exit
-                .iter()
-                .copied()
-                .filter(|r| r.flags.contains(RelayFlags::GUARD))
-                .collect();
-            pick_weighted(&flagged, rng)
-                .or_else(|| pick_weighted(&not_exit, rng))
-                .ok_or(PathError::NotEnoughRelays {
-                    need: req.hops,
-                    have: all.len(),
-                })?
+            let tiers = if entry.restricted() {
+                // EntryNodes: listed relays only, Guard flag ignored.
+                let listed: Vec<&ConsensusRelay> = not_exit
+                    .iter()
+                    .copied()
+                    .filter(|r| entry.matches(r))
+                    .collect();
+                if listed.is_empty() {
+                    return Err(entry.error("EntryNodes"));
+                }
+                let good = listed.iter().copied().filter(|r| guard_ok(r)).collect();
+                vec![good, listed]
+            } else {
+                let good: Vec<&ConsensusRelay> =
+                    not_exit.iter().copied().filter(|r| guard_ok(r)).collect();
+                let flag = |v: &[&'c ConsensusRelay]| -> Vec<&'c ConsensusRelay> {
+                    v.iter()
+                        .copied()
+                        .filter(|r| r.flags.contains(RelayFlags::GUARD))
+                        .collect()
+                };
+                vec![flag(&good), good, flag(&not_exit), not_exit]
+            };
+            pick_tiered(&tiers, rng).ok_or(PathError::NotEnoughRelays {
+                need: req.hops,
+                have: all.len(),
+            })?
         }
     };
     path.push(guard);
 
-    for _ in 0..req.hops - 2 {
+    for _ in 0..n_middles {
         let rest: Vec<&ConsensusRelay> = all
             .iter()
             .copied()
             .filter(|r| {
-                r.identity != exit.identity && !path.iter().any(|p| p.identity == r.identity)
+                r.identity != exit.identity
+                    && !path.iter().any(|p| p.identity == r.identity)
+                    && middle.allows(r)
             })
             .collect();
-        let m = pick_weighted(&rest, rng).ok_or(PathError::NotEnoughRelays {
-            need: req.hops,
-            have: all.len(),
-        })?;
+        let m = match pick_weighted(&rest, rng) {
+            Some(m) => m,
+            None if middle.restricted() => return Err(middle.error("MiddleNodes")),
+            None => {
+                return Err(PathError::NotEnoughRelays {
+                    need: req.hops,
+                    have: all.len(),
+                })
+            }
+        };
         path.push(m);
     }
     path.push(exit);
@@ -233,12 +372,23 @@ pub fn select_path<'c, R: Rng>(
 }
 
 /// Choose a guard for a client that has none: bandwidth-weighted among Guard-flagged
-/// usable relays, or among all usable relays if none has the flag.
+/// usable relays, or among all usable relays if none has the flag. With a non-empty
+/// `entry_nodes` (Tor's EntryNodes), among the usable relays it lists instead, Guard
+/// flag or not; `None` if it lists none.
 pub fn choose_guard<'c, R: Rng>(
     consensus: &'c Consensus,
+    entry_nodes: &[String],
     rng: &mut R,
 ) -> Option<&'c ConsensusRelay> {
-    let all: Vec<&ConsensusRelay> = consensus.relays.iter().filter(|r| usable(r)).collect();
+    let entry = NodeFilter::new(entry_nodes);
+    let all: Vec<&ConsensusRelay> = consensus
+        .relays
+        .iter()
+        .filter(|r| usable(r) && entry.allows(r))
+        .collect();
+    if entry.restricted() {
+        return pick_weighted(&all, rng);
+    }
     let flagged: Vec<&ConsensusRelay> = all
         .iter()
         .copied()
@@ -303,6 +453,8 @@ mod tests {
             exit_nickname: None,
             guard: None,
             hops: 3,
+            entry_nodes: &[],
+            middle_nodes: &[],
         }
     }
 
@@ -562,13 +714,13 @@ mod tests {
         ]);
         let p = select_path(&flat, &req(PathTarget::Any), &mut rng).unwrap();
         assert_eq!(p.len(), 3);
-        assert!(choose_guard(&flat, &mut rng).is_some());
+        assert!(choose_guard(&flat, &[], &mut rng).is_some());
         // choose_guard prefers the flag.
         for _ in 0..50 {
-            let g = choose_guard(&c, &mut rng).unwrap();
+            let g = choose_guard(&c, &[], &mut rng).unwrap();
             assert!(g.flags.contains(RelayFlags::GUARD));
         }
-        assert!(choose_guard(&consensus(vec![]), &mut rng).is_none());
+        assert!(choose_guard(&consensus(vec![]), &[], &mut rng).is_none());
     }
 
     #[test]
@@ -624,6 +776,340 @@ mod tests {
         let p = select_path(&c, &req(PathTarget::Any), &mut rng).unwrap();
         let names: Vec<&str> = p.iter().map(|r| r.nickname.as_str()).collect();
         assert_eq!(names, ["r2", "r3", "r1"]);
+    }
+
+    fn names<'c>(p: &[&'c ConsensusRelay]) -> Vec<&'c str> {
+        p.iter().map(|r| r.nickname.as_str()).collect()
+    }
+
+    fn list(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn entry_and_middle_nodes_pin_guard_and_middle() {
+        let c = net();
+        let mut rng = StdRng::seed_from_u64(21);
+        // r12 has no Guard flag: EntryNodes does not require it. Nickname case is ignored.
+        let entry = list(&["r12"]);
+        let middle = list(&["R13"]);
+        let r6 = c.relays[5].identity;
+        let mut exits = std::collections::HashSet::new();
+        for i in 0..1000 {
+            let p = select_path(
+                &c,
+                &PathRequest {
+                    entry_nodes: &entry,
+                    middle_nodes: &middle,
+                    // A preferred guard outside EntryNodes is not used.
+                    guard: if i % 2 == 0 { Some(&r6) } else { None },
+                    ..req(PathTarget::Any)
+                },
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(names(&p)[..2], ["r12", "r13"]);
+            assert!(p[2].flags.contains(RelayFlags::EXIT));
+            exits.insert(p[2].nickname.clone());
+        }
+        // The exit stays a free, weighted choice.
+        assert_eq!(exits.len(), 5, "exits used: {exits:?}");
+
+        // Identities work too; several listed relays are all used; a preferred guard in
+        // the list is kept.
+        let entry = vec![c.relays[10].identity.to_hex(), "r12".to_string()];
+        let middle = list(&["r13", "r14"]);
+        let (mut seen_guard, mut seen_mid) = (Vec::new(), Vec::new());
+        for _ in 0..400 {
+            let p = select_path(
+                &c,
+                &PathRequest {
+                    entry_nodes: &entry,
+                    middle_nodes: &middle,
+                    hops: 4,
+                    ..req(PathTarget::Any)
+                },
+                &mut rng,
+            )
+            .unwrap();
+            let n = names(&p);
+            assert!(["r11", "r12"].contains(&n[0]), "guard {n:?}");
+            let mut mids = [n[1], n[2]];
+            mids.sort();
+            assert_eq!(mids, ["r13", "r14"], "middles {n:?}");
+            seen_guard.push(n[0].to_string());
+            seen_mid.push(n[1].to_string());
+        }
+        for want in ["r11", "r12"] {
+            assert!(seen_guard.iter().any(|g| g == want), "{want} never guard");
+        }
+        for want in ["r13", "r14"] {
+            assert!(
+                seen_mid.iter().any(|g| g == want),
+                "{want} never first middle"
+            );
+        }
+        let r11 = c.relays[10].identity;
+        for _ in 0..50 {
+            let p = select_path(
+                &c,
+                &PathRequest {
+                    entry_nodes: &entry,
+                    guard: Some(&r11),
+                    ..req(PathTarget::Any)
+                },
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(p[0].nickname, "r11");
+        }
+    }
+
+    #[test]
+    fn unpinned_exit_avoids_the_only_listed_entry_and_middle() {
+        // All of r1..r5 are exits; EntryNodes=[r2], MiddleNodes=[r3] must give
+        // r2 -> r3 -> (an exit other than r2, r3) every time, never an error.
+        let c = net();
+        let mut rng = StdRng::seed_from_u64(23);
+        let entry = list(&["r2"]);
+        let middle = list(&["r3"]);
+        for _ in 0..500 {
+            let p = select_path(
+                &c,
+                &PathRequest {
+                    entry_nodes: &entry,
+                    middle_nodes: &middle,
+                    ..req(PathTarget::Host("localhost", 80))
+                },
+                &mut rng,
+            )
+            .unwrap();
+            let n = names(&p);
+            assert_eq!(n[..2], ["r2", "r3"]);
+            assert!(["r1", "r4", "r5"].contains(&n[2]), "exit {n:?}");
+        }
+        // MiddleNodes only: the guard keeps away from the single listed middle (r6 is a
+        // Guard-flagged relay), even when it is the preferred guard.
+        let middle = list(&["r6"]);
+        let r6 = c.relays[5].identity;
+        for i in 0..300 {
+            let p = select_path(
+                &c,
+                &PathRequest {
+                    middle_nodes: &middle,
+                    guard: if i % 2 == 0 { Some(&r6) } else { None },
+                    ..req(PathTarget::Any)
+                },
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(p[1].nickname, "r6");
+            assert_ne!(p[0].nickname, "r6");
+            assert!(p[0].flags.contains(RelayFlags::GUARD));
+        }
+    }
+
+    #[test]
+    fn entry_and_middle_nodes_combine_with_exit_pinning() {
+        let c = net();
+        let mut rng = StdRng::seed_from_u64(25);
+        let entry = list(&["r12"]);
+        // An exit-flagged relay may serve as a middle.
+        let middle = list(&["r1"]);
+        for _ in 0..200 {
+            let p = select_path(
+                &c,
+                &PathRequest {
+                    entry_nodes: &entry,
+                    middle_nodes: &middle,
+                    exit_nickname: Some("r4"),
+                    ..req(PathTarget::Ip("127.0.0.1:80".parse().unwrap()))
+                },
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(names(&p), ["r12", "r1", "r4"]);
+        }
+        // The pinned exit's policy is still enforced.
+        assert!(matches!(
+            select_path(
+                &c,
+                &PathRequest {
+                    entry_nodes: &entry,
+                    exit_nickname: Some("r6"),
+                    ..req(PathTarget::Any)
+                },
+                &mut rng
+            ),
+            Err(PathError::ExitPolicyRejects { .. })
+        ));
+    }
+
+    #[test]
+    fn unmatched_entry_or_middle_nodes_are_an_error() {
+        let c = net();
+        let mut rng = StdRng::seed_from_u64(27);
+        let nobody = list(&["nobody"]);
+        let err = select_path(
+            &c,
+            &PathRequest {
+                entry_nodes: &nobody,
+                ..req(PathTarget::Any)
+            },
+            &mut rng,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            PathError::NoMatchingRelay {
+                option: "EntryNodes",
+                nodes: nobody.clone()
+            }
+        );
+        assert!(err.to_string().contains("EntryNodes [\"nobody\"]"), "{err}");
+        assert_eq!(
+            select_path(
+                &c,
+                &PathRequest {
+                    middle_nodes: &nobody,
+                    ..req(PathTarget::Any)
+                },
+                &mut rng
+            ),
+            Err(PathError::NoMatchingRelay {
+                option: "MiddleNodes",
+                nodes: nobody.clone()
+            })
+        );
+        // A malformed entry restricts to nothing rather than lifting the restriction.
+        let junk = list(&["bad name!"]);
+        let bad_hex = list(&[&"g".repeat(64)]);
+        for l in [&junk, &bad_hex] {
+            assert!(matches!(
+                select_path(
+                    &c,
+                    &PathRequest {
+                        entry_nodes: l,
+                        ..req(PathTarget::Any)
+                    },
+                    &mut rng
+                ),
+                Err(PathError::NoMatchingRelay { .. })
+            ));
+        }
+        // The only listed entry is the pinned exit.
+        let r2 = list(&["r2"]);
+        assert_eq!(
+            select_path(
+                &c,
+                &PathRequest {
+                    entry_nodes: &r2,
+                    exit_nickname: Some("r2"),
+                    ..req(PathTarget::Any)
+                },
+                &mut rng
+            ),
+            Err(PathError::NoMatchingRelay {
+                option: "EntryNodes",
+                nodes: r2.clone()
+            })
+        );
+        // Two middles wanted, one listed.
+        let one = list(&["r13"]);
+        assert!(matches!(
+            select_path(
+                &c,
+                &PathRequest {
+                    middle_nodes: &one,
+                    hops: 4,
+                    ..req(PathTarget::Any)
+                },
+                &mut rng
+            ),
+            Err(PathError::NoMatchingRelay {
+                option: "MiddleNodes",
+                ..
+            })
+        ));
+        // Same relay as the only entry and the only middle.
+        let r12 = list(&["r12"]);
+        assert!(matches!(
+            select_path(
+                &c,
+                &PathRequest {
+                    entry_nodes: &r12,
+                    middle_nodes: &r12,
+                    ..req(PathTarget::Any)
+                },
+                &mut rng
+            ),
+            Err(PathError::NoMatchingRelay {
+                option: "MiddleNodes",
+                ..
+            })
+        ));
+        // A relay not Running does not match.
+        let mut v = c.relays.clone();
+        v[11].flags = RelayFlags::VALID; // r12
+        assert!(matches!(
+            select_path(
+                &consensus(v),
+                &PathRequest {
+                    entry_nodes: &r12,
+                    ..req(PathTarget::Any)
+                },
+                &mut rng
+            ),
+            Err(PathError::NoMatchingRelay { .. })
+        ));
+        // One hop has no entry or middle: the lists do not apply.
+        let p = select_path(
+            &c,
+            &PathRequest {
+                entry_nodes: &nobody,
+                middle_nodes: &nobody,
+                hops: 1,
+                ..req(PathTarget::Any)
+            },
+            &mut rng,
+        )
+        .unwrap();
+        assert!(p[0].flags.contains(RelayFlags::EXIT));
+    }
+
+    #[test]
+    fn choose_guard_respects_entry_nodes() {
+        let c = net();
+        let mut rng = StdRng::seed_from_u64(29);
+        let r12 = list(&["r12"]);
+        for _ in 0..50 {
+            assert_eq!(choose_guard(&c, &r12, &mut rng).unwrap().nickname, "r12");
+        }
+        let two = vec![c.relays[6].identity.to_hex(), "R11".to_string()];
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            seen.insert(choose_guard(&c, &two, &mut rng).unwrap().nickname.clone());
+        }
+        let mut seen: Vec<String> = seen.into_iter().collect();
+        seen.sort();
+        assert_eq!(seen, ["r11", "r7"]);
+        assert!(choose_guard(&c, &list(&["nobody"]), &mut rng).is_none());
+    }
+
+    #[test]
+    fn node_spec_validation() {
+        assert!(valid_node_spec("relayA"));
+        assert!(valid_node_spec("r"));
+        assert!(valid_node_spec(&"a".repeat(19)));
+        assert!(valid_node_spec(&"aB09".repeat(16)));
+        assert!(!valid_node_spec(""));
+        assert!(!valid_node_spec(&"a".repeat(20)));
+        assert!(!valid_node_spec("relay-A"));
+        assert!(!valid_node_spec("relay A"));
+        assert!(!valid_node_spec(&"g".repeat(64)));
+        assert!(!valid_node_spec(&"a".repeat(63)));
+        assert!(!valid_node_spec(&"a".repeat(65)));
+        assert!(!valid_node_spec("é"));
     }
 
     #[test]
