@@ -39,6 +39,17 @@ what the exit delivered), summed per direction. Same analysis and outputs as
 perf records, relay logs, ``links.json`` (which TCP connection carried how many
 bytes, from ``ss``) and ``qdisc-*.txt``.
 
+Topology ``to-b`` (scenario key ``topology``; the default above is ``through-b``): the
+paper's own pattern, where the data towards B ENDS at B. A second relay ``relayB2`` and the
+web servers run on B; clients pin their circuits with ``EntryNodes``/``MiddleNodes`` to
+``relayA|relayC, relayB2, relayB`` (exit). clientA uploads to and downloads from ``httpdBA``
+on B, clientC from ``httpdBC``: the overlay link A–B2 carries A→B and B→A, C–B2 carries C→B
+and B→C, and B's access link is shared only by what B sends (as in the paper, Sec. V).
+Directions: ``A->B``, ``C->B`` (towards B: the paper's Figs 6-9) and ``B->A``, ``B->C``.
+Why a second topology: in ``through-b`` every byte crosses B's uplink, so each direction can
+have at most half of it (minus 6.5% cell and TCP/IP overhead, and 5% more under `chive shape`):
+the issue's 45% is then out of reach by construction.
+
 Standalone: ``python -m chive_lab.experiments.paper002_overlay --quick --out DIR``.
 """
 
@@ -71,6 +82,13 @@ SOLO = (10.0, 50.0)  # clientA alone (after its start-up)
 VAR_WINDOW = (100.0, 250.0)  # Fig 9
 SLOT = 10.0
 DIRECTIONS = ("A->B", "C->B")  # towards B, as the paper plots them
+#: ``to-b`` also measures what B sends back on each overlay link.
+DIRECTIONS_TO_B = DIRECTIONS + ("B->A", "B->C")
+
+
+def directions(p: "Params") -> tuple[str, ...]:
+    """The directions measured for ``p``'s topology (the first two: towards B)."""
+    return DIRECTIONS_TO_B if p.topology == "to-b" else DIRECTIONS
 
 VARIANTS: dict[str, dict] = {
     "one": {"split": "off", "ackprio": False, "fig": "6"},
@@ -94,6 +112,9 @@ TARGET_SHARE = 0.45
 TARGET_VARIANCE_RATIO = 0.1
 
 RELAY_PORT, SOCKS_PORT, HTTP_PORT, DIR_PORT = 9001, 9050, 8080, 7000
+#: ``to-b``: relayB2's ORPort, and the port of httpdBC (httpdBA uses HTTP_PORT).
+RELAY2_PORT, HTTP2_PORT = 9002, 8081
+TOPOLOGIES = ("through-b", "to-b")
 #: relayB advertises this (bytes/s, far above 10 Mbit/s so it never throttles) while
 #: relayA/relayC advertise the relay's "unlimited" 100 MB/s: the median makes only A, C Guards.
 B_BANDWIDTH = 50_000_000
@@ -109,12 +130,10 @@ class Flow:
     upload: bool
     start: float
     stop: float
-
-    @property
-    def direction(self) -> str:
-        """Which direction towards B carries the data."""
-        sender = self.client if self.upload else self.server
-        return f"{sender}->B"
+    #: Which measured direction carries the data (``A->B`` …).
+    direction: str = ""
+    #: The httpd node serving this loop.
+    httpd: str = ""
 
 
 @dataclass
@@ -130,6 +149,7 @@ class Params:
     delay_ms: float = 0.0
     transfer_bytes: int = 64 * 1024 * 1024
     log_level: str = "info"
+    topology: str = "through-b"
 
     def t(self, seconds: float) -> float:
         """A paper time scaled."""
@@ -140,8 +160,16 @@ def flows(p: Params) -> list[Flow]:
     """The four transfer loops of a run."""
     a = (p.t(A_START), p.t(A_STOP))
     c = (p.t(C_START), p.t(C_STOP))
-    return [Flow("A:down", "A", "C", False, *a), Flow("A:up", "A", "C", True, *a),
-            Flow("C:down", "C", "A", False, *c), Flow("C:up", "C", "A", True, *c)]
+    if p.topology == "to-b":
+        return [Flow("A:down", "A", "B", False, *a, "B->A", "httpdBA"),
+                Flow("A:up", "A", "B", True, *a, "A->B", "httpdBA"),
+                Flow("C:down", "C", "B", False, *c, "B->C", "httpdBC"),
+                Flow("C:up", "C", "B", True, *c, "C->B", "httpdBC")]
+    # through-b: the direction is named by the sender's end towards B (A->B = A->B->C).
+    return [Flow("A:down", "A", "C", False, *a, "C->B", "httpdC"),
+            Flow("A:up", "A", "C", True, *a, "A->B", "httpdC"),
+            Flow("C:down", "C", "A", False, *c, "A->B", "httpdA"),
+            Flow("C:up", "C", "A", True, *c, "C->B", "httpdA")]
 
 
 # ----------------------------------------------------------------- running
@@ -153,6 +181,27 @@ def _relay_overrides(host: str, split: str) -> dict:
         o.update({"BandwidthRate": B_BANDWIDTH, "BandwidthBurst": B_BANDWIDTH,
                   "ConstrainedSockets": False, "OutbufCells": 64})
     return o
+
+
+def _place_nodes(ov: "netns.Overlay", p: Params, split: str) -> dict[str, tuple[str, int]]:
+    """Add relays, clients and web servers for ``p.topology``; return ``{httpd: (host, port)}``."""
+    if p.topology == "to-b":
+        for h, nick, port in (("A", "relayA", RELAY_PORT), ("B", "relayB", RELAY_PORT),
+                              ("B", "relayB2", RELAY2_PORT), ("C", "relayC", RELAY_PORT)):
+            ov.add_relay(h, nick, port=port, overrides={"SplitDirection": split})
+        for h in ("A", "C"):
+            ov.add_client(h, f"client{h}", port=SOCKS_PORT,
+                          extra={"EntryNodes": [f"relay{h}"], "MiddleNodes": ["relayB2"]})
+        httpds = {"httpdBA": ("B", HTTP_PORT), "httpdBC": ("B", HTTP2_PORT)}
+    else:
+        for h in ("A", "B", "C"):
+            ov.add_relay(h, f"relay{h}", port=RELAY_PORT, overrides=_relay_overrides(h, split))
+        for h in ("A", "C"):
+            ov.add_client(h, f"client{h}", port=SOCKS_PORT)
+        httpds = {"httpdA": ("A", HTTP_PORT), "httpdC": ("C", HTTP_PORT)}
+    for name, (h, port) in httpds.items():
+        ov.add_httpd(h, name, port=port)
+    return httpds
 
 
 def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
@@ -180,22 +229,18 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         (out_dir / "shape.txt").write_text("\n".join(shape_cmds) + "\n")
         ov = netns.Overlay(tb, out_dir / "net", binary=chive_bin, log=p.log_level, progress=say)
         ov.add_authority("X", port=DIR_PORT, all_guards=False)
-        for h in ("A", "B", "C"):
-            ov.add_relay(h, f"relay{h}", port=RELAY_PORT, overrides=_relay_overrides(h, v["split"]))
-        for h in ("A", "C"):
-            ov.add_client(h, f"client{h}", port=SOCKS_PORT)
-            ov.add_httpd(h, f"httpd{h}", port=HTTP_PORT)
+        httpds = _place_nodes(ov, p, v["split"])
         ov.start(timeout=60)
         perf = []
         t0 = time.time() + 0.5
         samplers = []
-        for h in ("A", "C"):  # uploads are counted where they arrive: the httpd's sockets
+        for name, (h, port) in httpds.items():  # uploads are counted where they arrive
             samplers.append(tb.popen(h, [sys.executable, "-m", "chive_lab.experiments.paper002_overlay",
-                                         "ss-sample", "--port", str(HTTP_PORT), "--stop-at", f"{t0 + end + 5:.3f}",
-                                         "--out", str(out_dir / f"rx-httpd{h}.jsonl")],
+                                         "ss-sample", "--port", str(port), "--stop-at", f"{t0 + end + 5:.3f}",
+                                         "--out", str(out_dir / f"rx-{name}.jsonl")],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
         for f in fl:
-            url = ov.url(f"httpd{f.server}", "/upload" if f.upload else f"/bytes/{p.transfer_bytes}",
+            url = ov.url(f.httpd, "/upload" if f.upload else f"/bytes/{p.transfer_bytes}",
                          exit=f"relay{f.server}")
             now = time.time()  # perf counts --duration from its own start, delay included
             argv = [str(ov.binary), "perf", "--socks", ov.addr(f"client{f.client}"), "--url", url,
@@ -231,7 +276,7 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         ov.stop()
     finally:
         tb.down()
-    return collect_flows(out_dir, fl, t0, math.ceil(end))
+    return collect_flows(out_dir, fl, t0, math.ceil(end), directions(p))
 
 
 _SS_CONN = re.compile(r"^\S+\s+\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)")
@@ -252,13 +297,13 @@ def link_bytes(ss_text: dict[str, str], tb: netns.Testbed) -> list[dict]:
             lip, lport, rip, rport = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
             if rip not in names or names[rip] == host or names[rip] == "X":
                 continue
-            if RELAY_PORT not in (lport, rport):
+            if RELAY_PORT not in (lport, rport) and RELAY2_PORT not in (lport, rport):
                 continue
             info = lines[i + 1] if i + 1 < len(lines) else ""
             sent = re.search(r"bytes_sent:(\d+)", info)
             recv = re.search(r"bytes_received:(\d+)", info)
             rows.append({"host": host, "peer": names[rip], "local": f"{lip}:{lport}",
-                         "remote": f"{rip}:{rport}", "opened_by": host if rport == RELAY_PORT else names[rip],
+                         "remote": f"{rip}:{rport}", "opened_by": host if rport in (RELAY_PORT, RELAY2_PORT) else names[rip],
                          "bytes_sent": int(sent.group(1)) if sent else 0,
                          "bytes_received": int(recv.group(1)) if recv else 0})
     return rows
@@ -393,15 +438,16 @@ def rx_series(path: Path, t0: float, seconds: int) -> list[float]:
     return out
 
 
-def collect_flows(out_dir: Path, fl: list[Flow], t0: float, seconds: int) -> dict[str, list[float]]:
-    """Per direction (``A->B``, ``C->B``) and per loop (``A:down`` …): bit/s per second."""
-    out: dict[str, list[float]] = {d: [0.0] * seconds for d in DIRECTIONS}
+def collect_flows(out_dir: Path, fl: list[Flow], t0: float, seconds: int,
+                  dirs: tuple[str, ...] = DIRECTIONS) -> dict[str, list[float]]:
+    """Per direction (``A->B``, ``C->B`` …) and per loop (``A:down`` …): bit/s per second."""
+    out: dict[str, list[float]] = {d: [0.0] * seconds for d in dirs}
     outcomes = {}
     for f in fl:
         s, counts = perf_series(out_dir / f"perf-{f.name.replace(':', '-')}.jsonl", t0, seconds)
         if f.upload:  # perf counts what it wrote into the local SOCKS socket: use the receiver
             counts["sender_side_series_bps"] = s
-            s = rx_series(out_dir / f"rx-httpd{f.server}.jsonl", t0, seconds)
+            s = rx_series(out_dir / f"rx-{f.httpd}.jsonl", t0, seconds)
         out[f.name] = s
         out[f.direction] = [a + b for a, b in zip(out[f.direction], s)]
         outcomes[f.name] = counts
@@ -424,8 +470,11 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
                                 "goodput_window_s": list(ov), "variance_window_s": list(vw),
                                 "solo_window_s": list(solo)},
                      "definitions": {
-                         "A->B": "data A->B->C (clientA's upload + clientC's download), one direction of "
-                                 "both overlay links", "C->B": "data C->B->A",
+                         **({"A->B": "clientA's upload to httpdBA on B (ends at B)",
+                             "C->B": "clientC's upload to httpdBC on B", "B->A": "clientA's download",
+                             "B->C": "clientC's download"} if p.topology == "to-b" else
+                            {"A->B": "data A->B->C (clientA's upload + clientC's download), one "
+                                     "direction of both overlay links", "C->B": "data C->B->A"}),
                          "goodput_bps": "mean of 1 s application throughput while both clients run",
                          "variance": "sample variance of the 1 s throughput in the variance window",
                          "share_of_link": "goodput_bps / link rate"},
@@ -436,7 +485,7 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
             continue
         vs: dict = {}
         extra: dict = {"runs": len(runs), "loops": {}}
-        for d in DIRECTIONS:
+        for d in directions(p):
             per_run = [p2._mean(p2._window(r[d], *ov)) for r in runs]
             samples = [x for r in runs for x in p2._window(r[d], *vw)]
             g = p2._mean(per_run)
@@ -453,21 +502,21 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
                          p2._mean([vs[d]["goodput_bps"] for d in DIRECTIONS])))
         summary["variants"][variant] = vs
         summary["extra"][variant] = extra
-        _write_variant(out, variant, runs, SLOT * p.scale, p)
+        _write_variant(out, variant, runs, SLOT * p.scale, p, directions(p))
     p2._write_variance(out, var_rows)
-    summary["targets"] = _targets(summary)
+    summary["targets"] = _targets(summary, directions(p))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=True))
     _write_comparison(out, summary, var_rows)
     return summary
 
 
-def _targets(summary: dict) -> dict:
+def _targets(summary: dict, dirs: tuple[str, ...] = DIRECTIONS) -> dict:
     """Issue 6: split + ACK prio gives each direction >= 45% of the link, and
     variance <= 1/10 of the unshaped single-connection case."""
     v = summary["variants"]
     t: dict = {"share_min": TARGET_SHARE, "variance_ratio_max": TARGET_VARIANCE_RATIO}
     if "split-ackprio" in v:
-        shares = [v["split-ackprio"][d]["share_of_link"] for d in DIRECTIONS]
+        shares = [v["split-ackprio"][d]["share_of_link"] for d in dirs]
         t["split_ackprio_min_share"] = min(shares)
         t["share_met"] = min(shares) >= TARGET_SHARE
         base = summary["extra"].get("one", {}).get("towards_b_variance")
@@ -478,10 +527,11 @@ def _targets(summary: dict) -> dict:
     return t
 
 
-def _write_variant(out: Path, variant: str, runs, slot: float, p: Params) -> None:
-    # Per-connection series ("host:peer") go into the CSV; the figure shows the two directions.
-    series = list(DIRECTIONS) + sorted(k for k in runs[0] if ":" in k)
-    p2.write_throughput(out, variant, runs, slot, p, series, list(DIRECTIONS),
+def _write_variant(out: Path, variant: str, runs, slot: float, p: Params,
+                   dirs: tuple[str, ...] = DIRECTIONS) -> None:
+    # Per-connection series ("host:peer") go into the CSV; the figure shows the directions.
+    series = list(dirs) + sorted(k for k in runs[0] if ":" in k)
+    p2.write_throughput(out, variant, runs, slot, p, series, list(dirs),
                         f"overlay {variant}: mean over {len(runs)} run(s), {slot:g} s slots, 90% CI "
                         f"(cf. paper Fig {VARIANTS[variant]['fig']})",
                         hline=(netns.parse_rate(p.rate) / 2, "half the link"))
@@ -515,7 +565,7 @@ def run_evidence(run_dir: Path) -> dict:
     channels, the circuits' paths, bytes per relay connection, transfer outcomes."""
     net = run_dir / "net"
     ev: dict = {"went_split": {}, "split_links": {}, "paths": {}, "transfers": {}}
-    for n in ("relayA", "relayB", "relayC"):
+    for n in ("relayA", "relayB", "relayB2", "relayC"):
         try:
             log = (net / n / "chive.log").read_text(errors="replace")
         except OSError:
@@ -528,9 +578,18 @@ def run_evidence(run_dir: Path) -> dict:
         except OSError:
             continue
         ev["paths"][c] = sorted(set(re.findall(r"launching circuit.*path=(\S+)", log)))
-    # Circuits that can carry the bulk loops end at relayA or relayC: relayB must be the middle.
-    pinned = [p for ps in ev["paths"].values() for p in ps if p.split(",")[-1] in ("relayA", "relayC")]
-    ev["pinned_paths_ok"] = bool(pinned) and all(p.split(",")[1:2] == ["relayB"] for p in pinned)
+    # through-b: circuits that can carry the bulk loops end at relayA or relayC, with relayB
+    # in the middle. to-b: every circuit is relayA|relayC, relayB2, relayB (EntryNodes,
+    # MiddleNodes, .exit).
+    paths = [p.split(",") for ps in ev["paths"].values() for p in ps]
+    if any("relayB2" in p for p in paths) or (net / "relayB2").is_dir():
+        # (Preemptive circuits may leave through another exit; the loops pin relayB.)
+        ev["pinned_paths_ok"] = (any(p[-1] == "relayB" for p in paths)
+                                 and all(p[1:2] == ["relayB2"] for p in paths)
+                                 and all(p[1:] == ["relayB2", "relayB"] for p in paths if p[-1] == "relayB"))
+    else:
+        pinned = [p for p in paths if p[-1] in ("relayA", "relayC")]
+        ev["pinned_paths_ok"] = bool(pinned) and all(p[1:2] == ["relayB"] for p in pinned)
     try:
         ev["links"] = json.loads((run_dir / "links.json").read_text())
         ev["transfers"] = json.loads((run_dir / "transfers.json").read_text())
@@ -590,6 +649,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ackprio-hosts", default="A,B,C", help="hosts that get `chive shape` (default all)")
     ap.add_argument("--transfer-bytes", type=int, default=64 * 1024 * 1024,
                     help="size of each verified download/upload (loops run back to back)")
+    ap.add_argument("--topology", choices=TOPOLOGIES, default="through-b",
+                    help="through-b: every circuit relayA-relayB-relayC (B forwards everything); "
+                         "to-b: the data towards B ends at B, as in the paper (see the module doc)")
     ap.add_argument("--chive-bin", type=Path, default=None)
     a = ap.parse_args(argv)
     why = netns.available()
@@ -602,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1024 <= a.transfer_bytes <= 10 * 1024**3:
         ap.error("--transfer-bytes must be within 1 KiB..10 GiB")
     p = Params(rate=a.rate, scale=scale, cc=a.cc, queue_packets=a.queue_packets, queue_at=a.queue_at,
-               delay_ms=a.delay_ms, transfer_bytes=a.transfer_bytes,
+               delay_ms=a.delay_ms, transfer_bytes=a.transfer_bytes, topology=a.topology,
                ackprio_hosts=tuple(h.strip() for h in a.ackprio_hosts.split(",") if h.strip()))
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
@@ -622,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
 # analyze(out_dir, scenario) once at the end.
 
 _OPTION_KEYS = {"rate", "scale", "cc", "queue_packets", "queue_at", "ackprio_hosts", "delay_ms",
-                "transfer_bytes", "log_level"}
+                "transfer_bytes", "log_level", "topology"}
 
 
 def parse_options(raw: dict) -> Params:
@@ -649,6 +711,10 @@ def parse_options(raw: dict) -> Params:
         if not isinstance(raw["log_level"], str) or not re.fullmatch(r"[a-z_=,:]{1,64}", raw["log_level"]):
             raise LabError("log_level must be a tracing filter such as \"info\"")
         p.log_level = raw["log_level"]
+    if "topology" in raw:
+        if raw["topology"] not in TOPOLOGIES:
+            raise LabError(f"topology must be one of {', '.join(TOPOLOGIES)}, got {raw['topology']!r}")
+        p.topology = raw["topology"]
     return p
 
 
@@ -701,7 +767,7 @@ def analyze(out_dir, scenario=None):
             continue
         end = len(runs[0][DIRECTIONS[0]])
         series = []
-        for f in DIRECTIONS:
+        for f in directions(p):
             st = p2._slot_stats(runs, f, slot, end)
             xs = [(lo + hi) / 2 for lo, hi, *_ in st]
             ms = [m / 8000 for _, _, m, _, _ in st]
