@@ -51,6 +51,26 @@ def test_flows_cross_both_links_both_ways():
     assert {(f.start, f.stop) for f in fl} == {(0.0, 250.0), (50.0, 300.0)}
 
 
+def test_to_b_flows_end_at_b_and_pin_their_paths(tmp_path):
+    p = po.parse_options({"topology": "to-b", "scale": 1.0})
+    fl = po.flows(p)
+    assert {f.name: (f.direction, f.httpd) for f in fl} == {
+        "A:down": ("B->A", "httpdBA"), "A:up": ("A->B", "httpdBA"),
+        "C:down": ("B->C", "httpdBC"), "C:up": ("C->B", "httpdBC")}
+    assert all(f.server == "B" for f in fl)
+    assert po.directions(p) == ("A->B", "C->B", "B->A", "B->C")
+    with pytest.raises(LabError, match="topology"):
+        po.parse_options({"topology": "ring"})
+    # Evidence: every circuit must use relayB2 as middle; the loops' circuits exit at relayB.
+    for client, paths, ok in (("clientA", ["relayA,relayB2,relayB", "relayA,relayB2,relayC"], True),
+                              ("clientA", ["relayA,relayC,relayB"], False)):
+        d = tmp_path / str(ok) / "net"
+        (d / "relayB2").mkdir(parents=True)
+        (d / client).mkdir()
+        (d / client / "chive.log").write_text("".join(f"INFO launching circuit key=1 path={x}\n" for x in paths))
+        assert po.run_evidence(d.parent)["pinned_paths_ok"] is ok
+
+
 def test_perf_series_from_progress_and_transfers(tmp_path):
     t0 = 1000.0
     recs = [
