@@ -321,6 +321,9 @@ pub struct Tunables {
     pub halflife: Option<f64>,
     /// `OutbufCells`.
     pub outbuf_cells: Option<usize>,
+    /// `CrossChannelPriority`: under a write rate, share OutbufCells among all connections
+    /// and give room to the channel with the most deserving circuit (default off).
+    pub cross_channel: bool,
 }
 
 impl Tunables {
@@ -652,11 +655,13 @@ impl Driver {
 
     /// Whether link writers share a finite write rate (`BandwidthRate`).
     fn rate_shared(&self) -> bool {
-        self.cfg
-            .limits
-            .write_bucket
-            .as_ref()
-            .is_some_and(|b| b.rate().0 > 0)
+        self.cfg.tunables.cross_channel
+            && self
+                .cfg
+                .limits
+                .write_bucket
+                .as_ref()
+                .is_some_and(|b| b.rate().0 > 0)
     }
 
     /// Cross-channel scheduling under a shared write rate (the papers' future work 8.1; C tor's

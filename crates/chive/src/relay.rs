@@ -41,11 +41,15 @@ Config file options (TOML):
   BandwidthRate = 0                bytes/s for writing (and, see ReadRateMargin, reading);
                                    0 = unlimited
   BandwidthBurst = 0               bucket size in bytes; 0 = same as BandwidthRate
-  ReadRateMargin = 0.1             reading may go this fraction faster than BandwidthRate
-                                   (0..=1). With equal limits it is chance which side binds;
-                                   when reading does, cells queue in kernel buffers in arrival
-                                   order, where no circuit scheduler can reorder them. A relay
-                                   forwards what it reads, so writing still bounds the average
+  CrossChannelPriority = false     with BandwidthRate: OutbufCells bounds the cells in flight
+                                   over ALL connections, and free room goes to the channel
+                                   whose next circuit has the lowest EWMA count (KIST-like)
+  ReadRateMargin = 0.0             reading may go this fraction faster than BandwidthRate
+                                   (0..=1; default 0, as Tor). With equal limits it is chance
+                                   which side binds; when reading does, cells queue in kernel
+                                   buffers in arrival order, out of the scheduler's reach.
+                                   0.1 halves fresh circuits' fetch times under load but slows
+                                   reused circuits (docs/scheduling.md): experimental
   ExitPolicy = [\"reject *:*\"]      torrc-style rules, first match wins (default: not an exit)
   ExitPolicyRejectPrivate = true   reject private and local addresses before ExitPolicy
   Scheduler = \"ewma\"               circuit scheduler: \"rr\", \"ewma\" or \"ewma-direct\" (reference)
@@ -94,6 +98,8 @@ pub struct RelayConfig {
     pub bandwidth_rate: u64,
     #[serde(rename = "BandwidthBurst", default)]
     pub bandwidth_burst: u64,
+    #[serde(rename = "CrossChannelPriority", default)]
+    pub cross_channel_priority: bool,
     #[serde(rename = "ReadRateMargin", default = "default_read_margin")]
     pub read_rate_margin: f64,
     #[serde(rename = "ExitPolicy", default = "default_exit_policy")]
@@ -132,7 +138,7 @@ fn default_exit_policy() -> Vec<String> {
     vec!["reject *:*".to_string()]
 }
 fn default_read_margin() -> f64 {
-    0.1
+    0.0
 }
 fn yes() -> bool {
     true
@@ -183,6 +189,7 @@ impl RelayConfig {
             scheduler: self.scheduler.clone(),
             halflife: self.circuit_priority_halflife,
             outbuf_cells: self.outbuf_cells.or_else(|| self.rate_based_outbuf()),
+            cross_channel: self.cross_channel_priority,
         }
     }
 
@@ -196,9 +203,8 @@ impl RelayConfig {
         })
     }
 
-    /// The read bucket's rate: BandwidthRate plus the margin that keeps writing the binding
-    /// side (measured in issue 3's load figure: with equal limits a 50 KiB fetch under load
-    /// took 0.19 s at p50, with a 10% margin 0.09 s, the wire time being 0.05 s).
+    /// The read bucket's rate: BandwidthRate plus the margin (docs/scheduling.md has the
+    /// measurements: it helps fresh circuits and hurts reused ones, so it is off by default).
     fn read_rate(&self) -> u64 {
         (self.bandwidth_rate as f64 * (1.0 + self.read_rate_margin)).round() as u64
     }
