@@ -90,6 +90,9 @@ pub enum Input {
     Cell { chan: ChannelId, cell: AnyCell },
     /// Connection `chan`'s writer finished writing a batch of `cells` cells.
     Written { chan: ChannelId, cells: usize },
+    /// Connection `chan`'s writer took the write-bucket tokens for a batch of `cells` cells
+    /// (sent only by rate-limited writers, before the batch's `Written`).
+    Paid { chan: ChannelId, cells: usize },
     /// Connection `chan` closed or failed.
     LinkDown { chan: ChannelId, why: String },
     /// Bytes read from a stream's socket.
@@ -171,7 +174,7 @@ impl StreamIo {
 
 /// What a connection's writer task is given.
 pub enum WriteMsg {
-    /// A batch of cells, acknowledged with [`Input::Written`].
+    /// A batch of cells, acknowledged with [`Input::Paid`] and [`Input::Written`].
     Cells(Vec<Cell>),
     /// A variable-length link cell (HANDOFF), not acknowledged.
     Var(VarCell),
@@ -190,6 +193,10 @@ struct ConnIo {
     id: ChannelId,
     h: ConnHandles,
     in_flight: usize,
+    /// Of those, cells still waiting for write-bucket tokens (not yet paid): what the
+    /// cross-channel budget counts, so that a connection blocked on a slow receiver's socket
+    /// does not hold up the others.
+    unpaid: usize,
     /// Batches handed to the writer, oldest first, with their sampled cells.
     batches: VecDeque<(usize, Vec<CellSample>)>,
     held: bool,
@@ -201,6 +208,7 @@ impl ConnIo {
             id,
             h,
             in_flight: 0,
+            unpaid: 0,
             batches: VecDeque::new(),
             held: false,
         }
@@ -269,6 +277,10 @@ impl ChanIo {
 
     fn in_flight(&self) -> usize {
         self.primary.in_flight + self.secondary.as_ref().map_or(0, |s| s.in_flight)
+    }
+
+    fn unpaid(&self) -> usize {
+        self.primary.unpaid + self.secondary.as_ref().map_or(0, |s| s.unpaid)
     }
 
     /// Cells the connection we write on may still take.
@@ -513,6 +525,18 @@ impl Driver {
                 self.core.connect_failed(identity, now);
             }
             Input::Cell { chan, cell } => self.on_cell(chan, cell, now),
+            Input::Paid { chan: conn, cells } => {
+                let Some((chan, which)) = self.locate(conn) else {
+                    return true;
+                };
+                if let Some(c) = self.chans.get_mut(&chan).and_then(|io| io.conn_mut(which)) {
+                    c.unpaid = c.unpaid.saturating_sub(cells);
+                }
+                // Budget freed: the most deserving waiting channel goes next.
+                if !self.waiting.is_empty() {
+                    self.dispatch(now);
+                }
+            }
             Input::Written { chan: conn, cells } => {
                 let Some((chan, which)) = self.locate(conn) else {
                     return true;
@@ -676,8 +700,8 @@ impl Driver {
     fn dispatch(&mut self, now: Instant) {
         let quantum = (self.cfg.outbuf_cells / 2).max(1);
         loop {
-            let in_flight: usize = self.chans.values().map(ChanIo::in_flight).sum();
-            let room = self.cfg.outbuf_cells.saturating_sub(in_flight);
+            let unpaid: usize = self.chans.values().map(ChanIo::unpaid).sum();
+            let room = self.cfg.outbuf_cells.saturating_sub(unpaid);
             if room == 0 {
                 return;
             }
@@ -714,6 +738,8 @@ impl Driver {
     /// responder writes on its second connection, everyone else on the first. Returns how
     /// many cells moved.
     fn transmit_up_to(&mut self, chan: ChannelId, limit: usize, now: Instant) -> usize {
+        // Paced writers report Paid for every batch (see spawn_conn).
+        let paced = self.cfg.limits.write_bucket.is_some();
         let Some(io) = self.chans.get_mut(&chan) else {
             return 0;
         };
@@ -746,6 +772,9 @@ impl Driver {
         let n = self.core.poll_transmit(chan, room, now, &mut cells);
         if n > 0 {
             conn.in_flight += n;
+            if paced {
+                conn.unpaid += n;
+            }
             *bytes_out += (n * CELL_LEN) as u64;
             if let SplitSide::Writer { sender, .. } = split {
                 sender.sent(n);
@@ -1370,6 +1399,18 @@ fn spawn_conn(
     tokio::spawn(async move {
         while let Some(msg) = wrx.recv().await {
             let (result, n) = match msg {
+                WriteMsg::Cells(cells) if writer.is_paced() => {
+                    // Pay first and say so: from here on the batch waits only for the socket.
+                    writer.pay_for_cells(cells.len()).await;
+                    let paid = Input::Paid {
+                        chan: id,
+                        cells: cells.len(),
+                    };
+                    if tx.send(paid).await.is_err() {
+                        return;
+                    }
+                    (writer.write_paid_cells(&cells).await, Some(cells.len()))
+                }
                 WriteMsg::Cells(cells) => (writer.write_cells(&cells).await, Some(cells.len())),
                 WriteMsg::Var(cell) => (writer.write_var_cell(&cell).await, None),
             };

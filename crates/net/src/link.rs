@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
-use chive_cell::{AnyCell, Cell, VarCell};
+use chive_cell::{AnyCell, Cell, VarCell, CELL_LEN};
 use chive_crypto::IdentityKey;
 use tokio::io::{AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -146,6 +146,37 @@ impl LinkWriter {
             cell.encode_into(&mut self.out);
         }
         self.send_out().await
+    }
+
+    /// Whether writes draw from a token bucket.
+    pub fn is_paced(&self) -> bool {
+        self.bucket.is_some()
+    }
+
+    /// Take the tokens for `cells` cells from the write bucket (if any) without writing:
+    /// a caller that pays first and then calls [`LinkWriter::write_paid_cells`] learns when a
+    /// batch stops waiting for the rate limit and starts waiting for the socket.
+    pub async fn pay_for_cells(&self, cells: usize) {
+        if let Some(bucket) = &self.bucket {
+            for chunk in (0..cells * CELL_LEN).step_by(PACED_WRITE_CHUNK) {
+                bucket.consume(PACED_WRITE_CHUNK.min(cells * CELL_LEN - chunk)).await;
+            }
+        }
+    }
+
+    /// Like [`LinkWriter::write_cells`], for a batch already paid with
+    /// [`LinkWriter::pay_for_cells`]: the bucket is not charged again.
+    pub async fn write_paid_cells(&mut self, cells: &[Cell]) -> Result<(), LinkError> {
+        self.out.clear();
+        for cell in cells {
+            cell.encode_into(&mut self.out);
+        }
+        self.wr.write_all(&self.out).await?;
+        self.wr.flush().await?;
+        if self.out.capacity() > 1024 * 1024 {
+            self.out = Vec::with_capacity(64 * 1024);
+        }
+        Ok(())
     }
 
     /// Write one variable-length cell and flush.
