@@ -41,7 +41,7 @@ Config file options (TOML):
   BandwidthRate = 0                bytes/s for writing (and, see ReadRateMargin, reading);
                                    0 = unlimited
   BandwidthBurst = 0               bucket size in bytes; 0 = same as BandwidthRate
-  CrossChannelPriority = true      with BandwidthRate: OutbufCells bounds the cells in flight
+  CrossChannelPriority = false     with BandwidthRate: OutbufCells bounds the cells in flight
                                    over ALL connections, and free room goes to the channel
                                    whose next circuit has the lowest EWMA count (KIST-like)
   ReadRateMargin = 0.0             reading may go this fraction faster than BandwidthRate
@@ -98,7 +98,7 @@ pub struct RelayConfig {
     pub bandwidth_rate: u64,
     #[serde(rename = "BandwidthBurst", default)]
     pub bandwidth_burst: u64,
-    #[serde(rename = "CrossChannelPriority", default = "yes")]
+    #[serde(rename = "CrossChannelPriority", default)]
     pub cross_channel_priority: bool,
     #[serde(rename = "ReadRateMargin", default = "default_read_margin")]
     pub read_rate_margin: f64,

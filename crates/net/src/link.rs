@@ -159,7 +159,9 @@ impl LinkWriter {
     pub async fn pay_for_cells(&self, cells: usize) {
         if let Some(bucket) = &self.bucket {
             for chunk in (0..cells * CELL_LEN).step_by(PACED_WRITE_CHUNK) {
-                bucket.consume(PACED_WRITE_CHUNK.min(cells * CELL_LEN - chunk)).await;
+                bucket
+                    .consume(PACED_WRITE_CHUNK.min(cells * CELL_LEN - chunk))
+                    .await;
             }
         }
     }
