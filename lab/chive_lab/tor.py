@@ -314,6 +314,8 @@ _CHIVE_ONLY_RELAY_KEYS = {
     "OutbufCells": "chive's bounded per-connection output buffer (cells handed to a connection "
     "before they are written); Tor has no such cap: its KIST scheduler limits writes by the "
     "socket's state instead",
+    "CrossChannelPriority": "chive's cross-channel budget under a shared write rate; Tor's KIST "
+    "scheduler orders channels by their best circuit in the same way, always on",
     "ReadRateMargin": "Tor applies BandwidthRate to reading and writing alike; chive lets "
     "reading go this fraction faster so that queues form in circuit queues, where the scheduler "
     "acts, rather than in kernel buffers",
