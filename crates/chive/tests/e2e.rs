@@ -4,7 +4,7 @@
 //! Every test starts its own network on free ports and kills it on drop.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -193,18 +193,8 @@ fn exit_notation_pins_the_exit_and_policy_refusals_fail_cleanly() {
     let net = Network::start("exitpin", [""; 3]);
     // host.<nickname>.exit goes through that exit.
     let host = format!("{}.relay2.exit", net.http.ip());
-    let mut s = TcpStream::connect(net.socks).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    s.write_all(&[5, 1, 0]).unwrap();
-    let mut r = [0u8; 2];
-    s.read_exact(&mut r).unwrap();
-    let mut req = vec![5, 1, 0, 3, host.len() as u8];
-    req.extend_from_slice(host.as_bytes());
-    req.extend_from_slice(&net.http.port().to_be_bytes());
-    s.write_all(&req).unwrap();
-    let mut rep = [0u8; 10];
-    s.read_exact(&mut rep).unwrap();
-    assert_eq!(rep[1], 0, "pinned exit request failed");
+    let (mut s, reply) = socks5_connect_name(net.socks, &host, net.http.port(), 30);
+    assert_eq!(reply, 0, "pinned exit request failed");
     write!(s, "GET /bytes/1000 HTTP/1.0\r\n\r\n").unwrap();
     let mut all = Vec::new();
     s.read_to_end(&mut all).unwrap();
@@ -222,8 +212,10 @@ fn exit_notation_pins_the_exit_and_policy_refusals_fail_cleanly() {
     let mut s = TcpStream::connect(net.socks).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     s.write_all(&[5, 1, 0]).unwrap();
+    let mut r = [0u8; 2];
     s.read_exact(&mut r).unwrap();
     s.write_all(&[5, 1, 0, 1, 192, 0, 2, 1, 0, 80]).unwrap();
+    let mut rep = [0u8; 10];
     s.read_exact(&mut rep).unwrap();
     assert_ne!(rep[1], 0, "a target every exit rejects must fail");
     let _ = (&net.authority, &net.authority_id);
@@ -276,18 +268,8 @@ fn entry_and_middle_nodes_pin_every_circuit() {
     }
     // Pinning relay3 (the only middle) as exit leaves no middle: refused cleanly.
     let host = format!("{}.relay3.exit", net.http.ip());
-    let mut s = TcpStream::connect(socks2).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.write_all(&[5, 1, 0]).unwrap();
-    let mut r = [0u8; 2];
-    s.read_exact(&mut r).unwrap();
-    let mut req = vec![5, 1, 0, 3, host.len() as u8];
-    req.extend_from_slice(host.as_bytes());
-    req.extend_from_slice(&net.http.port().to_be_bytes());
-    s.write_all(&req).unwrap();
-    let mut rep = [0u8; 10];
-    s.read_exact(&mut rep).unwrap();
-    assert_ne!(rep[1], 0, "a path with no possible middle must fail");
+    let (_s, reply) = socks5_connect_name(socks2, &host, net.http.port(), 60);
+    assert_ne!(reply, 0, "a path with no possible middle must fail");
 
     let log = net.log("client2");
     let paths: Vec<&str> = log
@@ -326,4 +308,26 @@ fn entry_and_middle_nodes_pin_every_circuit() {
         err.contains("EntryNodes"),
         "error should name EntryNodes: {err}"
     );
+}
+
+/// SOCKS5 (no auth) CONNECT to `host:port` by name; returns the stream and the reply code.
+fn socks5_connect_name(
+    socks: SocketAddr,
+    host: &str,
+    port: u16,
+    timeout_s: u64,
+) -> (TcpStream, u8) {
+    let mut s = TcpStream::connect(socks).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(timeout_s)))
+        .unwrap();
+    s.write_all(&[5, 1, 0]).unwrap();
+    let mut r = [0u8; 2];
+    s.read_exact(&mut r).unwrap();
+    let mut req = vec![5, 1, 0, 3, host.len() as u8];
+    req.extend_from_slice(host.as_bytes());
+    req.extend_from_slice(&port.to_be_bytes());
+    s.write_all(&req).unwrap();
+    let mut rep = [0u8; 10];
+    s.read_exact(&mut rep).unwrap();
+    (s, rep[1])
 }

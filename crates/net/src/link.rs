@@ -173,12 +173,7 @@ impl LinkWriter {
         for cell in cells {
             cell.encode_into(&mut self.out);
         }
-        self.wr.write_all(&self.out).await?;
-        self.wr.flush().await?;
-        if self.out.capacity() > 1024 * 1024 {
-            self.out = Vec::with_capacity(64 * 1024);
-        }
-        Ok(())
+        self.write_out(false).await
     }
 
     /// Write one variable-length cell and flush.
@@ -195,7 +190,12 @@ impl LinkWriter {
     }
 
     async fn send_out(&mut self) -> Result<(), LinkError> {
-        match &self.bucket {
+        self.write_out(true).await
+    }
+
+    /// Write `out` (charging the bucket, if any, when `pace`), flush, and trim the buffer.
+    async fn write_out(&mut self, pace: bool) -> Result<(), LinkError> {
+        match self.bucket.as_ref().filter(|_| pace) {
             None => self.wr.write_all(&self.out).await?,
             Some(bucket) => {
                 for chunk in self.out.chunks(PACED_WRITE_CHUNK) {
