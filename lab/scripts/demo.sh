@@ -98,7 +98,8 @@ for label in order:
     bulk = s["variants"][label].get("bulk", {})
     p50, p75 = web.get("ttlb", {}).get("p50"), web.get("ttlb", {}).get("p75")
     b50 = s["variants"][base].get("web", {}).get("ttlb", {}).get("p50")
-    imp = "" if None in (p50, b50) or b50 == 0 else f"{(b50 - p50) / b50 * 100:+.1f}% better"
+    gain = None if None in (p50, b50) or b50 == 0 else (b50 - p50) / b50 * 100
+    imp = "" if gain is None else (f"{gain:.1f}% faster" if gain >= 0 else f"{-gain:.1f}% slower")
     ks = bulk.get("ks_vs_first", {}).get("pvalue")
     f = lambda v: "-" if v is None else f"{v:.3f} s"
     print(f"{label:<10} {f(p50):>13} {f(p75):>13} {imp if label != base else '(baseline)':>12} "
