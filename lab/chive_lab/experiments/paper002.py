@@ -597,6 +597,22 @@ def repetition_dirs(out_dir: Path, variants, scenario=None) -> dict[str, list[Pa
     return {v: found[v] for v in order if v in found}
 
 
+
+def slot_series(runs, names, slot: float, end: int):
+    """Figure series in kB/s for ``names``: the mean over runs per ``slot``-second slot,
+    with the 90% confidence band (shared by the plain-TCP and the overlay figures)."""
+    from .. import analysis as an
+
+    series = []
+    for f in names:
+        st = _slot_stats(runs, f, slot, end)
+        xs = [(lo + hi) / 2 for lo, hi, *_ in st]
+        ms = [m / 8000 for _, _, m, _, _ in st]
+        hs = [0.0 if math.isnan(h) else h / 8000 for *_, h, _ in st]
+        series.append(an.Series(label=f, x=xs, y=ms, lo=[m - h for m, h in zip(ms, hs)],
+                                hi=[m + h for m, h in zip(ms, hs)]))
+    return series
+
 def analyze(out_dir, scenario=None):
     """``chive-lab analyze`` entry: read ``runs/<variant>/<rep>/flows.json``, write
     this kind's figures and CSVs into ``out_dir/figures`` and return an
@@ -627,14 +643,7 @@ def analyze(out_dir, scenario=None):
         if not runs:
             continue
         end = len(next(iter(runs[0].values())))
-        series = []
-        for f in sorted(runs[0]):
-            st = _slot_stats(runs, f, slot, end)
-            xs = [(lo + hi) / 2 for lo, hi, *_ in st]
-            ms = [m / 8000 for _, _, m, _, _ in st]
-            hs = [0.0 if math.isnan(h) else h / 8000 for *_, h, _ in st]
-            series.append(an.Series(label=f, x=xs, y=ms, lo=[m - h for m, h in zip(ms, hs)],
-                                    hi=[m + h for m, h in zip(ms, hs)]))
+        series = slot_series(runs, sorted(runs[0]), slot, end)
         figures.append(an.Figure(name=f"paper002_throughput_{v}",
                                  title=f"{v}: throughput per flow (paper Fig {VARIANTS[v]['fig']})",
                                  xlabel="time [s]", ylabel="throughput [kB/s]", series=series,

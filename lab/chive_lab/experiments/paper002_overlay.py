@@ -770,14 +770,7 @@ def analyze(out_dir, scenario=None):
         if not runs:
             continue
         end = len(runs[0][DIRECTIONS[0]])
-        series = []
-        for f in directions(p):
-            st = p2._slot_stats(runs, f, slot, end)
-            xs = [(lo + hi) / 2 for lo, hi, *_ in st]
-            ms = [m / 8000 for _, _, m, _, _ in st]
-            hs = [0.0 if math.isnan(h) else h / 8000 for *_, h, _ in st]
-            series.append(an.Series(label=f, x=xs, y=ms, lo=[m - h for m, h in zip(ms, hs)],
-                                    hi=[m + h for m, h in zip(ms, hs)]))
+        series = p2.slot_series(runs, directions(p), slot, end)
         figures.append(an.Figure(name=f"paper002_overlay_throughput_{v}",
                                  title=f"overlay {v}: throughput per direction (cf. paper Fig {VARIANTS[v]['fig']})",
                                  xlabel="time [s]", ylabel="throughput [kB/s]", series=series,
