@@ -41,9 +41,10 @@ Config file options (TOML):
   BandwidthRate = 0                bytes/s for writing (and, see ReadRateMargin, reading);
                                    0 = unlimited
   BandwidthBurst = 0               bucket size in bytes; 0 = same as BandwidthRate
-  CrossChannelPriority = false     with BandwidthRate: OutbufCells bounds the cells in flight
-                                   over ALL connections, and free room goes to the channel
-                                   whose next circuit has the lowest EWMA count (KIST-like)
+  CrossChannelPriority = false     with BandwidthRate: OutbufCells bounds the cells waiting
+                                   for write tokens over ALL connections, and free room goes
+                                   to the channel whose next circuit has the lowest EWMA count
+                                   (KIST-like; docs/scheduling.md)
   ReadRateMargin = 0.0             reading may go this fraction faster than BandwidthRate
                                    (0..=1; default 0, as Tor). With equal limits it is chance
                                    which side binds; when reading does, cells queue in kernel
