@@ -623,11 +623,19 @@ impl Driver {
                 let mut conns = String::new();
                 for (chan, io) in &self.chans {
                     conns.push_str(&format!(
-                        "connection chan={} in_flight={}\n",
+                        "connection chan={} in_flight={} unpaid={} blocked={} secondary={} pending={}\n",
                         chan.0,
-                        io.in_flight()
+                        io.in_flight(),
+                        io.unpaid(),
+                        io.blocked,
+                        io.secondary.is_some(),
+                        self.core.has_pending(*chan),
                     ));
                 }
+                conns.push_str(&format!(
+                    "waiting for output room: {:?}\n",
+                    self.waiting.iter().map(|c| c.0).collect::<Vec<_>>()
+                ));
                 info!(
                     "state dump (SIGUSR1):\n{}{}",
                     conns,

@@ -153,13 +153,13 @@ fn ewma_beats_round_robin_under_load_and_sighup_switches_policy() {
             std::thread::spawn(move || bulk_loop(socks, http, u, stop))
         })
         .collect();
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(5));
     let mut times = [Vec::new(), Vec::new()]; // [rr, ewma]
     let mut n = 0;
-    // Blocks in the order rr, ewma, ewma, rr, rr, ewma, ewma, rr: each
+    // Blocks in the order rr, ewma, ewma, rr, rr, ewma, … (12 blocks): each
     // policy sits as often early as late, so a slow drift of the machine's
     // load (other tests, the bulk transfers ramping up) cancels out.
-    for block in 0..8 {
+    for block in 0..12 {
         let ewma = matches!(block % 4, 1 | 2);
         let mut block_times = Vec::new();
         net.reconfigure_relays(if ewma {

@@ -382,7 +382,10 @@ fn exporters<D>(
 
 /// A TCP socket for `addr`'s family with the configured buffer sizes (set before
 /// connect/listen, so the TCP window is negotiated with them).
-fn new_socket(addr: SocketAddr, buffer: Option<u32>) -> Result<tokio::net::TcpSocket, LinkError> {
+pub(crate) fn new_socket(
+    addr: SocketAddr,
+    buffer: Option<u32>,
+) -> Result<tokio::net::TcpSocket, LinkError> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
@@ -391,8 +394,22 @@ fn new_socket(addr: SocketAddr, buffer: Option<u32>) -> Result<tokio::net::TcpSo
     if let Some(size) = buffer {
         socket.set_send_buffer_size(size)?;
         socket.set_recv_buffer_size(size)?;
+        // Accepted sockets inherit this from the listener, and it caps the MSS advertised in
+        // the SYN, so both directions use it.
+        socket2::SockRef::from(&socket).set_tcp_mss(constrained_mss(size))?;
     }
     Ok(socket)
+}
+
+/// The segment size for a link socket whose buffers are `buffer` bytes: small enough that the
+/// receive window always holds several segments. With a window smaller than about two
+/// segments, Linux's silly-window avoidance on both ends (the receiver advertises whole
+/// segments, the sender will not send less than one into a window it thinks too small) leaves
+/// the sender waiting for zero-window probes that back off exponentially: on loopback (MSS
+/// 65483) a 10 kB buffer stalled relay links for seconds to tens of seconds. Ethernet-sized
+/// segments at most; never below TCP's 536-byte minimum.
+pub(crate) fn constrained_mss(buffer: u32) -> u32 {
+    (buffer / 8).clamp(536, 1460)
 }
 
 fn prepare(tcp: TcpStream) -> Result<BufReader<TcpStream>, LinkError> {

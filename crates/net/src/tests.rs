@@ -557,3 +557,40 @@ async fn write_bucket_paces_a_link() {
     assert!(took >= Duration::from_millis(380), "{took:?}");
     assert!(took <= Duration::from_millis(1500), "{took:?}");
 }
+
+/// Constrained link sockets use segments that fit the window several times over, on both
+/// ends of the connection (the connecting socket's option and the listener's, inherited by
+/// the accepted socket and advertised in its SYN-ACK). Loopback's own MSS (65483) with a
+/// 10 kB buffer left relay links waiting on zero-window probes for seconds.
+#[tokio::test]
+async fn constrained_sockets_use_segments_the_window_can_hold() {
+    assert_eq!(crate::link::constrained_mss(10_000), 1250);
+    assert_eq!(crate::link::constrained_mss(2048), 536);
+    assert_eq!(crate::link::constrained_mss(262_144), 1460);
+    let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let listener = crate::link::new_socket(loopback, Some(10_000)).unwrap();
+    listener.bind(loopback).unwrap();
+    let listener = listener.listen(8).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = crate::link::new_socket(addr, Some(10_000))
+        .unwrap()
+        .connect(addr)
+        .await
+        .unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    for (end, sock) in [("connecting", &client), ("accepted", &server)] {
+        let mss = socket2::SockRef::from(sock).tcp_mss().unwrap();
+        assert!(mss <= 1250, "{end} socket's MSS is {mss}");
+    }
+    // A peer that sets nothing still gets the listener's segment size (from the SYN-ACK).
+    let plain = TcpStream::connect(addr).await.unwrap();
+    let mss = socket2::SockRef::from(&plain).tcp_mss().unwrap();
+    assert!(mss <= 1250, "peer of a constrained listener: MSS {mss}");
+    // Unconstrained sockets keep the kernel's choice (loopback: far above Ethernet's).
+    let open = tokio::net::TcpListener::bind(loopback).await.unwrap();
+    let plain = TcpStream::connect(open.local_addr().unwrap())
+        .await
+        .unwrap();
+    let mss = socket2::SockRef::from(&plain).tcp_mss().unwrap();
+    assert!(mss > 1460, "unconstrained loopback MSS {mss}");
+}

@@ -39,6 +39,11 @@ impl Drop for Network {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // Keep the logs and metrics of a failed test for inspection; a passing one leaves
+        // nothing behind.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
