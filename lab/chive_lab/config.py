@@ -31,6 +31,10 @@ MAX_VALUE_CHARS = 4096
 MANAGED_RELAY_KEYS = frozenset(
     {"Nickname", "DataDirectory", "ORPort", "Authority", "AuthorityIdentity"}
 )
+#: Client config keys the lab writes itself; a scenario's ``[network.client]`` cannot set them.
+MANAGED_CLIENT_KEYS = frozenset(
+    {"DataDirectory", "SocksPort", "Authority", "AuthorityIdentity", "Log"}
+)
 
 
 def check_key(key: str) -> str:
@@ -243,15 +247,21 @@ def client_config(
     authority: str,
     authority_identity: str,
     log: str,
+    overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Config of the SOCKS client."""
-    return {
+    """Config of the SOCKS client, with ``overrides`` (e.g. ``EntryNodes``) added."""
+    config: dict[str, Any] = {
         "DataDirectory": str(data_dir),
         "SocksPort": f"127.0.0.1:{socks_port}",
         "Authority": authority,
         "AuthorityIdentity": authority_identity,
         "Log": log,
     }
+    for key, value in (overrides or {}).items():
+        if key in MANAGED_CLIENT_KEYS:
+            raise LabError(f"client key {key} is managed by the lab and cannot be overridden")
+        config[check_key(key)] = value
+    return config
 
 
 def httpd_config(*, port: int) -> dict[str, Any]:

@@ -103,6 +103,9 @@ class NetworkSpec:
     """Keys added to / overriding every relay's config (``--set``)."""
     authority_params: dict[str, int] = field(default_factory=dict)
     """The authority's [NetworkParameters] (``--param``), e.g. {"circwindow": 101}."""
+    client_overrides: dict[str, Any] = field(default_factory=dict)
+    """Keys added to the chive client's config, e.g. ``{"EntryNodes": ["relay1"]}`` to give
+    every circuit the same guard (chive only; a Tor client reports them as not applied)."""
     binary: Path | None = None
     """The chive binary; None = :func:`default_binary`."""
     timeout: float = 60.0
@@ -134,6 +137,10 @@ class NetworkSpec:
             cfg.check_key(key)
             if key in cfg.MANAGED_RELAY_KEYS:
                 raise LabError(f"{key} is managed by the lab and cannot be overridden")
+        for key in self.client_overrides:
+            cfg.check_key(key)
+            if key in cfg.MANAGED_CLIENT_KEYS:
+                raise LabError(f"client key {key} is managed by the lab and cannot be overridden")
         for key, value in self.authority_params.items():
             cfg.check_key(key)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -387,6 +394,7 @@ class Network:
                 authority=authority,
                 authority_identity=identity,
                 log=spec.log_level,
+                overrides=spec.client_overrides,
             ),
         )
         self._start("client", binary, client_toml, state, procs)

@@ -202,6 +202,7 @@ def network_spec(scenario: sc.Scenario, variant: sc.Variant, binary: Path | None
         bandwidth_rate=net.bandwidth_rate,
         relay_overrides=relay,
         authority_params=params,
+        client_overrides=dict(net.client),
         binary=binary,
         timeout=net.timeout,
         consensus_interval=net.consensus_interval,

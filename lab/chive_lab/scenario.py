@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .config import MANAGED_RELAY_KEYS, check_key
+from .config import MANAGED_CLIENT_KEYS, MANAGED_RELAY_KEYS, check_key
 from .errors import LabError
 from .network import MAX_RELAYS, MIN_RELAYS
 
@@ -127,6 +127,8 @@ class NetworkConfig:
     """BandwidthBurst if different from the rate."""
     relay: Mapping[str, Any] = field(default_factory=dict)
     """Config keys added to every relay."""
+    client: Mapping[str, Any] = field(default_factory=dict)
+    """Config keys added to the chive client (``EntryNodes``, ``MiddleNodes`` …)."""
     params: Mapping[str, int] = field(default_factory=dict)
     """Consensus parameters of the authority."""
     consensus_interval: int = 2
@@ -461,8 +463,8 @@ def _parse_client(item: Any, path: str) -> ClientSpec:
 
 
 _NETWORK_KEYS = {
-    "relays", "bandwidth_rate", "bandwidth_burst", "relay", "params", "consensus_interval",
-    "log_level", "timeout",
+    "relays", "bandwidth_rate", "bandwidth_burst", "relay", "client", "params",
+    "consensus_interval", "log_level", "timeout",
 }
 
 
@@ -473,6 +475,16 @@ def _parse_network(value: Any) -> NetworkConfig:
         _relay_key(k, f"network.relay.{k}"): _config_value(v, f"network.relay.{k}")
         for k, v in _table(table.get("relay", {}), "network.relay").items()
     }
+    client = {}
+    for k, v in _table(table.get("client", {}), "network.client").items():
+        path = f"network.client.{k}"
+        try:
+            check_key(k)
+        except LabError as e:
+            raise _err(path, str(e)) from e
+        if k in MANAGED_CLIENT_KEYS:
+            raise _err(path, f"{k} is managed by the lab and cannot be set")
+        client[k] = _config_value(v, path)
     rate = table.get("bandwidth_rate")
     burst = table.get("bandwidth_burst")
     return NetworkConfig(
@@ -480,6 +492,7 @@ def _parse_network(value: Any) -> NetworkConfig:
         bandwidth_rate=None if rate is None else _int(rate, "network.bandwidth_rate", lo=0),
         bandwidth_burst=None if burst is None else _int(burst, "network.bandwidth_burst", lo=0),
         relay=relay,
+        client=client,
         params=_params(table.get("params", {}), "network.params"),
         consensus_interval=_int(table.get("consensus_interval", 2), "network.consensus_interval", lo=1, hi=3600),
         log_level=_str(table.get("log_level", "info"), "network.log_level", max_len=200),

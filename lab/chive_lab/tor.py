@@ -290,7 +290,8 @@ class Unmapped:
     key: str
     value: Any
     kind: str
-    """``relay`` (a --set key) or ``param`` (a consensus parameter)."""
+    """``relay`` (a --set key), ``param`` (a consensus parameter) or ``client``
+    (a ``[network.client]`` key)."""
     reason: str
 
     def to_json(self) -> dict[str, Any]:
@@ -881,6 +882,8 @@ def start_tor_network(
     relay_map = map_relay_options(spec.relay_overrides, spec.bandwidth_rate, tor_options)
     param_map = map_params(spec.authority_params)
     unmapped = [u.to_json() for u in relay_map.unmapped + param_map.unmapped]
+    unmapped += [Unmapped(k, v, "client", "chive client option; the Tor client runs with its defaults").to_json()
+                 for k, v in getattr(spec, "client_overrides", {}).items()]
     for u in unmapped:
         progress(f"tor: {u['kind']} option {u['key']}={u['value']!r} has no Tor equivalent: {u['reason']}")
     for note in relay_map.notes + param_map.notes:

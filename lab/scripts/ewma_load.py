@@ -16,6 +16,7 @@ rr: CircuitPriorityHalflife 0).
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,7 +29,8 @@ from chive_lab.socks import SocksError, socks5_connect  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / ".venv" / "bin" / "chive-lab"
-CHIVE = ROOT / "target" / "release" / "chive"
+# $CHIVE_BIN, as chive-lab: measure a copy while the tree is rebuilt.
+CHIVE = Path(os.environ.get("CHIVE_BIN", ROOT / "target" / "release" / "chive"))
 RATE = 1_000_000
 
 

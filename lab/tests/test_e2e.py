@@ -81,3 +81,27 @@ def test_three_relay_network_end_to_end(tmp_path: Path):
     assert down.returncode == 0, f"chive-lab down failed:\n{down.stderr}"
     alive = [n.name for n in load_state(dir).nodes if is_running(n.pid)]
     assert alive == [], f"still running after down: {alive}"
+
+
+def test_client_overrides_pin_every_circuit(tmp_path: Path):
+    """A scenario's [network.client] keys reach the real client: with EntryNodes and
+    MiddleNodes every circuit it builds (preemptive ones too) is relay1, relay2, relay3."""
+    import re
+
+    from chive_lab.network import Network, NetworkSpec
+
+    dir = tmp_path / "net"
+    spec = NetworkSpec(relays=3, client_overrides={"EntryNodes": ["relay1"], "MiddleNodes": ["relay2"]},
+                       timeout=120)
+    info = Network.up(spec, dir, progress=lambda _m: None)
+    try:
+        for user in ("alice", "bob"):
+            resp = socks.fetch(f"{info.http}/bytes/65536", proxy=info.socks, username=user,
+                               password="pw", timeout=120)
+            assert resp.status == 200 and check_body(resp.body, 65536) is None, user
+    finally:
+        Network.down(dir)
+    log = (dir / "client" / "chive.log").read_text()
+    paths = re.findall(r"launching circuit .*path=(\S+)", log)
+    assert paths, "the client launched no circuit"
+    assert set(paths) == {"relay1,relay2,relay3"}, paths

@@ -91,6 +91,28 @@ def test_perf_series_from_progress_and_transfers(tmp_path):
         po.perf_series(tmp_path / "missing.jsonl", t0, 5)
 
 
+def test_several_circuits_per_flow_are_summed(tmp_path):
+    """`circuits = 2`: two perf loops per flow (own SOCKS users, so own circuits); the flow's
+    series is their sum and their outcomes add up."""
+    p = po.parse_options({"topology": "to-b", "scale": 1.0, "circuits": 2})
+    assert p.circuits == 2
+    down = next(f for f in po.flows(p) if f.name == "A:down")
+    assert po.loop_stems(down, p) == ["A-down", "A-down-1"]
+    assert po.loop_stems(down, po.Params()) == ["A-down"]
+    t0 = 1000.0
+    for stem, rate in (("A-down", 125_000), ("A-down-1", 250_000)):
+        recs = [{"type": "progress", "t": t0 + k, "bytes": rate * k, "transfer": 0} for k in range(4)]
+        recs.append({"type": "transfer", "last_byte": t0 + 3, "bytes": rate * 3, "status": 200, "error": None})
+        (tmp_path / f"perf-{stem}.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    out = po.collect_flows(tmp_path, [down], t0, 3, po.directions(p), circuits=2)
+    assert out["A:down"] == pytest.approx([3e6, 3e6, 3e6])
+    assert out["B->A"] == pytest.approx([3e6, 3e6, 3e6])
+    assert json.loads((tmp_path / "transfers.json").read_text())["A:down"]["ok"] == 2
+    for bad in (0, 17, 1.5, True):
+        with pytest.raises(LabError, match="circuits"):
+            po.parse_options({"circuits": bad})
+
+
 def test_rx_series_counts_upload_connections_only(tmp_path):
     f = tmp_path / "rx.jsonl"
     lines = [{"t": 100.0, "rx": {}},

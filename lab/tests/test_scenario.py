@@ -199,3 +199,27 @@ def test_file_errors(tmp_path):
     bad.write_text("name = \n")
     with pytest.raises(LabError, match="not valid TOML"):
         load_scenario(bad)
+
+
+def test_network_client_keys_reach_the_client_config(tmp_path):
+    """[network.client] keys go into the chive client's config (EntryNodes/MiddleNodes pin
+    paths so that every variant shares the same relays); lab-managed keys are refused."""
+    from chive_lab import config as cfg
+    from chive_lab.runner import network_spec
+
+    s = parse(BASE.replace("[network.params]", '[network.client]\nEntryNodes = ["relay1"]\n'
+                                               'MiddleNodes = ["relay2"]\n[network.params]'))
+    assert s.network.client == {"EntryNodes": ["relay1"], "MiddleNodes": ["relay2"]}
+    spec = network_spec(s, s.variants[0], None)
+    assert spec.client_overrides == {"EntryNodes": ["relay1"], "MiddleNodes": ["relay2"]}
+    spec.validate()
+    c = cfg.client_config(data_dir=tmp_path, socks_port=9050, authority="127.0.0.1:1",
+                          authority_identity="00", log="info", overrides=spec.client_overrides)
+    assert c["EntryNodes"] == ["relay1"] and c["SocksPort"] == "127.0.0.1:9050"
+    for bad, msg in (('SocksPort = "127.0.0.1:1"', "managed by the lab"),
+                     ('"bad key" = 1', "bad config key"),
+                     ("EntryNodes = {x = 1}", "cannot go into")):
+        with pytest.raises(LabError, match=msg) as e:
+            parse(BASE.replace("[network.params]", f"[network.client]\n{bad}\n[network.params]"))
+        assert "network.client" in str(e.value)
+    assert parse(BASE).network.client == {}

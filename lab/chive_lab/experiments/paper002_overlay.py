@@ -29,7 +29,7 @@ Variants (relay config + shaping):
 * ``split``          ``SplitDirection = "always"``: one connection per direction (extra)
 * ``split-ackprio``  split + ``chive shape`` on every host (Fig 8)
 
-Measurement: ``chive perf --progress 1 --verify`` per transfer loop (4 loops);
+Measurement: ``chive perf --progress 1 --verify`` per transfer loop (4 flows, `circuits` loops each);
 bytes per second per loop (downloads counted at the receiving client, uploads
 at the sending client, which the circuit window keeps within 1000 cells of
 what the exit delivered), summed per direction. Same analysis and outputs as
@@ -118,6 +118,8 @@ TOPOLOGIES = ("through-b", "to-b")
 #: relayB advertises this (bytes/s, far above 10 Mbit/s so it never throttles) while
 #: relayA/relayC advertise the relay's "unlimited" 100 MB/s: the median makes only A, C Guards.
 B_BANDWIDTH = 50_000_000
+#: Most circuits per flow (each is a perf process on the client's host).
+MAX_CIRCUITS = 16
 
 
 @dataclass(frozen=True)
@@ -150,10 +152,23 @@ class Params:
     transfer_bytes: int = 64 * 1024 * 1024
     log_level: str = "info"
     topology: str = "through-b"
+    #: Transfer loops per flow, each its own perf process and SOCKS user, so its own circuit.
+    #: One circuit moves at most a circuit window (1000 cells, 498 KB) per round trip; with the
+    #: 1000-packet queues of the paper's era (~1.2 s at 10 Mbit/s) that caps a flow near
+    #: 3.3 Mbit/s whatever TCP does. Several circuits per flow take that limit away, as several
+    #: TCP connections per host did in the paper's BitTorrent motivation.
+    circuits: int = 1
 
     def t(self, seconds: float) -> float:
         """A paper time scaled."""
         return seconds * self.scale
+
+
+def loop_stems(f: Flow, p: Params) -> list[str]:
+    """The perf loops of flow ``f`` as file stems and SOCKS users: one per circuit (the first
+    keeps the flow's own name, so single-circuit runs look as before)."""
+    base = f.name.replace(":", "-")
+    return [base if i == 0 else f"{base}-{i}" for i in range(p.circuits)]
 
 
 def flows(p: Params) -> list[Flow]:
@@ -242,17 +257,18 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         for f in fl:
             url = ov.url(f.httpd, "/upload" if f.upload else f"/bytes/{p.transfer_bytes}",
                          exit=f"relay{f.server}")
-            now = time.time()  # perf counts --duration from its own start, delay included
-            argv = [str(ov.binary), "perf", "--socks", ov.addr(f"client{f.client}"), "--url", url,
-                    "--count", "0", "--duration", f"{max(1.0, t0 + f.stop - now):.3f}",
-                    "--cut-at-deadline", "--start-delay", f"{max(0.0, t0 + f.start - now):.3f}",
-                    "--progress", "1", "--verify", "--timeout", f"{end + 60:.0f}",
-                    "--socks-user", f.name.replace(":", "-"), "--label", f.name]
-            if f.upload:
-                argv += ["--method", "post", "--upload-bytes", str(p.transfer_bytes)]
-            stem = out_dir / f"perf-{f.name.replace(':', '-')}"
-            with open(f"{stem}.jsonl", "wb") as fh, open(f"{stem}.err", "wb") as fe:
-                perf.append(tb.popen(f.client, argv, stdout=fh, stderr=fe))
+            for user in loop_stems(f, p):
+                now = time.time()  # perf counts --duration from its own start, delay included
+                argv = [str(ov.binary), "perf", "--socks", ov.addr(f"client{f.client}"), "--url", url,
+                        "--count", "0", "--duration", f"{max(1.0, t0 + f.stop - now):.3f}",
+                        "--cut-at-deadline", "--start-delay", f"{max(0.0, t0 + f.start - now):.3f}",
+                        "--progress", "1", "--verify", "--timeout", f"{end + 60:.0f}",
+                        "--socks-user", user, "--label", f.name]
+                if f.upload:
+                    argv += ["--method", "post", "--upload-bytes", str(p.transfer_bytes)]
+                stem = out_dir / f"perf-{user}"
+                with open(f"{stem}.jsonl", "wb") as fh, open(f"{stem}.err", "wb") as fe:
+                    perf.append(tb.popen(f.client, argv, stdout=fh, stderr=fe))
         (out_dir / "run.json").write_text(json.dumps({"t0": t0, "variant": variant, "rep": rep,
                                                       "cc": cc, "params": p.__dict__}, default=list))
         say(f"paper002-overlay: {variant}: {end:g} s of bulk transfers")
@@ -276,7 +292,7 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         ov.stop()
     finally:
         tb.down()
-    return collect_flows(out_dir, fl, t0, math.ceil(end), directions(p))
+    return collect_flows(out_dir, fl, t0, math.ceil(end), directions(p), p.circuits)
 
 
 _SS_CONN = re.compile(r"^\S+\s+\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)")
@@ -439,12 +455,18 @@ def rx_series(path: Path, t0: float, seconds: int) -> list[float]:
 
 
 def collect_flows(out_dir: Path, fl: list[Flow], t0: float, seconds: int,
-                  dirs: tuple[str, ...] = DIRECTIONS) -> dict[str, list[float]]:
-    """Per direction (``A->B``, ``C->B`` …) and per loop (``A:down`` …): bit/s per second."""
+                  dirs: tuple[str, ...] = DIRECTIONS, circuits: int = 1) -> dict[str, list[float]]:
+    """Per direction (``A->B``, ``C->B`` …) and per flow (``A:down`` …, the sum of its
+    ``circuits`` loops): bit/s per second."""
     out: dict[str, list[float]] = {d: [0.0] * seconds for d in dirs}
     outcomes = {}
     for f in fl:
-        s, counts = perf_series(out_dir / f"perf-{f.name.replace(':', '-')}.jsonl", t0, seconds)
+        s, counts = [0.0] * seconds, {}
+        for stem in loop_stems(f, Params(circuits=circuits)):
+            ls, lc = perf_series(out_dir / f"perf-{stem}.jsonl", t0, seconds)
+            s = [a + b for a, b in zip(s, ls)]
+            for k, v in lc.items():
+                counts[k] = counts.get(k, 0 if not isinstance(v, list) else []) + v
         if f.upload:  # perf counts what it wrote into the local SOCKS socket: use the receiver
             counts["sender_side_series_bps"] = s
             s = rx_series(out_dir / f"rx-{f.httpd}.jsonl", t0, seconds)
@@ -656,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topology", choices=TOPOLOGIES, default="through-b",
                     help="through-b: every circuit relayA-relayB-relayC (B forwards everything); "
                          "to-b: the data towards B ends at B, as in the paper (see the module doc)")
+    ap.add_argument("--circuits", type=int, default=1,
+                    help="transfer loops per flow, each on its own circuit (default 1)")
     ap.add_argument("--chive-bin", type=Path, default=None)
     a = ap.parse_args(argv)
     why = netns.available()
@@ -667,9 +691,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--runs must be within 1..1000")
     if not 1024 <= a.transfer_bytes <= 10 * 1024**3:
         ap.error("--transfer-bytes must be within 1 KiB..10 GiB")
+    if not 1 <= a.circuits <= MAX_CIRCUITS:
+        ap.error(f"--circuits must be within 1..{MAX_CIRCUITS}")
     p = Params(rate=a.rate, scale=scale, cc=a.cc, queue_packets=a.queue_packets, queue_at=a.queue_at,
                delay_ms=a.delay_ms, transfer_bytes=a.transfer_bytes, topology=a.topology,
-               ackprio_hosts=tuple(h.strip() for h in a.ackprio_hosts.split(",") if h.strip()))
+               circuits=a.circuits, ackprio_hosts=tuple(h.strip() for h in a.ackprio_hosts.split(",") if h.strip()))
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         summary = run_all(variants, runs, p, a.out, chive_bin=a.chive_bin, progress=say)
@@ -688,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
 # analyze(out_dir, scenario) once at the end.
 
 _OPTION_KEYS = {"rate", "scale", "cc", "queue_packets", "queue_at", "ackprio_hosts", "delay_ms",
-                "transfer_bytes", "log_level", "topology"}
+                "transfer_bytes", "log_level", "topology", "circuits"}
 
 
 def parse_options(raw: dict) -> Params:
@@ -715,6 +741,11 @@ def parse_options(raw: dict) -> Params:
         if not isinstance(raw["log_level"], str) or not re.fullmatch(r"[a-z_=,:]{1,64}", raw["log_level"]):
             raise LabError("log_level must be a tracing filter such as \"info\"")
         p.log_level = raw["log_level"]
+    if "circuits" in raw:
+        c = raw["circuits"]
+        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_CIRCUITS:
+            raise LabError(f"circuits must be an integer within 1..{MAX_CIRCUITS}, got {c!r}")
+        p.circuits = c
     if "topology" in raw:
         if raw["topology"] not in TOPOLOGIES:
             raise LabError(f"topology must be one of {', '.join(TOPOLOGIES)}, got {raw['topology']!r}")
