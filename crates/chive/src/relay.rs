@@ -63,7 +63,9 @@ Config file options (TOML):
   ConstrainedSockSize = 20000      ...to this many bytes (2048..262144), as Tor's options do, so
                                    queued cells wait where the scheduler can reorder them.
                                    Default: on when BandwidthRate is set, sized to 10 ms of it
-                                   (at least 8192); off (kernel autotuning) when unlimited
+                                   (at least 8192); off (kernel autotuning) when unlimited.
+                                   Constrained links also use segments of size/8 (536..1460
+                                   bytes), so the small window holds several segments
   MetricsPort = \"127.0.0.1:9101\"   Prometheus text endpoint (GET /metrics); default off
   MetricsFile = \"metrics.jsonl\"    JSON-lines instrumentation (per-cell timing, per-second stats);
                                    a relative path is taken inside DataDirectory
