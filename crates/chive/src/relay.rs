@@ -41,16 +41,17 @@ Config file options (TOML):
   BandwidthRate = 0                bytes/s for writing (and, see ReadRateMargin, reading);
                                    0 = unlimited
   BandwidthBurst = 0               bucket size in bytes; 0 = same as BandwidthRate
-  CrossChannelPriority = false     with BandwidthRate: OutbufCells bounds the cells waiting
+  CrossChannelPriority = true      with BandwidthRate: OutbufCells bounds the cells waiting
                                    for write tokens over ALL connections, and free room goes
                                    to the channel whose next circuit has the lowest EWMA count
-                                   (KIST-like; docs/scheduling.md)
-  ReadRateMargin = 0.0             reading may go this fraction faster than BandwidthRate
-                                   (0..=1; default 0, as Tor). With equal limits it is chance
-                                   which side binds; when reading does, cells queue in kernel
-                                   buffers in arrival order, out of the scheduler's reach.
-                                   0.1 halves fresh circuits' fetch times under load but slows
-                                   reused circuits (docs/scheduling.md): experimental
+                                   (KIST-like; docs/scheduling.md). false: each connection's
+                                   writer takes tokens first come, first served
+  ReadRateMargin = 0.1             reading may go this fraction faster than BandwidthRate
+                                   (0..=1; 0 = as Tor). With equal limits it is chance which
+                                   side binds; when reading does, cells queue in kernel buffers
+                                   and at the read bucket in arrival order, out of the
+                                   scheduler's reach. A relay writes what it reads, so reads
+                                   stay at the write rate on average (docs/scheduling.md)
   ExitPolicy = [\"reject *:*\"]      torrc-style rules, first match wins (default: not an exit)
   ExitPolicyRejectPrivate = true   reject private and local addresses before ExitPolicy
   Scheduler = \"ewma\"               circuit scheduler: \"rr\", \"ewma\" or \"ewma-direct\" (reference)
@@ -101,7 +102,7 @@ pub struct RelayConfig {
     pub bandwidth_rate: u64,
     #[serde(rename = "BandwidthBurst", default)]
     pub bandwidth_burst: u64,
-    #[serde(rename = "CrossChannelPriority", default)]
+    #[serde(rename = "CrossChannelPriority", default = "yes")]
     pub cross_channel_priority: bool,
     #[serde(rename = "ReadRateMargin", default = "default_read_margin")]
     pub read_rate_margin: f64,
@@ -140,8 +141,9 @@ pub struct RelayConfig {
 fn default_exit_policy() -> Vec<String> {
     vec!["reject *:*".to_string()]
 }
+/// Writing binds, so cells queue where the scheduler orders them (docs/scheduling.md).
 fn default_read_margin() -> f64 {
-    0.0
+    0.1
 }
 fn yes() -> bool {
     true
