@@ -156,6 +156,7 @@ fn broken_config_is_refused_with_the_option_named() {
     let (ok, err) = run_briefly(&["relay", "--config", "/nonexistent/chive.toml"]);
     assert!(!ok);
     assert!(err.contains("/nonexistent/chive.toml"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Run the binary expecting it to exit by itself within 10 s (killed otherwise,
