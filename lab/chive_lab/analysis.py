@@ -772,12 +772,9 @@ def tor_unmapped(scenario: Any) -> list[dict[str, Any]]:
         params = dict(getattr(net, "params", {}) or {})
         params.update(v.params)
         try:
-            items = unmapped_options(relay, params)
+            items = unmapped_options(relay, params, client_overrides=getattr(net, "client", {}) or {})
         except Exception as e:  # a bad option: the run itself reports it; say so here too
             items = [{"key": "?", "value": None, "kind": "error", "reason": f"cannot map: {e}"}]
-        items += [{"key": k, "value": x, "kind": "client",
-                   "reason": "chive client option; the Tor client runs with its defaults"}
-                  for k, x in (getattr(net, "client", {}) or {}).items()]
         for u in items:
             key = (str(u.get("key")), str(u.get("kind")), json.dumps(u.get("value"), default=str))
             entry = found.setdefault(key, {**u, "variants": []})

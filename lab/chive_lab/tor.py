@@ -480,17 +480,25 @@ def map_params(params: Mapping[str, int]) -> TorMapping:
     return m
 
 
+def client_unmapped(client_overrides: Mapping[str, Any]) -> list[Unmapped]:
+    """A scenario's ``[network.client]`` keys: the lab does not apply them to a Tor client."""
+    return [Unmapped(k, v, "client", "chive client option; the Tor client runs with its defaults")
+            for k, v in client_overrides.items()]
+
+
 def unmapped_options(
     relay_overrides: Mapping[str, Any],
     authority_params: Mapping[str, int] | None = None,
     tor_options: frozenset[str] | None = None,
+    client_overrides: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The options of a spec that have no Tor equivalent, each as
     ``{"key", "value", "kind", "reason"}``, so a report can say "no Tor
     equivalent" next to them."""
     relay = map_relay_options(relay_overrides, None, tor_options)
     params = map_params(authority_params or {})
-    return [u.to_json() for u in relay.unmapped + params.unmapped]
+    client = client_unmapped(client_overrides or {})
+    return [u.to_json() for u in relay.unmapped + params.unmapped + client]
 
 
 def consensus_params_line(params: Mapping[str, int]) -> str:
@@ -881,9 +889,8 @@ def start_tor_network(
     tor_options = known_torrc_options(tools.tor)
     relay_map = map_relay_options(spec.relay_overrides, spec.bandwidth_rate, tor_options)
     param_map = map_params(spec.authority_params)
-    unmapped = [u.to_json() for u in relay_map.unmapped + param_map.unmapped]
-    unmapped += [Unmapped(k, v, "client", "chive client option; the Tor client runs with its defaults").to_json()
-                 for k, v in getattr(spec, "client_overrides", {}).items()]
+    unmapped = [u.to_json() for u in relay_map.unmapped + param_map.unmapped
+                + client_unmapped(getattr(spec, "client_overrides", {}))]
     for u in unmapped:
         progress(f"tor: {u['kind']} option {u['key']}={u['value']!r} has no Tor equivalent: {u['reason']}")
     for note in relay_map.notes + param_map.notes:

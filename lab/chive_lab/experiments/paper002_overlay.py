@@ -164,11 +164,11 @@ class Params:
         return seconds * self.scale
 
 
-def loop_stems(f: Flow, p: Params) -> list[str]:
+def loop_stems(f: Flow, circuits: int) -> list[str]:
     """The perf loops of flow ``f`` as file stems and SOCKS users: one per circuit (the first
     keeps the flow's own name, so single-circuit runs look as before)."""
     base = f.name.replace(":", "-")
-    return [base if i == 0 else f"{base}-{i}" for i in range(p.circuits)]
+    return [base if i == 0 else f"{base}-{i}" for i in range(circuits)]
 
 
 def flows(p: Params) -> list[Flow]:
@@ -257,7 +257,7 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         for f in fl:
             url = ov.url(f.httpd, "/upload" if f.upload else f"/bytes/{p.transfer_bytes}",
                          exit=f"relay{f.server}")
-            for user in loop_stems(f, p):
+            for user in loop_stems(f, p.circuits):
                 now = time.time()  # perf counts --duration from its own start, delay included
                 argv = [str(ov.binary), "perf", "--socks", ov.addr(f"client{f.client}"), "--url", url,
                         "--count", "0", "--duration", f"{max(1.0, t0 + f.stop - now):.3f}",
@@ -462,7 +462,7 @@ def collect_flows(out_dir: Path, fl: list[Flow], t0: float, seconds: int,
     outcomes = {}
     for f in fl:
         s, counts = [0.0] * seconds, {}
-        for stem in loop_stems(f, Params(circuits=circuits)):
+        for stem in loop_stems(f, circuits):
             ls, lc = perf_series(out_dir / f"perf-{stem}.jsonl", t0, seconds)
             s = [a + b for a, b in zip(s, ls)]
             for k, v in lc.items():
