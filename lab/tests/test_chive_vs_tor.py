@@ -182,6 +182,30 @@ def _records(out: Path) -> list[ProcessRecord]:
     return recs
 
 
+def _class_diagnostics(out: Path, label: str, cls: str) -> str:
+    """What a failed class left behind, for the assertion message: its
+    transfer records' errors and the tail of the perf client's stderr (CI
+    shows only the test output; the run directory is gone with the machine)."""
+    clients = out / "runs" / label / "1" / "clients"
+    lines = []
+    try:
+        for line in (clients / f"{cls}.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("type") == "transfer":
+                lines.append(f"transfer seq={rec.get('seq')} bytes={rec.get('bytes')} error={rec.get('error')!r}")
+    except (OSError, ValueError) as e:
+        lines.append(f"no records: {e}")
+    try:
+        lines.append("stderr: " + " | ".join((clients / f"{cls}.stderr").read_text().splitlines()[-8:]))
+    except OSError as e:
+        lines.append(f"no stderr: {e}")
+    try:
+        lines.append("run.json status: " + str(json.loads((out / "runs" / label / "1" / "run.json").read_text()).get("status")))
+    except (OSError, ValueError) as e:
+        lines.append(f"no run.json: {e}")
+    return "\n".join(lines)
+
+
 def test_quick_scenario_end_to_end(tmp_path):
     reason = _skip_reason()
     if reason is not None:
@@ -199,7 +223,10 @@ def test_quick_scenario_end_to_end(tmp_path):
         for impl, r in rows.items():
             for key in ("web_idle_ttlb_p50", "web_idle_ttlb_p75", "web_load_ttlb_p50", "web_load_ttlb_p75",
                         "bulk_goodput_bps", "goodput_3hop_bps"):
-                assert isinstance(r[key], float) and r[key] > 0, (impl, key, r)
+                cls = key.removesuffix("_bps").removesuffix("_ttlb_p50").removesuffix("_ttlb_p75")
+                cls = "bulk-0" if cls == "bulk_goodput" else cls
+                assert isinstance(r[key], float) and r[key] > 0, (
+                    f"{impl}: {key} = {r[key]!r}; row {r}\n{_class_diagnostics(out, r['label'], cls)}")
             # Under two bulk downloads a fetch through a 1 MB/s relay cannot be faster than idle.
             assert r["web_load_ttlb_p50"] > r["web_idle_ttlb_p50"], r
         # Schema 1's required keys stay.
