@@ -358,6 +358,16 @@ impl ClientState {
         streams: &mut HashMap<StreamHandle, StreamIo>,
         _now: Instant,
     ) -> bool {
+        self.take_outcomes(streams)
+    }
+
+    /// Move finished circuit requests from the manager into `opening` (or answer their
+    /// failure). Called before every lookup in `opening`: the driver handles a batch of inputs
+    /// before it polls, and within one batch a stream's BEGIN can leave (a `Written` input
+    /// transmits) and its CONNECTED or END come back, so the core's event for a stream may be
+    /// handled before the manager's "started" outcome for it. Without this the reply was
+    /// dropped and the SOCKS client waited until the exit's server gave up (30 s).
+    fn take_outcomes(&mut self, streams: &mut HashMap<StreamHandle, StreamIo>) -> bool {
         let mut any = false;
         while let Some((ticket, outcome)) = self.mgr.poll_outcome() {
             any = true;
@@ -385,6 +395,7 @@ impl ClientState {
         ev: Event,
         now: Instant,
     ) {
+        self.take_outcomes(streams);
         match ev {
             Event::StreamConnected { stream, .. } => {
                 let (Some(reply), Some((write_rx, credit_rx))) = (
@@ -425,6 +436,7 @@ impl ClientState {
         stream: StreamHandle,
         reason: EndReason,
     ) -> bool {
+        self.take_outcomes(streams);
         match self.opening.remove(&stream) {
             Some(reply) => {
                 streams.remove(&stream);
