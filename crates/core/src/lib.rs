@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod flow;
+mod idmap;
 mod node;
 pub mod sched;
 

@@ -1,6 +1,6 @@
 //! The node state machine: channels, circuits, queues, streams.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use rand::{Rng, SeedableRng};
 use tracing::{debug, info, warn};
 
 use crate::flow::{CircuitWindow, StreamWindow};
+use crate::idmap::{LocalMap, LocalSet};
 use crate::sched::{CircuitScheduler, QueueId, SchedulerKind};
 use crate::{ChannelId, CircKey, StreamHandle};
 
@@ -406,18 +407,18 @@ impl Circuit {
 pub struct Core {
     cfg: CoreConfig,
     rng: StdRng,
-    channels: HashMap<ChannelId, Channel>,
+    channels: LocalMap<ChannelId, Channel>,
     chan_by_identity: HashMap<IdentityKey, ChannelId>,
     /// Circuits waiting for a channel to this identity.
     waiting_for_channel: HashMap<IdentityKey, Vec<CircKey>>,
-    circuits: HashMap<CircKey, Circuit>,
+    circuits: LocalMap<CircKey, Circuit>,
     /// Stream handle → (circuit, stream id).
-    streams: HashMap<StreamHandle, (CircKey, u16)>,
+    streams: LocalMap<StreamHandle, (CircKey, u16)>,
     next_key: u64,
     next_handle: u64,
     events: VecDeque<Event>,
     ready: VecDeque<ChannelId>,
-    ready_set: HashSet<ChannelId>,
+    ready_set: LocalSet<ChannelId>,
     stats: CoreStats,
     sample_counter: u64,
     cell_samples: VecDeque<CellSample>,
@@ -462,16 +463,16 @@ impl Core {
         Core {
             cfg,
             rng: StdRng::from_seed(seed),
-            channels: HashMap::new(),
+            channels: LocalMap::default(),
             chan_by_identity: HashMap::new(),
             waiting_for_channel: HashMap::new(),
-            circuits: HashMap::new(),
-            streams: HashMap::new(),
+            circuits: LocalMap::default(),
+            streams: LocalMap::default(),
             next_key: 1,
             next_handle: 1,
             events: VecDeque::new(),
             ready: VecDeque::new(),
-            ready_set: HashSet::new(),
+            ready_set: LocalSet::default(),
             stats: CoreStats::default(),
             sample_counter: 0,
             cell_samples: VecDeque::new(),

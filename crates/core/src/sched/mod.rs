@@ -30,8 +30,6 @@
 mod ewma;
 mod rr;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 pub use ewma::{Ewma, EwmaDirect};
@@ -195,34 +193,8 @@ pub trait CircuitScheduler: Send {
     fn active_len(&self) -> usize;
 }
 
-/// A cheap hasher for [`QueueId`] keys (splitmix64 finaliser). Queue ids are allocated by the
-/// core itself (circuit key and direction), never chosen by a peer, so hash flooding is not a
-/// concern and SipHash's cost on the per-cell path is not worth paying.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct QueueIdHasher(u64);
-
-impl Hasher for QueueIdHasher {
-    fn finish(&self) -> u64 {
-        let mut z = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only reached if a key type hashes raw bytes; fold them in (FNV-1a style).
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = self.0.rotate_left(5) ^ n;
-    }
-}
-
-/// Map keyed by queue id with the cheap hasher.
-pub(crate) type QueueMap<V> = HashMap<QueueId, V, BuildHasherDefault<QueueIdHasher>>;
+/// Map keyed by queue id (core-allocated: circuit key and direction) with the cheap hasher.
+pub(crate) type QueueMap<V> = crate::idmap::LocalMap<QueueId, V>;
 
 #[cfg(test)]
 mod tests {
