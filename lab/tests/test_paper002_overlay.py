@@ -147,6 +147,11 @@ def test_analysis_targets_and_files(tmp_path):
     assert x["variance"] == pytest.approx(0.0)
     assert s["variants"]["one"]["C->B"]["variance"] == pytest.approx(9e12, rel=0.1)
     assert s["targets"]["share_met"] is True
+    # Shares are also given relative to each direction's ceiling (through-b with ACK priority).
+    ceil = s["targets"]["ceiling_share"]["A->B"]
+    assert ceil == pytest.approx(po.ceiling_share(p, "A->B", True))
+    assert s["targets"]["split_ackprio_share_of_ceiling"]["A->B"] == pytest.approx(0.48 / ceil)
+    assert "Ceilings" in (tmp_path / "comparison.md").read_text()
     assert s["targets"]["variance_met"] is True and s["targets"]["variance_ratio_vs_one"] == 0
     for name in ("throughput_one.csv", "throughput_avg_split-ackprio.csv", "variance.csv",
                  "comparison.md", "summary.json"):
@@ -157,6 +162,25 @@ def test_analysis_targets_and_files(tmp_path):
         r["C->B"] = [3e6] * len(r["C->B"])
     s2 = po.analyze_raw({"one": shaky, "split-ackprio": low}, p, tmp_path / "b")
     assert s2["targets"]["share_met"] is False
+
+
+def test_ceiling_share_follows_the_shared_bottleneck():
+    eff = (1448 / 1514) * (498 / 514)
+    to_b = po.Params(topology="to-b")
+    # Towards B: the two flows share the switch port to B (half each), ACK priority or not.
+    assert po.ceiling_share(to_b, "A->B", True) == pytest.approx(0.5 * eff)
+    assert po.ceiling_share(to_b, "C->B", False) == pytest.approx(0.5 * eff)
+    # What B sends shares B's uplink; under `chive shape` data gets 90% of it: 0.45 each.
+    assert po.ceiling_share(to_b, "B->A", False) == pytest.approx(0.5 * eff)
+    assert po.ceiling_share(to_b, "B->C", True) == pytest.approx(0.45 * eff)
+    assert po.ceiling_share(to_b, "B->C", True) < po.TARGET_SHARE
+    # Without shaping on B, B's uplink is whole again.
+    only_a = po.Params(topology="to-b", ackprio_hosts=("A",))
+    assert po.ceiling_share(only_a, "B->A", True) == pytest.approx(0.5 * eff)
+    # through-b: every byte crosses B's uplink.
+    through = po.Params(topology="through-b")
+    assert po.ceiling_share(through, "A->B", True) == pytest.approx(0.45 * eff)
+    assert po.ceiling_share(through, "C->B", False) == pytest.approx(0.5 * eff)
 
 
 def test_parse_options():
