@@ -32,12 +32,14 @@
 //! policies here, the rest (lookups, AES, queues) is the same for all of them. EWMA-direct runs
 //! only up to 1 000 circuits: it decays every count and scans every queue per cell, O(N).
 //!
-//! Context (one loaded 2-core AMD EPYC, both benches in one session, medians of 3 runs, ±30%
-//! run to run): a forwarded cell cost ~0.4 µs at 10 circuits and ~1.8 µs at 10 000 under either
-//! policy, the sched-cached-time mock ~85–105 ns and ~350–550 ns, so the mock (scheduler plus a
-//! queue pop and push) is ~20–30% of the relay's per-cell time; ewma/rr 0.9–1.2 (noise). `perf`
-//! puts the scheduler's own methods at ~0.1% (rr) and ~1–2% (ewma) of the timed loop; the rest is
-//! AES (~25–30%), SipHash map lookups (~10–15%), copying 514-byte cells in and out of the queues
+//! Context. Quiet 2-core AMD EPYC (session 4), ns per forwarded cell, rr / ewma (ratio):
+//! 153 / 161 (1.05) at 10 circuits, 160 / 167 (1.05) at 100, 186 / 194 (1.04) at 1 000,
+//! 275 / 297 (1.08) at 10 000; ewma-direct 249 ns, 1.18 µs, 10.6 µs (linear). The
+//! sched-cached-time mock on the same machine: rr 43–49 ns and ewma 50–59 ns up to 1 000 circuits,
+//! 136 / 191 ns at 10 000. Before the core's own-id maps moved from SipHash to a cheap hasher
+//! (`idmap.rs`) the same loop cost 210 / 225 ns at 10 circuits and 230 / 242 ns at 1 000. `perf`
+//! on a loaded run put the scheduler's own methods at ~0.1% (rr) and ~1–2% (ewma) of the loop;
+//! the rest is AES (~25–30%), map lookups, copying 514-byte cells in and out of the queues
 //! (grows with N: cache misses on 20 MB of queued cells at 10 000) and this harness (~5–10%).
 //!
 //! Run: `cargo bench -p chive-core --bench forward`
