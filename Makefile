@@ -53,6 +53,7 @@ demo: build
 bench: build
 	$(CARGO) bench -p chive-crypto
 	$(CARGO) bench -p chive-core --bench sched
+	$(CARGO) bench -p chive-core --bench forward
 	bash lab/scripts/bench_goodput.sh
 
 lint: deps
