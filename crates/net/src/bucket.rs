@@ -3,10 +3,17 @@
 //! One read bucket and one write bucket are shared (via `Arc`) by all links of a relay. Tokens
 //! accrue continuously from elapsed time, so the sending rate is smooth: there is no periodic
 //! refill that would release an artificial burst every tick (C tor's old 1-second refill did).
+//!
+//! A write bucket may hold back a *reserve* (`QuietReserve`): ordinary consumers wait until the
+//! bucket holds more than the reserve, consumers marked quiet may spend it. Under saturation
+//! bulk traffic then leaves the bucket at the reserve instead of empty, and a quiet circuit's
+//! burst (a web page, a circuit handshake) leaves at once instead of waiting for tokens to
+//! accrue behind bulk. The long-run rate is unchanged; the reserve is part of the burst.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Do not refill more often than this: avoids taking time stamps and doing float work on every
@@ -15,6 +22,8 @@ const REFILL_GRANULARITY: Duration = Duration::from_millis(1);
 /// A waiter re-checks the bucket at least this often, so that a rate increase (`set_rate`) or a
 /// competitor's consumption is noticed quickly and no long stall appears.
 const MAX_WAIT: Duration = Duration::from_millis(10);
+/// A request held back by the reserve re-checks whether it has become quiet this often.
+const QUIET_RECHECK: Duration = Duration::from_millis(2);
 
 /// A token bucket limiting a byte rate with a burst allowance.
 ///
@@ -32,6 +41,8 @@ struct Inner {
     rate: u64,
     /// Maximum number of tokens the bucket holds.
     burst: u64,
+    /// Tokens only quiet consumers may take (at most half the burst).
+    reserve: u64,
     /// Current tokens; negative while in debt.
     tokens: f64,
     /// When tokens were last added.
@@ -61,6 +72,7 @@ impl TokenBucket {
             inner: Mutex::new(Inner {
                 rate: rate_bytes_per_sec,
                 burst: burst_bytes,
+                reserve: 0,
                 tokens: burst_bytes as f64,
                 last_refill: Instant::now(),
             }),
@@ -77,7 +89,18 @@ impl TokenBucket {
     /// Waits until the bucket holds a positive number of tokens, then subtracts `n`, possibly
     /// going negative (debt that later callers wait out). A request is never starved by smaller
     /// ones, and none larger than the burst deadlocks; the overshoot is at most one request.
+    /// Ignores the reserve (reads, and writers that do not classify their traffic).
     pub async fn consume(&self, n: usize) {
+        self.consume_classed(n, || true, None).await
+    }
+
+    /// Like [`TokenBucket::consume`], but while `quiet()` is false the request waits until the
+    /// bucket holds more than the reserve, and then takes `n` (going below the reserve by at
+    /// most one request). `quiet` is re-evaluated at every re-check (at most [`MAX_WAIT`] apart,
+    /// [`QUIET_RECHECK`] while a reserve holds the request back, and at once when `wake` is
+    /// notified), so a request can be promoted while it waits: a writer whose queue gains a
+    /// quiet batch behind this one.
+    pub async fn consume_classed(&self, n: usize, quiet: impl Fn() -> bool, wake: Option<&Notify>) {
         if n == 0 {
             return;
         }
@@ -88,19 +111,39 @@ impl TokenBucket {
                     return;
                 }
                 inner.refill(Instant::now());
-                // Take as soon as the bucket is out of debt, going negative by the rest: the rate
-                // holds on average, and a large request never waits for a full `n` to accrue while
-                // small requests keep draining the bucket (that starved big writers forever).
-                if inner.tokens > 0.0 {
+                let floor = if inner.reserve > 0 && !quiet() {
+                    inner.reserve as f64
+                } else {
+                    0.0
+                };
+                // Take as soon as the bucket is above the floor (out of debt for quiet
+                // requests), going below it by the rest: the rate holds on average, and a large
+                // request never waits for a full `n` to accrue while small requests keep
+                // draining the bucket (that starved big writers forever).
+                if inner.tokens > floor {
                     inner.tokens -= n as f64;
                     return;
                 }
-                let deficit = 1.0 - inner.tokens;
-                Duration::from_secs_f64(deficit / inner.rate as f64)
+                let deficit = floor + 1.0 - inner.tokens;
+                let wait = Duration::from_secs_f64(deficit / inner.rate as f64);
+                if floor > 0.0 {
+                    wait.min(QUIET_RECHECK)
+                } else {
+                    wait
+                }
             };
             // Wait for the deficit to accrue, but re-check at least every MAX_WAIT and never spin
             // faster than the refill granularity.
-            tokio::time::sleep(wait.clamp(REFILL_GRANULARITY, MAX_WAIT)).await;
+            let sleep = tokio::time::sleep(wait.clamp(REFILL_GRANULARITY, MAX_WAIT));
+            match wake {
+                Some(w) => {
+                    tokio::select! {
+                        _ = sleep => {}
+                        _ = w.notified() => {}
+                    }
+                }
+                None => sleep.await,
+            }
         }
     }
 
@@ -130,11 +173,24 @@ impl TokenBucket {
         inner.last_refill = now;
         inner.rate = rate;
         inner.burst = burst;
+        inner.reserve = inner.reserve.min(burst / 2);
         inner.tokens = if was_unlimited {
             burst as f64
         } else {
             inner.tokens.min(burst as f64)
         };
+    }
+
+    /// Hold back `reserve` bytes for quiet consumers; 0 turns it off. Capped at half the
+    /// burst, so that ordinary consumers always have tokens above it to take.
+    pub fn set_reserve(&self, reserve: u64) {
+        let mut inner = self.lock();
+        inner.reserve = reserve.min(inner.burst / 2);
+    }
+
+    /// The reserve in force (bytes).
+    pub fn reserve(&self) -> u64 {
+        self.lock().reserve
     }
 
     /// The configured `(rate, burst)`.
@@ -275,6 +331,93 @@ mod tests {
             "{:?}",
             t.elapsed()
         );
+    }
+
+    /// Bulk consumers leave the reserve in the bucket; a quiet consumer takes it at once, and
+    /// the long-run rate is unchanged.
+    #[tokio::test(start_paused = true)]
+    async fn bulk_leaves_the_reserve_for_quiet_consumers() {
+        let bucket = Arc::new(TokenBucket::new(MB, 100_000));
+        bucket.set_reserve(50_000);
+        assert_eq!(bucket.reserve(), 50_000);
+        let start = Instant::now();
+        // Bulk takes 40 kB of the 50 kB above the reserve at once, then waits at the reserve.
+        bucket.consume_classed(40_000, || false, None).await;
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        let bulk = {
+            let b = bucket.clone();
+            tokio::spawn(async move {
+                let mut taken = 0u64;
+                while start.elapsed() < Duration::from_secs(1) {
+                    b.consume_classed(5_000, || false, None).await;
+                    taken += 5_000;
+                }
+                taken
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Under saturation the bucket sits at the reserve (within one bulk request).
+        let held = bucket.available();
+        assert!((44_000..=51_000).contains(&held), "bucket at {held}");
+        // A quiet burst of 50 kB goes at once.
+        let t = Instant::now();
+        bucket.consume_classed(50_000, || true, None).await;
+        assert_eq!(t.elapsed(), Duration::ZERO);
+        let bulk_taken = bulk.await.unwrap();
+        // 100 kB at the start + 1 MB accrued in the second, minus 40 kB before the loop, 50 kB
+        // quiet and the ~50 kB reserve left at the end: bulk got about 960 kB, no more.
+        assert!(
+            (945_000..=970_000).contains(&bulk_taken),
+            "bulk took {bulk_taken}"
+        );
+    }
+
+    /// A waiting request that becomes quiet (its writer got a quiet batch behind it) stops
+    /// respecting the reserve within the re-check interval.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_request_can_be_promoted() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // 1 kB/s: the bucket stays below its reserve for the whole test.
+        let bucket = Arc::new(TokenBucket::new(1_000, 100_000));
+        bucket.set_reserve(100_000);
+        assert_eq!(bucket.reserve(), 50_000, "capped at half the burst");
+        bucket.consume_classed(60_000, || false, None).await;
+        let promoted = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (b, p) = (bucket.clone(), promoted.clone());
+            tokio::spawn(async move {
+                b.consume_classed(10_000, || p.load(Ordering::Relaxed), None)
+                    .await;
+                Instant::now()
+            })
+        };
+        // 40 kB left, all of it reserve: the bulk request waits.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished());
+        let t = Instant::now();
+        promoted.store(true, Ordering::Relaxed);
+        let took = waiter.await.unwrap() - t;
+        assert!(took <= QUIET_RECHECK, "{took:?}");
+        // With a wake-up, promotion takes effect at once.
+        promoted.store(false, Ordering::Relaxed);
+        let wake = Arc::new(Notify::new());
+        let waiter = {
+            let (b, p, w) = (bucket.clone(), promoted.clone(), wake.clone());
+            tokio::spawn(async move {
+                b.consume_classed(1_000, || p.load(Ordering::Relaxed), Some(&w))
+                    .await;
+                Instant::now()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished());
+        let t = Instant::now();
+        promoted.store(true, Ordering::Relaxed);
+        wake.notify_one();
+        assert_eq!(waiter.await.unwrap(), t);
+        // The reserve follows a smaller burst: at most half of it.
+        bucket.set_rate(MB, 30_000);
+        assert_eq!(bucket.reserve(), 15_000);
     }
 
     #[tokio::test(start_paused = true)]

@@ -155,12 +155,23 @@ impl LinkWriter {
 
     /// Take the tokens for `cells` cells from the write bucket (if any) without writing:
     /// a caller that pays first and then calls [`LinkWriter::write_paid_cells`] learns when a
-    /// batch stops waiting for the rate limit and starts waiting for the socket.
-    pub async fn pay_for_cells(&self, cells: usize) {
+    /// batch stops waiting for the rate limit and starts waiting for the socket. While
+    /// `quiet()` is false the batch leaves the bucket's reserve alone (see
+    /// [`TokenBucket::consume_classed`]).
+    pub async fn pay_for_cells(
+        &self,
+        cells: usize,
+        quiet: impl Fn() -> bool,
+        wake: Option<&tokio::sync::Notify>,
+    ) {
         if let Some(bucket) = &self.bucket {
             for chunk in (0..cells * CELL_LEN).step_by(PACED_WRITE_CHUNK) {
                 bucket
-                    .consume(PACED_WRITE_CHUNK.min(cells * CELL_LEN - chunk))
+                    .consume_classed(
+                        PACED_WRITE_CHUNK.min(cells * CELL_LEN - chunk),
+                        &quiet,
+                        wake,
+                    )
                     .await;
             }
         }
