@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -174,15 +174,39 @@ impl StreamIo {
 
 /// What a connection's writer task is given.
 pub enum WriteMsg {
-    /// A batch of cells, acknowledged with [`Input::Paid`] and [`Input::Written`].
-    Cells(Vec<Cell>),
+    /// A batch of cells, acknowledged with [`Input::Paid`] and [`Input::Written`]. A
+    /// [`BatchClass::Quiet`] batch may spend the write bucket's reserve (`QuietReserve`), and
+    /// so may every batch queued before it on the same connection (it cannot leave before
+    /// them); a [`BatchClass::Bulk`] one may not.
+    Cells { cells: Vec<Cell>, class: BatchClass },
     /// A variable-length link cell (HANDOFF), not acknowledged.
     Var(VarCell),
+}
+
+/// How a batch of cells may draw on the write bucket (see [`Driver::quiet_below`]).
+#[derive(Clone, Copy, Debug)]
+pub enum BatchClass {
+    /// Not classified (no shared write rate): the reserve does not apply.
+    Unranked,
+    /// Bulk under a shared write rate: leaves the reserve alone.
+    Bulk,
+    /// Cells of circuits whose EWMA count is below `below`: may spend the reserve.
+    Quiet { below: f64 },
+}
+
+/// Shared by the driver and one connection's writer: how many quiet batches the writer holds
+/// unpaid, and a wake-up for a batch waiting at the reserve ahead of them.
+#[derive(Default)]
+struct QuietSignal {
+    queued: AtomicUsize,
+    wake: tokio::sync::Notify,
 }
 
 /// Handles of one connection's IO tasks (see [`start_link`]).
 pub struct ConnHandles {
     writer: mpsc::UnboundedSender<WriteMsg>,
+    /// Quiet batches handed to the writer and not yet paid.
+    quiet: Arc<QuietSignal>,
     reader: AbortHandle,
     /// `true` pauses the reader (its cells would only be held back).
     hold: watch::Sender<bool>,
@@ -482,6 +506,7 @@ impl Driver {
                     }
                     self.split_tick(now);
                     if let Some(m) = self.metrics.as_mut() {
+                        m.quiet_reserve = self.cfg.limits.write_bucket.as_ref().map_or(0, |b| b.reserve());
                         let outbufs: Vec<(u64, usize)> =
                             self.chans.iter().map(|(c, io)| (c.0, io.in_flight())).collect();
                         m.tick(&self.core, &outbufs, self.cfg.outbuf_cells, now);
@@ -676,7 +701,7 @@ impl Driver {
     /// the rate, so the channel joins the waiting list and [`Driver::dispatch`] decides.
     fn transmit(&mut self, chan: ChannelId, now: Instant) {
         if !self.rate_shared() {
-            self.transmit_up_to(chan, usize::MAX, now);
+            self.transmit_up_to(chan, usize::MAX, now, BatchClass::Unranked);
             return;
         }
         if !self.waiting.contains(&chan) && self.core.has_pending(chan) {
@@ -705,7 +730,11 @@ impl Driver {
     /// round-robin in turn), a half-buffer at a time so a newcomer never waits behind more
     /// than that. A fresh circuit on a quiet channel thus overtakes bulk on other channels too,
     /// not only on its own.
+    ///
+    /// With a `QuietReserve`, channels whose next circuit is quiet go first, outside that
+    /// bound: see [`Driver::dispatch_quiet`].
     fn dispatch(&mut self, now: Instant) {
+        self.dispatch_quiet(now);
         let quantum = (self.cfg.outbuf_cells / 2).max(1);
         loop {
             let unpaid: usize = self.chans.values().map(ChanIo::unpaid).sum();
@@ -731,7 +760,7 @@ impl Driver {
             let Some(chan) = best.and_then(|i| self.waiting.remove(i)) else {
                 return;
             };
-            let sent = self.transmit_up_to(chan, quantum.min(room), now);
+            let sent = self.transmit_up_to(chan, quantum.min(room), now, BatchClass::Bulk);
             if self.core.has_pending(chan) {
                 // Behind the others: equals take turns.
                 self.waiting.push_back(chan);
@@ -742,10 +771,63 @@ impl Driver {
         }
     }
 
+    /// The EWMA count (cells) below which a circuit is quiet and its cells may spend the
+    /// write bucket's reserve: the reserve's size in cells, so a circuit is quiet while it has
+    /// sent less, recently, than the reserve holds (a web page, a handshake, SENDMEs), and a
+    /// bulk circuit stops being quiet within its first reserve's worth of cells. `None` without
+    /// a reserve, without a shared write rate, or under a policy that does not rank circuits
+    /// (round-robin: no priority, no reserve).
+    fn quiet_below(&self) -> Option<f64> {
+        if !self.rate_shared() || !self.core.scheduler().ranks_circuits() {
+            return None;
+        }
+        let reserve = self.cfg.limits.write_bucket.as_ref()?.reserve();
+        (reserve > 0).then(|| reserve as f64 / CELL_LEN as f64)
+    }
+
+    /// Hand quiet circuits' cells to their writers at once, as quiet batches that may spend
+    /// the reserve. They are not held to the `outbuf_cells` bound that bulk shares (bulk cells
+    /// waiting for tokens would otherwise fill it and keep them out); their own bound is twice
+    /// that over all connections and on each, so memory stays bounded whatever a peer does.
+    fn dispatch_quiet(&mut self, now: Instant) {
+        let Some(below) = self.quiet_below() else {
+            return;
+        };
+        let cap = 2 * self.cfg.outbuf_cells;
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let unpaid: usize = self.chans.values().map(ChanIo::unpaid).sum();
+            if unpaid >= cap {
+                return;
+            }
+            let Some(&chan) = self.waiting.get(i) else {
+                return;
+            };
+            i += 1;
+            if self
+                .core
+                .channel_priority(chan, now)
+                .is_some_and(|p| p < below)
+            {
+                self.transmit_up_to(chan, cap - unpaid, now, BatchClass::Quiet { below });
+            }
+        }
+    }
+
     /// Move up to `limit` cells to a link's writer while it has room. A split channel's
     /// responder writes on its second connection, everyone else on the first. Returns how
     /// many cells moved.
-    fn transmit_up_to(&mut self, chan: ChannelId, limit: usize, now: Instant) -> usize {
+    ///
+    /// A [`BatchClass::Quiet`] batch takes cells only while the channel's next circuit is
+    /// quiet, one at a time (the scheduler may turn to a bulk circuit after any cell), and may
+    /// fill the connection to twice `outbuf_cells`.
+    fn transmit_up_to(
+        &mut self,
+        chan: ChannelId,
+        limit: usize,
+        now: Instant,
+        class: BatchClass,
+    ) -> usize {
         // Paced writers report Paid for every batch (see spawn_conn).
         let paced = self.cfg.limits.write_bucket.is_some();
         let Some(io) = self.chans.get_mut(&chan) else {
@@ -764,7 +846,11 @@ impl Driver {
             (true, Some(s)) => s,
             _ => primary,
         };
-        let room = self.cfg.outbuf_cells.saturating_sub(conn.in_flight);
+        let bound = match class {
+            BatchClass::Quiet { .. } => 2 * self.cfg.outbuf_cells,
+            _ => self.cfg.outbuf_cells,
+        };
+        let room = bound.saturating_sub(conn.in_flight);
         if room == 0 {
             if !*blocked && self.core.has_pending(chan) {
                 *blocked = true;
@@ -777,7 +863,22 @@ impl Driver {
         *blocked = false;
         let room = room.min(limit);
         let mut cells = Vec::with_capacity(room.min(64));
-        let n = self.core.poll_transmit(chan, room, now, &mut cells);
+        let n = match class {
+            BatchClass::Quiet { below } => {
+                let mut n = 0;
+                while n < room
+                    && self
+                        .core
+                        .channel_priority(chan, now)
+                        .is_some_and(|p| p < below)
+                    && self.core.poll_transmit(chan, 1, now, &mut cells) == 1
+                {
+                    n += 1;
+                }
+                n
+            }
+            _ => self.core.poll_transmit(chan, room, now, &mut cells),
+        };
         if n > 0 {
             conn.in_flight += n;
             if paced {
@@ -792,7 +893,19 @@ impl Driver {
                 samples.push(s);
             }
             conn.batches.push_back((n, samples));
-            if conn.h.writer.send(WriteMsg::Cells(cells)).is_err() {
+            if let BatchClass::Quiet { .. } = class {
+                conn.h.quiet.queued.fetch_add(1, Ordering::Relaxed);
+                conn.h.quiet.wake.notify_one();
+                if let Some(m) = self.metrics.as_mut() {
+                    m.quiet_cells += n as u64;
+                }
+            }
+            if conn
+                .h
+                .writer
+                .send(WriteMsg::Cells { cells, class })
+                .is_err()
+            {
                 // The writer is gone; its LinkDown is on the way.
                 debug!(?chan, "writer gone");
             }
@@ -1382,6 +1495,8 @@ fn spawn_conn(
     let (gate_tx, gate_rx) = oneshot::channel::<()>();
     let (hold_tx, mut hold_rx) = watch::channel(false);
     let (wtx, mut wrx) = mpsc::unbounded_channel::<WriteMsg>();
+    let quiet = Arc::new(QuietSignal::default());
+    let signal = quiet.clone();
     let rtx = tx.clone();
     let reader_task = tokio::spawn(async move {
         if gate_rx.await.is_err() {
@@ -1407,9 +1522,24 @@ fn spawn_conn(
     tokio::spawn(async move {
         while let Some(msg) = wrx.recv().await {
             let (result, n) = match msg {
-                WriteMsg::Cells(cells) if writer.is_paced() => {
+                WriteMsg::Cells { cells, class } if writer.is_paced() => {
+                    let quiet = matches!(class, BatchClass::Quiet { .. });
                     // Pay first and say so: from here on the batch waits only for the socket.
-                    writer.pay_for_cells(cells.len()).await;
+                    // A batch ahead of a quiet one may use the reserve too, or the quiet one
+                    // would wait behind it for tokens above the reserve.
+                    writer
+                        .pay_for_cells(
+                            cells.len(),
+                            || {
+                                !matches!(class, BatchClass::Bulk)
+                                    || signal.queued.load(Ordering::Relaxed) > 0
+                            },
+                            Some(&signal.wake),
+                        )
+                        .await;
+                    if quiet {
+                        signal.queued.fetch_sub(1, Ordering::Relaxed);
+                    }
                     let paid = Input::Paid {
                         chan: id,
                         cells: cells.len(),
@@ -1419,7 +1549,13 @@ fn spawn_conn(
                     }
                     (writer.write_paid_cells(&cells).await, Some(cells.len()))
                 }
-                WriteMsg::Cells(cells) => (writer.write_cells(&cells).await, Some(cells.len())),
+                WriteMsg::Cells { cells, class } => {
+                    if let BatchClass::Quiet { .. } = class {
+                        // Unpaced: nothing to pay, but keep the count exact.
+                        signal.queued.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    (writer.write_cells(&cells).await, Some(cells.len()))
+                }
                 WriteMsg::Var(cell) => (writer.write_var_cell(&cell).await, None),
             };
             if let Err(e) = result {
@@ -1442,6 +1578,7 @@ fn spawn_conn(
     (
         ConnHandles {
             writer: wtx,
+            quiet,
             reader: reader_task.abort_handle(),
             hold: hold_tx,
         },

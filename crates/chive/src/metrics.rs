@@ -61,6 +61,8 @@ pub struct Snapshot {
     pub queued_cells: usize,
     pub circuits_killed: u64,
     pub outbuf_full_events: u64,
+    pub quiet_cells: u64,
+    pub quiet_reserve: u64,
     pub bytes_forwarded_per_sec: f64,
     pub scheduler: String,
     pub outbuf_cells: usize,
@@ -80,6 +82,10 @@ pub struct Metrics {
     last_transmitted: u64,
     last_received: u64,
     pub outbuf_full_events: u64,
+    /// Cells handed to writers as quiet batches (allowed to spend `QuietReserve`).
+    pub quiet_cells: u64,
+    /// The write bucket's reserve in force (bytes), set by the driver.
+    pub quiet_reserve: u64,
     last_circ_sent: std::collections::HashMap<chive_core::CircKey, u64>,
 }
 
@@ -122,6 +128,8 @@ impl Metrics {
             last_transmitted: 0,
             last_received: 0,
             outbuf_full_events: 0,
+            quiet_cells: 0,
+            quiet_reserve: 0,
             last_circ_sent: Default::default(),
         }))
     }
@@ -184,8 +192,8 @@ impl Metrics {
         if let Some(f) = self.file.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells}}}",
-                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, stats.circuits_killed, scheduler
+                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells}}}",
+                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler
             );
             for (chan, occupancy) in outbufs.iter().filter(|(_, o)| *o > 0) {
                 let _ = writeln!(
@@ -225,6 +233,8 @@ impl Metrics {
             snap.queued_cells = stats.queued_cells;
             snap.circuits_killed = stats.circuits_killed;
             snap.outbuf_full_events = self.outbuf_full_events;
+            snap.quiet_cells = self.quiet_cells;
+            snap.quiet_reserve = self.quiet_reserve;
             snap.bytes_forwarded_per_sec = out_rate;
             snap.scheduler = scheduler;
             snap.outbuf_cells = outbuf_cells;
@@ -284,10 +294,22 @@ pub fn render(snap: &Snapshot) -> String {
         snap.outbuf_full_events.to_string(),
     );
     metric(
+        "chive_quiet_cells_total",
+        "counter",
+        "Cells of quiet circuits handed to writers with access to QuietReserve.",
+        snap.quiet_cells.to_string(),
+    );
+    metric(
         "chive_bytes_forwarded_per_second",
         "gauge",
         "Bytes (whole cells) moved to output in the last second.",
         format!("{:.1}", snap.bytes_forwarded_per_sec),
+    );
+    metric(
+        "chive_quiet_reserve_bytes",
+        "gauge",
+        "Write-bucket bytes only quiet circuits may spend (QuietReserve; 0 = off).",
+        snap.quiet_reserve.to_string(),
     );
     metric(
         "chive_outbuf_cells",

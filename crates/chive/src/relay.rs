@@ -46,6 +46,14 @@ Config file options (TOML):
                                    to the channel whose next circuit has the lowest EWMA count
                                    (KIST-like; docs/scheduling.md). false: each connection's
                                    writer takes tokens first come, first served
+  QuietReserve = 131072            with BandwidthRate and CrossChannelPriority under EWMA: bytes
+                                   of the write bucket that only quiet circuits may spend (EWMA
+                                   count below the reserve's size in cells). Bulk then leaves
+                                   the bucket at the reserve, and a quiet circuit's burst (a web
+                                   page, a handshake) goes at once instead of waiting for
+                                   tokens; the long-run rate is unchanged. At most half of
+                                   BandwidthBurst; 0 = off, as in Tor. Default: 128 KiB, at
+                                   most a quarter of the burst (docs/scheduling.md)
   ReadRateMargin = 0.1             reading may go this fraction faster than BandwidthRate
                                    (0..=1; 0 = as Tor). With equal limits it is chance which
                                    side binds; when reading does, cells queue in kernel buffers
@@ -81,8 +89,11 @@ Config file options (TOML):
                                    closes
   PublishInterval = 30             seconds between descriptor uploads
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
-SIGHUP reloads BandwidthRate, BandwidthBurst, ReadRateMargin, Scheduler,
+SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Scheduler,
 CircuitPriorityHalflife and OutbufCells without dropping circuits.";
+
+/// `QuietReserve` when unset under a `BandwidthRate` (capped at a quarter of the burst).
+const DEFAULT_QUIET_RESERVE: u64 = 128 * 1024;
 
 /// The relay's config file.
 #[derive(Deserialize, Debug, Clone)]
@@ -106,6 +117,8 @@ pub struct RelayConfig {
     pub cross_channel_priority: bool,
     #[serde(rename = "ReadRateMargin", default = "default_read_margin")]
     pub read_rate_margin: f64,
+    #[serde(rename = "QuietReserve", default)]
+    pub quiet_reserve: Option<u64>,
     #[serde(rename = "ExitPolicy", default = "default_exit_policy")]
     pub exit_policy: Vec<String>,
     #[serde(rename = "ExitPolicyRejectPrivate", default = "yes")]
@@ -214,6 +227,16 @@ impl RelayConfig {
         (self.bandwidth_rate as f64 * (1.0 + self.read_rate_margin)).round() as u64
     }
 
+    /// The write bucket's reserve for quiet circuits: `QuietReserve`, else 128 KiB (a web
+    /// object of a few round trips' worth) but at most a quarter of the burst.
+    fn quiet_reserve(&self) -> u64 {
+        match self.quiet_reserve {
+            Some(r) => r,
+            None if self.bandwidth_rate > 0 => DEFAULT_QUIET_RESERVE.min(self.burst() / 4),
+            None => 0,
+        }
+    }
+
     fn burst(&self) -> u64 {
         if self.bandwidth_burst == 0 {
             self.bandwidth_rate
@@ -272,6 +295,15 @@ impl RelayConfig {
         if !(0.0..=1.0).contains(&self.read_rate_margin) {
             bail!("ReadRateMargin must be between 0 and 1 (a fraction of BandwidthRate)");
         }
+        if let Some(reserve) = self.quiet_reserve {
+            if self.bandwidth_rate > 0 && reserve > self.burst() / 2 {
+                bail!(
+                    "QuietReserve ({reserve}) must be at most half of BandwidthBurst ({}): bulk \
+                     traffic may only spend what lies above the reserve",
+                    self.burst()
+                );
+            }
+        }
         if let Some(size) = self.constrained_sock_size {
             if !(2048..=262_144).contains(&size) {
                 bail!("ConstrainedSockSize must be between 2048 and 262144 bytes");
@@ -302,6 +334,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let read_bucket = Arc::new(TokenBucket::new(cfg.read_rate(), cfg.burst()));
     let write_bucket = Arc::new(TokenBucket::new(cfg.bandwidth_rate, cfg.burst()));
+    write_bucket.set_reserve(cfg.quiet_reserve());
     let limits = LinkLimits {
         read_bucket: Some(read_bucket.clone()),
         write_bucket: Some(write_bucket.clone()),
@@ -461,10 +494,12 @@ fn spawn_signal_handlers(
                 Ok(c) => {
                     read_bucket.set_rate(c.read_rate(), c.burst());
                     write_bucket.set_rate(c.bandwidth_rate, c.burst());
+                    write_bucket.set_reserve(c.quiet_reserve());
                     let _ = tx.send(Input::Reconfigure(c.tunables())).await;
                     info!(
                         rate = c.bandwidth_rate,
                         burst = c.burst(),
+                        quiet_reserve = write_bucket.reserve(),
                         "config reloaded"
                     );
                 }

@@ -307,3 +307,111 @@ pub fn upload(socks: SocketAddr, http: SocketAddr, n: usize) -> Result<String, S
         .map_err(|e| format!("upload body: {e}"))?;
     Ok(String::from_utf8_lossy(&body_of(s)?).into_owned())
 }
+
+/// Download through SOCKS until `stop` is set, counting bytes.
+pub fn bulk_loop(
+    socks: SocketAddr,
+    http: SocketAddr,
+    user: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> u64 {
+    use std::sync::atomic::Ordering;
+    let mut total = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut s) = TcpStream::connect(socks) else {
+            return total;
+        };
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut r = [0u8; 2];
+        let mut m = vec![5, 1, 2];
+        let _ = s.write_all(&m);
+        if s.read_exact(&mut r).is_err() {
+            continue;
+        }
+        m = vec![1, user.len() as u8];
+        m.extend_from_slice(user.as_bytes());
+        m.extend_from_slice(&[1, b'p']);
+        let _ = s.write_all(&m);
+        if s.read_exact(&mut r).is_err() {
+            continue;
+        }
+        let host = http.ip().to_string();
+        let mut req = vec![5, 1, 0, 3, host.len() as u8];
+        req.extend_from_slice(host.as_bytes());
+        req.extend_from_slice(&http.port().to_be_bytes());
+        let _ = s.write_all(&req);
+        let mut rep = [0u8; 10];
+        if s.read_exact(&mut rep).is_err() || rep[1] != 0 {
+            continue;
+        }
+        let _ = write!(s, "GET /bytes/1000000000 HTTP/1.0\r\n\r\n");
+        let mut buf = vec![0u8; 65536];
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return total;
+            }
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => total += n as u64,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => break,
+            }
+        }
+    }
+    total
+}
+
+/// One-sided Mann–Whitney U test (normal approximation): p-value for "a tends to be smaller than b".
+pub fn mann_whitney_less(a: &[f64], b: &[f64]) -> f64 {
+    let mut all: Vec<(f64, usize)> = a
+        .iter()
+        .map(|&x| (x, 0))
+        .chain(b.iter().map(|&x| (x, 1)))
+        .collect();
+    all.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let mut ranks = vec![0.0; all.len()];
+    let mut i = 0;
+    while i < all.len() {
+        let mut j = i;
+        while j + 1 < all.len() && all[j + 1].0 == all[i].0 {
+            j += 1;
+        }
+        let r = (i + j) as f64 / 2.0 + 1.0;
+        ranks[i..=j].fill(r);
+        i = j + 1;
+    }
+    let (n1, n2) = (a.len() as f64, b.len() as f64);
+    let r1: f64 = all
+        .iter()
+        .zip(&ranks)
+        .filter(|((_, g), _)| *g == 0)
+        .map(|(_, r)| r)
+        .sum();
+    let u1 = r1 - n1 * (n1 + 1.0) / 2.0;
+    let mean = n1 * n2 / 2.0;
+    let sd = (n1 * n2 * (n1 + n2 + 1.0) / 12.0).sqrt();
+    let z = (u1 - mean + 0.5) / sd;
+    // Standard normal CDF via erf approximation (Abramowitz–Stegun 7.1.26).
+    let phi = |z: f64| {
+        let t = 1.0 / (1.0 + 0.3275911 * z.abs() / std::f64::consts::SQRT_2);
+        let y = 1.0
+            - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
+                + 0.254829592)
+                * t
+                * (-(z * z) / 2.0).exp();
+        if z >= 0.0 {
+            (1.0 + y) / 2.0
+        } else {
+            (1.0 - y) / 2.0
+        }
+    };
+    phi(z)
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    s[s.len() / 2]
+}

@@ -72,6 +72,12 @@ pub enum SchedulerKind {
 }
 
 impl SchedulerKind {
+    /// Whether the policy ranks circuits by recent activity (EWMA), so that "quiet" means
+    /// something: [`CircuitScheduler::head_priority`] is `Some` when a queue is active.
+    pub fn ranks_circuits(&self) -> bool {
+        !matches!(self, SchedulerKind::RoundRobin)
+    }
+
     /// Parse the configured policy: `name` is `"rr"`, `"ewma"` or `"ewma-direct"` (ASCII case
     /// ignored, surrounding blanks trimmed); `halflife` is `CircuitPriorityHalflife` in seconds,
     /// [`DEFAULT_HALFLIFE`] when `None`.

@@ -1,0 +1,113 @@
+//! `QuietReserve` end to end, in its own test binary (cargo runs test binaries one after
+//! another, so nothing else competes for the CPU while it measures; see sched_e2e.rs).
+
+use std::time::{Duration, Instant};
+
+mod common;
+use common::*;
+
+/// The relays' `chive_quiet_cells_total`, summed.
+fn quiet_cells(net: &Network) -> u64 {
+    (0..3)
+        .map(|i| {
+            net.scrape(i)
+                .lines()
+                .find_map(|l| l.strip_prefix("chive_quiet_cells_total "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .expect("relay metrics lack chive_quiet_cells_total")
+        })
+        .sum()
+}
+
+/// Relays at 1 MB/s under EWMA, two bulk downloads, 50 KiB fetches on fresh circuits. Blocks
+/// of fetches alternate between `QuietReserve = 0` and 128 KiB, switched on the live relays by
+/// SIGHUP: with the reserve the fetches must be faster (they no longer wait for tokens behind
+/// bulk), quiet batches must appear only while it is on, and bulk must keep moving.
+#[test]
+fn quiet_reserve_lets_fresh_circuits_past_bulk_on_a_saturated_relay() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const RESERVE: u64 = 131_072;
+    let net = Network::start(
+        "reserve",
+        ["BandwidthRate = 1000000\nCrossChannelPriority = true\nScheduler = \"ewma\""; 3],
+    );
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let bulks: Vec<_> = ["bulk1", "bulk2"]
+        .into_iter()
+        .map(|u| {
+            let stop = stop.clone();
+            let (socks, http) = (net.socks, net.http);
+            std::thread::spawn(move || bulk_loop(socks, http, u, stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(5));
+    let mut times = [Vec::new(), Vec::new()]; // [off, on]
+    let mut n = 0;
+    // Blocks off, on, on, off, off, on, on, off: each setting as often early as late.
+    for block in 0..8 {
+        let on = matches!(block % 4, 1 | 2);
+        let want = if on { RESERVE } else { 0 };
+        net.reconfigure_relays(&format!("QuietReserve = {want}"));
+        let gauge = format!("chive_quiet_reserve_bytes {want}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(0..3).all(|i| net.scrape(i).lines().any(|l| l == gauge)) {
+            assert!(
+                Instant::now() < deadline,
+                "relays did not report QuietReserve = {want} after SIGHUP"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // Let the bulk downloads drain what they may of the bucket under the new setting.
+        std::thread::sleep(Duration::from_secs(1));
+        let quiet_before = quiet_cells(&net);
+        let mut block_times = Vec::new();
+        for _ in 0..6 {
+            n += 1;
+            let user = format!("fresh{n}");
+            let t0 = Instant::now();
+            let body = fetch(net.socks, net.http, 51_200, Some((&user, "x")))
+                .expect("50 KiB fetch failed");
+            assert_eq!(body.len(), 51_200);
+            block_times.push(t0.elapsed().as_secs_f64());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let quiet = quiet_cells(&net) - quiet_before;
+        eprintln!(
+            "block {block} QuietReserve={want}: quiet cells {quiet}, 50 KiB times {:?}",
+            block_times
+                .iter()
+                .map(|t| format!("{t:.3}"))
+                .collect::<Vec<_>>()
+        );
+        if on {
+            // Six 50 KiB responses alone are over 600 cells at the exit.
+            assert!(quiet >= 100, "reserve on, but only {quiet} quiet cells");
+        } else {
+            assert_eq!(quiet, 0, "reserve off, but {quiet} quiet cells");
+        }
+        times[on as usize].extend(block_times);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let moved: u64 = bulks.into_iter().map(|h| h.join().unwrap()).sum();
+    let (off, on) = (&times[0], &times[1]);
+    let p = mann_whitney_less(on, off);
+    eprintln!(
+        "50 KiB under load: reserve off median {:.3} s, on median {:.3} s, one-sided p = {p:.4}; bulk moved {moved} bytes",
+        median(off),
+        median(on)
+    );
+    assert!(
+        moved > 5_000_000,
+        "bulk downloads did not run ({moved} bytes)"
+    );
+    assert!(
+        median(on) < median(off),
+        "median with the reserve {} not below the median without {}",
+        median(on),
+        median(off)
+    );
+    assert!(
+        p < 0.01,
+        "the reserve did not make fetches faster (p = {p})"
+    );
+}
