@@ -320,6 +320,9 @@ _CHIVE_ONLY_RELAY_KEYS = {
     "ReadRateMargin": "Tor applies BandwidthRate to reading and writing alike; chive lets "
     "reading go this fraction faster so that queues form in circuit queues, where the scheduler "
     "acts, rather than in kernel buffers",
+    "QuietReserve": "chive keeps this much of the write bucket for circuits with a low EWMA "
+    "count, so their bursts need not wait for tokens behind bulk; Tor's token buckets serve "
+    "every circuit alike",
     "PublishInterval": "Tor relays choose when to upload descriptors themselves "
     "(at start and when they change; about every 18 h otherwise)",
     "Log": "the lab sets Tor's logging itself (notice level to DIR/<node>/tor.log)",

@@ -17,6 +17,7 @@ rr: CircuitPriorityHalflife 0).
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -128,6 +129,8 @@ def main():
     ap.add_argument("--bulk-alone", type=float, default=10.0,
                     help="seconds to measure the bulk downloads alone before the fetches [10]")
     args = ap.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the network of the run in progress is taken down.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for sched in args.schedulers.split(","):
@@ -137,12 +140,12 @@ def main():
     wire = 51200 / RATE
     print(f"Goodput columns are shares of the {RATE / 1e6:g} MB/s bottleneck; a cell carries 498 "
           f"payload bytes in 514, so 96.9% is the ceiling. 50 KiB takes {wire:.3f} s on the wire.")
-    print(f"{'scheduler':10} {'idle p25/p50/p75 (s)':22} {'load p25/p50/p75 (s)':22} "
+    print(f"{'scheduler':10} {'idle p25/p50/p75 (s)':25} {'load p25/p50/p75 (s)':25} "
           f"{'load/idle':>9} {'load/wire':>9}  bulk alone  bulk+web  (bulk, web)")
     for sched, r in results.items():
         i, l = r["idle"], r["load"]
-        print(f"{sched:10} {i['p25']:.3f}/{i['p50']:.3f}/{i['p75']:.3f}{'':4} "
-              f"{l['p25']:.3f}/{l['p50']:.3f}/{l['p75']:.3f}{'':4} {l['p50'] / i['p50']:>8.1f}x "
+        print(f"{sched:10} {i['p25']:.4f}/{i['p50']:.4f}/{i['p75']:.4f}{'':4} "
+              f"{l['p25']:.4f}/{l['p50']:.4f}/{l['p75']:.4f}{'':4} {l['p50'] / i['p50']:>8.1f}x "
               f"{l['p50'] / wire:>8.2f}x  {100 * r['bulk_alone_share_of_rate']:>9.1f}% "
               f"{100 * r['total_share_of_rate']:>8.1f}%  ({100 * r['bulk_share_of_rate']:.1f}%, "
               f"{100 * r['web_goodput_Bps'] / RATE:.1f}%)")
