@@ -28,6 +28,8 @@ Variants (relay config + shaping):
 * ``one-ackprio``    the same + ``chive shape`` on every host (Fig 7)
 * ``split``          ``SplitDirection = "always"``: one connection per direction (extra)
 * ``split-ackprio``  split + ``chive shape`` on every host (Fig 8)
+* ``dynamic``, ``dynamic-ackprio``  ``SplitDirection = "dynamic"`` (beyond the paper): one
+  connection until both directions of a channel carry bulk for a few seconds, then split
 
 Measurement: ``chive perf --progress 1 --verify`` per transfer loop (4 flows, `circuits` loops each);
 bytes per second per loop (downloads counted at the receiving client, uploads
@@ -97,6 +99,9 @@ VARIANTS: dict[str, dict] = {
     "one-ackprio": {"split": "off", "ackprio": True, "fig": "7"},
     "split": {"split": "always", "ackprio": False, "fig": "-"},
     "split-ackprio": {"split": "always", "ackprio": True, "fig": "8"},
+    # Beyond the paper: split only while both directions carry bulk (SplitDirection "dynamic").
+    "dynamic": {"split": "dynamic", "ackprio": False, "fig": "-"},
+    "dynamic-ackprio": {"split": "dynamic", "ackprio": True, "fig": "-"},
 }
 
 #: Paper 002, Sec. V (bidirectional TCP connections; the paper has no overlay numbers).
@@ -105,6 +110,8 @@ PAPER = {
     "one-ackprio": "each direction ~half of the link, but oscillations and multi-second "
                    "breakdowns in single runs (Fig 7)",
     "split": "(not measured in the paper)",
+    "dynamic": "(not in the paper)",
+    "dynamic-ackprio": "(not in the paper)",
     "split-ackprio": "about half each, much steadier, no multi-second breakdowns (Fig 8)",
 }
 PAPER_VARIANCE = ("Fig 9: variance of towards-B throughput, 100-250 s: bidirectional without ACK prio "
