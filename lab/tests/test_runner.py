@@ -72,10 +72,10 @@ def test_client_seeds_do_not_depend_on_variant_but_on_rep_and_index():
 def test_network_spec_merges_variant_overrides():
     s = load_scenario(ROOT / "scenarios" / "paper001-ewma-halflife-sweep.toml")
     spec = runner.network_spec(s, s.variant("H=10"), BIN)
-    assert spec.relay_overrides == {"Scheduler": "ewma", "CircuitPriorityHalflife": 10}
+    assert spec.relay_overrides == {"Scheduler": "ewma", "QuietReserve": 0, "CircuitPriorityHalflife": 10}
     assert spec.bandwidth_rate == 1_000_000 and spec.relays == 4
     rr = runner.network_spec(s, s.variant("rr"), BIN)
-    assert rr.relay_overrides == {"Scheduler": "rr"}
+    assert rr.relay_overrides == {"Scheduler": "rr", "QuietReserve": 0}
 
 
 def test_registries():
