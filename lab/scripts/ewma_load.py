@@ -17,7 +17,9 @@ rr: CircuitPriorityHalflife 0).
 import argparse
 import json
 import os
+import platform
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -119,6 +121,30 @@ def run_one(scheduler, args, outdir):
         subprocess.run([str(LAB), "down", "--dir", str(netdir)], check=False)
 
 
+def run_manifest(args) -> dict:
+    """What produced this run: git revision, binaries, host, command (the lab's run manifest,
+    reduced to what a script run has)."""
+    from chive_lab import runner
+
+    root = runner.repo_root()
+    rev = dirty = None
+    if root is not None:
+        rev = runner._cmd_output(["git", "-C", str(root), "rev-parse", "HEAD"])
+        status = runner._cmd_output(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
+        dirty = None if status is None else bool(status)
+    binary = os.environ.get("CHIVE_BIN") or str(ROOT / "target" / "release" / "chive")
+    versions = {"chive": runner._cmd_output([binary, "--version"])}
+    if any(s.startswith("tor:") for s in args.schedulers.split(",")):
+        tor = runner._cmd_output(["tor", "--version"])
+        versions["tor"] = tor.splitlines()[0] if tor else None
+    return {"script": "lab/scripts/ewma_load.py", "command": sys.argv, "git": {"revision": rev, "dirty": dirty},
+            "binary": binary, "versions": versions, "relay_rate": RATE, "samples": args.samples,
+            "schedulers": args.schedulers, "set": args.set,
+            "host": {"hostname": socket.gethostname(), "kernel": platform.release(),
+                     "cores": os.cpu_count()},
+            "start": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "end": None, "status": "running"}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
@@ -132,11 +158,15 @@ def main():
     # SIGTERM unwinds like Ctrl-C, so the network of the run in progress is taken down.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     args.out.mkdir(parents=True, exist_ok=True)
+    manifest = run_manifest(args)
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     results = {}
     for sched in args.schedulers.split(","):
         print(f"== {sched}", file=sys.stderr)
         results[sched] = run_one(sched, args, args.out)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    manifest.update(end=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status="complete")
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     wire = 51200 / RATE
     print(f"Goodput columns are shares of the {RATE / 1e6:g} MB/s bottleneck; a cell carries 498 "
           f"payload bytes in 514, so 96.9% is the ceiling. 50 KiB takes {wire:.3f} s on the wire.")
