@@ -196,6 +196,7 @@ fn broken_config_is_refused_with_the_option_named() {
         ("relay", "Nickname = \"r\"\nDataDirectory = \"/nonexistent/chive-x\"\nORPort = \"127.0.0.1:1\"\nAuthority = \"127.0.0.1:2\"\nAuthorityIdentity = \"00\"\nBandwidthRat = 5\n", "BandwidthRat"),
         ("relay", "Nickname = \"r\"\nDataDirectory = \"/nonexistent/chive-x\"\nORPort = \"127.0.0.1:1\"\nAuthority = \"127.0.0.1:2\"\nAuthorityIdentity = \"00\"\nExitPolicy = [\"acept *:*\"]\n", "ExitPolicy"),
         ("relay", "Nickname = \"r\"\nDataDirectory = \"/nonexistent/chive-x\"\nORPort = \"not an address\"\n", "ORPort"),
+        ("relay", "Nickname = \"r\"\nDataDirectory = \"/nonexistent/chive-x\"\nORPort = \"127.0.0.1:1\"\nAuthority = \"127.0.0.1:2\"\nAuthorityIdentity = \"00\"\nBandwidthRate = 100000\nQuietReserve = 60000\n", "QuietReserve"),
         ("client", "DataDirectory = \"/nonexistent/chive-x\"\nSocksPort = \"127.0.0.1:1\"\nAuthority = \"127.0.0.1:2\"\nAuthorityIdentity = \"xyz\"\n", "AuthorityIdentity"),
         ("authority", "Nickname = \"a\"\nDataDirectory = \"/nonexistent/chive-x\"\nDirPort = \"127.0.0.1:1\"\n[NetworkParameters]\ncircwindow = 5000\n", "circwindow"),
     ];
