@@ -794,12 +794,9 @@ impl Driver {
             return;
         };
         let cap = 2 * self.cfg.outbuf_cells;
+        let mut unpaid: usize = self.chans.values().map(ChanIo::unpaid).sum();
         let mut i = 0;
-        while i < self.waiting.len() {
-            let unpaid: usize = self.chans.values().map(ChanIo::unpaid).sum();
-            if unpaid >= cap {
-                return;
-            }
+        while i < self.waiting.len() && unpaid < cap {
             let Some(&chan) = self.waiting.get(i) else {
                 return;
             };
@@ -809,7 +806,7 @@ impl Driver {
                 .channel_priority(chan, now)
                 .is_some_and(|p| p < below)
             {
-                self.transmit_up_to(chan, cap - unpaid, now, BatchClass::Quiet { below });
+                unpaid += self.transmit_up_to(chan, cap - unpaid, now, BatchClass::Quiet { below });
             }
         }
     }
