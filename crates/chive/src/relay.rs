@@ -510,3 +510,39 @@ fn spawn_signal_handlers(
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> RelayConfig {
+        toml::from_str(&format!(
+            "Nickname = \"r\"\nDataDirectory = \"/tmp/x\"\nORPort = \"127.0.0.1:1\"\n\
+             Authority = \"127.0.0.1:2\"\nAuthorityIdentity = \"{}\"\n{extra}",
+            "00".repeat(32)
+        ))
+        .expect("test config parses")
+    }
+
+    #[test]
+    fn quiet_reserve_defaults_follow_the_rate_and_burst() {
+        // Unlimited: no reserve.
+        assert_eq!(config("").quiet_reserve(), 0);
+        // 1 MB/s (burst = rate): the default 128 KiB.
+        assert_eq!(config("BandwidthRate = 1000000").quiet_reserve(), 131_072);
+        // A small burst caps the default at a quarter of it.
+        assert_eq!(config("BandwidthRate = 100000").quiet_reserve(), 25_000);
+        // Explicit values win, 0 turns it off.
+        let c = config("BandwidthRate = 1000000\nQuietReserve = 0");
+        assert_eq!(c.quiet_reserve(), 0);
+        assert!(c.validate().is_ok());
+        let c = config("BandwidthRate = 1000000\nQuietReserve = 500000");
+        assert_eq!(c.quiet_reserve(), 500_000);
+        assert!(c.validate().is_ok());
+        // More than half the burst would starve bulk: refused, naming the option.
+        let err = config("BandwidthRate = 1000000\nQuietReserve = 500001")
+            .validate()
+            .expect_err("a reserve above half the burst is refused");
+        assert!(format!("{err:#}").contains("QuietReserve"), "{err:#}");
+    }
+}
