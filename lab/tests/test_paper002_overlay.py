@@ -153,6 +153,11 @@ def test_analysis_targets_and_files(tmp_path):
     assert s["targets"]["split_ackprio_share_of_ceiling"]["A->B"] == pytest.approx(0.48 / ceil)
     assert "Ceilings" in (tmp_path / "comparison.md").read_text()
     assert s["targets"]["variance_met"] is True and s["targets"]["variance_ratio_vs_one"] == 0
+    # The paper's Fig 9 samples are 10 s slot means (2 s at scale 0.2): they average out the
+    # synthetic second-by-second oscillation of "one", so its slot variance is ~0 and no ratio.
+    assert s["extra"]["one"]["variance_slot_s"] == pytest.approx(2.0)
+    assert s["extra"]["one"]["towards_b_variance_slots"] == pytest.approx(0.0, abs=1e-3)
+    assert "variance_ratio_vs_one_slots" not in s["targets"]
     for name in ("throughput_one.csv", "throughput_avg_split-ackprio.csv", "variance.csv",
                  "comparison.md", "summary.json"):
         assert (tmp_path / name).is_file(), name
@@ -245,3 +250,11 @@ def test_quick_real_run_off_vs_always(tmp_path):
     assert mine == [], f"child processes left: {mine}"
     assert not list(netns.RECORD_DIR.glob(f"{netns.PREFIX}{os.getpid()}-*.json"))
 
+
+
+def test_slot_means_average_consecutive_slots():
+    from chive_lab.experiments import paper002 as p2
+    series = [float(i) for i in range(30)]
+    assert p2._slot_means(series, 5, 25, 10) == [9.5, 19.5]
+    assert p2._slot_means(series, 5, 24, 10) == [9.5]  # a partial last slot is left out
+    assert p2._slot_means(series, 0, 3, 1) == [0.0, 1.0, 2.0]

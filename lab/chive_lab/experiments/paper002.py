@@ -223,6 +223,14 @@ def _window(series: list[float], lo: float, hi: float) -> list[float]:
     return series[int(math.floor(lo)):int(math.ceil(hi))]
 
 
+def _slot_means(series: list[float], lo: float, hi: float, slot: float) -> list[float]:
+    """Means of the 1 s samples of ``series`` in [lo, hi) over consecutive ``slot``-second
+    slots (the paper's Fig 9 samples are 10 s slots); a partial last slot is left out."""
+    n = max(1, int(round(slot)))
+    xs = _window(series, lo, hi)
+    return [_mean(xs[i:i + n]) for i in range(0, len(xs) - n + 1, n)]
+
+
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
