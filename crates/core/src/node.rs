@@ -670,8 +670,23 @@ impl Core {
             },
         );
         if let Some(id) = peer {
-            // Prefer the newest channel for new circuits; old ones keep theirs.
-            self.chan_by_identity.insert(id, chan);
+            // New circuits go on one channel per peer; old ones keep theirs. When both relays
+            // opened a channel to each other at the same moment, both must pick the same one,
+            // or each would send on its own and every connection would carry data one way
+            // (split-direction by accident, with the ACK behaviour of paper 002's fix): prefer
+            // the channel opened by the relay with the smaller identity, which both sides
+            // agree on; otherwise the newest.
+            let me = self.identity();
+            let canonical = |c: &Channel| me.is_none_or(|me| c.initiator == (me < id));
+            let keep_old = self
+                .chan_by_identity
+                .get(&id)
+                .and_then(|old| self.channels.get(old))
+                .zip(self.channels.get(&chan))
+                .is_some_and(|(old, new)| canonical(old) && !canonical(new));
+            if !keep_old {
+                self.chan_by_identity.insert(id, chan);
+            }
             if let Some(waiting) = self.waiting_for_channel.remove(&id) {
                 for key in waiting {
                     self.attach_to_channel(key, chan, now);
@@ -2091,5 +2106,53 @@ impl Core {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chive_crypto::IdentityKeypair;
+
+    fn relay(seed: u8) -> (Core, IdentityKey) {
+        let mut rng = StdRng::seed_from_u64(u64::from(seed));
+        let identity = IdentityKeypair::generate(&mut rng).public();
+        let ntor = NtorSecretKey::generate(&mut rng);
+        let cfg = CoreConfig {
+            relay: Some(RelayKeys { identity, ntor }),
+            ..CoreConfig::default()
+        };
+        (Core::new(cfg, [seed; 32]), identity)
+    }
+
+    /// Two relays that open channels to each other at the same moment must both send new
+    /// circuits on the same TCP connection (the one opened by the smaller identity), whichever
+    /// handshake finishes first on either side; otherwise each connection would carry data one
+    /// way only.
+    #[test]
+    fn simultaneous_channels_between_two_relays_agree_on_one() {
+        let now = Instant::now();
+        for (first_a, first_b) in [(true, true), (true, false), (false, true), (false, false)] {
+            let (mut a, ida) = relay(1);
+            let (mut b, idb) = relay(2);
+            // Channel 1 on each side is its own outbound connection, 2 the peer's.
+            let open = |core: &mut Core, peer: IdentityKey, own_first: bool| {
+                let order = if own_first {
+                    [(1, true), (2, false)]
+                } else {
+                    [(2, false), (1, true)]
+                };
+                for (id, initiator) in order {
+                    core.channel_opened(ChannelId(id), Some(peer), initiator, now);
+                }
+            };
+            open(&mut a, idb, first_a);
+            open(&mut b, ida, first_b);
+            let a_own = a.chan_by_identity.get(&idb) == Some(&ChannelId(1));
+            let b_own = b.chan_by_identity.get(&ida) == Some(&ChannelId(1));
+            // Exactly one side uses its own connection: both use the same one.
+            assert_ne!(a_own, b_own, "order {first_a}/{first_b}");
+            assert_eq!(a_own, ida < idb, "the smaller identity's connection wins");
+        }
     }
 }
