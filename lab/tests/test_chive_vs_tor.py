@@ -227,8 +227,12 @@ def test_quick_scenario_end_to_end(tmp_path):
                              ("bulk_goodput_bps", "bulk-0"), ("goodput_3hop_bps", "goodput_3hop")):
                 assert isinstance(r[key], float) and r[key] > 0, (
                     f"{impl}: {key} = {r[key]!r}; row {r}\n{_class_diagnostics(out, r['label'], cls)}")
-            # Under two bulk downloads a fetch through a 1 MB/s relay cannot be faster than idle.
-            assert r["web_load_ttlb_p50"] > r["web_idle_ttlb_p50"], r
+        # Under two bulk downloads Tor's fetches through 1 MB/s relays are slower than idle;
+        # chive's EWMA with its quiet reserve keeps them near the idle time (docs/scheduling.md),
+        # far below Tor's.
+        tor_row, chive_row = rows["tor"], rows["chive"]
+        assert tor_row["web_load_ttlb_p50"] > tor_row["web_idle_ttlb_p50"], tor_row
+        assert chive_row["web_load_ttlb_p50"] < tor_row["web_load_ttlb_p50"], (chive_row, tor_row)
         # Schema 1's required keys stay.
         for label, classes in summary["variants"].items():
             for cls in ("web_idle", "web_load"):
