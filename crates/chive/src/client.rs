@@ -167,6 +167,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 identity: None,
                 features: FeatureSet::EMPTY,
                 socket_buffer: None,
+                unsent_limit: None,
             }),
             limits: LinkLimits::default(),
             outbuf_cells: tunables.effective(None).1,

@@ -75,6 +75,13 @@ Config file options (TOML):
                                    (at least 8192); off (kernel autotuning) when unlimited.
                                    Constrained links also use segments of size/8 (536..1460
                                    bytes), so the small window holds several segments
+  LinkUnsentLimit = 65536          bytes a link socket may hold written but not yet sent
+                                   (TCP_NOTSENT_LOWAT; 0 = no limit, 4096..16777216). The
+                                   window in flight is not capped; the backlog waits in the
+                                   relay's circuit queues, where SENDMEs and quiet circuits
+                                   go first, not behind megabytes of kernel send buffer.
+                                   Default: 64 KiB unless sockets are constrained (their whole
+                                   buffer is small then). Read at start only
   MetricsPort = \"127.0.0.1:9101\"   Prometheus text endpoint (GET /metrics); default off
   MetricsFile = \"metrics.jsonl\"    JSON-lines instrumentation (per-cell timing, per-second stats);
                                    a relative path is taken inside DataDirectory
@@ -91,6 +98,12 @@ Config file options (TOML):
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Scheduler,
 CircuitPriorityHalflife and OutbufCells without dropping circuits.";
+
+/// `LinkUnsentLimit` when unset on unconstrained sockets: at 10 Mbit/s about 50 ms of
+/// data, so a SENDME queued behind it waits that long instead of the ~1 s that autotuned
+/// buffers held on the paper-002 testbed; on loopback still far above what one wake-up of
+/// the writer needs (docs/scheduling.md, "The unsent limit").
+const DEFAULT_UNSENT_LIMIT: u32 = 64 * 1024;
 
 /// `QuietReserve` when unset under a `BandwidthRate` (capped at a quarter of the burst).
 const DEFAULT_QUIET_RESERVE: u64 = 128 * 1024;
@@ -133,6 +146,8 @@ pub struct RelayConfig {
     pub constrained_sockets: Option<bool>,
     #[serde(rename = "ConstrainedSockSize", default)]
     pub constrained_sock_size: Option<u32>,
+    #[serde(rename = "LinkUnsentLimit", default)]
+    pub link_unsent_limit: Option<u32>,
     #[serde(rename = "MetricsPort", default)]
     pub metrics_port: Option<SocketAddr>,
     #[serde(rename = "MetricsFile", default)]
@@ -199,6 +214,16 @@ impl RelayConfig {
                 8192
             }
         }))
+    }
+
+    /// TCP_NOTSENT_LOWAT for link sockets, if any (see `LinkUnsentLimit` in the help).
+    fn unsent_limit(&self) -> Option<u32> {
+        match self.link_unsent_limit {
+            Some(0) => None,
+            Some(bytes) => Some(bytes),
+            None if self.socket_buffer().is_some() => None,
+            None => Some(DEFAULT_UNSENT_LIMIT),
+        }
     }
 
     /// The settings SIGHUP may change in the running core.
@@ -309,6 +334,11 @@ impl RelayConfig {
                 bail!("ConstrainedSockSize must be between 2048 and 262144 bytes");
             }
         }
+        if let Some(bytes) = self.link_unsent_limit {
+            if bytes != 0 && !(4096..=16 << 20).contains(&bytes) {
+                bail!("LinkUnsentLimit must be 0 (no limit) or between 4096 and 16777216 bytes");
+            }
+        }
         self.split_config()?;
         if self.publish_interval == 0 {
             bail!("PublishInterval must be at least 1 second");
@@ -343,6 +373,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         identity: Some(identity.clone()),
         features: cfg.features(),
         socket_buffer: cfg.socket_buffer(),
+        unsent_limit: cfg.unsent_limit(),
     });
     let listener = LinkListener::bind(cfg.or_port, link.clone())
         .await
@@ -544,5 +575,25 @@ mod tests {
             .validate()
             .expect_err("a reserve above half the burst is refused");
         assert!(format!("{err:#}").contains("QuietReserve"), "{err:#}");
+    }
+
+    #[test]
+    fn unsent_limit_defaults_to_64k_on_unconstrained_sockets() {
+        // Unlimited relay, kernel-sized buffers: the default limit.
+        assert_eq!(config("").unsent_limit(), Some(65_536));
+        // Constrained sockets (a rate limit switches them on): the buffer is small already.
+        assert_eq!(config("BandwidthRate = 1000000").unsent_limit(), None);
+        assert_eq!(
+            config("BandwidthRate = 1000000\nConstrainedSockets = false").unsent_limit(),
+            Some(65_536)
+        );
+        // Explicit values win; 0 means no limit.
+        assert_eq!(config("LinkUnsentLimit = 0").unsent_limit(), None);
+        assert_eq!(config("LinkUnsentLimit = 8192").unsent_limit(), Some(8192));
+        assert!(config("LinkUnsentLimit = 0").validate().is_ok());
+        for bad in ["LinkUnsentLimit = 100", "LinkUnsentLimit = 20000000"] {
+            let err = config(bad).validate().expect_err(bad);
+            assert!(format!("{err:#}").contains("LinkUnsentLimit"), "{err:#}");
+        }
     }
 }

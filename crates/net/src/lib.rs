@@ -76,6 +76,13 @@ pub struct LinkConfig {
     /// leaves the kernel's autotuning. Small buffers keep queued cells in user space, where the
     /// circuit scheduler can still reorder them, instead of in the kernel where it cannot.
     pub socket_buffer: Option<u32>,
+    /// TCP_NOTSENT_LOWAT for link sockets, in bytes; `None` leaves the kernel's default (no
+    /// limit). Unlike a small SO_SNDBUF it does not cap the congestion window: the socket
+    /// may keep a full window in flight, but stops accepting writes once this much is
+    /// written and not yet sent, so the backlog stays in the relay's circuit queues. There a
+    /// SENDME or a quiet circuit's cell can go ahead of bulk; in the kernel it would wait
+    /// behind up to megabytes of autotuned send buffer (docs/scheduling.md).
+    pub unsent_limit: Option<u32>,
 }
 
 impl std::fmt::Debug for LinkConfig {

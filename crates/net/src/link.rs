@@ -319,6 +319,7 @@ impl Accepting {
             cfg,
         } = self;
         let fut = async move {
+            limit_unsent(&tcp, cfg.unsent_limit)?;
             let io = prepare(tcp)?;
             let tls = acceptor.accept(io).await.map_err(tls_err)?;
             let (exporter, bind_token) = exporters(std::ops::Deref::deref(tls.get_ref().1))?;
@@ -349,6 +350,7 @@ pub async fn connect(
     let fut = async {
         let connector = TlsConnector::from(client_config()?);
         let tcp = new_socket(addr, cfg.socket_buffer)?.connect(addr).await?;
+        limit_unsent(&tcp, cfg.unsent_limit)?;
         let io = prepare(tcp)?;
         let tls = connector
             .connect(tls::server_name(addr), io)
@@ -421,6 +423,16 @@ pub(crate) fn new_socket(
 /// segments at most; never below TCP's 536-byte minimum.
 pub(crate) fn constrained_mss(buffer: u32) -> u32 {
     (buffer / 8).clamp(536, 1460)
+}
+
+/// Set TCP_NOTSENT_LOWAT (see [`LinkConfig::unsent_limit`]). Set on each connected socket
+/// rather than inherited from the listener, so both ends of every link have it whatever the
+/// kernel copies at accept.
+pub(crate) fn limit_unsent(tcp: &TcpStream, limit: Option<u32>) -> Result<(), LinkError> {
+    if let Some(bytes) = limit {
+        socket2::SockRef::from(tcp).set_tcp_notsent_lowat(bytes)?;
+    }
+    Ok(())
 }
 
 fn prepare(tcp: TcpStream) -> Result<BufReader<TcpStream>, LinkError> {

@@ -27,6 +27,7 @@ fn relay_cfg(features: u64) -> (Arc<LinkConfig>, IdentityKey) {
             identity: Some(id),
             features: FeatureSet(features),
             socket_buffer: None,
+            unsent_limit: None,
         }),
         public,
     )
@@ -37,6 +38,7 @@ fn client_cfg(features: u64) -> LinkConfig {
         identity: None,
         features: FeatureSet(features),
         socket_buffer: None,
+        unsent_limit: None,
     }
 }
 
@@ -593,4 +595,51 @@ async fn constrained_sockets_use_segments_the_window_can_hold() {
         .unwrap();
     let mss = socket2::SockRef::from(&plain).tcp_mss().unwrap();
     assert!(mss > 1460, "unconstrained loopback MSS {mss}");
+}
+
+/// With an unsent limit a link socket stops taking writes once that much waits unsent (here:
+/// the peer reads nothing, so nothing beyond its small receive window can leave), even with a
+/// large send buffer; without one, the kernel takes up to the whole send buffer. Both ends of
+/// a link get the option.
+#[tokio::test]
+async fn unsent_limit_keeps_the_backlog_out_of_the_kernel() {
+    async fn accepted_before_blocking(limit: Option<u32>) -> usize {
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let listener = crate::link::new_socket(loopback, Some(8192)).unwrap();
+        listener.bind(loopback).unwrap();
+        let listener = listener.listen(8).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = crate::link::new_socket(addr, Some(1 << 20))
+            .unwrap()
+            .connect(addr)
+            .await
+            .unwrap();
+        let (_silent_peer, _) = listener.accept().await.unwrap();
+        crate::link::limit_unsent(&client, limit).unwrap();
+        if let Some(bytes) = limit {
+            let set = socket2::SockRef::from(&client).tcp_notsent_lowat().unwrap();
+            assert_eq!(set, bytes);
+        }
+        let chunk = vec![0u8; 4096];
+        let mut accepted = 0;
+        // Whatever the kernel takes without blocking, waiting briefly for writability so
+        // in-flight data can reach the peer's window first.
+        while let Ok(Ok(())) =
+            tokio::time::timeout(Duration::from_millis(200), client.writable()).await
+        {
+            match client.try_write(&chunk) {
+                Ok(n) => accepted += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => panic!("write failed: {e}"),
+            }
+        }
+        accepted
+    }
+    let limited = accepted_before_blocking(Some(4096)).await;
+    let unlimited = accepted_before_blocking(None).await;
+    assert!(limited < 128 * 1024, "limited socket took {limited} bytes");
+    assert!(
+        unlimited > 4 * limited,
+        "unlimited {unlimited} vs limited {limited}"
+    );
 }
