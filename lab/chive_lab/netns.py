@@ -106,6 +106,10 @@ class LinkSpec:
     #: on the switch side of the link, invisible to the host's TCP (a deep NIC
     #: queue of a pre-TSQ kernel such as the paper's 2.6.26, or a DSL modem).
     queue_at: str = "host"
+    #: The switch's output-port buffer towards the host (switch → host), in packets; ``None``
+    #: = ``queue_packets``. A 10/100 switch holds far less per port than a host's 1000-packet
+    #: txqueue, and this is the queue that flows from several hosts towards one share.
+    switch_port_packets: int | None = None
 
     def __post_init__(self) -> None:
         if self.queue_at not in ("host", "switch"):
@@ -120,6 +124,13 @@ class LinkSpec:
             raise LabError(f"loss must be within 0..1, got {self.loss}")
         if not 1 <= self.queue_packets <= 1_000_000:
             raise LabError(f"queue_packets must be within 1..1000000, got {self.queue_packets}")
+        if self.switch_port_packets is not None and not 1 <= self.switch_port_packets <= 1_000_000:
+            raise LabError(f"switch_port_packets must be within 1..1000000, got {self.switch_port_packets}")
+
+    @property
+    def port_queue(self) -> int:
+        """Packets the switch's port towards the host holds."""
+        return self.queue_packets if self.switch_port_packets is None else self.switch_port_packets
 
     @property
     def needs_delay_line(self) -> bool:
@@ -497,7 +508,7 @@ class Testbed:
         else:
             self.sh(h.ns, ["tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
             self._htb(self.switch_ns, f"v{host}d", link.rate_bps, link.queue_packets)
-        self._htb(self.switch_ns, f"v{host}", link.rate_bps, link.queue_packets)
+        self._htb(self.switch_ns, f"v{host}", link.rate_bps, link.port_queue)
         h.ack_priority = False
 
     def set_ack_priority(self, host: str, on: bool = True) -> list[str]:

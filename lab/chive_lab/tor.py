@@ -323,6 +323,9 @@ _CHIVE_ONLY_RELAY_KEYS = {
     "QuietReserve": "chive keeps this much of the write bucket for circuits with a low EWMA "
     "count, so their bursts need not wait for tokens behind bulk; Tor's token buckets serve "
     "every circuit alike",
+    "LinkUnsentLimit": "chive sets TCP_NOTSENT_LOWAT on link sockets so the backlog waits in "
+    "circuit queues; Tor's KIST scheduler gets the same effect by writing only what the socket's "
+    "congestion window can send soon",
     "PublishInterval": "Tor relays choose when to upload descriptors themselves "
     "(at start and when they change; about every 18 h otherwise)",
     "Log": "the lab sets Tor's logging itself (notice level to DIR/<node>/tor.log)",

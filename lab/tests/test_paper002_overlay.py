@@ -71,6 +71,34 @@ def test_to_b_flows_end_at_b_and_pin_their_paths(tmp_path):
         assert po.run_evidence(d.parent)["pinned_paths_ok"] is ok
 
 
+def test_variant_relay_options_reach_every_relay():
+    """A variant's ``relay`` table (here: the kernel-buffer comparison) is added to every
+    relay's config in both topologies; the others keep chive's defaults."""
+    class FakeOverlay:
+        def __init__(self):
+            self.relays = {}
+
+        def add_relay(self, host, nick, port, overrides):
+            self.relays[nick] = overrides
+
+        def add_client(self, *a, **k):
+            pass
+
+        def add_httpd(self, *a, **k):
+            pass
+
+    for topology in ("to-b", "through-b"):
+        p = po.parse_options({"topology": topology})
+        for variant, want in (("split-ackprio-kernelbuf", 0), ("split-ackprio", None)):
+            v = po.VARIANTS[variant]
+            ov = FakeOverlay()
+            po._place_nodes(ov, p, v["split"], v.get("relay"))
+            assert ov.relays, topology
+            for nick, o in ov.relays.items():
+                assert o["SplitDirection"] == "always", (topology, nick)
+                assert o.get("LinkUnsentLimit") == want, (topology, variant, nick, o)
+
+
 def test_perf_series_from_progress_and_transfers(tmp_path):
     t0 = 1000.0
     recs = [
@@ -193,7 +221,14 @@ def test_parse_options():
                           "transfer_bytes": 1 << 20})
     assert p.scale == 0.2 and p.ackprio_hosts == ("B",) and p.delay_ms == 5.0
     assert p.transfer_bytes == 1 << 20
-    for bad in ({"nope": 1}, {"delay_ms": -1}, {"transfer_bytes": 10}, {"queue_at": "moon"}):
+    assert p.switch_port_packets is None
+    assert po.parse_options({"switch_port_packets": 100}).switch_port_packets == 100
+    assert netns.LinkSpec("10mbit", queue_packets=1000).port_queue == 1000
+    assert netns.LinkSpec("10mbit", queue_packets=1000, switch_port_packets=100).port_queue == 100
+    with pytest.raises(LabError, match="switch_port_packets"):
+        netns.LinkSpec("10mbit", switch_port_packets=0)
+    for bad in ({"nope": 1}, {"delay_ms": -1}, {"transfer_bytes": 10}, {"queue_at": "moon"},
+                {"switch_port_packets": 0}, {"switch_port_packets": "100"}):
         with pytest.raises(LabError):
             po.parse_options(bad)
 

@@ -102,6 +102,11 @@ VARIANTS: dict[str, dict] = {
     # Beyond the paper: split only while both directions carry bulk (SplitDirection "dynamic").
     "dynamic": {"split": "dynamic", "ackprio": False, "fig": "-"},
     "dynamic-ackprio": {"split": "dynamic", "ackprio": True, "fig": "-"},
+    # chive's relays keep at most `LinkUnsentLimit` (64 KiB) unsent in each link socket; this
+    # variant lets the kernel's autotuned buffer hold the backlog instead (as before session 6),
+    # where the upload SENDMEs that B returns wait behind ~1 MB of B's downloads.
+    "split-ackprio-kernelbuf": {"split": "always", "ackprio": True, "fig": "-",
+                                "relay": {"LinkUnsentLimit": 0}},
 }
 
 #: Paper 002, Sec. V (bidirectional TCP connections; the paper has no overlay numbers).
@@ -113,6 +118,7 @@ PAPER = {
     "dynamic": "(not in the paper)",
     "dynamic-ackprio": "(not in the paper)",
     "split-ackprio": "about half each, much steadier, no multi-second breakdowns (Fig 8)",
+    "split-ackprio-kernelbuf": "(not in the paper)",
 }
 PAPER_VARIANCE = ("Fig 9: variance of towards-B throughput, 100-250 s: bidirectional without ACK prio "
                   "highest, with ACK prio lower, split + ACK prio lowest (no numbers in the text)")
@@ -163,6 +169,8 @@ class Params:
     cc: str = "cubic"
     queue_packets: int = 1000
     queue_at: str = "switch"
+    #: The switch's port buffer towards each host (None: queue_packets), see netns.LinkSpec.
+    switch_port_packets: int | None = None
     ackprio_hosts: tuple[str, ...] = ("A", "B", "C")
     delay_ms: float = 0.0
     transfer_bytes: int = 64 * 1024 * 1024
@@ -204,8 +212,8 @@ def flows(p: Params) -> list[Flow]:
 
 
 # ----------------------------------------------------------------- running
-def _relay_overrides(host: str, split: str) -> dict:
-    o: dict = {"SplitDirection": split}
+def _relay_overrides(host: str, split: str, extra: dict | None = None) -> dict:
+    o: dict = {"SplitDirection": split, **(extra or {})}
     if host == "B":
         # Lower advertised bandwidth => no Guard flag. BandwidthRate would also switch on
         # constrained sockets and a larger OutbufCells; pin both to the unlimited relays' values.
@@ -214,19 +222,21 @@ def _relay_overrides(host: str, split: str) -> dict:
     return o
 
 
-def _place_nodes(ov: "netns.Overlay", p: Params, split: str) -> dict[str, tuple[str, int]]:
-    """Add relays, clients and web servers for ``p.topology``; return ``{httpd: (host, port)}``."""
+def _place_nodes(ov: "netns.Overlay", p: Params, split: str,
+                 relay_extra: dict | None = None) -> dict[str, tuple[str, int]]:
+    """Add relays, clients and web servers for ``p.topology``; return ``{httpd: (host, port)}``.
+    ``relay_extra``: more relay options (the variant's ``relay`` table)."""
     if p.topology == "to-b":
         for h, nick, port in (("A", "relayA", RELAY_PORT), ("B", "relayB", RELAY_PORT),
                               ("B", "relayB2", RELAY2_PORT), ("C", "relayC", RELAY_PORT)):
-            ov.add_relay(h, nick, port=port, overrides={"SplitDirection": split})
+            ov.add_relay(h, nick, port=port, overrides={"SplitDirection": split, **(relay_extra or {})})
         for h in ("A", "C"):
             ov.add_client(h, f"client{h}", port=SOCKS_PORT,
                           extra={"EntryNodes": [f"relay{h}"], "MiddleNodes": ["relayB2"]})
         httpds = {"httpdBA": ("B", HTTP_PORT), "httpdBC": ("B", HTTP2_PORT)}
     else:
         for h in ("A", "B", "C"):
-            ov.add_relay(h, f"relay{h}", port=RELAY_PORT, overrides=_relay_overrides(h, split))
+            ov.add_relay(h, f"relay{h}", port=RELAY_PORT, overrides=_relay_overrides(h, split, relay_extra))
         for h in ("A", "C"):
             ov.add_client(h, f"client{h}", port=SOCKS_PORT)
         httpds = {"httpdA": ("A", HTTP_PORT), "httpdC": ("C", HTTP_PORT)}
@@ -243,7 +253,8 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
     v = VARIANTS[variant]
     say = progress or (lambda _m: None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    link = netns.LinkSpec(p.rate, delay_ms=p.delay_ms, queue_packets=p.queue_packets, queue_at=p.queue_at)
+    link = netns.LinkSpec(p.rate, delay_ms=p.delay_ms, queue_packets=p.queue_packets, queue_at=p.queue_at,
+                          switch_port_packets=p.switch_port_packets)
     hosts = [netns.HostSpec(n, link, cc=p.cc) for n in ("A", "B", "C")]
     hosts.append(netns.HostSpec("X", netns.LinkSpec(None), cc=p.cc))  # the authority, unshaped
     fl = flows(p)
@@ -260,7 +271,7 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         (out_dir / "shape.txt").write_text("\n".join(shape_cmds) + "\n")
         ov = netns.Overlay(tb, out_dir / "net", binary=chive_bin, log=p.log_level, progress=say)
         ov.add_authority("X", port=DIR_PORT, all_guards=False)
-        httpds = _place_nodes(ov, p, v["split"])
+        httpds = _place_nodes(ov, p, v["split"], v.get("relay"))
         ov.start(timeout=60)
         perf = []
         t0 = time.time() + 0.5
@@ -771,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
 # analyze(out_dir, scenario) once at the end.
 
 _OPTION_KEYS = {"rate", "scale", "cc", "queue_packets", "queue_at", "ackprio_hosts", "delay_ms",
-                "transfer_bytes", "log_level", "topology", "circuits"}
+                "transfer_bytes", "log_level", "topology", "circuits", "switch_port_packets"}
 
 
 def parse_options(raw: dict) -> Params:
@@ -798,6 +809,11 @@ def parse_options(raw: dict) -> Params:
         if not isinstance(raw["log_level"], str) or not re.fullmatch(r"[a-z_=,:]{1,64}", raw["log_level"]):
             raise LabError("log_level must be a tracing filter such as \"info\"")
         p.log_level = raw["log_level"]
+    if "switch_port_packets" in raw:
+        q = raw["switch_port_packets"]
+        if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 100_000:
+            raise LabError(f"switch_port_packets must be an integer within 1..100000, got {q!r}")
+        p.switch_port_packets = q
     if "circuits" in raw:
         c = raw["circuits"]
         if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_CIRCUITS:
