@@ -99,6 +99,35 @@ def test_variant_relay_options_reach_every_relay():
                 assert o.get("LinkUnsentLimit") == want, (topology, variant, nick, o)
 
 
+SS_LINKS = """0      0      10.77.0.2:57836 10.77.0.1:9001
+\t cubic wscale:10,10 rto:980 rtt:770.443/5.1 mss:1448 cwnd:477 unacked:23 bytes_sent:9 notsent:65000 minrtt:0.2
+0      0      10.77.0.2:9002 10.77.0.1:43446
+\t cubic rtt:10.4/2 cwnd:10 bytes_acked:1
+0      0      10.77.0.2:60406 10.77.0.2:9002
+\t cubic rtt:0.112/0.162 cwnd:16
+0      0      10.77.0.2:22 10.77.0.9:50000
+\t cubic rtt:1/1 cwnd:10 notsent:99
+"""
+
+
+def test_link_sockets_and_queues_from_ss(tmp_path):
+    socks = po.parse_link_sockets(SS_LINKS, {9001, 9002})
+    # Relay-to-relay sockets between hosts only: not the one inside B, not port 22.
+    assert socks == {
+        "10.77.0.2:57836>10.77.0.1:9001": {"rtt_ms": 770.443, "cwnd": 477.0, "unacked": 23.0, "notsent": 65000.0},
+        "10.77.0.2:9002>10.77.0.1:43446": {"rtt_ms": 10.4, "cwnd": 10.0, "notsent": 0.0, "unacked": 0.0}}
+    t0 = 1000.0
+    lines = [{"t": t0 + t, "socks": {"10.77.0.2:57836>10.77.0.1:9001": {"notsent": n, "rtt_ms": 700.0}}}
+             for t, n in ((50, 1e6), (100, 4e4), (150, 6e4), (260, 1e6))]
+    (tmp_path / "links-B.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    rows = po.link_queues(tmp_path, t0, (100.0, 250.0))
+    assert rows == [{"host": "B", "local": "10.77.0.2:57836", "peer": "10.77.0.1:9001", "samples": 2,
+                     "notsent_mean": 5e4, "notsent_max": 6e4, "rtt_ms_mean": 700.0}]
+    table = po._link_queue_lines({"extra": {"split": {"evidence": {"1": {"link_queues": rows}}}}})
+    assert "| split | B->A (opened by B) | 50 | 60 | 700 |" in table
+    assert po._link_queue_lines({"extra": {}}) == []
+
+
 def test_perf_series_from_progress_and_transfers(tmp_path):
     t0 = 1000.0
     recs = [
@@ -260,6 +289,9 @@ def test_quick_real_run_off_vs_always(tmp_path):
             assert summary["variants"][v][d]["goodput_bps"] > 5e5, (v, d)
         ev = summary["extra"][v]["evidence"]["1"]
         assert ev["pinned_paths_ok"], ev["paths"]
+        # The relay-socket sampler saw the A-B and B-C links from inside the hosts.
+        assert {(q["host"], q["peer"].split(":")[0]) for q in ev["link_queues"]} >= {
+            ("A", "10.77.0.2"), ("B", "10.77.0.1"), ("B", "10.77.0.3"), ("C", "10.77.0.2")}, ev["link_queues"]
         for loop, t in ev["transfers"].items():
             # --verify: a wrong byte or upload digest would be an error.
             assert t["errors"] == 0, (v, loop, t["error_texts"])

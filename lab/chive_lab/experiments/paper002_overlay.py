@@ -281,6 +281,12 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
                                          "ss-sample", "--port", str(port), "--stop-at", f"{t0 + end + 5:.3f}",
                                          "--out", str(out_dir / f"rx-{name}.jsonl")],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+        for h in ("A", "B", "C"):  # relay sockets' unsent bytes and RTT, once a second
+            samplers.append(tb.popen(h, [sys.executable, "-m", "chive_lab.experiments.paper002_overlay",
+                                         "link-sample", "--ports", f"{RELAY_PORT},{RELAY2_PORT}",
+                                         "--stop-at", f"{t0 + end + 5:.3f}",
+                                         "--out", str(out_dir / f"links-{h}.jsonl")],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
         for f in fl:
             url = ov.url(f.httpd, "/upload" if f.upload else f"/bytes/{p.transfer_bytes}",
                          exit=f"relay{f.server}")
@@ -313,6 +319,8 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         links = {h: tb.sh(h, ["ss", "-tinH"], check=False).stdout for h in ("A", "B", "C")}
         (out_dir / "ss.txt").write_text("\n".join(f"## {h}\n{t}" for h, t in links.items()))
         (out_dir / "links.json").write_text(json.dumps(link_bytes(links, tb), indent=1))
+        (out_dir / "link_queues.json").write_text(json.dumps(
+            link_queues(out_dir, t0, (p.t(VAR_WINDOW[0]), p.t(VAR_WINDOW[1]))), indent=1))
         for h in ("A", "B", "C"):
             (out_dir / f"qdisc-{h}.txt").write_text(tb.qdisc_stats(h) + tb.qdisc_stats("sw", f"v{h}")
                                                     + tb.qdisc_stats("sw", f"v{h}d"))
@@ -448,6 +456,79 @@ def ss_sample(port: int, stop_at: float, out: Path, interval: float = 0.25) -> N
             fh.write(json.dumps({"t": t, "rx": rx}) + "\n")
             fh.flush()
             time.sleep(max(0.0, interval - (time.time() - t)))
+
+
+_SS_INFO = {"notsent": re.compile(r"\bnotsent:(\d+)"), "rtt_ms": re.compile(r"\brtt:([\d.]+)/"),
+            "cwnd": re.compile(r"\bcwnd:(\d+)"), "unacked": re.compile(r"\bunacked:(\d+)")}
+
+
+def parse_link_sockets(ss_text: str, ports: set[int]) -> dict[str, dict[str, float]]:
+    """``ss -tinH`` output -> ``{"local_ip:port>peer_ip:port": {notsent, rtt_ms, cwnd,
+    unacked}}`` for sockets between two hosts with a relay port at either end (connections
+    inside one host, such as a client and its guard, are left out). ``notsent`` is what the
+    application wrote and the kernel has not sent yet: the queue no scheduler can reorder."""
+    out: dict[str, dict[str, float]] = {}
+    key = None
+    for line in ss_text.splitlines():
+        m = _SS_PAIR.search(line)
+        if m:
+            lip, lport, rip, rport = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
+            key = (f"{lip}:{lport}>{rip}:{rport}"
+                   if lip != rip and (lport in ports or rport in ports) else None)
+        if key is None:
+            continue
+        info: dict[str, float] = {}
+        for name, pattern in _SS_INFO.items():
+            found = pattern.search(line)
+            if found:
+                info[name] = float(found.group(1))
+        if "rtt_ms" in info or "cwnd" in info:  # the info line (ss prints it after the pair)
+            info.setdefault("notsent", 0.0)
+            info.setdefault("unacked", 0.0)
+            out[key] = info
+            key = None
+    return out
+
+
+def link_sample(ports: list[int], stop_at: float, out: Path, interval: float = 1.0) -> None:
+    """Inside a host: every ``interval`` s, :func:`parse_link_sockets` of the relay-to-relay
+    sockets, one JSON line per sample: ``{"t": UNIX s, "socks": {key: {...}}}``."""
+    filt = "( " + " or ".join(f"sport = :{p} or dport = :{p}" for p in ports) + " )"
+    with out.open("w") as fh:
+        while time.time() < stop_at:
+            t = time.time()
+            r = subprocess.run(["ss", "-tinH", "state", "established", filt],
+                               capture_output=True, text=True, timeout=5, check=False)
+            fh.write(json.dumps({"t": t, "socks": parse_link_sockets(r.stdout, set(ports))}) + "\n")
+            fh.flush()
+            time.sleep(max(0.0, interval - (time.time() - t)))
+
+
+def link_queues(run_dir: Path, t0: float, window: tuple[float, float]) -> list[dict]:
+    """Per relay-to-relay socket of a run (``links-<host>.jsonl``), over ``window`` seconds
+    after ``t0``: mean and max unsent bytes, mean smoothed RTT, number of samples."""
+    rows = []
+    for path in sorted(run_dir.glob("links-*.jsonl")):
+        host = path.stem.split("-", 1)[1]
+        acc: dict[str, list[dict]] = {}
+        for line in path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+                t, socks = float(r["t"]) - t0, r["socks"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if window[0] <= t < window[1] and isinstance(socks, dict):
+                for k, v in socks.items():
+                    if isinstance(v, dict):
+                        acc.setdefault(k, []).append(v)
+        for k, vs in sorted(acc.items()):
+            local, peer = k.split(">")
+            ns = [float(v.get("notsent", 0)) for v in vs]
+            rtt = [float(v["rtt_ms"]) for v in vs if "rtt_ms" in v]
+            rows.append({"host": host, "local": local, "peer": peer, "samples": len(vs),
+                         "notsent_mean": sum(ns) / len(ns), "notsent_max": max(ns),
+                         "rtt_ms_mean": sum(rtt) / len(rtt) if rtt else None})
+    return rows
 
 
 def rx_series(path: Path, t0: float, seconds: int) -> list[float]:
@@ -651,7 +732,33 @@ def _write_comparison(out: Path, summary: dict, var_rows) -> None:
             lines.append(f"| {d} | {c:.3f} | {summary['variants']['split-ackprio'][d]['share_of_link']:.3f} | "
                          f"{t['split_ackprio_share_of_ceiling'][d]:.2f} |")
         lines.append("")
+    lines += _link_queue_lines(summary)
     (out / "comparison.md").write_text("\n".join(lines))
+
+
+def _link_queue_lines(summary: dict) -> list[str]:
+    """comparison.md table: per variant and relay-to-relay socket direction, what waited in
+    the kernel unsent and the TCP round trip, averaged over the variance window and runs."""
+    names = {"10.77.0.1": "A", "10.77.0.2": "B", "10.77.0.3": "C"}
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for v, extra in summary.get("extra", {}).items():
+        for ev in extra.get("evidence", {}).values():
+            for q in ev.get("link_queues", []):
+                lip, lport = q["local"].rsplit(":", 1)
+                src, dst = names.get(lip, lip), names.get(q["peer"].rsplit(":", 1)[0], q["peer"])
+                end = "accepted" if int(lport) in (RELAY_PORT, RELAY2_PORT) else "opened"
+                rows.setdefault((v, f"{src}->{dst} ({end} by {src})"), []).append(q)
+    if not rows:
+        return []
+    lines = ["Relay sockets in the variance window (`ss` once a second inside each host; "
+             "unsent = written by the relay, not yet sent by the kernel), mean over sockets and runs:", "",
+             "| variant | socket | unsent mean kB | unsent max kB | TCP RTT mean ms |", "|---|---|---|---|---|"]
+    for (v, sock), qs in sorted(rows.items()):
+        rtts = [q["rtt_ms_mean"] for q in qs if q.get("rtt_ms_mean") is not None]
+        rtt = f"{sum(rtts) / len(rtts):.0f}" if rtts else "-"
+        lines.append(f"| {v} | {sock} | {sum(q['notsent_mean'] for q in qs) / len(qs) / 1e3:.0f} | "
+                     f"{max(q['notsent_max'] for q in qs) / 1e3:.0f} | {rtt} |")
+    return lines + [""]
 
 
 def run_evidence(run_dir: Path) -> dict:
@@ -687,6 +794,10 @@ def run_evidence(run_dir: Path) -> dict:
     try:
         ev["links"] = json.loads((run_dir / "links.json").read_text())
         ev["transfers"] = json.loads((run_dir / "transfers.json").read_text())
+    except (OSError, ValueError):
+        pass
+    try:
+        ev["link_queues"] = json.loads((run_dir / "link_queues.json").read_text())
     except (OSError, ValueError):
         pass
     return ev
@@ -735,6 +846,15 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--out", type=Path, required=True)
         b = sp.parse_args(argv[1:])
         ss_sample(b.port, min(b.stop_at, time.time() + 4 * 3600), b.out)
+        return 0
+    if argv[:1] == ["link-sample"]:  # internal: run inside a host by run_repetition_raw
+        sp = argparse.ArgumentParser(prog="paper002_overlay link-sample")
+        sp.add_argument("--ports", required=True, help="comma-separated relay ports")
+        sp.add_argument("--stop-at", type=float, required=True)
+        sp.add_argument("--out", type=Path, required=True)
+        b = sp.parse_args(argv[1:])
+        ports = [int(x) for x in b.ports.split(",") if x]
+        link_sample(ports, min(b.stop_at, time.time() + 4 * 3600), b.out)
         return 0
     ap = argparse.ArgumentParser(prog="python -m chive_lab.experiments.paper002_overlay",
                                  description="Paper 002 overlay reproduction: chive relays on the netns testbed.")
