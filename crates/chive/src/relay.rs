@@ -100,7 +100,7 @@ SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Sche
 CircuitPriorityHalflife and OutbufCells without dropping circuits.";
 
 /// `LinkUnsentLimit` when unset on unconstrained sockets: at 10 Mbit/s about 50 ms of
-/// data, so a SENDME queued behind it waits that long instead of the ~1 s that autotuned
+/// data, so a SENDME queued behind it waits that long instead of the ~1.8 s that autotuned
 /// buffers held on the paper-002 testbed; on loopback still far above what one wake-up of
 /// the writer needs (docs/scheduling.md, "The unsent limit").
 const DEFAULT_UNSENT_LIMIT: u32 = 64 * 1024;
