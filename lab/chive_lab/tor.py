@@ -326,6 +326,8 @@ _CHIVE_ONLY_RELAY_KEYS = {
     "LinkUnsentLimit": "chive sets TCP_NOTSENT_LOWAT on link sockets so the backlog waits in "
     "circuit queues; Tor's KIST scheduler gets the same effect by writing only what the socket's "
     "congestion window can send soon",
+    "LinkCongestionControl": "Tor's connections use the system's TCP congestion control; the "
+    "lab sets that per host (scenario key cc)",
     "PublishInterval": "Tor relays choose when to upload descriptors themselves "
     "(at start and when they change; about every 18 h otherwise)",
     "Log": "the lab sets Tor's logging itself (notice level to DIR/<node>/tor.log)",

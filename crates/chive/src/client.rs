@@ -168,6 +168,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 features: FeatureSet::EMPTY,
                 socket_buffer: None,
                 unsent_limit: None,
+                congestion_control: None,
             }),
             limits: LinkLimits::default(),
             outbuf_cells: tunables.effective(None).1,

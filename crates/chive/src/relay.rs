@@ -82,6 +82,10 @@ Config file options (TOML):
                                    go first, not behind megabytes of kernel send buffer.
                                    Default: 64 KiB unless sockets are constrained (their whole
                                    buffer is small then). Read at start only
+  LinkCongestionControl = \"bbr\"    TCP congestion control for link sockets (TCP_CONGESTION),
+                                   checked at start; default: the system's. BBR keeps the
+                                   standing queues short that delay ACKs and SENDMEs behind
+                                   bulk (docs/netns.md). Read at start only
   MetricsPort = \"127.0.0.1:9101\"   Prometheus text endpoint (GET /metrics); default off
   MetricsFile = \"metrics.jsonl\"    JSON-lines instrumentation (per-cell timing, per-second stats);
                                    a relative path is taken inside DataDirectory
@@ -148,6 +152,8 @@ pub struct RelayConfig {
     pub constrained_sock_size: Option<u32>,
     #[serde(rename = "LinkUnsentLimit", default)]
     pub link_unsent_limit: Option<u32>,
+    #[serde(rename = "LinkCongestionControl", default)]
+    pub link_congestion_control: Option<String>,
     #[serde(rename = "MetricsPort", default)]
     pub metrics_port: Option<SocketAddr>,
     #[serde(rename = "MetricsFile", default)]
@@ -339,6 +345,10 @@ impl RelayConfig {
                 bail!("LinkUnsentLimit must be 0 (no limit) or between 4096 and 16777216 bytes");
             }
         }
+        if let Some(name) = &self.link_congestion_control {
+            chive_net::check_congestion_control(name)
+                .map_err(|e| anyhow::anyhow!("LinkCongestionControl: {e}"))?;
+        }
         self.split_config()?;
         if self.publish_interval == 0 {
             bail!("PublishInterval must be at least 1 second");
@@ -374,6 +384,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         features: cfg.features(),
         socket_buffer: cfg.socket_buffer(),
         unsent_limit: cfg.unsent_limit(),
+        congestion_control: cfg.link_congestion_control.clone(),
     });
     let listener = LinkListener::bind(cfg.or_port, link.clone())
         .await
@@ -595,5 +606,20 @@ mod tests {
             let err = config(bad).validate().expect_err(bad);
             assert!(format!("{err:#}").contains("LinkUnsentLimit"), "{err:#}");
         }
+    }
+
+    #[test]
+    fn link_congestion_control_is_checked_at_start() {
+        // Every Linux kernel has reno.
+        assert!(config("LinkCongestionControl = \"reno\"")
+            .validate()
+            .is_ok());
+        let err = config("LinkCongestionControl = \"no-such-cc\"")
+            .validate()
+            .expect_err("an unknown algorithm is refused");
+        assert!(
+            format!("{err:#}").contains("LinkCongestionControl"),
+            "{err:#}"
+        );
     }
 }

@@ -20,7 +20,10 @@ mod link;
 mod tls;
 
 pub use bucket::TokenBucket;
-pub use link::{connect, Accepting, Link, LinkLimits, LinkListener, LinkReader, LinkWriter};
+pub use link::{
+    check_congestion_control, connect, Accepting, Link, LinkLimits, LinkListener, LinkReader,
+    LinkWriter,
+};
 
 /// Link protocol versions this implementation speaks, in increasing order.
 pub const LINK_VERSIONS: &[u16] = &[1];
@@ -83,6 +86,11 @@ pub struct LinkConfig {
     /// SENDME or a quiet circuit's cell can go ahead of bulk; in the kernel it would wait
     /// behind up to megabytes of autotuned send buffer (docs/scheduling.md).
     pub unsent_limit: Option<u32>,
+    /// TCP congestion control for link sockets (`TCP_CONGESTION`, e.g. `"bbr"`); `None` keeps
+    /// the system default. A relay's links are its bulk flows: an algorithm that keeps queues
+    /// short (BBR) avoids the standing queues that delay everyone's ACKs and SENDMEs
+    /// (docs/netns.md, session 6), without changing the host's default for other programs.
+    pub congestion_control: Option<String>,
 }
 
 impl std::fmt::Debug for LinkConfig {

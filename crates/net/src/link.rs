@@ -319,7 +319,7 @@ impl Accepting {
             cfg,
         } = self;
         let fut = async move {
-            limit_unsent(&tcp, cfg.unsent_limit)?;
+            tune_link_socket(&tcp, &cfg)?;
             let io = prepare(tcp)?;
             let tls = acceptor.accept(io).await.map_err(tls_err)?;
             let (exporter, bind_token) = exporters(std::ops::Deref::deref(tls.get_ref().1))?;
@@ -350,7 +350,7 @@ pub async fn connect(
     let fut = async {
         let connector = TlsConnector::from(client_config()?);
         let tcp = new_socket(addr, cfg.socket_buffer)?.connect(addr).await?;
-        limit_unsent(&tcp, cfg.unsent_limit)?;
+        tune_link_socket(&tcp, cfg)?;
         let io = prepare(tcp)?;
         let tls = connector
             .connect(tls::server_name(addr), io)
@@ -425,9 +425,37 @@ pub(crate) fn constrained_mss(buffer: u32) -> u32 {
     (buffer / 8).clamp(536, 1460)
 }
 
-/// Set TCP_NOTSENT_LOWAT (see [`LinkConfig::unsent_limit`]). Set on each connected socket
-/// rather than inherited from the listener, so both ends of every link have it whatever the
-/// kernel copies at accept.
+/// The per-connection socket options of `cfg` (unsent limit, congestion control), set on
+/// each connected socket rather than inherited from the listener, so both ends of every link
+/// have them whatever the kernel copies at accept.
+pub(crate) fn tune_link_socket(tcp: &TcpStream, cfg: &LinkConfig) -> Result<(), LinkError> {
+    limit_unsent(tcp, cfg.unsent_limit)?;
+    if let Some(name) = &cfg.congestion_control {
+        set_congestion_control(tcp, name)?;
+    }
+    Ok(())
+}
+
+/// Whether link sockets may use congestion control `name`, tried on a throwaway socket, so a
+/// relay refuses a bad `LinkCongestionControl` at start instead of failing every link.
+pub fn check_congestion_control(name: &str) -> Result<(), LinkError> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    set_congestion_control(&socket, name)
+}
+
+/// Set TCP_CONGESTION; the kernel refuses an algorithm it does not have (or, without
+/// CAP_NET_ADMIN, one not in `net.ipv4.tcp_allowed_congestion_control`).
+fn set_congestion_control<S: std::os::fd::AsFd>(socket: &S, name: &str) -> Result<(), LinkError> {
+    socket2::SockRef::from(socket)
+        .set_tcp_congestion(name.as_bytes())
+        .map_err(|e| {
+            LinkError::Config(format!(
+                "congestion control {name:?}: {e} (see /proc/sys/net/ipv4/tcp_available_congestion_control)"
+            ))
+        })
+}
+
+/// Set TCP_NOTSENT_LOWAT (see [`LinkConfig::unsent_limit`]).
 pub(crate) fn limit_unsent(tcp: &TcpStream, limit: Option<u32>) -> Result<(), LinkError> {
     if let Some(bytes) = limit {
         socket2::SockRef::from(tcp).set_tcp_notsent_lowat(bytes)?;

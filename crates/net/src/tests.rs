@@ -28,6 +28,7 @@ fn relay_cfg(features: u64) -> (Arc<LinkConfig>, IdentityKey) {
             features: FeatureSet(features),
             socket_buffer: None,
             unsent_limit: None,
+            congestion_control: None,
         }),
         public,
     )
@@ -39,6 +40,7 @@ fn client_cfg(features: u64) -> LinkConfig {
         features: FeatureSet(features),
         socket_buffer: None,
         unsent_limit: None,
+        congestion_control: None,
     }
 }
 
@@ -642,4 +644,37 @@ async fn unsent_limit_keeps_the_backlog_out_of_the_kernel() {
         unlimited > 4 * limited,
         "unlimited {unlimited} vs limited {limited}"
     );
+}
+
+/// A link socket takes the configured congestion control (both the unsent limit and the
+/// algorithm come from one helper used on connected and accepted sockets alike); an
+/// algorithm the kernel lacks is a configuration error naming it.
+#[tokio::test]
+async fn link_sockets_take_the_configured_congestion_control() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = TcpStream::connect(addr).await.unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let in_use = |sock: &TcpStream| {
+        let name = socket2::SockRef::from(sock).tcp_congestion().unwrap();
+        String::from_utf8_lossy(name.split(|b| *b == 0).next().unwrap_or(&[])).into_owned()
+    };
+    // Something other than the system default, so the test shows the option took effect.
+    let wanted = if in_use(&client) == "reno" {
+        "cubic"
+    } else {
+        "reno"
+    };
+    let mut cfg = client_cfg(0);
+    cfg.congestion_control = Some(wanted.into());
+    cfg.unsent_limit = Some(8192);
+    for sock in [&client, &server] {
+        crate::link::tune_link_socket(sock, &cfg).unwrap();
+        assert_eq!(in_use(sock), wanted);
+        let r = socket2::SockRef::from(sock);
+        assert_eq!(r.tcp_notsent_lowat().unwrap(), 8192);
+    }
+    crate::check_congestion_control("reno").unwrap();
+    let err = crate::check_congestion_control("no-such-cc").unwrap_err();
+    assert!(err.to_string().contains("no-such-cc"), "{err}");
 }
