@@ -60,6 +60,7 @@ Standalone: ``python -m chive_lab.experiments.paper002_overlay --quick --out DIR
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import math
 import os
@@ -134,6 +135,11 @@ WIRE_EFFICIENCY = (1448 / 1514) * (498 / 514)
 SHAPE_THROTTLE, SHAPE_DATA = 0.95, 0.9
 
 RELAY_PORT, SOCKS_PORT, HTTP_PORT, DIR_PORT = 9001, 9050, 8080, 7000
+#: The shaped hosts, in the order the testbed is built (then the authority's host X); the
+#: testbed hands out its subnet's addresses in that order.
+SHAPED_HOSTS = ("A", "B", "C")
+HOST_BY_ADDR = dict(zip((str(a) for a in ipaddress.ip_network(netns.DEFAULT_SUBNET).hosts()),
+                        SHAPED_HOSTS + ("X",)))
 #: ``to-b``: relayB2's ORPort, and the port of httpdBC (httpdBA uses HTTP_PORT).
 RELAY2_PORT, HTTP2_PORT = 9002, 8081
 TOPOLOGIES = ("through-b", "to-b")
@@ -212,8 +218,8 @@ def flows(p: Params) -> list[Flow]:
 
 
 # ----------------------------------------------------------------- running
-def _relay_overrides(host: str, split: str, extra: dict | None = None) -> dict:
-    o: dict = {"SplitDirection": split, **(extra or {})}
+def _relay_overrides(host: str, base: dict) -> dict:
+    o = dict(base)
     if host == "B":
         # Lower advertised bandwidth => no Guard flag. BandwidthRate would also switch on
         # constrained sockets and a larger OutbufCells; pin both to the unlimited relays' values.
@@ -226,17 +232,18 @@ def _place_nodes(ov: "netns.Overlay", p: Params, split: str,
                  relay_extra: dict | None = None) -> dict[str, tuple[str, int]]:
     """Add relays, clients and web servers for ``p.topology``; return ``{httpd: (host, port)}``.
     ``relay_extra``: more relay options (the variant's ``relay`` table)."""
+    base = {"SplitDirection": split, **(relay_extra or {})}
     if p.topology == "to-b":
         for h, nick, port in (("A", "relayA", RELAY_PORT), ("B", "relayB", RELAY_PORT),
                               ("B", "relayB2", RELAY2_PORT), ("C", "relayC", RELAY_PORT)):
-            ov.add_relay(h, nick, port=port, overrides={"SplitDirection": split, **(relay_extra or {})})
+            ov.add_relay(h, nick, port=port, overrides=base)
         for h in ("A", "C"):
             ov.add_client(h, f"client{h}", port=SOCKS_PORT,
                           extra={"EntryNodes": [f"relay{h}"], "MiddleNodes": ["relayB2"]})
         httpds = {"httpdBA": ("B", HTTP_PORT), "httpdBC": ("B", HTTP2_PORT)}
     else:
         for h in ("A", "B", "C"):
-            ov.add_relay(h, f"relay{h}", port=RELAY_PORT, overrides=_relay_overrides(h, split, relay_extra))
+            ov.add_relay(h, f"relay{h}", port=RELAY_PORT, overrides=_relay_overrides(h, base))
         for h in ("A", "C"):
             ov.add_client(h, f"client{h}", port=SOCKS_PORT)
         httpds = {"httpdA": ("A", HTTP_PORT), "httpdC": ("C", HTTP_PORT)}
@@ -255,7 +262,7 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
     out_dir.mkdir(parents=True, exist_ok=True)
     link = netns.LinkSpec(p.rate, delay_ms=p.delay_ms, queue_packets=p.queue_packets, queue_at=p.queue_at,
                           switch_port_packets=p.switch_port_packets)
-    hosts = [netns.HostSpec(n, link, cc=p.cc) for n in ("A", "B", "C")]
+    hosts = [netns.HostSpec(n, link, cc=p.cc) for n in SHAPED_HOSTS]
     hosts.append(netns.HostSpec("X", netns.LinkSpec(None), cc=p.cc))  # the authority, unshaped
     fl = flows(p)
     end = max(f.stop for f in fl)
@@ -281,7 +288,7 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
                                          "ss-sample", "--port", str(port), "--stop-at", f"{t0 + end + 5:.3f}",
                                          "--out", str(out_dir / f"rx-{name}.jsonl")],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
-        for h in ("A", "B", "C"):  # relay sockets' unsent bytes and RTT, once a second
+        for h in SHAPED_HOSTS:  # relay sockets' unsent bytes and RTT, once a second
             samplers.append(tb.popen(h, [sys.executable, "-m", "chive_lab.experiments.paper002_overlay",
                                          "link-sample", "--ports", f"{RELAY_PORT},{RELAY2_PORT}",
                                          "--stop-at", f"{t0 + end + 5:.3f}",
@@ -739,14 +746,13 @@ def _write_comparison(out: Path, summary: dict, var_rows) -> None:
 def _link_queue_lines(summary: dict) -> list[str]:
     """comparison.md table: per variant and relay-to-relay socket direction, what waited in
     the kernel unsent and the TCP round trip, averaged over the variance window and runs."""
-    names = {"10.77.0.1": "A", "10.77.0.2": "B", "10.77.0.3": "C"}
     rows: dict[tuple[str, str], list[dict]] = {}
     for v, extra in summary.get("extra", {}).items():
         for ev in extra.get("evidence", {}).values():
             for q in ev.get("link_queues", []):
-                lip, lport = q["local"].rsplit(":", 1)
-                src, dst = names.get(lip, lip), names.get(q["peer"].rsplit(":", 1)[0], q["peer"])
-                end = "accepted" if int(lport) in (RELAY_PORT, RELAY2_PORT) else "opened"
+                src, peer_ip = q["host"], q["peer"].rsplit(":", 1)[0]
+                dst = HOST_BY_ADDR.get(peer_ip, peer_ip)
+                end = "accepted" if int(q["local"].rsplit(":", 1)[1]) in (RELAY_PORT, RELAY2_PORT) else "opened"
                 rows.setdefault((v, f"{src}->{dst} ({end} by {src})"), []).append(q)
     if not rows:
         return []
