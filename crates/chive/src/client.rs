@@ -24,7 +24,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use crate::common::{init_logging, load_config};
+use crate::common::{
+    check_congestion_control, check_unsent_limit, effective_unsent_limit, init_logging, load_config,
+};
 use crate::driver::{
     spawn_stream_io, stop_on_signal, Driver, DriverConfig, Input, StreamCmd, StreamIo, Tunables,
 };
@@ -52,6 +54,13 @@ Config file options (TOML):
   MiddleNodes = [\"relayB2\"]        middle hops only among these
                                    (both: relay nicknames or 64-hex identities; default [] = any relay.
                                    For testbeds and experiments; restricting paths harms anonymity.)
+  LinkUnsentLimit = 65536          bytes a link socket may hold written but not yet sent
+                                   (TCP_NOTSENT_LOWAT; 0 = no limit, 4096..16777216; default
+                                   64 KiB). While this client uploads over a slow uplink, the
+                                   SENDMEs that keep its downloads going wait behind at most
+                                   this much, not behind megabytes of kernel send buffer
+  LinkCongestionControl = \"bbr\"    TCP congestion control for link sockets (TCP_CONGESTION),
+                                   checked at start; default: the system's
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SOCKS5 username/password isolate streams: distinct credentials never share a circuit.
 A host written as HOST.NICKNAME.exit is reached through the relay NICKNAME as exit.";
@@ -84,6 +93,41 @@ pub struct ClientConfig {
     /// Tor's MiddleNodes: nicknames or hex identities middle hops are chosen among.
     #[serde(rename = "MiddleNodes", default)]
     pub middle_nodes: Vec<String>,
+    /// TCP_NOTSENT_LOWAT on link sockets (see the help; 0 = off, unset = 64 KiB).
+    #[serde(rename = "LinkUnsentLimit", default)]
+    pub link_unsent_limit: Option<u32>,
+    /// TCP_CONGESTION on link sockets (unset: the system's default).
+    #[serde(rename = "LinkCongestionControl", default)]
+    pub link_congestion_control: Option<String>,
+}
+
+impl ClientConfig {
+    /// Refuse bad values, naming the option.
+    fn validate(&self) -> anyhow::Result<IdentityKey> {
+        let authority_id = IdentityKey::from_hex(&self.authority_identity)
+            .map_err(|e| anyhow::anyhow!("AuthorityIdentity: {e}"))?;
+        if let Some(n) = self.outbuf_cells {
+            if !(1..=10_000).contains(&n) {
+                anyhow::bail!("OutbufCells must be between 1 and 10000");
+            }
+        }
+        check_node_list("EntryNodes", &self.entry_nodes)?;
+        check_node_list("MiddleNodes", &self.middle_nodes)?;
+        check_unsent_limit(self.link_unsent_limit)?;
+        check_congestion_control(self.link_congestion_control.as_deref())?;
+        Ok(authority_id)
+    }
+
+    /// The link sockets' settings. A client never constrains its socket buffers.
+    fn link_config(&self) -> LinkConfig {
+        LinkConfig {
+            identity: None,
+            features: FeatureSet::EMPTY,
+            socket_buffer: None,
+            unsent_limit: effective_unsent_limit(self.link_unsent_limit, false),
+            congestion_control: self.link_congestion_control.clone(),
+        }
+    }
 }
 
 /// Most entries accepted in EntryNodes / MiddleNodes (far more than any consensus here).
@@ -124,15 +168,7 @@ const SOCKS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let cfg: ClientConfig = load_config(&args.config)?;
     init_logging(&cfg.log);
-    let authority_id = IdentityKey::from_hex(&cfg.authority_identity)
-        .map_err(|e| anyhow::anyhow!("AuthorityIdentity: {e}"))?;
-    if let Some(n) = cfg.outbuf_cells {
-        if !(1..=10_000).contains(&n) {
-            anyhow::bail!("OutbufCells must be between 1 and 10000");
-        }
-    }
-    check_node_list("EntryNodes", &cfg.entry_nodes)?;
-    check_node_list("MiddleNodes", &cfg.middle_nodes)?;
+    let authority_id = cfg.validate()?;
     if !cfg.entry_nodes.is_empty() || !cfg.middle_nodes.is_empty() {
         warn!(
             entry = ?cfg.entry_nodes,
@@ -163,13 +199,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut driver = Driver::new(
         core,
         DriverConfig {
-            link: Arc::new(LinkConfig {
-                identity: None,
-                features: FeatureSet::EMPTY,
-                socket_buffer: None,
-                unsent_limit: None,
-                congestion_control: None,
-            }),
+            link: Arc::new(cfg.link_config()),
             limits: LinkLimits::default(),
             outbuf_cells: tunables.effective(None).1,
             tunables,
@@ -520,5 +550,54 @@ async fn serve_socks(mut tcp: TcpStream, peer: SocketAddr, tx: mpsc::Sender<Inpu
         SocksAnswer::Failed(code) => {
             let _ = send_reply(&mut tcp, &req, code, None).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> ClientConfig {
+        toml::from_str(&format!(
+            "DataDirectory = \"/tmp/x\"\nSocksPort = \"127.0.0.1:1\"\n\
+             Authority = \"127.0.0.1:2\"\nAuthorityIdentity = \"{}\"\n{extra}",
+            "00".repeat(32)
+        ))
+        .expect("test config parses")
+    }
+
+    #[test]
+    fn link_sockets_keep_their_backlog_small_by_default() {
+        // A client uploading over a slow uplink would otherwise queue its download SENDMEs
+        // behind the whole autotuned send buffer.
+        assert_eq!(config("").link_config().unsent_limit, Some(65_536));
+        assert_eq!(
+            config("LinkUnsentLimit = 8192").link_config().unsent_limit,
+            Some(8192)
+        );
+        assert_eq!(
+            config("LinkUnsentLimit = 0").link_config().unsent_limit,
+            None
+        );
+        assert_eq!(config("").link_config().socket_buffer, None);
+        assert!(config("LinkUnsentLimit = 0").validate().is_ok());
+        for bad in ["LinkUnsentLimit = 100", "LinkUnsentLimit = 20000000"] {
+            let err = config(bad).validate().expect_err(bad);
+            assert!(format!("{err:#}").contains("LinkUnsentLimit"), "{err:#}");
+        }
+    }
+
+    #[test]
+    fn link_congestion_control_is_checked_at_start() {
+        assert_eq!(config("").link_config().congestion_control, None);
+        let cc = config("LinkCongestionControl = \"reno\"");
+        assert_eq!(cc.link_config().congestion_control.as_deref(), Some("reno"));
+        let err = config("LinkCongestionControl = \"no-such-cc\"")
+            .validate()
+            .expect_err("an unknown algorithm is refused");
+        assert!(
+            format!("{err:#}").contains("LinkCongestionControl"),
+            "{err:#}"
+        );
     }
 }

@@ -17,7 +17,8 @@ use serde::Deserialize;
 use tracing::{info, warn};
 
 use crate::common::{
-    init_logging, keys_dir, load_config, load_identity, load_or_create_secret, unix_now,
+    check_congestion_control, check_unsent_limit, effective_unsent_limit, init_logging, keys_dir,
+    load_config, load_identity, load_or_create_secret, unix_now,
 };
 use crate::driver::{start_link, stop_on_signal, Driver, DriverConfig, Input, Tunables};
 use crate::metrics::Metrics;
@@ -102,12 +103,6 @@ Config file options (TOML):
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Scheduler,
 CircuitPriorityHalflife and OutbufCells without dropping circuits.";
-
-/// `LinkUnsentLimit` when unset on unconstrained sockets: at 10 Mbit/s about 50 ms of
-/// data, so a SENDME queued behind it waits that long instead of the ~1.8 s that autotuned
-/// buffers held on the paper-002 testbed; on loopback still far above what one wake-up of
-/// the writer needs (docs/scheduling.md, "The unsent limit").
-const DEFAULT_UNSENT_LIMIT: u32 = 64 * 1024;
 
 /// `QuietReserve` when unset under a `BandwidthRate` (capped at a quarter of the burst).
 const DEFAULT_QUIET_RESERVE: u64 = 128 * 1024;
@@ -224,12 +219,7 @@ impl RelayConfig {
 
     /// TCP_NOTSENT_LOWAT for link sockets, if any (see `LinkUnsentLimit` in the help).
     fn unsent_limit(&self) -> Option<u32> {
-        match self.link_unsent_limit {
-            Some(0) => None,
-            Some(bytes) => Some(bytes),
-            None if self.socket_buffer().is_some() => None,
-            None => Some(DEFAULT_UNSENT_LIMIT),
-        }
+        effective_unsent_limit(self.link_unsent_limit, self.socket_buffer().is_some())
     }
 
     /// The settings SIGHUP may change in the running core.
@@ -340,15 +330,8 @@ impl RelayConfig {
                 bail!("ConstrainedSockSize must be between 2048 and 262144 bytes");
             }
         }
-        if let Some(bytes) = self.link_unsent_limit {
-            if bytes != 0 && !(4096..=16 << 20).contains(&bytes) {
-                bail!("LinkUnsentLimit must be 0 (no limit) or between 4096 and 16777216 bytes");
-            }
-        }
-        if let Some(name) = &self.link_congestion_control {
-            chive_net::check_congestion_control(name)
-                .map_err(|e| anyhow::anyhow!("LinkCongestionControl: {e}"))?;
-        }
+        check_unsent_limit(self.link_unsent_limit)?;
+        check_congestion_control(self.link_congestion_control.as_deref())?;
         self.split_config()?;
         if self.publish_interval == 0 {
             bail!("PublishInterval must be at least 1 second");
