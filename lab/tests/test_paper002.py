@@ -64,6 +64,18 @@ def test_analysis_on_synthetic_runs(tmp_path):
     assert sh["goodput_bps"] == pytest.approx(3.0e6, rel=0.02)
     assert sh["variance"] == pytest.approx((2.0e6) ** 2, rel=0.05)
     assert s["schema"] == 1
+    # The paper's Fig 9 measure: 10 s slots (2 s at this scale) pooled over the flows towards B.
+    # Slots average A->B's +-2 Mbit/s alternation away; what remains is the gap between A->B
+    # (3 Mbit/s) and C->B (9.5 Mbit/s): 15 slots each in 100-250 s.
+    ex = s["extra"]["bidir"]
+    assert ex["variance_slot_s"] == pytest.approx(2.0)
+    assert ex["towards_b_variance_slots"] == pytest.approx(3.25e6 ** 2 * 90 / 89)
+    assert ex["towards_b_variance_slots_per_run"] == pytest.approx([3.25e6 ** 2 * 30 / 29] * 3)
+    assert ex["towards_b_variance"] > ex["towards_b_variance_slots"]
+    assert s["extra"]["uni-ackprio"]["towards_b_variance_slots"] == pytest.approx(0.0)
+    var_csv = (tmp_path / "variance.csv").read_text().splitlines()
+    assert var_csv[0].endswith(",slot_variance_kBps2")
+    assert "10 s slots (paper's Fig 9)" in (tmp_path / "comparison.md").read_text()
     for f in ("throughput_uni-ackprio.csv", "throughput_avg_bidir.csv", "variance.csv",
               "comparison.md", "summary.json"):
         assert (tmp_path / f).is_file(), f
@@ -82,7 +94,10 @@ def test_representative_run_is_the_median():
 def test_parse_options():
     p = p2.parse_options({"scale": 0.2, "queue_at": "host", "ackprio_hosts": ["A", "B"], "rate": "20mbit"})
     assert p.scale == 0.2 and p.queue_at == "host" and p.ackprio_hosts == ("A", "B")
-    for bad in ({"nope": 1}, {"scale": 0}, {"queue_at": "nic"}, {"ackprio_hosts": ["D"]}, {"rate": "fast"}):
+    assert p.switch_port_packets is None
+    assert p2.parse_options({"switch_port_packets": 100}).switch_port_packets == 100
+    for bad in ({"nope": 1}, {"scale": 0}, {"queue_at": "nic"}, {"ackprio_hosts": ["D"]}, {"rate": "fast"},
+                {"switch_port_packets": 0}, {"switch_port_packets": "100"}, {"switch_port_packets": True}):
         with pytest.raises(LabError):
             p2.parse_options(bad)
 

@@ -94,6 +94,8 @@ class Params:
     queue_at: str = "switch"
     ackprio_hosts: tuple[str, ...] = ("B",)
     delay_ms: float = 0.0
+    #: The switch's port buffer towards each host (None: queue_packets), see netns.LinkSpec.
+    switch_port_packets: int | None = None
 
     def t(self, seconds: float) -> float:
         """A paper time scaled."""
@@ -127,7 +129,8 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
     and keep the raw tcpbulk records in ``out_dir``."""
     v = VARIANTS[variant]
     out_dir.mkdir(parents=True, exist_ok=True)
-    link = netns.LinkSpec(p.rate, delay_ms=p.delay_ms, queue_packets=p.queue_packets, queue_at=p.queue_at)
+    link = netns.LinkSpec(p.rate, delay_ms=p.delay_ms, queue_packets=p.queue_packets, queue_at=p.queue_at,
+                          switch_port_packets=p.switch_port_packets)
     hosts = [netns.HostSpec(n, link, cc=p.cc) for n in ("A", "B", "C")]
     conns = connections(v["mode"], p)
     end = max(c.stop for c in conns)
@@ -252,6 +255,7 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
                                                           "variance": "(bit/s)^2"},
                      "params": {"rate": p.rate, "scale": p.scale, "cc": p.cc,
                                 "queue_packets": p.queue_packets, "queue_at": p.queue_at,
+                                "switch_port_packets": p.switch_port_packets,
                                 "ackprio_hosts": list(p.ackprio_hosts),
                                 "goodput_window_s": list(ov), "variance_window_s": list(vw)},
                      "variants": {}, "extra": {}}
@@ -276,8 +280,15 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
                 vs[f]["solo_goodput_bps"] = _mean(solo)
         pooled = [x for r in runs for f in towards_b(mode) for x in _window(r[f], *vw)]
         extra["towards_b_variance"] = _var(pooled)
+        # The paper's Fig 9 samples: 10 s slot means (scaled with the timeline), pooled over
+        # the flows towards B and all runs; per run too, to show how much runs differ.
+        slots = [x for r in runs for f in towards_b(mode) for x in _slot_means(r[f], *vw, slot)]
+        extra["towards_b_variance_slots"] = _var(slots)
+        extra["towards_b_variance_slots_per_run"] = [
+            _var([x for f in towards_b(mode) for x in _slot_means(r[f], *vw, slot)]) for r in runs]
+        extra["variance_slot_s"] = slot
         var_rows.append((variant, _var(pooled), len(pooled),
-                         _mean([vs[f]["goodput_bps"] for f in towards_b(mode)])))
+                         _mean([vs[f]["goodput_bps"] for f in towards_b(mode)]), _var(slots)))
         summary["variants"][variant] = vs
         summary["extra"][variant] = extra
         _write_variant(out, variant, runs, slot, p)
@@ -314,10 +325,12 @@ def _write_variant(out: Path, variant: str, runs, slot: float, p: Params) -> Non
 
 
 def write_throughput(out: Path, variant: str, runs, slot: float, p: Params, csv_flows, plot_flows,
-                     title: str, hline: tuple[float, str] | None = None) -> None:
+                     title: str, hline: tuple[float, str] | None = None, rep_flow: str = "A->B",
+                     rep_window: tuple[float, float] | None = None) -> None:
     """throughput_<variant>.csv (every 1 s sample of every run), throughput_avg_<variant>.csv
     (slot means with 90% CIs across runs) and throughput_<variant>.png (those means, and the
-    representative run's 1 s samples); `hline` = (bytes/s, label) draws a reference line."""
+    representative run's 1 s samples: the median run of ``rep_flow`` over ``rep_window``, by
+    default the paper's overlap); `hline` = (bytes/s, label) draws a reference line."""
     end = len(runs[0][csv_flows[0]])
     with (out / f"throughput_{variant}.csv").open("w") as fh:
         fh.write("run,second,flow,throughput_bps\n")
@@ -331,7 +344,7 @@ def write_throughput(out: Path, variant: str, runs, slot: float, p: Params, csv_
         for f in csv_flows:
             for lo, hi, m, half, n in stats[f]:
                 fh.write(f"{lo:g},{hi:g},{f},{m:.0f},{half:.0f},{n}\n")
-    rep = representative(runs, "A->B", p.t(OVERLAP[0]), p.t(OVERLAP[1]))
+    rep = representative(runs, rep_flow, *(rep_window or (p.t(OVERLAP[0]), p.t(OVERLAP[1]))))
     try:
         import matplotlib
 
@@ -363,9 +376,9 @@ def write_throughput(out: Path, variant: str, runs, slot: float, p: Params, csv_
 
 def _write_variance(out: Path, rows) -> None:
     with (out / "variance.csv").open("w") as fh:
-        fh.write("variant,variance_bps2,variance_kBps2,samples,mean_towards_b_bps\n")
-        for v, var, n, m in rows:
-            fh.write(f"{v},{var:.6g},{var / 64e6:.6g},{n},{m:.0f}\n")
+        fh.write("variant,variance_bps2,variance_kBps2,samples,mean_towards_b_bps,slot_variance_kBps2\n")
+        for v, var, n, m, slot_var in rows:
+            fh.write(f"{v},{var:.6g},{var / 64e6:.6g},{n},{m:.0f},{slot_var / 64e6:.6g}\n")
     try:
         import matplotlib
 
@@ -375,14 +388,33 @@ def _write_variance(out: Path, rows) -> None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     names = [r[0] for r in rows]
-    vals = [0 if math.isnan(r[1]) else r[1] / 64e6 for r in rows]
-    ax.bar(names, vals, color="tab:gray")
+    xs = list(range(len(rows)))
+    for offset, col, colour, label in ((-0.2, 1, "tab:gray", "1 s samples"),
+                                       (0.2, 4, "tab:blue", "10 s slot means (paper)")):
+        vals = [0 if math.isnan(r[col]) else r[col] / 64e6 for r in rows]
+        ax.bar([x + offset for x in xs], vals, width=0.4, color=colour, label=label)
+    ax.set_xticks(xs, names)
+    ax.legend(fontsize=8)
     ax.set_ylabel("variance [(kB/s)^2]")
-    ax.set_title("variance of 1 s throughput towards B, 100-250 s (paper Fig 9)", fontsize=9)
+    ax.set_title("variance of throughput towards B, 100-250 s (paper Fig 9)", fontsize=9)
     ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     fig.tight_layout()
     fig.savefig(out / "variance.png", dpi=110)
     plt.close(fig)
+
+
+def variance_table(var_rows, baseline: str) -> list[str]:
+    """comparison.md's Fig 9 table: each variant's towards-B variance at 1 s and over the
+    paper's 10 s slots, each relative to ``baseline``'s (rows as analyze_raw builds them)."""
+    lines = [f"| variant | variance towards B, 1 s [(kB/s)^2] | relative to {baseline} "
+             f"| 10 s slots (paper's Fig 9) [(kB/s)^2] | relative to {baseline} |", "|---|---|---|---|---|"]
+    base = next((r[1] for r in var_rows if r[0] == baseline), None)
+    base_slots = next((r[4] for r in var_rows if r[0] == baseline), None)
+    for v, var, _n, _m, slot_var in var_rows:
+        rel = f"{var / base:.3f}" if base else ""
+        rel_slots = f"{slot_var / base_slots:.3f}" if base_slots else ""
+        lines.append(f"| {v} | {var / 64e6:.0f} | {rel} | {slot_var / 64e6:.0f} | {rel_slots} |")
+    return lines
 
 
 def _write_comparison(out: Path, summary: dict, var_rows) -> None:
@@ -397,11 +429,7 @@ def _write_comparison(out: Path, summary: dict, var_rows) -> None:
             lines.append(f"| {v} | {f} | {'' if solo is None else f'{solo / 1e6:.2f}'} | "
                          f"{d['goodput_bps'] / 1e6:.2f} | {'' if ratio is None else f'{ratio:.2f}'} | "
                          f"{PAPER[v] if f == 'A->B' else ''} |")
-    lines += ["", "| variant | variance towards B [(kB/s)^2] | relative to bidir |", "|---|---|---|"]
-    base = next((r[1] for r in var_rows if r[0] == "bidir"), None)
-    for v, var, _n, _m in var_rows:
-        rel = f"{var / base:.3f}" if base else ""
-        lines.append(f"| {v} | {var / 64e6:.0f} | {rel} |")
+    lines += [""] + variance_table(var_rows, "bidir")
     lines += ["", PAPER_VARIANCE, ""]
     (out / "comparison.md").write_text("\n".join(lines))
 
@@ -470,18 +498,22 @@ def _git_rev() -> str | None:
 
 def add_testbed_arguments(ap: argparse.ArgumentParser, variants, default_runs: int) -> None:
     """Command-line options both paper-002 experiments share."""
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True,
+                    help="output directory (figures, CSVs, summary.json, comparison.md, runs/)")
     ap.add_argument("--quick", action="store_true", help="scale 0.2 (0-50 s / 10-60 s), 1 run")
     ap.add_argument("--scale", type=float, default=None, help="time scale (default 1, quick 0.2)")
     ap.add_argument("--runs", type=int, default=None,
                     help=f"repetitions per variant (default {default_runs}, quick 1)")
     ap.add_argument("--variants", default=",".join(variants),
                     help=f"comma-separated subset of {', '.join(variants)}")
-    ap.add_argument("--rate", default="10mbit")
+    ap.add_argument("--rate", default="10mbit", help="every access link's rate, tc syntax (default 10mbit)")
     ap.add_argument("--cc", default="cubic", help="cubic (paper) or bbr")
     ap.add_argument("--queue-at", choices=["host", "switch"], default="switch",
                     help="where a host's outgoing queue lives (see netns.LinkSpec.queue_at)")
-    ap.add_argument("--queue-packets", type=int, default=1000)
+    ap.add_argument("--queue-packets", type=int, default=1000,
+                    help="each host's outgoing FIFO in packets (default 1000, the paper era's txqueuelen)")
+    ap.add_argument("--switch-port-packets", type=int, default=None,
+                    help="the switch's port buffer towards each host (default: --queue-packets)")
 
 
 def resolve_testbed_arguments(ap: argparse.ArgumentParser, a, variants,
@@ -495,6 +527,9 @@ def resolve_testbed_arguments(ap: argparse.ArgumentParser, a, variants,
     if not 0.01 <= scale <= 10:
         ap.error("--scale must be within 0.01..10")
     runs = a.runs if a.runs is not None else (1 if a.quick else default_runs)
+    for name, value in (("--queue-packets", a.queue_packets), ("--switch-port-packets", a.switch_port_packets)):
+        if value is not None and not 1 <= value <= 100_000:
+            ap.error(f"{name} must be within 1..100000")
     return chosen, scale, runs
 
 
@@ -505,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     add_testbed_arguments(ap, VARIANTS, default_runs=10)
     ap.add_argument("--parallel", type=int, default=1, help="testbeds at once (default 1)")
     ap.add_argument("--ackprio-hosts", default="B", help="hosts that get `chive shape` (default B)")
-    ap.add_argument("--chive-bin", type=Path, default=None)
+    ap.add_argument("--chive-bin", type=Path, default=None,
+                    help="the chive binary for `chive shape` (default: the workspace's build)")
     a = ap.parse_args(argv)
     why = netns.available()
     if why:
@@ -513,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     variants, scale, runs = resolve_testbed_arguments(ap, a, VARIANTS, default_runs=10)
     p = Params(rate=a.rate, scale=scale, cc=a.cc, queue_packets=a.queue_packets, queue_at=a.queue_at,
-               ackprio_hosts=tuple(h.strip() for h in a.ackprio_hosts.split(",") if h.strip()))
+               switch_port_packets=a.switch_port_packets, ackprio_hosts=tuple(h.strip() for h in a.ackprio_hosts.split(",") if h.strip()))
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         summary = run_all(variants, runs, p, a.out, parallel=a.parallel, chive_bin=a.chive_bin,
@@ -534,12 +570,12 @@ if __name__ == "__main__":
 # parse_options() on the scenario's own keys, run_repetition(ctx) per variant
 # and repetition, and analyze(out_dir, scenario) once at the end.
 
-_OPTION_KEYS = {"rate", "scale", "cc", "queue_packets", "queue_at", "ackprio_hosts"}
+_OPTION_KEYS = {"rate", "scale", "cc", "queue_packets", "queue_at", "ackprio_hosts", "switch_port_packets"}
 
 
 def parse_options(raw: dict) -> Params:
     """The scenario's paper002 keys (``rate``, ``scale``, ``cc``, ``queue_packets``,
-    ``queue_at``, ``ackprio_hosts``) as :class:`Params`; LabError for others."""
+    ``queue_at``, ``ackprio_hosts``, ``switch_port_packets``) as :class:`Params`; LabError for others."""
     unknown = sorted(set(raw) - _OPTION_KEYS)
     if unknown:
         raise LabError(f"unknown key {unknown[0]} (kind {KIND!r} takes {', '.join(sorted(_OPTION_KEYS))})")
@@ -561,6 +597,11 @@ def parse_options(raw: dict) -> Params:
         if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 100_000:
             raise LabError(f"queue_packets must be an integer within 1..100000, got {q!r}")
         p.queue_packets = q
+    if "switch_port_packets" in raw:
+        q = raw["switch_port_packets"]
+        if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 100_000:
+            raise LabError(f"switch_port_packets must be an integer within 1..100000, got {q!r}")
+        p.switch_port_packets = q
     if "queue_at" in raw:
         if raw["queue_at"] not in ("host", "switch"):
             raise LabError("queue_at must be \"host\" or \"switch\"")

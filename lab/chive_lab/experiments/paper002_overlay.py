@@ -636,11 +636,13 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
         # The paper's Fig 9 samples: 10 s slot means (scaled with the timeline).
         slots = [x for r in runs for d in DIRECTIONS for x in p2._slot_means(r[d], *vw, SLOT * p.scale)]
         extra["towards_b_variance_slots"] = p2._var(slots)
+        extra["towards_b_variance_slots_per_run"] = [
+            p2._var([x for d in DIRECTIONS for x in p2._slot_means(r[d], *vw, SLOT * p.scale)]) for r in runs]
         extra["variance_slot_s"] = SLOT * p.scale
         if evidence and variant in evidence:
             extra["evidence"] = evidence[variant]
         var_rows.append((variant, p2._var(pooled), len(pooled),
-                         p2._mean([vs[d]["goodput_bps"] for d in DIRECTIONS])))
+                         p2._mean([vs[d]["goodput_bps"] for d in DIRECTIONS]), p2._var(slots)))
         summary["variants"][variant] = vs
         summary["extra"][variant] = extra
         _write_variant(out, variant, runs, SLOT * p.scale, p, directions(p))
@@ -718,11 +720,7 @@ def _write_comparison(out: Path, summary: dict, var_rows) -> None:
         for d, x in ds.items():
             lines.append(f"| {v} | {d} | {x['solo_goodput_bps'] / 1e6:.2f} | {x['goodput_bps'] / 1e6:.2f} | "
                          f"{x['share_of_link']:.2f} | {PAPER[v] if d == 'A->B' else ''} |")
-    lines += ["", "| variant | variance towards B [(kB/s)^2] | relative to one |", "|---|---|---|"]
-    base = next((r[1] for r in var_rows if r[0] == "one"), None)
-    for v, var, _n, _m in var_rows:
-        rel = f"{var / base:.3f}" if base else ""
-        lines.append(f"| {v} | {var / 64e6:.0f} | {rel} |")
+    lines += [""] + p2.variance_table(var_rows, "one")
     t = summary.get("targets", {})
     lines += ["", PAPER_VARIANCE, "",
               f"Issue 6 targets (split-ackprio): each direction >= {TARGET_SHARE:.0%} of the link: "
@@ -888,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= a.circuits <= MAX_CIRCUITS:
         ap.error(f"--circuits must be within 1..{MAX_CIRCUITS}")
     p = Params(rate=a.rate, scale=scale, cc=a.cc, queue_packets=a.queue_packets, queue_at=a.queue_at,
-               delay_ms=a.delay_ms, transfer_bytes=a.transfer_bytes, topology=a.topology,
+               switch_port_packets=a.switch_port_packets, delay_ms=a.delay_ms, transfer_bytes=a.transfer_bytes, topology=a.topology,
                circuits=a.circuits, ackprio_hosts=tuple(h.strip() for h in a.ackprio_hosts.split(",") if h.strip()))
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
@@ -918,7 +916,7 @@ def parse_options(raw: dict) -> Params:
         raise LabError(f"unknown key {unknown[0]} (kind {KIND!r} takes {', '.join(sorted(_OPTION_KEYS))})")
     base = p2.parse_options({k: raw[k] for k in raw if k in p2._OPTION_KEYS})
     p = Params(rate=base.rate, scale=base.scale, cc=base.cc, queue_packets=base.queue_packets,
-               queue_at=base.queue_at)
+               queue_at=base.queue_at, switch_port_packets=base.switch_port_packets)
     if "ackprio_hosts" in raw:
         p.ackprio_hosts = base.ackprio_hosts
     if "delay_ms" in raw:
@@ -935,11 +933,6 @@ def parse_options(raw: dict) -> Params:
         if not isinstance(raw["log_level"], str) or not re.fullmatch(r"[a-z_=,:]{1,64}", raw["log_level"]):
             raise LabError("log_level must be a tracing filter such as \"info\"")
         p.log_level = raw["log_level"]
-    if "switch_port_packets" in raw:
-        q = raw["switch_port_packets"]
-        if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 100_000:
-            raise LabError(f"switch_port_packets must be an integer within 1..100000, got {q!r}")
-        p.switch_port_packets = q
     if "circuits" in raw:
         c = raw["circuits"]
         if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_CIRCUITS:
