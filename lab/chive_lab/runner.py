@@ -150,6 +150,7 @@ KINDS: dict[str, Any] = {
     "overlay": "chive_lab.runner",
     "paper002-tcp": "chive_lab.experiments.paper002",  # plain-TCP reproduction on netns (brief K)
     "paper002-overlay": "chive_lab.experiments.paper002_overlay",  # chive relays on netns (brief M)
+    "client-uplink": "chive_lab.experiments.client_uplink",  # a client uploading while it downloads (netns)
     "idle-vs-load": "chive_lab.experiments.idle_vs_load",  # web idle vs under load, 3-hop goodput (issue 5)
 }
 

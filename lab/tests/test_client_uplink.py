@@ -1,0 +1,95 @@
+"""Client-uplink experiment: options, analysis on synthetic series, and a very short real run."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from chive_lab import netns
+from chive_lab.errors import LabError
+from chive_lab.experiments import client_uplink as cu
+
+SKIP = netns.available()
+
+
+def _series(down_solo: float, down_both: float, up: float, p: cu.Params) -> dict[str, list[float]]:
+    end = int(p.t(cu.END))
+    up_start = p.t(cu.UP_START)
+    return {"down": [down_solo if t < up_start else down_both for t in range(end)],
+            "up": [0.0 if t < up_start else up for t in range(end)]}
+
+
+def test_parse_options_and_defaults():
+    p = cu.parse_options({})
+    assert (p.queue_at, p.downloads, p.uploads, p.switch_port_packets) == ("host", 1, 4, None)
+    p = cu.parse_options({"uploads": 0, "downloads": 2, "queue_at": "switch", "switch_port_packets": 100,
+                          "scale": 0.5, "transfer_bytes": 4096})
+    assert (p.uploads, p.downloads, p.queue_at, p.switch_port_packets, p.scale) == (0, 2, "switch", 100, 0.5)
+    for bad in ({"nope": 1}, {"downloads": 0}, {"uploads": 99}, {"uploads": True}, {"queue_at": "nic"},
+                {"transfer_bytes": 1}, {"log_level": "INFO; rm"}, {"switch_port_packets": 0}):
+        with pytest.raises(LabError):
+            cu.parse_options(bad)
+
+
+def test_loops_follow_the_timeline():
+    p = cu.Params(scale=0.5, downloads=2, uploads=3)
+    ls = cu.loops(p)
+    assert [lp.name for lp in ls] == ["down0", "down1", "up0", "up1", "up2"]
+    assert all(lp.start == 0 and lp.stop == 60 for lp in ls if not lp.upload)
+    assert all(lp.start == 20 and lp.stop == 60 for lp in ls if lp.upload)
+
+
+def test_analysis_on_synthetic_runs(tmp_path):
+    p = cu.Params(scale=0.25)
+    results = {"kernelbuf": [_series(9e6, 3e6, 8e6, p), _series(9e6, 4.5e6, 8e6, p)],
+               "unsent-limit": [_series(9e6, 8.1e6, 8e6, p), _series(9e6, 8.1e6, 8e6, p)]}
+    sockets = {"kernelbuf": [{"notsent_mean": 9e5, "notsent_max": 1e6, "rtt_ms_mean": 20.0}] * 2,
+               "unsent-limit": [{"notsent_mean": 5e4, "notsent_max": 6.6e4, "rtt_ms_mean": 30.0}] * 2}
+    s = cu.analyze_raw(results, p, tmp_path, sockets)
+    kb, ul = s["variants"]["kernelbuf"], s["variants"]["unsent-limit"]
+    assert kb["download_solo_bps"] == pytest.approx(9e6)
+    assert kb["download_with_upload_bps"] == pytest.approx(3.75e6)
+    assert kb["download_ratio_per_run"] == pytest.approx([1 / 3, 0.5])
+    assert kb["download_ratio"] == pytest.approx(5 / 12)
+    assert kb["download_ratio_ci90"] > 0
+    assert ul["download_ratio"] == pytest.approx(0.9) and ul["download_ratio_ci90"] == pytest.approx(0.0)
+    assert ul["upload_bps"] == pytest.approx(8e6)
+    assert ul["client_socket"]["notsent_max"] == pytest.approx(6.6e4)
+    for f in ("throughput_kernelbuf.png", "throughput_unsent-limit.csv", "download_ratio.csv",
+              "download_ratio.png", "summary.json", "comparison.md"):
+        assert (tmp_path / f).is_file(), f
+    assert "| unsent-limit | 2 | 9.00 | 8.10 | 0.90" in (tmp_path / "comparison.md").read_text()
+
+
+def test_registered_kind_and_scenario_validate():
+    from pathlib import Path
+
+    from chive_lab import runner, scenario
+
+    assert runner.get_kind("client-uplink") is cu
+    sc = scenario.load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "client-uplink.toml", quick=True)
+    assert isinstance(sc.options, cu.Params) and sc.options.scale == 0.25
+    assert [v.label for v in sc.variants] == list(cu.VARIANTS)
+
+
+@pytest.mark.skipif(SKIP is not None, reason=f"client-uplink real run: {SKIP}")
+def test_short_real_run_keeps_the_client_backlog_small(tmp_path):
+    """Both variants for 12 s (uploads from 4 s): every transfer verified, and with the
+    client's default LinkUnsentLimit its link socket never held much more than 64 KiB
+    unsent; nothing left behind."""
+    before = set(netns.our_namespaces())
+    started = time.monotonic()
+    p = cu.Params(scale=0.1, transfer_bytes=4_000_000, uploads=2)
+    s = cu.run_all(list(cu.VARIANTS), 1, p, tmp_path)
+    assert time.monotonic() - started < 120
+    assert "errors" not in s, s.get("errors")
+    for v in cu.VARIANTS:
+        e = s["variants"][v]
+        assert e["download_solo_bps"] > 2e6 and e["upload_bps"] > 1e6, (v, e)
+        assert e["client_socket"], v
+    assert s["variants"]["unsent-limit"]["client_socket"]["notsent_max"] <= 64 * 1024 + 16 * 1024
+    transfers = json.loads((tmp_path / "runs" / "unsent-limit-0" / "transfers.json").read_text())
+    assert all(c["errors"] == 0 for c in transfers.values()), transfers
+    assert not (set(netns.our_namespaces()) - before)
