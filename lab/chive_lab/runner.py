@@ -550,15 +550,22 @@ def _module_version(name: str) -> str | None:
         return None
 
 
-def build_manifest(scenario: sc.Scenario, binary: Path, argv: list[str], variants: list[str],
-                   repetitions: int) -> dict[str, Any]:
-    """The run manifest (written at the start, completed at the end)."""
+def git_state() -> dict[str, Any]:
+    """The checkout's revision and whether tracked files differ from it (None: unknown).
+    Taken when a run starts: a commit made while it runs must not be credited with it."""
     root = repo_root()
     git: dict[str, Any] = {"revision": None, "dirty": None}
     if root is not None:
         git["revision"] = _cmd_output(["git", "-C", str(root), "rev-parse", "HEAD"])
         status = _cmd_output(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
         git["dirty"] = None if status is None else bool(status)
+    return git
+
+
+def build_manifest(scenario: sc.Scenario, binary: Path, argv: list[str], variants: list[str],
+                   repetitions: int) -> dict[str, Any]:
+    """The run manifest (written at the start, completed at the end)."""
+    git = git_state()
     impls = {scenario.impl} | {v.impl for v in scenario.variants if v.impl}
     versions = {
         "chive": _cmd_output([str(binary), "--version"]),

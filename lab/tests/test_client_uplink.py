@@ -87,9 +87,15 @@ def test_short_real_run_keeps_the_client_backlog_small(tmp_path):
     assert "errors" not in s, s.get("errors")
     for v in cu.VARIANTS:
         e = s["variants"][v]
-        assert e["download_solo_bps"] > 2e6 and e["upload_bps"] > 1e6, (v, e)
+        assert e["download_solo_bps"] > 1e6 and e["upload_bps"] > 1e6, (v, e)
         assert e["client_socket"], v
-    assert s["variants"]["unsent-limit"]["client_socket"]["notsent_max"] <= 64 * 1024 + 16 * 1024
+    # TCP_NOTSENT_LOWAT decides when the socket is writable again, not how much one write
+    # takes: one batch of the writer (OutbufCells = 64 cells, ~543 bytes each in TLS) may
+    # land on top of what is below the limit.
+    sock = s["variants"]["unsent-limit"]["client_socket"]
+    assert sock["notsent_max"] <= 64 * 1024 + 64 * 543, sock
     transfers = json.loads((tmp_path / "runs" / "unsent-limit-0" / "transfers.json").read_text())
     assert all(c["errors"] == 0 for c in transfers.values()), transfers
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert set(manifest["git"]) == {"revision", "dirty"} and manifest["runs"] == 1
     assert not (set(netns.our_namespaces()) - before)

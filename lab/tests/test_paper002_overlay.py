@@ -262,6 +262,36 @@ def test_parse_options():
             po.parse_options(bad)
 
 
+def test_pool_reads_results_back_and_analyses_them_as_one_batch(tmp_path):
+    p, shaky = _synthetic(0.2, steady=False)
+    _, steady = _synthetic(0.2, steady=True)
+    one = po.analyze_raw({"one": shaky, "split-ackprio": steady}, p, tmp_path / "r1")
+    p_back, read = po.read_result(tmp_path / "r1")
+    assert p_back == p
+    assert len(read["one"]) == 2
+    for r_read, r_orig in zip(read["one"], shaky):
+        for k, series in r_orig.items():  # the CSV keeps whole bits per second
+            assert r_read[k] == pytest.approx([round(x) for x in series]), k
+    # A chive-lab run output keeps the kind's files one level down.
+    po.analyze_raw({"one": shaky[:1], "split-ackprio": steady[:1]}, p, tmp_path / "r2" / "paper002_overlay")
+    pooled = po.pool([tmp_path / "r1", tmp_path / "r2"], tmp_path / "pooled")
+    assert pooled["extra"]["one"]["runs"] == 3 and pooled["extra"]["split-ackprio"]["runs"] == 3
+    direct = po.analyze_raw({"one": shaky + shaky[:1]}, p, tmp_path / "direct")
+    assert pooled["extra"]["one"]["towards_b_variance"] == pytest.approx(
+        direct["extra"]["one"]["towards_b_variance"], rel=1e-6)
+    assert one["extra"]["one"]["runs"] == 2
+    sources = json.loads((tmp_path / "pooled" / "pool.json").read_text())["sources"]
+    assert [s["runs"]["one"] for s in sources] == [2, 1]
+    # Runs of another setup are refused, naming the difference.
+    po.analyze_raw({"one": shaky}, po.Params(scale=0.2, circuits=8), tmp_path / "r3")
+    with pytest.raises(LabError, match="circuits"):
+        po.pool([tmp_path / "r1", tmp_path / "r3"], tmp_path / "bad")
+    with pytest.raises(LabError, match="not a paper002-overlay result"):
+        po.pool([tmp_path / "nothing"], tmp_path / "bad")
+    assert po.main(["pool", "--out", str(tmp_path / "cli"), str(tmp_path / "r1")]) == 0
+    assert po.main(["pool", "--out", str(tmp_path / "cli2"), str(tmp_path / "nothing")]) == 2
+
+
 def test_registered_kind():
     from chive_lab import runner
 

@@ -306,6 +306,7 @@ def run_all(variants: list[str], runs: int, p: Params, out: Path, *, chive_bin: 
             progress: Callable[[str], None] | None = None) -> dict:
     """``runs`` repetitions of each variant, interleaved (so drift hits both alike), then analyse."""
     say = progress or (lambda _m: None)
+    git = p2.git_at_start()
     results: dict[str, list] = {v: [] for v in variants}
     sockets: dict[str, list] = {v: [] for v in variants}
     errors: list[str] = []
@@ -321,7 +322,7 @@ def run_all(variants: list[str], runs: int, p: Params, out: Path, *, chive_bin: 
                 say(f"client-uplink: {v} run {i} failed: {e}")
     manifest = {"kind": KIND, "variants": variants, "runs": runs, "params": p.__dict__,
                 "errors": errors, "host": platform.node(), "kernel": platform.release(),
-                "git": p2._git_rev(), "started_by": os.getpid(), "finished": time.time()}
+                "git": git, "started_by": os.getpid(), "finished": time.time()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     summary = analyze_raw(results, p, out, sockets)

@@ -439,6 +439,7 @@ def run_all(variants: list[str], runs: int, p: Params, out: Path, *, parallel: i
             chive_bin: Path | None = None, progress: Callable[[str], None] | None = None) -> dict:
     """Run ``runs`` repetitions of each variant (``parallel`` testbeds at once), then analyse."""
     say = progress or (lambda _m: None)
+    git = git_at_start()
     jobs = [(v, i) for i in range(runs) for v in variants]
     results: dict[str, list] = {v: [None] * runs for v in variants}
     errors: list[str] = []
@@ -478,7 +479,7 @@ def run_all(variants: list[str], runs: int, p: Params, out: Path, *, parallel: i
     done = {v: [r for r in rs if r is not None] for v, rs in results.items()}
     manifest = {"kind": KIND, "variants": variants, "runs": runs, "params": p.__dict__,
                 "errors": errors, "host": platform.node(), "kernel": platform.release(),
-                "git": _git_rev(), "started_by": os.getpid(), "finished": time.time()}
+                "git": git, "started_by": os.getpid(), "finished": time.time()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=list))
     summary = analyze_raw(done, p, out)
@@ -487,13 +488,12 @@ def run_all(variants: list[str], runs: int, p: Params, out: Path, *, parallel: i
     return summary
 
 
-def _git_rev() -> str | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                           cwd=_lab_dir())
-        return r.stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+def git_at_start() -> dict:
+    """The checkout's revision and whether it had local changes, for the manifest; call it
+    when the run starts (a commit made while it runs must not be credited with it)."""
+    from ..runner import git_state
+
+    return git_state()
 
 
 def add_testbed_arguments(ap: argparse.ArgumentParser, variants, default_runs: int) -> None:

@@ -765,6 +765,76 @@ def _link_queue_lines(summary: dict) -> list[str]:
     return lines + [""]
 
 
+def read_result(result_dir: Path) -> tuple[Params, dict[str, list[dict[str, list[float]]]]]:
+    """A finished run's :class:`Params` and per-run series (every 1 s sample of every
+    direction and loop, from ``throughput_<variant>.csv``), from a ``chive-lab run`` output
+    (files in ``paper002_overlay/``) or a standalone one (files at the top)."""
+    result_dir = Path(result_dir)
+    inner = result_dir / "paper002_overlay"
+    base = inner if (inner / "summary.json").is_file() else result_dir
+    try:
+        summary = json.loads((base / "summary.json").read_text())
+        raw = summary["params"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise LabError(f"{result_dir}: not a paper002-overlay result ({e})") from e
+    fields = Params.__dataclass_fields__
+    p = Params(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in fields})
+    results: dict[str, list[dict[str, list[float]]]] = {}
+    for variant in summary.get("variants", {}):
+        path = base / f"throughput_{variant}.csv"
+        runs: dict[int, dict[str, dict[int, float]]] = {}
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as e:
+            raise LabError(f"{result_dir}: {e}") from e
+        for line in lines[1:]:
+            try:
+                run, second, flow, bps = line.split(",")
+                runs.setdefault(int(run), {}).setdefault(flow, {})[int(second)] = float(bps)
+            except ValueError as e:
+                raise LabError(f"{path}: bad row {line!r}") from e
+        results[variant] = [{flow: [by_s.get(t, 0.0) for t in range(max(by_s) + 1)]
+                             for flow, by_s in runs[r].items()} for r in sorted(runs)]
+    return p, results
+
+
+#: Params that may differ between results pooled together (not the testbed or the traffic).
+_POOL_MAY_DIFFER = {"log_level"}
+
+
+def pool(result_dirs: list[Path], out: Path) -> dict:
+    """Analyse the runs of several finished results as one batch (same testbed and traffic,
+    checked): the paper pooled 100 runs; ours accumulate across sessions."""
+    if not result_dirs:
+        raise LabError("pool: no results given")
+    merged: dict[str, list] = {}
+    first: Params | None = None
+    sources = []
+    for d in result_dirs:
+        p, results = read_result(d)
+        if first is None:
+            first = p
+        for k in first.__dict__:
+            if k not in _POOL_MAY_DIFFER and getattr(p, k) != getattr(first, k):
+                raise LabError(f"pool: {d} has {k} = {getattr(p, k)!r}, {result_dirs[0]} has "
+                               f"{getattr(first, k)!r}: only runs of one setup can be pooled")
+        for v, runs in results.items():
+            merged.setdefault(v, []).extend(runs)
+        manifest = Path(d) / "manifest.json"
+        git = None
+        if manifest.is_file():
+            try:
+                git = json.loads(manifest.read_text()).get("git")
+            except ValueError:
+                git = None
+        sources.append({"dir": str(d), "runs": {v: len(r) for v, r in results.items()}, "git": git})
+    assert first is not None
+    summary = analyze_raw(merged, first, out)
+    (out / "pool.json").write_text(json.dumps({"sources": sources, "git": p2.git_at_start(),
+                                               "pooled_by": "paper002_overlay pool"}, indent=1))
+    return summary
+
+
 def run_evidence(run_dir: Path) -> dict:
     """What the relay logs, client logs and ``ss`` say about one run: split
     channels, the circuits' paths, bytes per relay connection, transfer outcomes."""
@@ -812,6 +882,7 @@ def run_all(variants: list[str], runs: int, p: Params, out: Path, *,
             chive_bin: Path | None = None, progress: Callable[[str], None] | None = None) -> dict:
     """Run ``runs`` repetitions of each variant (one testbed at a time), then analyse."""
     say = progress or (lambda _m: None)
+    git = p2.git_at_start()
     results: dict[str, list] = {v: [] for v in variants}
     evidence: dict[str, dict] = {}
     errors: list[str] = []
@@ -830,7 +901,7 @@ def run_all(variants: list[str], runs: int, p: Params, out: Path, *,
     manifest = {"kind": KIND, "variants": variants, "runs": runs,
                 "params": {k: (list(x) if isinstance(x, tuple) else x) for k, x in p.__dict__.items()},
                 "errors": errors, "host": platform.node(), "kernel": platform.release(),
-                "git": p2._git_rev(), "started_by": os.getpid(), "finished": time.time()}
+                "git": git, "started_by": os.getpid(), "finished": time.time()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     summary = analyze_raw({v: r for v, r in results.items() if r}, p, out, evidence)
@@ -859,6 +930,20 @@ def main(argv: list[str] | None = None) -> int:
         b = sp.parse_args(argv[1:])
         ports = [int(x) for x in b.ports.split(",") if x]
         link_sample(ports, min(b.stop_at, time.time() + 4 * 3600), b.out)
+        return 0
+    if argv[:1] == ["pool"]:
+        sp = argparse.ArgumentParser(prog="python -m chive_lab.experiments.paper002_overlay pool",
+                                     description="Analyse the runs of several finished results (chive-lab "
+                                                 "run outputs or standalone ones, same setup) as one batch.")
+        sp.add_argument("--out", type=Path, required=True, help="output directory for the pooled analysis")
+        sp.add_argument("results", type=Path, nargs="+", help="result directories to pool")
+        b = sp.parse_args(argv[1:])
+        try:
+            summary = pool(b.results, b.out)
+        except LabError as e:
+            print(f"paper002-overlay pool: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(summary["targets"], indent=1))
         return 0
     ap = argparse.ArgumentParser(prog="python -m chive_lab.experiments.paper002_overlay",
                                  description="Paper 002 overlay reproduction: chive relays on the netns testbed.")
