@@ -97,6 +97,12 @@ def test_variant_relay_options_reach_every_relay():
             for nick, o in ov.relays.items():
                 assert o["SplitDirection"] == "always", (topology, nick)
                 assert o.get("LinkUnsentLimit") == want, (topology, variant, nick, o)
+        for variant, split in (("one-bbr", "off"), ("split-ackprio-bbr", "always")):
+            v = po.VARIANTS[variant]
+            ov = FakeOverlay()
+            po._place_nodes(ov, p, v["split"], v.get("relay"))
+            for nick, o in ov.relays.items():
+                assert (o["SplitDirection"], o.get("LinkCongestionControl")) == (split, "bbr"), (variant, nick)
 
 
 SS_LINKS = """0      0      10.77.0.2:57836 10.77.0.1:9001

@@ -30,6 +30,9 @@ Variants (relay config + shaping):
 * ``split-ackprio``  split + ``chive shape`` on every host (Fig 8)
 * ``dynamic``, ``dynamic-ackprio``  ``SplitDirection = "dynamic"`` (beyond the paper): one
   connection until both directions of a channel carry bulk for a few seconds, then split
+* ``split-ackprio-kernelbuf``  split-ackprio with the relays' ``LinkUnsentLimit = 0``
+* ``one-bbr``, ``split-ackprio-bbr``  one / split-ackprio with the relays'
+  ``LinkCongestionControl = "bbr"`` (the hosts keep the scenario's ``cc``)
 
 Measurement: ``chive perf --progress 1 --verify`` per transfer loop (4 flows, `circuits` loops each);
 bytes per second per loop (downloads counted at the receiving client, uploads
@@ -108,6 +111,13 @@ VARIANTS: dict[str, dict] = {
     # where the upload SENDMEs that B returns wait behind ~1 MB of B's downloads.
     "split-ackprio-kernelbuf": {"split": "always", "ackprio": True, "fig": "-",
                                 "relay": {"LinkUnsentLimit": 0}},
+    # The relays' links use BBR (`LinkCongestionControl`), the hosts keep CUBIC: relay links are
+    # the only traffic between hosts, so this is what an operator can set without touching the
+    # host, measured in the same batch as the CUBIC variants (the issue's BBR variant).
+    "one-bbr": {"split": "off", "ackprio": False, "fig": "-",
+                "relay": {"LinkCongestionControl": "bbr"}},
+    "split-ackprio-bbr": {"split": "always", "ackprio": True, "fig": "-",
+                          "relay": {"LinkCongestionControl": "bbr"}},
 }
 
 #: Paper 002, Sec. V (bidirectional TCP connections; the paper has no overlay numbers).
@@ -120,6 +130,8 @@ PAPER = {
     "dynamic-ackprio": "(not in the paper)",
     "split-ackprio": "about half each, much steadier, no multi-second breakdowns (Fig 8)",
     "split-ackprio-kernelbuf": "(not in the paper)",
+    "one-bbr": "(not in the paper)",
+    "split-ackprio-bbr": "(not in the paper)",
 }
 PAPER_VARIANCE = ("Fig 9: variance of towards-B throughput, 100-250 s: bidirectional without ACK prio "
                   "highest, with ACK prio lower, split + ACK prio lowest (no numbers in the text)")
