@@ -221,6 +221,8 @@ def test_analysis_targets_and_files(tmp_path):
     assert s["extra"]["one"]["variance_slot_s"] == pytest.approx(2.0)
     assert s["extra"]["one"]["towards_b_variance_slots"] == pytest.approx(0.0, abs=1e-3)
     assert "variance_ratio_vs_one_slots" not in s["targets"]
+    by_variant = s["targets"]["variance_ratio_vs_one_by_variant"]
+    assert by_variant["one"]["1s"] == pytest.approx(1.0) and by_variant["split-ackprio"]["1s"] == 0
     for name in ("throughput_one.csv", "throughput_avg_split-ackprio.csv", "variance.csv",
                  "comparison.md", "summary.json"):
         assert (tmp_path / name).is_file(), name

@@ -710,6 +710,16 @@ def _targets(summary: dict, p: "Params") -> dict:
         mine = summary["extra"]["split-ackprio"].get("towards_b_variance_slots")
         if base and base == base and mine is not None and mine == mine:
             t["variance_ratio_vs_one_slots"] = mine / base
+    # Every variant against `one` (the unshaped single connection) of the same batch, at 1 s and
+    # over 10 s slots: the split + ACK priority variants with other relay options (BBR links…)
+    # answer the same question.
+    one = summary["extra"].get("one", {})
+    if one.get("towards_b_variance"):
+        t["variance_ratio_vs_one_by_variant"] = {
+            name: {"1s": e["towards_b_variance"] / one["towards_b_variance"],
+                   "10s": (e["towards_b_variance_slots"] / one["towards_b_variance_slots"]
+                           if one.get("towards_b_variance_slots") else None)}
+            for name, e in summary["extra"].items() if e.get("towards_b_variance") == e.get("towards_b_variance")}
     return t
 
 
