@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -61,6 +62,23 @@ def test_analysis_on_synthetic_runs(tmp_path):
               "download_ratio.png", "summary.json", "comparison.md"):
         assert (tmp_path / f).is_file(), f
     assert "| unsent-limit | 2 | 9.00 | 8.10 | 0.90" in (tmp_path / "comparison.md").read_text()
+
+
+def test_analyze_reads_the_runner_layout(tmp_path):
+    p = cu.Params(scale=0.25)
+    for variant, both, sock in (("kernelbuf", 4.5e6, {"notsent_mean": 3.4e5}), ("unsent-limit", 8.5e6, {})):
+        for rep in (1, 2):
+            d = tmp_path / "runs" / variant / str(rep)
+            d.mkdir(parents=True)
+            (d / "flows.json").write_text(json.dumps(_series(9e6, both, 8e6, p)))
+            (d / "client_socket.json").write_text(json.dumps(sock))
+    sc = SimpleNamespace(options=p, variants=[SimpleNamespace(label=v) for v in cu.VARIANTS])
+    a = cu.analyze(tmp_path, sc)
+    rows = {r[0]: r for r in a.tables[0].rows}
+    assert rows["kernelbuf"][3] == pytest.approx(0.5) and rows["kernelbuf"][5] == pytest.approx(340.0)
+    assert rows["unsent-limit"][3] == pytest.approx(8.5 / 9, abs=1e-3) and rows["unsent-limit"][5] is None
+    assert (tmp_path / "client_uplink" / "download_ratio.csv").is_file()
+    assert len(a.figures) == 2
 
 
 def test_registered_kind_and_scenario_validate():

@@ -424,6 +424,12 @@ def run_repetition(ctx) -> None:
     (run_dir / "client_socket.json").write_text(json.dumps(sock))
 
 
+def _unsent_kb(entry: dict) -> float | None:
+    """The client socket's mean unsent kB of a summary entry, None when not sampled."""
+    v = entry.get("client_socket", {}).get("notsent_mean")
+    return round(v / 1e3, 1) if v is not None and v == v else None
+
+
 def analyze(out_dir, scenario=None):
     """``chive-lab analyze`` entry: this kind's files into ``out_dir/client_uplink``."""
     from .. import analysis as an
@@ -437,8 +443,7 @@ def analyze(out_dir, scenario=None):
     summary = analyze_raw(results, p, out_dir / "client_uplink", sockets)
     rows = [[v, round(e["download_solo_bps"] / 1e6, 2), round(e["download_with_upload_bps"] / 1e6, 2),
              round(e["download_ratio"], 3), round(e["upload_bps"] / 1e6, 2),
-             round(e.get("client_socket", {}).get("notsent_mean", float("nan")) / 1e3)
-             if e.get("client_socket") else None]
+             _unsent_kb(e)]
             for v, e in summary["variants"].items()]
     table = an.Table(title="Client download alone and while its uploads share the link",
                      columns=["variant", "alone Mbit/s", "with uploads Mbit/s", "ratio", "upload Mbit/s",
