@@ -270,6 +270,29 @@ def test_parse_options():
             po.parse_options(bad)
 
 
+def test_busy_connections_counts_each_connection_once_and_flags_one_runs(tmp_path):
+    links = [  # A-B: A's connection seen from both ends, and one B opened that carried A's uploads
+        {"host": "A", "peer": "B", "local": "10.77.0.1:34844", "remote": "10.77.0.2:9002",
+         "bytes_sent": 118_000_000, "bytes_received": 128_000_000},
+        {"host": "B", "peer": "A", "local": "10.77.0.2:9002", "remote": "10.77.0.1:34844",
+         "bytes_sent": 128_000_000, "bytes_received": 118_000_000},
+        {"host": "A", "peer": "B", "local": "10.77.0.1:9001", "remote": "10.77.0.2:54688",
+         "bytes_sent": 106_000_000, "bytes_received": 3_000_000},
+        # B-C: a second connection that stayed idle does not count
+        {"host": "C", "peer": "B", "local": "10.77.0.3:9001", "remote": "10.77.0.2:41000",
+         "bytes_sent": 0, "bytes_received": 5000},
+        {"host": "C", "peer": "B", "local": "10.77.0.3:50000", "remote": "10.77.0.2:9002",
+         "bytes_sent": 72_000_000, "bytes_received": 158_000_000}]
+    assert po.busy_connections(links) == {"A-B": 2, "B-C": 1}
+    p, shaky = _synthetic(0.2, steady=False)
+    _, steady = _synthetic(0.2, steady=True)
+    evidence = {"one": {"1": {"busy_connections": {"A-B": 2, "B-C": 1}}, "2": {"busy_connections": {"A-B": 1}}},
+                "split-ackprio": {"1": {"busy_connections": {"A-B": 2, "B-C": 2}}}}
+    po.analyze_raw({"one": shaky, "split-ackprio": steady}, p, tmp_path, evidence)
+    text = (tmp_path / "comparison.md").read_text()
+    assert "one run 1 (A-B)" in text and "one run 2" not in text and "split-ackprio run" not in text
+
+
 def test_pool_reads_results_back_and_analyses_them_as_one_batch(tmp_path):
     p, shaky = _synthetic(0.2, steady=False)
     _, steady = _synthetic(0.2, steady=True)

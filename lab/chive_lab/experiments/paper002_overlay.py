@@ -760,6 +760,7 @@ def _write_comparison(out: Path, summary: dict, var_rows) -> None:
                          f"{t['split_ackprio_share_of_ceiling'][d]:.2f} |")
         lines.append("")
     lines += _link_queue_lines(summary)
+    lines += _second_connection_lines(summary)
     (out / "comparison.md").write_text("\n".join(lines))
 
 
@@ -785,6 +786,48 @@ def _link_queue_lines(summary: dict) -> list[str]:
         lines.append(f"| {v} | {sock} | {sum(q['notsent_mean'] for q in qs) / len(qs) / 1e3:.0f} | "
                      f"{max(q['notsent_max'] for q in qs) / 1e3:.0f} | {rtt} |")
     return lines + [""]
+
+
+#: A relay connection counts as carrying bulk above this many bytes (both directions).
+BUSY_CONNECTION_BYTES = 10_000_000
+
+
+def busy_connections(links: list[dict]) -> dict[str, int]:
+    """Per host pair (``"A-B"``), how many of its relay connections still open at the end of
+    the run carried bulk (:func:`link_bytes` rows; each connection is seen from both ends,
+    counted once). With ``SplitDirection = "off"`` this should be 1; 2 means both relays opened
+    a connection at once and their circuits were spread over both — part of the traffic then
+    ran split. (A dynamic split's second connection may have closed after idling by then.)"""
+    seen: dict[tuple[str, frozenset], int] = {}
+    for row in links:
+        pair = "-".join(sorted((row["host"], row["peer"])))
+        conn = frozenset((row["local"], row["remote"]))
+        total = int(row.get("bytes_sent", 0)) + int(row.get("bytes_received", 0))
+        seen[(pair, conn)] = max(seen.get((pair, conn), 0), total)
+    out: dict[str, int] = {}
+    for (pair, _conn), total in seen.items():
+        out.setdefault(pair, 0)
+        if total >= BUSY_CONNECTION_BYTES:
+            out[pair] += 1
+    return out
+
+
+def _second_connection_lines(summary: dict) -> list[str]:
+    """comparison.md: runs of one-connection variants in which a relay pair had two busy
+    connections (so that run was partly split, and is not a clean baseline)."""
+    hits = []
+    for v, extra in summary.get("extra", {}).items():
+        if VARIANTS.get(v, {}).get("split") != "off":
+            continue
+        for run, ev in sorted(extra.get("evidence", {}).items()):
+            pairs = [p for p, n in ev.get("busy_connections", {}).items() if n > 1]
+            if pairs:
+                hits.append(f"{v} run {run} ({', '.join(pairs)})")
+    if not hits:
+        return []
+    return ["One-connection runs in which a relay pair carried bulk on two connections (both relays "
+            "opened one at once; circuits stay on the connection they were built on, so part of the "
+            f"traffic ran split): {'; '.join(hits)}.", ""]
 
 
 def read_result(result_dir: Path) -> tuple[Params, dict[str, list[dict[str, list[float]]]]]:
@@ -889,6 +932,7 @@ def run_evidence(run_dir: Path) -> dict:
         ev["pinned_paths_ok"] = bool(pinned) and all(p[1:2] == ["relayB"] for p in pinned)
     try:
         ev["links"] = json.loads((run_dir / "links.json").read_text())
+        ev["busy_connections"] = busy_connections(ev["links"])
         ev["transfers"] = json.loads((run_dir / "transfers.json").read_text())
     except (OSError, ValueError):
         pass
