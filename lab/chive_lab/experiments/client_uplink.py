@@ -43,7 +43,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import threading
 import time
@@ -138,43 +137,20 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         ov.add_httpd("B", "httpd", port=HTTP_PORT)
         ov.start(timeout=60)
         t0 = time.time() + 0.5
-        samplers = [
-            tb.popen("B", [sys.executable, "-m", "chive_lab.experiments.paper002_overlay", "ss-sample",
-                           "--port", str(HTTP_PORT), "--stop-at", f"{t0 + end + 5:.3f}",
-                           "--out", str(out_dir / "rx-httpd.jsonl")],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL),
-            tb.popen("A", [sys.executable, "-m", "chive_lab.experiments.paper002_overlay", "link-sample",
-                           "--ports", str(ENTRY_PORT), "--stop-at", f"{t0 + end + 5:.3f}",
-                           "--out", str(out_dir / "links-A.jsonl")],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)]
+        samplers = [po.start_sampler(tb, "B", ["ss-sample", "--port", str(HTTP_PORT)], t0 + end + 5,
+                                     out_dir / "rx-httpd.jsonl"),
+                    po.start_sampler(tb, "A", ["link-sample", "--ports", str(ENTRY_PORT)], t0 + end + 5,
+                                     out_dir / "links-A.jsonl")]
         perf = []
         for lp in ls:
             url = ov.url("httpd", "/upload" if lp.upload else f"/bytes/{p.transfer_bytes}", exit="relayB3")
-            now = time.time()  # perf counts --duration from its own start, delay included
-            argv = [str(ov.binary), "perf", "--socks", ov.addr("clientA"), "--url", url,
-                    "--count", "0", "--duration", f"{max(1.0, t0 + lp.stop - now):.3f}",
-                    "--cut-at-deadline", "--start-delay", f"{max(0.0, t0 + lp.start - now):.3f}",
-                    "--progress", "1", "--verify", "--timeout", f"{end + 60:.0f}",
-                    "--socks-user", lp.name, "--label", lp.name]
-            if lp.upload:
-                argv += ["--method", "post", "--upload-bytes", str(p.transfer_bytes)]
-            stem = out_dir / f"perf-{lp.name}"
-            with open(f"{stem}.jsonl", "wb") as fh, open(f"{stem}.err", "wb") as fe:
-                perf.append(tb.popen("A", argv, stdout=fh, stderr=fe))
+            perf.append(po.start_perf_loop(tb, ov, "clientA", url, (t0 + lp.start, t0 + lp.stop), end,
+                                           lp.name, lp.name, p.transfer_bytes if lp.upload else None,
+                                           out_dir / f"perf-{lp.name}"))
         (out_dir / "run.json").write_text(json.dumps({"t0": t0, "variant": variant, "rep": rep,
                                                       "params": p.__dict__}, default=list))
         say(f"client-uplink: {variant}: {end:g} s of transfers")
-        deadline = t0 + end + 60
-        for pr in perf:
-            while pr.poll() is None:
-                if (stop is not None and stop.is_set()) or time.time() > deadline:
-                    raise LabError("run interrupted or overran its deadline")
-                time.sleep(0.2)
-        for sp in samplers:
-            try:
-                sp.wait(timeout=max(1.0, t0 + end + 10 - time.time()))
-            except subprocess.TimeoutExpired:
-                sp.terminate()
+        po.wait_for_loops(perf, samplers, t0 + end, stop)
         (out_dir / "qdisc-A.txt").write_text(tb.qdisc_stats("A") + tb.qdisc_stats("sw", "vA"))
         ov.stop()
     finally:
@@ -397,13 +373,9 @@ def parse_options(raw: dict) -> Params:
             if isinstance(n, bool) or not isinstance(n, int) or not lo <= n <= MAX_LOOPS:
                 raise LabError(f"{key} must be an integer within {lo}..{MAX_LOOPS}, got {n!r}")
             setattr(p, key, n)
-    if "transfer_bytes" in raw:
-        b = raw["transfer_bytes"]
-        if isinstance(b, bool) or not isinstance(b, int) or not 1024 <= b <= 10 * 1024**3:
-            raise LabError(f"transfer_bytes must be an integer within 1024..10 GiB, got {b!r}")
-        p.transfer_bytes = b
-    if "log_level" in raw:
-        p.log_level = po.parse_options({"log_level": raw["log_level"]}).log_level
+    # Checked as the overlay kind checks them (same defaults when absent).
+    shared = po.parse_options({k: raw[k] for k in ("transfer_bytes", "log_level") if k in raw})
+    p.transfer_bytes, p.log_level = shared.transfer_bytes, shared.log_level
     return p
 
 

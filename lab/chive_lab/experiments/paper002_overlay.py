@@ -296,45 +296,22 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         t0 = time.time() + 0.5
         samplers = []
         for name, (h, port) in httpds.items():  # uploads are counted where they arrive
-            samplers.append(tb.popen(h, [sys.executable, "-m", "chive_lab.experiments.paper002_overlay",
-                                         "ss-sample", "--port", str(port), "--stop-at", f"{t0 + end + 5:.3f}",
-                                         "--out", str(out_dir / f"rx-{name}.jsonl")],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+            samplers.append(start_sampler(tb, h, ["ss-sample", "--port", str(port)], t0 + end + 5,
+                                          out_dir / f"rx-{name}.jsonl"))
         for h in SHAPED_HOSTS:  # relay sockets' unsent bytes and RTT, once a second
-            samplers.append(tb.popen(h, [sys.executable, "-m", "chive_lab.experiments.paper002_overlay",
-                                         "link-sample", "--ports", f"{RELAY_PORT},{RELAY2_PORT}",
-                                         "--stop-at", f"{t0 + end + 5:.3f}",
-                                         "--out", str(out_dir / f"links-{h}.jsonl")],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+            samplers.append(start_sampler(tb, h, ["link-sample", "--ports", f"{RELAY_PORT},{RELAY2_PORT}"],
+                                          t0 + end + 5, out_dir / f"links-{h}.jsonl"))
         for f in fl:
             url = ov.url(f.httpd, "/upload" if f.upload else f"/bytes/{p.transfer_bytes}",
                          exit=f"relay{f.server}")
             for user in loop_stems(f, p.circuits):
-                now = time.time()  # perf counts --duration from its own start, delay included
-                argv = [str(ov.binary), "perf", "--socks", ov.addr(f"client{f.client}"), "--url", url,
-                        "--count", "0", "--duration", f"{max(1.0, t0 + f.stop - now):.3f}",
-                        "--cut-at-deadline", "--start-delay", f"{max(0.0, t0 + f.start - now):.3f}",
-                        "--progress", "1", "--verify", "--timeout", f"{end + 60:.0f}",
-                        "--socks-user", user, "--label", f.name]
-                if f.upload:
-                    argv += ["--method", "post", "--upload-bytes", str(p.transfer_bytes)]
-                stem = out_dir / f"perf-{user}"
-                with open(f"{stem}.jsonl", "wb") as fh, open(f"{stem}.err", "wb") as fe:
-                    perf.append(tb.popen(f.client, argv, stdout=fh, stderr=fe))
+                perf.append(start_perf_loop(tb, ov, f"client{f.client}", url, (t0 + f.start, t0 + f.stop),
+                                            end, user, f.name, p.transfer_bytes if f.upload else None,
+                                            out_dir / f"perf-{user}"))
         (out_dir / "run.json").write_text(json.dumps({"t0": t0, "variant": variant, "rep": rep,
                                                       "cc": cc, "params": p.__dict__}, default=list))
         say(f"paper002-overlay: {variant}: {end:g} s of bulk transfers")
-        deadline = t0 + end + 60
-        for pr in perf:
-            while pr.poll() is None:
-                if (stop is not None and stop.is_set()) or time.time() > deadline:
-                    raise LabError("run interrupted or overran its deadline")
-                time.sleep(0.2)
-        for sp in samplers:
-            try:
-                sp.wait(timeout=max(1.0, t0 + end + 10 - time.time()))
-            except subprocess.TimeoutExpired:
-                sp.terminate()
+        wait_for_loops(perf, samplers, t0 + end, stop)
         links = {h: tb.sh(h, ["ss", "-tinH"], check=False).stdout for h in ("A", "B", "C")}
         (out_dir / "ss.txt").write_text("\n".join(f"## {h}\n{t}" for h, t in links.items()))
         (out_dir / "links.json").write_text(json.dumps(link_bytes(links, tb), indent=1))
@@ -347,6 +324,49 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
     finally:
         tb.down()
     return collect_flows(out_dir, fl, t0, math.ceil(end), directions(p), p.circuits)
+
+
+def start_sampler(tb: netns.Testbed, host: str, args: list[str], stop_at: float, out: Path):
+    """Start this module's ``ss-sample``/``link-sample`` (``args``) inside ``host`` until
+    ``stop_at`` (UNIX s), writing ``out``."""
+    return tb.popen(host, [sys.executable, "-m", "chive_lab.experiments.paper002_overlay", *args,
+                           "--stop-at", f"{stop_at:.3f}", "--out", str(out)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+def start_perf_loop(tb: netns.Testbed, ov: "netns.Overlay", client: str, url: str,
+                    window: tuple[float, float], end: float, user: str, label: str,
+                    upload_bytes: int | None, stem: Path):
+    """Start a verified ``chive perf`` loop through ``client`` on its host: transfers back to
+    back from ``window[0]`` to ``window[1]`` (UNIX s; the last one cut there), progress every
+    second, SOCKS user ``user`` (its own circuit), uploads of ``upload_bytes`` if given.
+    Records go to ``stem``.jsonl / .err."""
+    now = time.time()  # perf counts --duration from its own start, delay included
+    argv = [str(ov.binary), "perf", "--socks", ov.addr(client), "--url", url,
+            "--count", "0", "--duration", f"{max(1.0, window[1] - now):.3f}",
+            "--cut-at-deadline", "--start-delay", f"{max(0.0, window[0] - now):.3f}",
+            "--progress", "1", "--verify", "--timeout", f"{end + 60:.0f}",
+            "--socks-user", user, "--label", label]
+    if upload_bytes is not None:
+        argv += ["--method", "post", "--upload-bytes", str(upload_bytes)]
+    with open(f"{stem}.jsonl", "wb") as fh, open(f"{stem}.err", "wb") as fe:
+        return tb.popen(ov.nodes[client].host, argv, stdout=fh, stderr=fe)
+
+
+def wait_for_loops(perf: list, samplers: list, end_at: float, stop: threading.Event | None) -> None:
+    """Wait for the perf loops (LabError if ``stop`` is set or they run 60 s past ``end_at``),
+    then give the samplers until 10 s past ``end_at`` before stopping them."""
+    deadline = end_at + 60
+    for pr in perf:
+        while pr.poll() is None:
+            if (stop is not None and stop.is_set()) or time.time() > deadline:
+                raise LabError("run interrupted or overran its deadline")
+            time.sleep(0.2)
+    for sp in samplers:
+        try:
+            sp.wait(timeout=max(1.0, end_at + 10 - time.time()))
+        except subprocess.TimeoutExpired:
+            sp.terminate()
 
 
 _SS_CONN = re.compile(r"^\S+\s+\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)")
