@@ -628,6 +628,8 @@ class OverlayNode:
     config: dict
     dir: Path
     proc: subprocess.Popen | None = None
+    #: File name of the process's stdout+stderr in ``dir``.
+    log_name: str = "chive.log"
 
     @property
     def config_path(self) -> Path:
@@ -636,8 +638,8 @@ class OverlayNode:
 
     @property
     def log_path(self) -> Path:
-        """The node's stdout+stderr (chive logs to stderr)."""
-        return self.dir / "chive.log"
+        """The node's stdout+stderr (chive logs to stderr; tor writes its own log beside it)."""
+        return self.dir / self.log_name
 
 
 class Overlay:

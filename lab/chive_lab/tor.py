@@ -534,6 +534,9 @@ class TorNode:
     socks_port: int = 0
     fingerprint: str = ""
     v3ident: str = ""
+    address: str = "127.0.0.1"
+    """Where the node's ORPort, DirPort and SocksPort listen (its host's address on a
+    netns testbed); the control and metrics ports stay on the host's loopback."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (kept in state.json)."""
@@ -548,6 +551,7 @@ class TorNode:
             "socks_port": self.socks_port,
             "fingerprint": self.fingerprint,
             "v3ident": self.v3ident,
+            "address": self.address,
         }
 
 
@@ -579,8 +583,8 @@ def _common_lines(node: TorNode, verbose: bool = False) -> list[tuple[str, Any]]
 def _relay_lines(node: TorNode, mapping: TorMapping) -> list[tuple[str, Any]]:
     lines: list[tuple[str, Any]] = [
         ("ContactInfo", f"{node.name}@chive-lab.invalid"),
-        ("ORPort", f"127.0.0.1:{node.or_port}"),
-        ("Address", "127.0.0.1"),
+        ("ORPort", f"{node.address}:{node.or_port}"),
+        ("Address", node.address),
         ("SocksPort", 0),
         ("MetricsPort", f"127.0.0.1:{node.metrics_port}"),
         ("MetricsPortPolicy", "accept 127.0.0.1"),
@@ -615,14 +619,14 @@ def _authority_lines(node: TorNode, params: Mapping[str, int]) -> list[tuple[str
         # An authority must be a relay (ORPort) but is kept out of the data
         # path: no exit, and the client excludes it (ExcludeNodes).
         ("ContactInfo", f"{node.name}@chive-lab.invalid"),
-        ("ORPort", f"127.0.0.1:{node.or_port}"),
-        ("Address", "127.0.0.1"),
+        ("ORPort", f"{node.address}:{node.or_port}"),
+        ("Address", node.address),
         ("SocksPort", 0),
         ("ExitRelay", 0),
         ("ExitPolicy", "reject *:*"),
         ("AuthoritativeDirectory", 1),
         ("V3AuthoritativeDirectory", 1),
-        ("DirPort", f"127.0.0.1:{node.dir_port}"),
+        ("DirPort", f"{node.address}:{node.dir_port}"),
         # As fast as Tor allows (Chutney's values): the first consensus comes
         # after ~5 s, later ones every 10 s. VoteDelay + DistDelay < interval.
         ("TestingV3AuthInitialVotingInterval", 5),
@@ -641,7 +645,7 @@ def dir_authority_line(node: TorNode) -> str:
     """The value of the ``DirAuthority`` line naming authority ``node``."""
     return (
         f"{node.name} orport={node.or_port} no-v2 v3ident={node.v3ident} "
-        f"127.0.0.1:{node.dir_port} {node.fingerprint}"
+        f"{node.address}:{node.dir_port} {node.fingerprint}"
     )
 
 
@@ -667,7 +671,7 @@ def build_torrc(
             lines.append(("V3BandwidthsFile", bandwidth_file))
     if node.role == "client":
         lines += [
-            ("SocksPort", f"127.0.0.1:{node.socks_port}"),
+            ("SocksPort", f"{node.address}:{node.socks_port}"),
             # One circuit per stream, as chive and the papers have: Tor 0.4.8+
             # would otherwise split exit streams over two conflux legs.
             ("ConfluxEnabled", 1 if CLIENT_CONFLUX else 0),
@@ -816,7 +820,7 @@ def _make_authority_keys(tools: TorTools, node: TorNode, deadline: float) -> Non
     # The identity key is encrypted with an empty passphrase read from fd 0:
     # nothing to type, nothing stored beside the key.
     _run(
-        [tools.gencert, "--create-identity-key", "-m", "12", "-a", f"127.0.0.1:{node.dir_port}",
+        [tools.gencert, "--create-identity-key", "-m", "12", "-a", f"{node.address}:{node.dir_port}",
          "-i", str(keys / "authority_identity_key"), "-s", str(keys / "authority_signing_key"),
          "-c", str(keys / "authority_certificate"), "--passphrase-fd", "0"],
         cwd=node.dir, log=log, stdin=b"\n", timeout=min(60.0, left),
@@ -835,8 +839,8 @@ def _make_relay_identity(tools: TorTools, node: TorNode, empty: Path, deadline: 
     log = node.dir / "keygen.log"
     _run(
         [tools.tor, "-f", str(empty), "--defaults-torrc", str(empty), "--list-fingerprint",
-         "--DataDirectory", str(node.dir), "--ORPort", f"127.0.0.1:{node.or_port}",
-         "--Address", "127.0.0.1", "--Nickname", node.name],
+         "--DataDirectory", str(node.dir), "--ORPort", f"{node.address}:{node.or_port}",
+         "--Address", node.address, "--Nickname", node.name],
         cwd=node.dir, log=log, stdin=None, timeout=min(60.0, max(5.0, deadline - time.monotonic())),
     )
     try:

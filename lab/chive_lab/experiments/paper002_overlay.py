@@ -33,6 +33,9 @@ Variants (relay config + shaping):
 * ``split-ackprio-kernelbuf``  split-ackprio with the relays' ``LinkUnsentLimit = 0``
 * ``one-bbr``, ``split-ackprio-bbr``  one / split-ackprio with the relays'
   ``LinkCongestionControl = "bbr"`` (the hosts keep the scenario's ``cc``)
+* ``tor``, ``tor-ackprio``  the baseline: Debian's ``tor`` as authority, relays and clients
+  (:class:`~chive_lab.tor_netns.TorOverlay`), without and with ``chive shape``; topology
+  ``to-b`` only, clients pin the same paths in their torrc
 
 Measurement: ``chive perf --progress 1 --verify`` per transfer loop (4 flows, `circuits` loops each);
 bytes per second per loop (downloads counted at the receiving client, uploads
@@ -79,6 +82,7 @@ from typing import Callable
 
 from .. import netns
 from ..errors import LabError
+from ..tor_netns import TorOverlay
 from . import paper002 as p2
 
 KIND = "paper002-overlay"
@@ -118,6 +122,11 @@ VARIANTS: dict[str, dict] = {
                 "relay": {"LinkCongestionControl": "bbr"}},
     "split-ackprio-bbr": {"split": "always", "ackprio": True, "fig": "-",
                           "relay": {"LinkCongestionControl": "bbr"}},
+    # The baseline: Debian's tor in every role (relays, clients, authority) on the same hosts,
+    # links and traffic (topology "to-b" only). Tor keeps one connection per relay pair, bounds
+    # its socket writes with KIST and runs its own circuit congestion control (Vegas).
+    "tor": {"impl": "tor", "split": "off", "ackprio": False, "fig": "6"},
+    "tor-ackprio": {"impl": "tor", "split": "off", "ackprio": True, "fig": "7"},
 }
 
 #: Paper 002, Sec. V (bidirectional TCP connections; the paper has no overlay numbers).
@@ -132,6 +141,8 @@ PAPER = {
     "split-ackprio-kernelbuf": "(not in the paper)",
     "one-bbr": "(not in the paper)",
     "split-ackprio-bbr": "(not in the paper)",
+    "tor": "(Tor itself: the paper's motivation; its Fig 6 is the TCP analogue)",
+    "tor-ackprio": "(Tor with the paper's ACK prioritisation; Fig 7 is the TCP analogue)",
 }
 PAPER_VARIANCE = ("Fig 9: variance of towards-B throughput, 100-250 s: bidirectional without ACK prio "
                   "highest, with ACK prio lower, split + ACK prio lowest (no numbers in the text)")
@@ -241,19 +252,26 @@ def _relay_overrides(host: str, base: dict) -> dict:
 
 
 def _place_nodes(ov: "netns.Overlay", p: Params, split: str,
-                 relay_extra: dict | None = None) -> dict[str, tuple[str, int]]:
+                 relay_extra: dict | None = None, impl: str = "chive") -> dict[str, tuple[str, int]]:
     """Add relays, clients and web servers for ``p.topology``; return ``{httpd: (host, port)}``.
-    ``relay_extra``: more relay options (the variant's ``relay`` table)."""
-    base = {"SplitDirection": split, **(relay_extra or {})}
+    ``relay_extra``: more relay options (the variant's ``relay`` table). ``impl = "tor"``:
+    ``ov`` is a :class:`~chive_lab.tor_netns.TorOverlay`; relays get no chive options and
+    clients pin the exit in their torrc (Tor has no ``.exit`` notation)."""
+    base = {"SplitDirection": split, **(relay_extra or {})} if impl == "chive" else {}
     if p.topology == "to-b":
         for h, nick, port in (("A", "relayA", RELAY_PORT), ("B", "relayB", RELAY_PORT),
                               ("B", "relayB2", RELAY2_PORT), ("C", "relayC", RELAY_PORT)):
             ov.add_relay(h, nick, port=port, overrides=base)
         for h in ("A", "C"):
-            ov.add_client(h, f"client{h}", port=SOCKS_PORT,
-                          extra={"EntryNodes": [f"relay{h}"], "MiddleNodes": ["relayB2"]})
+            pins = {"EntryNodes": [f"relay{h}"], "MiddleNodes": ["relayB2"]}
+            if impl == "tor":
+                pins["ExitNodes"] = ["relayB"]
+            ov.add_client(h, f"client{h}", port=SOCKS_PORT, extra=pins)
         httpds = {"httpdBA": ("B", HTTP_PORT), "httpdBC": ("B", HTTP2_PORT)}
     else:
+        if impl != "chive":
+            raise LabError(f"{impl} nodes run only in topology to-b (through-b relies on chive's "
+                           "Guard-flag settings to fix the path)")
         for h in ("A", "B", "C"):
             ov.add_relay(h, f"relay{h}", port=RELAY_PORT, overrides=_relay_overrides(h, base))
         for h in ("A", "C"):
@@ -270,6 +288,9 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
     """Run one repetition; return ``{series: [bit/s per second]}`` (directions and loops)
     and keep the raw records, logs and link statistics in ``out_dir``."""
     v = VARIANTS[variant]
+    impl = v.get("impl", "chive")
+    if impl == "tor" and p.topology != "to-b":
+        raise LabError(f"variant {variant} (tor) needs topology to-b")
     say = progress or (lambda _m: None)
     out_dir.mkdir(parents=True, exist_ok=True)
     link = netns.LinkSpec(p.rate, delay_ms=p.delay_ms, queue_packets=p.queue_packets, queue_at=p.queue_at,
@@ -288,9 +309,13 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
             for h in p.ackprio_hosts:
                 shape_cmds = tb.set_ack_priority(h)
         (out_dir / "shape.txt").write_text("\n".join(shape_cmds) + "\n")
-        ov = netns.Overlay(tb, out_dir / "net", binary=chive_bin, log=p.log_level, progress=say)
+        if impl == "tor":
+            ov: netns.Overlay = TorOverlay(tb, out_dir / "net", binary=chive_bin, log=p.log_level,
+                                           progress=say)
+        else:
+            ov = netns.Overlay(tb, out_dir / "net", binary=chive_bin, log=p.log_level, progress=say)
         ov.add_authority("X", port=DIR_PORT, all_guards=False)
-        httpds = _place_nodes(ov, p, v["split"], v.get("relay"))
+        httpds = _place_nodes(ov, p, v["split"], v.get("relay"), impl)
         ov.start(timeout=60)
         perf = []
         t0 = time.time() + 0.5
@@ -308,10 +333,15 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
                 perf.append(start_perf_loop(tb, ov, f"client{f.client}", url, (t0 + f.start, t0 + f.stop),
                                             end, user, f.name, p.transfer_bytes if f.upload else None,
                                             out_dir / f"perf-{user}"))
-        (out_dir / "run.json").write_text(json.dumps({"t0": t0, "variant": variant, "rep": rep,
-                                                      "cc": cc, "params": p.__dict__}, default=list))
+        run_info = {"t0": t0, "variant": variant, "rep": rep, "cc": cc, "params": p.__dict__,
+                    "impl": impl}
+        if isinstance(ov, TorOverlay):
+            run_info["tor_version"] = ov.tools.version
+        (out_dir / "run.json").write_text(json.dumps(run_info, default=list))
         say(f"paper002-overlay: {variant}: {end:g} s of bulk transfers")
         wait_for_loops(perf, samplers, t0 + end, stop)
+        if isinstance(ov, TorOverlay):
+            (out_dir / "tor.json").write_text(json.dumps(tor_evidence(ov), indent=1))
         links = {h: tb.sh(h, ["ss", "-tinH"], check=False).stdout for h in ("A", "B", "C")}
         (out_dir / "ss.txt").write_text("\n".join(f"## {h}\n{t}" for h, t in links.items()))
         (out_dir / "links.json").write_text(json.dumps(link_bytes(links, tb), indent=1))
@@ -324,6 +354,34 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
     finally:
         tb.down()
     return collect_flows(out_dir, fl, t0, math.ceil(end), directions(p), p.circuits)
+
+
+#: Tor relay metrics kept per run (MetricsPort names; the raw pages stay in the run directory).
+_TOR_METRICS = ("tor_relay_congestion_control", "tor_relay_flow_control", "tor_relay_traffic_bytes",
+                "tor_relay_connections")
+
+
+def tor_evidence(ov: TorOverlay) -> dict:
+    """After a tor run's transfers: the circuits the clients' streams used (pinned paths
+    checked) and each relay's congestion-control, flow-control, traffic and connection
+    counters."""
+    ev: dict = {"version": ov.tools.version, "path_violations": [], "paths": {}, "relay_metrics": {}}
+    try:
+        ev["path_violations"] = ov.path_violations()
+        for c in ov.client_paths:
+            users = ov.stream_circuits(c)
+            ev["paths"][c] = sorted({p for ps in users.values() for p in ps})
+            ev.setdefault("stream_circuits", {})[c] = users
+    except LabError as e:
+        ev["error"] = str(e)
+    for r in ov.relays():
+        try:
+            m = ov.relay_metrics(r.name)
+        except LabError as e:
+            ev["relay_metrics"][r.name] = {"error": str(e)}
+            continue
+        ev["relay_metrics"][r.name] = {k: x for k, x in m.items() if k.startswith(_TOR_METRICS)}
+    return ev
 
 
 def start_sampler(tb: netns.Testbed, host: str, args: list[str], stop_at: float, out: Path):
@@ -754,7 +812,8 @@ def _write_variant(out: Path, variant: str, runs, slot: float, p: Params,
 
 
 def _write_comparison(out: Path, summary: dict, var_rows) -> None:
-    lines = ["# Paper 002, overlay (chive relays A, B, C): ours beside the paper", "",
+    impls = " and ".join(sorted({VARIANTS.get(v, {}).get("impl", "chive") for v in summary["variants"]}))
+    lines = [f"# Paper 002, overlay ({impls} relays on A, B, C): ours beside the paper", "",
              f"Parameters: {json.dumps(summary['params'])}", "",
              "| variant | direction | solo Mbit/s | both clients Mbit/s | share of link | paper (TCP, Sec. V) |",
              "|---|---|---|---|---|---|"]
@@ -925,6 +984,19 @@ def run_evidence(run_dir: Path) -> dict:
     channels, the circuits' paths, bytes per relay connection, transfer outcomes."""
     net = run_dir / "net"
     ev: dict = {"went_split": {}, "split_links": {}, "paths": {}, "transfers": {}}
+    try:
+        tor = json.loads((run_dir / "tor.json").read_text())
+    except (OSError, ValueError):
+        tor = None
+    if isinstance(tor, dict):  # a tor run: circuits from the clients' control ports
+        ev["impl"] = "tor"
+        ev["paths"] = tor.get("paths", {})
+        ev["path_violations"] = tor.get("path_violations", [])
+        ev["pinned_paths_ok"] = (not ev["path_violations"] and "error" not in tor
+                                 and all(ps for ps in ev["paths"].values()))
+        ev["tor_version"] = tor.get("version")
+        _link_evidence(run_dir, ev)
+        return ev
     for n in ("relayA", "relayB", "relayB2", "relayC"):
         try:
             log = (net / n / "chive.log").read_text(errors="replace")
@@ -950,6 +1022,12 @@ def run_evidence(run_dir: Path) -> dict:
     else:
         pinned = [p for p in paths if p[-1] in ("relayA", "relayC")]
         ev["pinned_paths_ok"] = bool(pinned) and all(p[1:2] == ["relayB"] for p in pinned)
+    _link_evidence(run_dir, ev)
+    return ev
+
+
+def _link_evidence(run_dir: Path, ev: dict) -> None:
+    """Add the run's relay connections, transfer outcomes and socket queues to ``ev``."""
     try:
         ev["links"] = json.loads((run_dir / "links.json").read_text())
         ev["busy_connections"] = busy_connections(ev["links"])
@@ -960,7 +1038,6 @@ def run_evidence(run_dir: Path) -> dict:
         ev["link_queues"] = json.loads((run_dir / "link_queues.json").read_text())
     except (OSError, ValueError):
         pass
-    return ev
 
 
 # --------------------------------------------------------------------- CLI
@@ -1050,6 +1127,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"paper002-overlay: {why}", file=sys.stderr)
         return 2
     variants, scale, runs = p2.resolve_testbed_arguments(ap, a, VARIANTS, default_runs=3)
+    tor_variants = [v for v in variants if VARIANTS[v].get("impl") == "tor"]
+    if tor_variants and a.topology != "to-b":
+        if a.variants != ",".join(VARIANTS):
+            ap.error(f"variants {', '.join(tor_variants)} (tor) need --topology to-b")
+        variants = [v for v in variants if v not in tor_variants]  # the default list
     if not 1 <= runs <= 1000:
         ap.error("--runs must be within 1..1000")
     if not 1024 <= a.transfer_bytes <= 10 * 1024**3:

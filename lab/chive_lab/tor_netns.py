@@ -1,0 +1,367 @@
+"""Real Tor relays and clients placed on the hosts of a netns :class:`~chive_lab.netns.Testbed`.
+
+:class:`TorOverlay` has the placing API of :class:`~chive_lab.netns.Overlay` (authority,
+relays, clients, web servers on named hosts; ``addr``, ``url``, ``start``, ``stop``), so an
+experiment kind can run the same traffic over Debian's ``tor`` as over chive: the baseline
+the issues ask for, on the same shaped links. The web servers stay ``chive httpd`` (the
+content is verified by ``chive perf`` either way).
+
+How a tor node differs from a chive one here:
+
+* its keys are made before it starts (``tor-gencert`` for the authority, ``tor
+  --list-fingerprint`` for every relay) in the root namespace; nothing there opens a socket;
+* its torrc comes from :func:`chive_lab.tor.build_torrc` (the loopback lab's, with the
+  node's host address for ORPort, DirPort and SocksPort; control and metrics ports stay on
+  the host's own loopback, reached by :func:`_main` run inside the host);
+* Tor has no ``.exit`` notation by default, so a client's path is pinned in its torrc
+  (``EntryNodes``, ``MiddleNodes``, ``ExitNodes`` with ``StrictNodes``), and :meth:`url`
+  only checks that the requested exit is the pinned one;
+* relay options of chive (``SplitDirection``, ``LinkUnsentLimit`` …) have no Tor equivalent
+  and are refused: Tor keeps one connection per relay pair and lets KIST bound its socket
+  writes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+from . import tor as tortools
+from .errors import LabError
+from .netns import Overlay, OverlayNode, Testbed
+
+#: Options a tor client here may pin (chive's names for the first two are the same).
+PATH_OPTIONS = ("EntryNodes", "MiddleNodes", "ExitNodes")
+#: Control and metrics ports of the n-th tor node (on the host's loopback; several tor nodes
+#: can share a host).
+CONTROL_PORT_BASE, METRICS_PORT_BASE = 9100, 9200
+#: A fresh Tor test network needs a consensus (~5-10 s) listing every relay before a
+#: client's pinned path exists; chive's take ~2 s.
+DEFAULT_START_TIMEOUT = 150.0
+
+
+class TorOverlay(Overlay):
+    """A Tor network (one authority, relays, clients) plus ``chive httpd`` web servers on a
+    running :class:`Testbed`::
+
+        ov = TorOverlay(tb, out_dir)
+        ov.add_authority("X")
+        ov.add_relay("A", "relayA"); ov.add_relay("B", "relayB")
+        ov.add_client("A", "clientA", extra={"EntryNodes": ["relayA"], "ExitNodes": ["relayB"]})
+        ov.add_httpd("B", "httpdB")
+        ov.start()     # waits until a verified fetch through every client works
+
+    Processes are started with :meth:`Testbed.popen`, so ``tb.down()`` stops them too.
+    """
+
+    impl = "tor"
+
+    def __init__(self, tb: Testbed, dir: Path, *, binary: Path | None = None,  # noqa: A002
+                 log: str = "info", progress: Callable[[str], None] | None = None) -> None:
+        super().__init__(tb, dir, binary=binary, log=log, progress=progress)
+        reason = tortools.tor_unavailable_reason()
+        if reason:
+            raise tortools.TorUnavailable(reason)
+        self.tools = tortools.find_tor_tools()
+        self.tor_nodes: dict[str, tortools.TorNode] = {}
+        #: client name -> {option: [node names]}
+        self.client_paths: dict[str, dict[str, list[str]]] = {}
+
+    # ------------------------------------------------------------ placing
+    def _tor_node(self, name: str, role: str, host: str, **ports: int) -> tortools.TorNode:
+        self.nodes[name].log_name = tortools.STDOUT_LOG
+        i = len(self.tor_nodes)
+        node = tortools.TorNode(name=name, role=role, dir=(self.dir / name).resolve(),
+                                control_port=CONTROL_PORT_BASE + i, address=self.tb.addr(host),
+                                **ports)
+        self.tor_nodes[name] = node
+        return node
+
+    def add_authority(self, host: str, *, port: int = 7000, params: dict | None = None,
+                      all_guards: bool = True, extra: dict | None = None) -> OverlayNode:
+        """Place the directory authority on ``host`` (DirPort ``port``, ORPort ``port + 1``).
+        Every relay gets the Guard flag (the test network's ``TestingDirAuthVoteGuard *``)
+        whatever ``all_guards`` says: tor clients here pin their paths instead. Consensus
+        ``params`` and ``extra`` options are refused (none is needed yet)."""
+        if self.authority is not None:
+            raise LabError("an overlay has one authority")
+        if params or extra:
+            raise LabError("the tor overlay takes no authority params or extra options")
+        self.authority = self._add("authority", "authority", host, port, {})
+        self._tor_node("authority", "authority", host, dir_port=port, or_port=port + 1)
+        return self.authority
+
+    def add_relay(self, host: str, nickname: str, *, port: int = 9001,
+                  bandwidth_rate: int | None = None, overrides: dict | None = None) -> OverlayNode:
+        """Place a tor relay (an exit) with its ORPort on ``host``. chive relay options have no
+        Tor equivalent here and are refused; so is ``bandwidth_rate`` (not needed yet)."""
+        if overrides:
+            raise LabError(f"tor relays take no chive relay options (got {sorted(overrides)})")
+        if bandwidth_rate is not None:
+            raise LabError("the tor overlay does not rate-limit relays")
+        if not re.fullmatch(r"[A-Za-z0-9]{1,19}", nickname):
+            raise LabError(f"invalid nickname {nickname!r}: 1-19 letters or digits")
+        node = self._add(nickname, "relay", host, port, {})
+        self._tor_node(nickname, "relay", host, or_port=port,
+                       metrics_port=METRICS_PORT_BASE + len(self.tor_nodes))
+        return node
+
+    def add_client(self, host: str, name: str, *, port: int = 9050,
+                   extra: dict | None = None) -> OverlayNode:
+        """Place a tor client with its SocksPort on ``host``. ``extra`` may pin the path with
+        ``EntryNodes``, ``MiddleNodes`` and ``ExitNodes`` (lists of relay nicknames of this
+        overlay; ``StrictNodes`` is then on)."""
+        paths: dict[str, list[str]] = {}
+        for key, value in (extra or {}).items():
+            if key not in PATH_OPTIONS:
+                raise LabError(f"tor client option {key!r} is not supported here "
+                               f"(only {', '.join(PATH_OPTIONS)})")
+            if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+                raise LabError(f"{key} must be a non-empty list of relay nicknames")
+            paths[key] = list(value)
+        node = self._add(name, "client", host, port, {})
+        self._tor_node(name, "client", host, socks_port=port)
+        self.client_paths[name] = paths
+        return node
+
+    # ------------------------------------------------------------ addresses
+    def url(self, httpd: str, path: str, *, exit: str | None = None) -> str:  # noqa: A002
+        """URL of ``path`` on an httpd node. Tor clients have no ``.exit`` notation: with
+        ``exit``, every client must have pinned ``ExitNodes = [exit]``."""
+        if exit is not None:
+            for client, paths in self.client_paths.items():
+                if paths.get("ExitNodes") != [exit]:
+                    raise LabError(f"{client} does not pin ExitNodes = [{exit!r}]; tor has no "
+                                   ".exit notation, pin the exit in the client")
+        return super().url(httpd, path)
+
+    # ------------------------------------------------------------ running
+    def torrc_lines(self, name: str) -> list[tuple[str, Any]]:
+        """Every torrc line of node ``name`` (keys must exist: :meth:`start` makes them)."""
+        node = self.tor_nodes[name]
+        authorities = [n for n in self.tor_nodes.values() if n.role == "authority"]
+        mapping = tortools.map_relay_options({}, None, None)
+        lines = tortools.build_torrc(node, authorities, mapping, {},
+                                     self.dir / tortools.BANDWIDTH_FILE,
+                                     verbose=any(w in self.log for w in ("debug", "trace")))
+        if node.role == "client":
+            paths = self.client_paths.get(name, {})
+            for key, names in paths.items():
+                fps = []
+                for n in names:
+                    relay = self.tor_nodes.get(n)
+                    if relay is None or relay.role != "relay":
+                        raise LabError(f"{name}: {key} names {n!r}, which is not a relay here")
+                    fps.append(f"${relay.fingerprint}")
+                lines.append((key, ",".join(fps)))
+            if paths:
+                # StrictNodes would apply ExcludeNodes (the authority, kept off paths in the
+                # loopback lab) to directory fetches too, leaving the client no directory
+                # server at all; with the whole path pinned the exclusion is not needed.
+                lines = [kv for kv in lines if kv[0] != "ExcludeNodes"]
+                lines.append(("StrictNodes", 1))
+        return lines
+
+    def _make_keys(self, deadline: float) -> None:
+        empty = self.dir / "empty-torrc"
+        empty.write_text("", encoding="utf-8")
+        for node in self.tor_nodes.values():
+            node.dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(node.dir, 0o700)  # Tor wants its DataDirectory private
+        auth = self.tor_nodes["authority"]
+        tortools._make_authority_keys(self.tools, auth, deadline)
+        servers = [n for n in self.tor_nodes.values() if n.role != "client"]
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            futures = [pool.submit(tortools._make_relay_identity, self.tools, n, empty, deadline)
+                       for n in servers]
+            for f in futures:
+                f.result()
+        relays = [n for n in self.tor_nodes.values() if n.role == "relay"]
+        (self.dir / tortools.BANDWIDTH_FILE).write_text(tortools.bandwidth_file(relays, time.time()),
+                                                        encoding="utf-8")
+
+    def start(self, *, timeout: float = DEFAULT_START_TIMEOUT, probe_bytes: int = 1024) -> None:
+        """Make keys, write torrcs, start the authority, relays, clients and httpds; return
+        when a verified fetch through each client to the first httpd works."""
+        from .network import log_tail
+
+        if self.authority is None:
+            raise LabError("an overlay needs an authority (add_authority)")
+        timeout = max(timeout, DEFAULT_START_TIMEOUT)
+        deadline = time.monotonic() + timeout
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.progress(f"tor overlay: {self.tools.version}: making keys")
+        self._make_keys(deadline)
+        for name, node in self.tor_nodes.items():
+            (node.dir / tortools.TORRC).write_text(tortools.render_torrc(self.torrc_lines(name)),
+                                                   encoding="utf-8")
+        self._spawn(self.authority)
+        for n in self.relays():
+            self._spawn(n)
+        relay_names = [n.name for n in self.relays()]
+        self.progress(f"tor overlay: waiting up to {timeout:.0f} s for a consensus listing "
+                      f"{', '.join(relay_names)} as running exits")
+        self._wait_consensus(relay_names, deadline)
+        # Clients only now: a tor client that finds its only authority without a consensus
+        # marks it down and retries minutes later.
+        for n in self.nodes.values():
+            if n.role in ("client", "httpd"):
+                self._spawn(n)
+        httpds = [n for n in self.nodes.values() if n.role == "httpd"]
+        for c in (n for n in self.nodes.values() if n.role == "client"):
+            if httpds:
+                self._wait_fetch(c, self.url(httpds[0].name, f"/bytes/{probe_bytes}"), deadline)
+        for n in self.nodes.values():
+            if n.proc is not None and n.proc.poll() is not None:
+                raise LabError(f"{n.name} exited during start-up", node=n.name,
+                               log_tail=log_tail(n.log_path))
+        self.progress("tor overlay: a verified fetch through every client worked: ready")
+
+    def _spawn(self, n: OverlayNode) -> None:
+        if n.name not in self.tor_nodes:
+            super()._spawn(n)  # a chive httpd
+            return
+        node = self.tor_nodes[n.name]
+        log = open(n.log_path, "ab")  # noqa: SIM115 - the child keeps it; closed below
+        try:
+            n.proc = self.tb.popen(n.host, [self.tools.tor, "-f", str(node.dir / tortools.TORRC),
+                                            "--defaults-torrc", str(self.dir / "empty-torrc")],
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   cwd=str(node.dir))
+        finally:
+            log.close()
+
+    def _check_alive(self) -> None:
+        for n in self.nodes.values():
+            if n.proc is not None and n.proc.poll() is not None:
+                tail = tortools._log_tails(self.tor_nodes[n.name].dir) if n.name in self.tor_nodes else ""
+                raise LabError(f"{n.name} (on host {n.host}) exited with status {n.proc.returncode}",
+                               node=n.name, log_tail=tail)
+
+    def _wait_consensus(self, relays: list[str], deadline: float) -> None:
+        url = f"http://{self.addr('authority')}/tor/status-vote/current/consensus"
+        argv = [sys.executable, "-m", "chive_lab.tor_netns", "consensus", "--url", url,
+                "--relays", ",".join(relays)]
+        last = ""
+        assert self.authority is not None
+        while True:
+            self._check_alive()
+            r = self.tb.sh(self.authority.host, argv, check=False, timeout=15)
+            if r.returncode == 0:
+                return
+            last = (r.stdout + r.stderr).strip()[-300:]
+            if time.monotonic() >= deadline:
+                raise LabError(f"timed out waiting for a consensus listing {', '.join(relays)} "
+                               f"as running exits ({last})", node="authority")
+            time.sleep(1.0)
+
+    # ------------------------------------------------------------ evidence
+    def _in_host(self, name: str, what: str) -> str:
+        node = self.tor_nodes[name]
+        argv = [sys.executable, "-m", "chive_lab.tor_netns", what, "--dir", str(node.dir),
+                "--control-port", str(node.control_port), "--metrics-port", str(node.metrics_port)]
+        r = self.tb.sh(self.nodes[name].host, argv, check=False, timeout=20)
+        if r.returncode != 0:
+            raise LabError(f"{what} of {name} failed: {(r.stdout + r.stderr).strip()[-300:]}",
+                           node=name)
+        return r.stdout
+
+    def circuits(self, client: str) -> list[dict[str, Any]]:
+        """The client's circuits from its control port (``GETINFO circuit-status``), each
+        with ``path`` as relay nicknames; the raw text is kept in its directory."""
+        text = self._in_host(client, "circuit-status")
+        (self.tor_nodes[client].dir / "circuit-status.txt").write_text(text, encoding="utf-8")
+        return tortools._parse_circuit_status(text)
+
+    def relay_metrics(self, relay: str) -> dict[str, float]:
+        """The relay's MetricsPort page, parsed (raw text kept as ``metrics.prom``)."""
+        text = self._in_host(relay, "metrics")
+        (self.tor_nodes[relay].dir / "metrics.prom").write_text(text, encoding="utf-8")
+        return tortools._parse_prometheus(text)
+
+    def stream_circuits(self, client: str) -> dict[str, list[str]]:
+        """SOCKS user -> hops of the circuits the client's streams used (Tor isolates each
+        SOCKS user on circuits of its own and names the user in ``circuit-status``; circuits
+        Tor builds for itself, such as preemptive or HS-vanguard ones, carry no user)."""
+        out: dict[str, list[str]] = {}
+        for c in self.circuits(client):
+            user = c.get("socks_username", "").strip('"')
+            if user and c.get("status") == "BUILT":
+                out.setdefault(user, []).append(",".join(c.get("path", [])))
+        return out
+
+    def path_violations(self) -> list[str]:
+        """Stream circuits of pinned clients whose hops are not the pinned relays (empty:
+        every stream's circuit followed its pins)."""
+        bad = []
+        for client, paths in self.client_paths.items():
+            if not paths:
+                continue
+            for user, circs in self.stream_circuits(client).items():
+                for path in circs:
+                    hops = path.split(",")
+                    want = [paths.get("EntryNodes"), *([paths.get("MiddleNodes")] * max(0, len(hops) - 2)),
+                            paths.get("ExitNodes")]
+                    if len(hops) < 2 or any(w is not None and h not in w for h, w in zip(hops, want)):
+                        bad.append(f"{client} user {user}: {path}")
+        return bad
+
+
+def _probe_consensus(url: str, relays: list[str]) -> int:
+    """Exit 0 if the consensus at ``url`` lists every relay as a running exit."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=3.0) as resp:
+            text = resp.read(tortools.MAX_CONTROL_REPLY).decode("utf-8", "replace")
+    except OSError as e:
+        print(f"{url}: {e}")
+        return 1
+    missing = [r for r in relays if r not in tortools._consensus_relays(text)]
+    if missing:
+        print(f"consensus does not list {', '.join(missing)} as running exits yet")
+        return 1
+    return 0
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m chive_lab.tor_netns circuit-status|metrics|consensus …``: read a tor
+    node's control or metrics port, or probe the authority's consensus, from inside a host."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m chive_lab.tor_netns",
+                                 description="Read a tor node's control or metrics port (run "
+                                             "inside the node's namespace).")
+    ap.add_argument("what", choices=["circuit-status", "metrics", "consensus"])
+    ap.add_argument("--dir", type=Path, help="the node's DataDirectory (circuit-status)")
+    ap.add_argument("--control-port", type=int, default=0)
+    ap.add_argument("--metrics-port", type=int, default=0)
+    ap.add_argument("--url", help="consensus: the authority's consensus URL")
+    ap.add_argument("--relays", default="", help="consensus: nicknames that must be running exits")
+    a = ap.parse_args(argv)
+    try:
+        if a.what == "consensus":
+            return _probe_consensus(a.url or "", [r for r in a.relays.split(",") if r])
+        if a.what == "metrics":
+            if not a.metrics_port:
+                raise LabError("this node has no metrics port")
+            sys.stdout.write(tortools._fetch_metrics(a.metrics_port))
+        else:
+            if not a.control_port or a.dir is None:
+                raise LabError("circuit-status needs --dir and --control-port")
+            with tortools._control({"control_port": a.control_port, "dir": str(a.dir)}) as ctl:
+                sys.stdout.write(ctl.getinfo("circuit-status").get("circuit-status", "") + "\n")
+    except (OSError, LabError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,154 @@
+"""Real tor nodes on the netns testbed (chive_lab.tor_netns) and the paper-002 overlay's tor
+variants: torrc lines and refusals without root; a short real run of the ``tor`` variant
+(Debian's tor as authority, relays and clients in namespaces) when root, tor and a built chive
+are there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from chive_lab import netns
+from chive_lab.errors import LabError
+from chive_lab.experiments import paper002_overlay as po
+from chive_lab.network import default_binary
+from chive_lab.tor import tor_unavailable_reason
+from chive_lab.tor_netns import TorOverlay, _main
+
+TOR_MISSING = tor_unavailable_reason()
+
+
+def _testbed() -> netns.Testbed:
+    link = netns.LinkSpec("10mbit")
+    return netns.Testbed([netns.HostSpec(h, link) for h in ("A", "B", "C")]
+                         + [netns.HostSpec("X", netns.LinkSpec(None))])
+
+
+def _placed(tmp_path: Path) -> TorOverlay:
+    ov = TorOverlay(_testbed(), tmp_path, binary=Path("/bin/true"))
+    ov.add_authority("X", port=7000)
+    po._place_nodes(ov, po.parse_options({"topology": "to-b"}), "off", None, "tor")
+    return ov
+
+
+@pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
+def test_torrc_lines_use_host_addresses_and_pin_paths(tmp_path):
+    ov = _placed(tmp_path)
+    for i, name in enumerate(ov.tor_nodes):  # fingerprints are made by start(); fake them here
+        ov.tor_nodes[name].fingerprint = f"{i:040X}"
+        ov.tor_nodes[name].v3ident = f"{i + 100:040X}"
+    addr = {h: ov.tb.addr(h) for h in "ABCX"}
+    auth = dict(ov.torrc_lines("authority"))
+    assert auth["DirPort"] == f"{addr['X']}:7000" and auth["ORPort"] == f"{addr['X']}:7001"
+    relay_b2 = ov.torrc_lines("relayB2")
+    assert ("ORPort", f"{addr['B']}:{po.RELAY2_PORT}") in relay_b2
+    assert ("Address", addr["B"]) in relay_b2
+    # Every node names the authority at its testbed address.
+    dir_auth = [v for k, v in relay_b2 if k == "DirAuthority"]
+    assert len(dir_auth) == 1 and f"{addr['X']}:7000" in dir_auth[0]
+    client = ov.torrc_lines("clientC")
+    fp = {n: f"${ov.tor_nodes[n].fingerprint}" for n in ov.tor_nodes}
+    assert ("SocksPort", f"{addr['C']}:{po.SOCKS_PORT}") in client
+    assert ("EntryNodes", fp["relayC"]) in client and ("MiddleNodes", fp["relayB2"]) in client
+    assert ("ExitNodes", fp["relayB"]) in client and ("StrictNodes", 1) in client
+    # With StrictNodes, excluding the authority would leave the client no directory server.
+    assert "ExcludeNodes" not in dict(client)
+    # Control ports are distinct on a shared host (relayB and relayB2 are both on B).
+    assert ov.tor_nodes["relayB"].control_port != ov.tor_nodes["relayB2"].control_port
+    assert ov.nodes["relayB"].log_path.name == "stdout.log"
+
+
+@pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
+def test_tor_overlay_refuses_what_tor_cannot_do(tmp_path):
+    ov = TorOverlay(_testbed(), tmp_path, binary=Path("/bin/true"))
+    with pytest.raises(LabError, match="no chive relay options"):
+        ov.add_relay("A", "relayA", overrides={"SplitDirection": "always"})
+    with pytest.raises(LabError, match="not supported"):
+        ov.add_client("A", "clientA", extra={"UseEntryGuards": 0})
+    with pytest.raises(LabError, match="non-empty list"):
+        ov.add_client("A", "clientA2", extra={"ExitNodes": "relayB"})
+    ov.add_relay("B", "relayB")
+    ov.add_client("A", "clientA", extra={"ExitNodes": ["relayB"]})
+    ov.add_httpd("B", "httpdB")
+    assert ov.url("httpdB", "/x", exit="relayB") == f"http://{ov.tb.addr('B')}:8080/x"
+    with pytest.raises(LabError, match="no .exit notation"):
+        ov.url("httpdB", "/x", exit="relayA")
+    # The through-b topology fixes paths with chive's Guard flags: not for tor.
+    with pytest.raises(LabError, match="topology to-b"):
+        po._place_nodes(TorOverlay(_testbed(), tmp_path / "2", binary=Path("/bin/true")),
+                        po.Params(), "off", None, "tor")
+    with pytest.raises(LabError, match="topology to-b"):
+        po.run_repetition_raw("tor", 0, tmp_path / "run", po.Params())
+
+
+def test_in_host_probe_reports_errors(tmp_path, capsys):
+    assert _main(["metrics", "--control-port", "1"]) == 1
+    assert "no metrics port" in capsys.readouterr().err
+    assert _main(["circuit-status"]) == 1
+    assert _main(["consensus", "--url", "http://127.0.0.1:9/x", "--relays", "a"]) == 1
+
+
+def test_tor_run_evidence_from_its_control_ports(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    tor = {"version": "0.4.9.11", "path_violations": [],
+           "paths": {"clientA": ["relayA,relayB2,relayB"], "clientC": ["relayC,relayB2,relayB"]},
+           "relay_metrics": {}}
+    (run / "tor.json").write_text(json.dumps(tor))
+    (run / "links.json").write_text("[]")
+    ev = po.run_evidence(run)
+    assert ev["impl"] == "tor" and ev["pinned_paths_ok"] and ev["busy_connections"] == {}
+    tor["path_violations"] = ["clientA circuit 9: relayA,relayC,relayB"]
+    (run / "tor.json").write_text(json.dumps(tor))
+    assert not po.run_evidence(run)["pinned_paths_ok"]
+
+
+def _real_skip() -> str | None:
+    if TOR_MISSING:
+        return f"tor: {TOR_MISSING}"
+    why = netns.available()
+    if why:
+        return why
+    if not default_binary().is_file():
+        return f"{default_binary()} is not built"
+    return None
+
+
+REAL_SKIP = _real_skip()
+
+
+@pytest.mark.skipif(REAL_SKIP is not None, reason=f"tor netns real run: {REAL_SKIP}")
+def test_quick_real_run_of_the_tor_variant(tmp_path):
+    """Debian's tor on the paper-002 testbed for 15 s of transfers: every transfer verified,
+    every circuit on its pinned path, each direction moving data over one connection per relay
+    pair, Tor's congestion-control counters kept, nothing left behind."""
+    before = set(netns.our_namespaces())
+    started = time.monotonic()
+    p = po.parse_options({"topology": "to-b", "scale": 0.05, "transfer_bytes": 2_000_000,
+                          "circuits": 2})
+    s = po.run_all(["tor"], 1, p, tmp_path)
+    assert time.monotonic() - started < 150
+    assert "errors" not in s, s.get("errors")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for d in po.DIRECTIONS_TO_B:
+        assert summary["variants"]["tor"][d]["goodput_bps"] > 2e5, d
+    ev = summary["extra"]["tor"]["evidence"]["1"]
+    assert ev["impl"] == "tor" and ev["pinned_paths_ok"], ev
+    assert ev["paths"]["clientA"] == ["relayA,relayB2,relayB"], ev["paths"]
+    for loop, t in ev["transfers"].items():
+        assert t["errors"] == 0, (loop, t["error_texts"])
+        assert t["ok"] >= 1 and t["bytes_ok"] == t["ok"] * 2_000_000, (loop, t)
+    # Tor keeps one connection per relay pair: B's connections to A and to C carry bulk both ways.
+    for peer in ("A", "C"):
+        assert any(c["bytes_sent"] > 500_000 and c["bytes_received"] > 500_000
+                   for c in ev["links"] if c["host"] == "B" and c["peer"] == peer), ev["links"]
+    tor = json.loads((tmp_path / "runs" / "tor" / "1" / "tor.json").read_text())
+    assert any(k.startswith("tor_relay_congestion_control") for k in tor["relay_metrics"]["relayB"])
+    assert {n for n in netns.our_namespaces() if n.startswith(f"{netns.PREFIX}{os.getpid()}-")} <= before
+    mine = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split()
+    assert mine == [], f"child processes left: {mine}"
