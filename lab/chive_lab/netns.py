@@ -768,7 +768,6 @@ class Overlay:
         relay — clients and httpds; return when a verified fetch through each client
         to the first httpd works. Raises LabError (with the node's log tail)."""
         from . import config as cfg
-        from .network import log_tail
 
         if self.authority is None:
             raise LabError("an overlay needs an authority (add_authority)")
@@ -806,7 +805,7 @@ class Overlay:
         for n in self.nodes.values():
             if n.proc is not None and n.proc.poll() is not None:
                 raise LabError(f"{n.name} exited during start-up", node=n.name,
-                               log_tail=log_tail(n.log_path))
+                               log_tail=self._log_tail(n))
         self.progress("overlay: a verified fetch through every client worked: ready")
 
     def _spawn(self, n: OverlayNode) -> None:
@@ -823,20 +822,28 @@ class Overlay:
         finally:
             log.close()
 
-    def _check_alive(self) -> None:
+    def _log_tail(self, n: OverlayNode) -> str:
+        """The end of node ``n``'s log, for errors."""
         from .network import log_tail
 
+        return log_tail(n.log_path)
+
+    def _check_alive(self) -> None:
         for n in self.nodes.values():
             if n.proc is not None and n.proc.poll() is not None:
                 raise LabError(f"{n.name} (on host {n.host}) exited with status {n.proc.returncode}",
-                               node=n.name, log_tail=log_tail(n.log_path))
+                               node=n.name, log_tail=self._log_tail(n))
 
-    def _wait_consensus(self, relays: list[str], deadline: float) -> None:
+    def _consensus_probe(self, relays: list[str]) -> list[str]:
+        """The command, run in the authority's host, that exits 0 once the consensus lists
+        every one of ``relays``."""
         import sys
 
-        url = f"http://{self.addr('authority')}/consensus"
-        argv = [sys.executable, "-m", "chive_lab.netns", "probe-consensus", "--url", url,
-                "--relays", ",".join(relays)]
+        return [sys.executable, "-m", "chive_lab.netns", "probe-consensus",
+                "--url", f"http://{self.addr('authority')}/consensus", "--relays", ",".join(relays)]
+
+    def _wait_consensus(self, relays: list[str], deadline: float) -> None:
+        argv = self._consensus_probe(relays)
         last = ""
         while True:
             self._check_alive()

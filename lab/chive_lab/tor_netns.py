@@ -189,8 +189,6 @@ class TorOverlay(Overlay):
     def start(self, *, timeout: float = DEFAULT_START_TIMEOUT, probe_bytes: int = 1024) -> None:
         """Make keys, write torrcs, start the authority, relays, clients and httpds; return
         when a verified fetch through each client to the first httpd works."""
-        from .network import log_tail
-
         if self.authority is None:
             raise LabError("an overlay needs an authority (add_authority)")
         timeout = max(timeout, DEFAULT_START_TIMEOUT)
@@ -220,7 +218,7 @@ class TorOverlay(Overlay):
         for n in self.nodes.values():
             if n.proc is not None and n.proc.poll() is not None:
                 raise LabError(f"{n.name} exited during start-up", node=n.name,
-                               log_tail=log_tail(n.log_path))
+                               log_tail=self._log_tail(n))
         self.progress("tor overlay: a verified fetch through every client worked: ready")
 
     def _spawn(self, n: OverlayNode) -> None:
@@ -237,29 +235,16 @@ class TorOverlay(Overlay):
         finally:
             log.close()
 
-    def _check_alive(self) -> None:
-        for n in self.nodes.values():
-            if n.proc is not None and n.proc.poll() is not None:
-                tail = tortools._log_tails(self.tor_nodes[n.name].dir) if n.name in self.tor_nodes else ""
-                raise LabError(f"{n.name} (on host {n.host}) exited with status {n.proc.returncode}",
-                               node=n.name, log_tail=tail)
+    def _log_tail(self, n: OverlayNode) -> str:
+        if n.name in self.tor_nodes:
+            return tortools._log_tails(self.tor_nodes[n.name].dir)  # tor.log, then stdout
+        return super()._log_tail(n)
 
-    def _wait_consensus(self, relays: list[str], deadline: float) -> None:
-        url = f"http://{self.addr('authority')}/tor/status-vote/current/consensus"
-        argv = [sys.executable, "-m", "chive_lab.tor_netns", "consensus", "--url", url,
+    def _consensus_probe(self, relays: list[str]) -> list[str]:
+        # Running exits: a client's pinned exit must carry the Exit flag.
+        return [sys.executable, "-m", "chive_lab.tor_netns", "consensus",
+                "--url", f"http://{self.addr('authority')}/tor/status-vote/current/consensus",
                 "--relays", ",".join(relays)]
-        last = ""
-        assert self.authority is not None
-        while True:
-            self._check_alive()
-            r = self.tb.sh(self.authority.host, argv, check=False, timeout=15)
-            if r.returncode == 0:
-                return
-            last = (r.stdout + r.stderr).strip()[-300:]
-            if time.monotonic() >= deadline:
-                raise LabError(f"timed out waiting for a consensus listing {', '.join(relays)} "
-                               f"as running exits ({last})", node="authority")
-            time.sleep(1.0)
 
     # ------------------------------------------------------------ evidence
     def _in_host(self, name: str, what: str) -> str:
