@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from types import SimpleNamespace
 
@@ -11,6 +12,7 @@ import pytest
 from chive_lab import netns
 from chive_lab.errors import LabError
 from chive_lab.experiments import client_uplink as cu
+from chive_lab.tor import tor_unavailable_reason
 
 SKIP = netns.available()
 
@@ -94,16 +96,17 @@ def test_registered_kind_and_scenario_validate():
 
 @pytest.mark.skipif(SKIP is not None, reason=f"client-uplink real run: {SKIP}")
 def test_short_real_run_keeps_the_client_backlog_small(tmp_path):
-    """Both variants for 12 s (uploads from 4 s): every transfer verified, and with the
-    client's default LinkUnsentLimit its link socket never held much more than 64 KiB
-    unsent; nothing left behind."""
+    """Every variant for 12 s (uploads from 4 s; tor's only if tor is installed): every
+    transfer verified, and with the client's default LinkUnsentLimit its link socket never
+    held much more than 64 KiB unsent; nothing left behind."""
     before = set(netns.our_namespaces())
     started = time.monotonic()
     p = cu.Params(scale=0.1, transfer_bytes=4_000_000, uploads=2)
-    s = cu.run_all(list(cu.VARIANTS), 1, p, tmp_path)
-    assert time.monotonic() - started < 120
+    variants = [v for v in cu.VARIANTS if cu.VARIANTS[v].get("impl") != "tor" or tor_unavailable_reason() is None]
+    s = cu.run_all(variants, 1, p, tmp_path)
+    assert time.monotonic() - started < 60 * len(variants)
     assert "errors" not in s, s.get("errors")
-    for v in cu.VARIANTS:
+    for v in variants:
         e = s["variants"][v]
         assert e["download_solo_bps"] > 1e6 and e["upload_bps"] > 1e6, (v, e)
         assert e["client_socket"], v
@@ -112,8 +115,14 @@ def test_short_real_run_keeps_the_client_backlog_small(tmp_path):
     # land on top of what is below the limit.
     sock = s["variants"]["unsent-limit"]["client_socket"]
     assert sock["notsent_max"] <= 64 * 1024 + 64 * 543, sock
-    transfers = json.loads((tmp_path / "runs" / "unsent-limit-0" / "transfers.json").read_text())
-    assert all(c["errors"] == 0 for c in transfers.values()), transfers
+    for v in variants:
+        transfers = json.loads((tmp_path / "runs" / f"{v}-0" / "transfers.json").read_text())
+        assert all(c["errors"] == 0 for c in transfers.values()), (v, transfers)
+    if "tor" in variants:  # the tor client's streams stayed on their pinned path
+        tor = json.loads((tmp_path / "runs" / "tor-0" / "tor.json").read_text())
+        assert tor["paths"] == {"clientA": ["relayB1,relayB2,relayB3"]} and not tor["path_violations"], tor
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert set(manifest["git"]) == {"revision", "dirty"} and manifest["runs"] == 1
-    assert not (set(netns.our_namespaces()) - before)
+    # (Only this process's namespaces: other runs may come and go meanwhile.)
+    assert not {n for n in set(netns.our_namespaces()) - before
+                if n.startswith(f"{netns.PREFIX}{os.getpid()}-")}

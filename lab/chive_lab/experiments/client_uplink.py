@@ -23,6 +23,8 @@ Variants (the client's link options; relays keep their defaults):
 * ``kernelbuf``    ``LinkUnsentLimit = 0``: the kernel's autotuned send buffer (chive before
   session 7, and any client that writes all it may)
 * ``unsent-limit`` the default (64 KiB)
+* ``tor``          the baseline: Debian's tor as client, relays and authority (the client
+  pins the exit with ``ExitNodes``); KIST bounds what Tor's channels hand to the kernel
 
 Measured per run: download goodput alone (10-40 s) and while the uploads run (60-120 s), its
 ratio, upload goodput (counted where it arrives), and the client's link socket (``ss`` once a
@@ -52,6 +54,7 @@ from typing import Callable
 
 from .. import netns
 from ..errors import LabError
+from ..tor_netns import TorOverlay
 from . import paper002 as p2
 from . import paper002_overlay as po
 
@@ -61,6 +64,9 @@ KIND = "client-uplink"
 VARIANTS: dict[str, dict] = {
     "kernelbuf": {"client": {"LinkUnsentLimit": 0}},
     "unsent-limit": {"client": {}},
+    # The baseline: Debian's tor as client, relays and authority on the same hosts (KIST bounds
+    # what its channels hand to the kernel; Vegas paces its circuits).
+    "tor": {"client": {}, "impl": "tor"},
 }
 #: Timeline (seconds, x scale): downloads run throughout, uploads join at UP_START.
 DOWN_START, UP_START, END = 0.0, 40.0, 120.0
@@ -128,12 +134,16 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
     t0 = 0.0
     try:
         tb.up()
-        ov = netns.Overlay(tb, out_dir / "net", binary=chive_bin, log=p.log_level, progress=say)
+        tor = v.get("impl") == "tor"
+        ov = (TorOverlay if tor else netns.Overlay)(tb, out_dir / "net", binary=chive_bin,
+                                                    log=p.log_level, progress=say)
         ov.add_authority("B", port=DIR_PORT)
         for nick, port in (("relayB1", ENTRY_PORT), ("relayB2", MIDDLE_PORT), ("relayB3", EXIT_PORT)):
             ov.add_relay("B", nick, port=port)
-        ov.add_client("A", "clientA", port=SOCKS_PORT,
-                      extra={"EntryNodes": ["relayB1"], "MiddleNodes": ["relayB2"], **v["client"]})
+        # Tor has no .exit notation: its client pins the exit in its torrc.
+        pins = {"EntryNodes": ["relayB1"], "MiddleNodes": ["relayB2"],
+                **({"ExitNodes": ["relayB3"]} if tor else {})}
+        ov.add_client("A", "clientA", port=SOCKS_PORT, extra={**pins, **v["client"]})
         ov.add_httpd("B", "httpd", port=HTTP_PORT)
         ov.start(timeout=60)
         t0 = time.time() + 0.5
@@ -147,10 +157,13 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
             perf.append(po.start_perf_loop(tb, ov, "clientA", url, (t0 + lp.start, t0 + lp.stop), end,
                                            lp.name, lp.name, p.transfer_bytes if lp.upload else None,
                                            out_dir / f"perf-{lp.name}"))
-        (out_dir / "run.json").write_text(json.dumps({"t0": t0, "variant": variant, "rep": rep,
-                                                      "params": p.__dict__}, default=list))
+        (out_dir / "run.json").write_text(json.dumps(
+            {"t0": t0, "variant": variant, "rep": rep, "params": p.__dict__, "impl": "tor" if tor else "chive",
+             **({"tor_version": ov.tools.version} if isinstance(ov, TorOverlay) else {})}, default=list))
         say(f"client-uplink: {variant}: {end:g} s of transfers")
         po.wait_for_loops(perf, samplers, t0 + end, stop)
+        if isinstance(ov, TorOverlay):
+            (out_dir / "tor.json").write_text(json.dumps(po.tor_evidence(ov), indent=1))
         (out_dir / "qdisc-A.txt").write_text(tb.qdisc_stats("A") + tb.qdisc_stats("sw", "vA"))
         ov.stop()
     finally:
