@@ -913,6 +913,14 @@ def read_result(result_dir: Path) -> tuple[Params, dict[str, list[dict[str, list
     """A finished run's :class:`Params` and per-run series (every 1 s sample of every
     direction and loop, from ``throughput_<variant>.csv``), from a ``chive-lab run`` output
     (files in ``paper002_overlay/``) or a standalone one (files at the top)."""
+    p, results, _evidence = read_result_with_evidence(result_dir)
+    return p, results
+
+
+def read_result_with_evidence(result_dir: Path) -> tuple[Params, dict[str, list[dict[str, list[float]]]],
+                                                        dict[str, list[dict | None]]]:
+    """:func:`read_result` plus each run's evidence from ``summary.json`` (in run order;
+    ``None`` for every run of a variant whose evidence does not cover all its runs)."""
     result_dir = Path(result_dir)
     inner = result_dir / "paper002_overlay"
     base = inner if (inner / "summary.json").is_file() else result_dir
@@ -939,23 +947,44 @@ def read_result(result_dir: Path) -> tuple[Params, dict[str, list[dict[str, list
                 raise LabError(f"{path}: bad row {line!r}") from e
         results[variant] = [{flow: [by_s.get(t, 0.0) for t in range(max(by_s) + 1)]
                              for flow, by_s in runs[r].items()} for r in sorted(runs)]
-    return p, results
+    evidence: dict[str, list[dict | None]] = {}
+    for variant, runs_of in results.items():
+        ev = summary.get("extra", {}).get(variant, {}).get("evidence", {})
+        # Evidence is keyed by run directory in run order (analyze_raw writes the CSV runs in
+        # the same order); only a full set can be matched to the runs.
+        evs = list(ev.values()) if isinstance(ev, dict) else []
+        evidence[variant] = evs if len(evs) == len(runs_of) else [None] * len(runs_of)
+    return p, results, evidence
 
 
 #: Params that may differ between results pooled together (not the testbed or the traffic).
 _POOL_MAY_DIFFER = {"log_level"}
 
 
-def pool(result_dirs: list[Path], out: Path) -> dict:
+def partly_split(variant: str, ev: dict | None) -> bool:
+    """Whether a run of a one-connection variant carried bulk on two connections of one relay
+    pair (:func:`busy_connections`), so it was not a clean one-connection run."""
+    if VARIANTS.get(variant, {}).get("split") != "off" or not ev:
+        return False
+    # Results analysed before `busy_connections` existed still have the per-connection rows.
+    busy = ev.get("busy_connections") or busy_connections(ev.get("links", []))
+    return any(n > 1 for n in busy.values())
+
+
+def pool(result_dirs: list[Path], out: Path, *, exclude_partly_split: bool = False) -> dict:
     """Analyse the runs of several finished results as one batch (same testbed and traffic,
-    checked): the paper pooled 100 runs; ours accumulate across sessions."""
+    checked): the paper pooled 100 runs; ours accumulate across sessions. Each run's evidence
+    comes along (keyed ``<result>#<n>``); ``exclude_partly_split`` leaves out runs of
+    one-connection variants that :func:`partly_split` flags (listed in ``pool.json``)."""
     if not result_dirs:
         raise LabError("pool: no results given")
     merged: dict[str, list] = {}
+    evidence: dict[str, dict] = {}
+    excluded: list[str] = []
     first: Params | None = None
     sources = []
     for d in result_dirs:
-        p, results = read_result(d)
+        p, results, evs = read_result_with_evidence(d)
         if first is None:
             first = p
         for k in first.__dict__:
@@ -963,7 +992,14 @@ def pool(result_dirs: list[Path], out: Path) -> dict:
                 raise LabError(f"pool: {d} has {k} = {getattr(p, k)!r}, {result_dirs[0]} has "
                                f"{getattr(first, k)!r}: only runs of one setup can be pooled")
         for v, runs in results.items():
-            merged.setdefault(v, []).extend(runs)
+            for i, (run, ev) in enumerate(zip(runs, evs[v]), start=1):
+                key = f"{Path(d).name}#{i}"
+                if exclude_partly_split and partly_split(v, ev):
+                    excluded.append(f"{v} {key}")
+                    continue
+                merged.setdefault(v, []).append(run)
+                if ev is not None:
+                    evidence.setdefault(v, {})[key] = ev
         manifest = Path(d) / "manifest.json"
         git = None
         if manifest.is_file():
@@ -973,9 +1009,10 @@ def pool(result_dirs: list[Path], out: Path) -> dict:
                 git = None
         sources.append({"dir": str(d), "runs": {v: len(r) for v, r in results.items()}, "git": git})
     assert first is not None
-    summary = analyze_raw(merged, first, out)
+    summary = analyze_raw(merged, first, out, evidence)
     (out / "pool.json").write_text(json.dumps({"sources": sources, "git": p2.git_at_start(),
-                                               "pooled_by": "paper002_overlay pool"}, indent=1))
+                                               "pooled_by": "paper002_overlay pool",
+                                               "excluded_partly_split": excluded}, indent=1))
     return summary
 
 
@@ -1099,10 +1136,13 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Analyse the runs of several finished results (chive-lab "
                                                  "run outputs or standalone ones, same setup) as one batch.")
         sp.add_argument("--out", type=Path, required=True, help="output directory for the pooled analysis")
+        sp.add_argument("--exclude-partly-split", action="store_true",
+                        help="leave out runs of one-connection variants in which a relay pair "
+                             "carried bulk on two connections (listed in pool.json)")
         sp.add_argument("results", type=Path, nargs="+", help="result directories to pool")
         b = sp.parse_args(argv[1:])
         try:
-            summary = pool(b.results, b.out)
+            summary = pool(b.results, b.out, exclude_partly_split=b.exclude_partly_split)
         except LabError as e:
             print(f"paper002-overlay pool: {e}", file=sys.stderr)
             return 2
