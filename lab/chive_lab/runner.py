@@ -11,8 +11,10 @@ Extension points (one line each):
   providing ``run_repetition(ctx: RepetitionContext) -> None`` and
   ``analyze(out_dir: Path, scenario: Scenario) -> analysis.Analysis``, and
   optionally ``parse_options(raw: dict) -> object`` for its own top-level
-  scenario keys (raise LabError for unknown ones) and
-  ``versions() -> dict`` for the manifest.
+  scenario keys (raise LabError for unknown ones),
+  ``versions() -> dict`` for the manifest, and ``preflight(scenario) -> None``,
+  called before anything starts, to refuse a run that would fail part-way
+  (a missing tool for one of the chosen variants).
 
 Output directory::
 
@@ -673,6 +675,9 @@ def run_experiment(
     if repetitions is not None:
         scenario = sc.with_repetitions(scenario, repetitions)
     kind = get_kind(scenario.kind)
+    preflight = getattr(kind, "preflight", None)
+    if preflight is not None:
+        preflight(scenario)
     backend = get_backend(scenario.backend)
     binary = Path(binary) if binary is not None else default_binary()
     if scenario.kind in ("overlay", "idle-vs-load") and not binary.is_file():

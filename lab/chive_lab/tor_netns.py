@@ -298,6 +298,19 @@ class TorOverlay(Overlay):
         return bad
 
 
+def check_tor_variants(kind: str, chosen: list[str], tor_variants: list[str]) -> None:
+    """Refuse, before a run starts, chosen variants that need tor when it is not installed."""
+    need = [v for v in chosen if v in tor_variants]
+    if not need:
+        return
+    reason = tortools.tor_unavailable_reason()
+    if reason:
+        rest = [v for v in chosen if v not in need]
+        raise LabError(f"{kind}: variant(s) {', '.join(need)} run Debian's tor, which is not "
+                       f"available ({reason}); install it (`make deps`) or choose the others"
+                       + (f" with --variants {','.join(rest)}" if rest else ""))
+
+
 def _probe_consensus(url: str, relays: list[str]) -> int:
     """Exit 0 if the consensus at ``url`` lists every relay as a running exit."""
     import urllib.request

@@ -13,14 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from chive_lab import netns
+from chive_lab import netns, runner, tor
+from chive_lab import scenario as sc
 from chive_lab.errors import LabError
+from chive_lab.experiments import client_uplink as cu
 from chive_lab.experiments import paper002_overlay as po
 from chive_lab.network import default_binary
 from chive_lab.tor import tor_unavailable_reason
 from chive_lab.tor_netns import TorOverlay, _main
 
 TOR_MISSING = tor_unavailable_reason()
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
 
 def _testbed() -> netns.Testbed:
@@ -152,3 +155,16 @@ def test_quick_real_run_of_the_tor_variant(tmp_path):
     assert {n for n in netns.our_namespaces() if n.startswith(f"{netns.PREFIX}{os.getpid()}-")} <= before
     mine = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split()
     assert mine == [], f"child processes left: {mine}"
+
+
+def test_chive_lab_run_refuses_tor_variants_before_starting(tmp_path, monkeypatch):
+    monkeypatch.setattr(tor, "tor_unavailable_reason", lambda: "tor: not found on PATH")
+    with pytest.raises(LabError, match=r"tor, tor-ackprio run Debian's tor.*--variants one$"):
+        runner.run_experiment(SCENARIOS / "paper002-overlay-to-b.toml", tmp_path / "o", quick=True,
+                              variants=["one", "tor", "tor-ackprio"], progress=False)
+    with pytest.raises(LabError, match=r"variant\(s\) tor run Debian's tor"):
+        runner.run_experiment(SCENARIOS / "client-uplink.toml", tmp_path / "u", quick=True, progress=False)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "u").exists()
+    # Without tor variants nothing is refused (the run itself is not started here).
+    cu.preflight(sc.select_variants(sc.load_scenario(SCENARIOS / "client-uplink.toml", quick=True),
+                                    ["kernelbuf"]))

@@ -54,7 +54,7 @@ from typing import Callable
 
 from .. import netns
 from ..errors import LabError
-from ..tor_netns import TorOverlay
+from ..tor_netns import TorOverlay, check_tor_variants
 from . import paper002 as p2
 from . import paper002_overlay as po
 
@@ -390,6 +390,12 @@ def parse_options(raw: dict) -> Params:
     shared = po.parse_options({k: raw[k] for k in ("transfer_bytes", "log_level") if k in raw})
     p.transfer_bytes, p.log_level = shared.transfer_bytes, shared.log_level
     return p
+
+
+def preflight(scenario) -> None:
+    """``chive-lab run``: refuse the tor variant when tor is not installed."""
+    check_tor_variants(KIND, [v.label for v in scenario.variants],
+                       [v for v, d in VARIANTS.items() if d.get("impl") == "tor"])
 
 
 def run_repetition(ctx) -> None:

@@ -82,7 +82,7 @@ from typing import Callable
 
 from .. import netns
 from ..errors import LabError
-from ..tor_netns import TorOverlay
+from ..tor_netns import TorOverlay, check_tor_variants
 from . import paper002 as p2
 
 KIND = "paper002-overlay"
@@ -1236,6 +1236,17 @@ def parse_options(raw: dict) -> Params:
             raise LabError(f"topology must be one of {', '.join(TOPOLOGIES)}, got {raw['topology']!r}")
         p.topology = raw["topology"]
     return p
+
+
+def preflight(scenario) -> None:
+    """``chive-lab run``: refuse tor variants without tor or outside topology ``to-b``."""
+    chosen = [v.label for v in scenario.variants]
+    tor_variants = [v for v, d in VARIANTS.items() if d.get("impl") == "tor"]
+    p = scenario.options if isinstance(scenario.options, Params) else Params()
+    if p.topology != "to-b" and any(v in tor_variants for v in chosen):
+        raise LabError(f"{KIND}: tor variants need topology = \"to-b\" (through-b fixes paths with "
+                       "chive's Guard flags)")
+    check_tor_variants(KIND, chosen, tor_variants)
 
 
 def run_repetition(ctx) -> None:
