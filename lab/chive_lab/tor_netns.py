@@ -72,6 +72,25 @@ class TorOverlay(Overlay):
         self.tor_nodes: dict[str, tortools.TorNode] = {}
         #: client name -> {option: [node names]}
         self.client_paths: dict[str, dict[str, list[str]]] = {}
+        #: node name -> extra torrc options (checked by :meth:`_check_torrc`)
+        self.extra_torrc: dict[str, dict[str, Any]] = {}
+        self._known_options: frozenset[str] | None = None
+
+    def _check_torrc(self, name: str, options: dict[str, Any] | None) -> None:
+        """Keep ``options`` as extra torrc lines of ``name`` if this tor knows each option and
+        the lab does not manage it (ports, directories, authorities, the pinned path)."""
+        if not options:
+            return
+        if self._known_options is None:
+            self._known_options = tortools.known_torrc_options(self.tools.tor)
+        managed = tortools.MANAGED_TOR_KEYS | set(PATH_OPTIONS) | {"StrictNodes", "ExcludeNodes"}
+        for key, value in options.items():
+            if key in managed:
+                raise LabError(f"{name}: torrc option {key} is set by the lab")
+            if key not in self._known_options:
+                raise LabError(f"{name}: {key} is not a torrc option of tor {self.tools.version}")
+            tortools._torrc_value(value)  # no line breaks
+        self.extra_torrc[name] = dict(options)
 
     # ------------------------------------------------------------ placing
     def _tor_node(self, name: str, role: str, host: str, **ports: int) -> tortools.TorNode:
@@ -98,25 +117,28 @@ class TorOverlay(Overlay):
         return self.authority
 
     def add_relay(self, host: str, nickname: str, *, port: int = 9001,
-                  bandwidth_rate: int | None = None, overrides: dict | None = None) -> OverlayNode:
-        """Place a tor relay (an exit) with its ORPort on ``host``. chive relay options have no
-        Tor equivalent here and are refused; so is ``bandwidth_rate`` (not needed yet)."""
+                  bandwidth_rate: int | None = None, overrides: dict | None = None,
+                  torrc: dict[str, Any] | None = None) -> OverlayNode:
+        """Place a tor relay (an exit) with its ORPort on ``host``; ``torrc``: more torrc
+        options (``{"KISTSockBufSizeFactor": 0}``). chive relay options have no Tor equivalent
+        here and are refused; so is ``bandwidth_rate`` (not needed yet)."""
         if overrides:
             raise LabError(f"tor relays take no chive relay options (got {sorted(overrides)})")
         if bandwidth_rate is not None:
             raise LabError("the tor overlay does not rate-limit relays")
         if not re.fullmatch(r"[A-Za-z0-9]{1,19}", nickname):
             raise LabError(f"invalid nickname {nickname!r}: 1-19 letters or digits")
+        self._check_torrc(nickname, torrc)
         node = self._add(nickname, "relay", host, port, {})
         self._tor_node(nickname, "relay", host, or_port=port,
                        metrics_port=METRICS_PORT_BASE + len(self.tor_nodes))
         return node
 
     def add_client(self, host: str, name: str, *, port: int = 9050,
-                   extra: dict | None = None) -> OverlayNode:
+                   extra: dict | None = None, torrc: dict[str, Any] | None = None) -> OverlayNode:
         """Place a tor client with its SocksPort on ``host``. ``extra`` may pin the path with
         ``EntryNodes``, ``MiddleNodes`` and ``ExitNodes`` (lists of relay nicknames of this
-        overlay; ``StrictNodes`` is then on)."""
+        overlay; ``StrictNodes`` is then on); ``torrc``: more torrc options."""
         paths: dict[str, list[str]] = {}
         for key, value in (extra or {}).items():
             if key not in PATH_OPTIONS:
@@ -125,6 +147,7 @@ class TorOverlay(Overlay):
             if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
                 raise LabError(f"{key} must be a non-empty list of relay nicknames")
             paths[key] = list(value)
+        self._check_torrc(name, torrc)
         node = self._add(name, "client", host, port, {})
         self._tor_node(name, "client", host, socks_port=port)
         self.client_paths[name] = paths
@@ -166,7 +189,7 @@ class TorOverlay(Overlay):
                 # server at all; with the whole path pinned the exclusion is not needed.
                 lines = [kv for kv in lines if kv[0] != "ExcludeNodes"]
                 lines.append(("StrictNodes", 1))
-        return lines
+        return lines + list(self.extra_torrc.get(name, {}).items())
 
     def _make_keys(self, deadline: float) -> None:
         empty = self.dir / "empty-torrc"

@@ -89,6 +89,27 @@ def test_tor_overlay_refuses_what_tor_cannot_do(tmp_path):
         po.run_repetition_raw("tor", 0, tmp_path / "run", po.Params())
 
 
+@pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
+def test_extra_torrc_options_are_checked_and_written(tmp_path):
+    ov = TorOverlay(_testbed(), tmp_path, binary=Path("/bin/true"))
+    ov.add_authority("X")
+    ov.add_relay("B", "relayB", torrc={"KISTSchedRunInterval": 2})
+    ov.add_client("A", "clientA", extra={"ExitNodes": ["relayB"]},
+                  torrc=cu.VARIANTS["tor-sockbuf0"]["torrc"])
+    for n in ov.tor_nodes.values():
+        n.fingerprint = "A" * 40
+    assert ("KISTSockBufSizeFactor", 0) in ov.torrc_lines("clientA")
+    assert ("KISTSchedRunInterval", 2) in ov.torrc_lines("relayB")
+    assert not any(k.startswith("KIST") for k, _ in ov.torrc_lines("authority"))
+    with pytest.raises(LabError, match="set by the lab"):
+        ov.add_client("C", "clientC", torrc={"SocksPort": 1})
+    with pytest.raises(LabError, match="set by the lab"):
+        ov.add_client("C", "clientC", torrc={"StrictNodes": 0})
+    with pytest.raises(LabError, match="not a torrc option"):
+        ov.add_relay("C", "relayC", torrc={"SplitDirection": "always"})
+    assert "clientC" not in ov.nodes and "relayC" not in ov.nodes  # nothing half-placed
+
+
 def test_in_host_probe_reports_errors(tmp_path, capsys):
     assert _main(["metrics", "--control-port", "1"]) == 1
     assert "no metrics port" in capsys.readouterr().err
@@ -162,7 +183,7 @@ def test_chive_lab_run_refuses_tor_variants_before_starting(tmp_path, monkeypatc
     with pytest.raises(LabError, match=r"tor, tor-ackprio run Debian's tor.*--variants one$"):
         runner.run_experiment(SCENARIOS / "paper002-overlay-to-b.toml", tmp_path / "o", quick=True,
                               variants=["one", "tor", "tor-ackprio"], progress=False)
-    with pytest.raises(LabError, match=r"variant\(s\) tor run Debian's tor"):
+    with pytest.raises(LabError, match=r"variant\(s\) tor, tor-sockbuf0 run Debian's tor.*--variants kernelbuf,unsent-limit$"):
         runner.run_experiment(SCENARIOS / "client-uplink.toml", tmp_path / "u", quick=True, progress=False)
     assert not (tmp_path / "o").exists() and not (tmp_path / "u").exists()
     # Without tor variants nothing is refused (the run itself is not started here).

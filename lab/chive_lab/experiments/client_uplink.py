@@ -25,6 +25,8 @@ Variants (the client's link options; relays keep their defaults):
 * ``unsent-limit`` the default (64 KiB)
 * ``tor``          the baseline: Debian's tor as client, relays and authority (the client
   pins the exit with ``ExitNodes``); KIST bounds what Tor's channels hand to the kernel
+* ``tor-sockbuf0`` the same with the client's ``KISTSockBufSizeFactor 0`` (Tor's own knob: no
+  congestion window's worth of unsent data on top of what the window can send)
 
 Measured per run: download goodput alone (10-40 s) and while the uploads run (60-120 s), its
 ratio, upload goodput (counted where it arrives), and the client's link socket (``ss`` once a
@@ -67,6 +69,9 @@ VARIANTS: dict[str, dict] = {
     # The baseline: Debian's tor as client, relays and authority on the same hosts (KIST bounds
     # what its channels hand to the kernel; Vegas paces its circuits).
     "tor": {"client": {}, "impl": "tor"},
+    # Tor's own knob for it: KIST keeps at most (1 + KISTSockBufSizeFactor) congestion windows
+    # in the socket; 0 leaves only what the window can send now.
+    "tor-sockbuf0": {"client": {}, "impl": "tor", "torrc": {"KISTSockBufSizeFactor": 0}},
 }
 #: Timeline (seconds, x scale): downloads run throughout, uploads join at UP_START.
 DOWN_START, UP_START, END = 0.0, 40.0, 120.0
@@ -143,7 +148,8 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         # Tor has no .exit notation: its client pins the exit in its torrc.
         pins = {"EntryNodes": ["relayB1"], "MiddleNodes": ["relayB2"],
                 **({"ExitNodes": ["relayB3"]} if tor else {})}
-        ov.add_client("A", "clientA", port=SOCKS_PORT, extra={**pins, **v["client"]})
+        ov.add_client("A", "clientA", port=SOCKS_PORT, extra={**pins, **v["client"]},
+                      **({"torrc": v["torrc"]} if "torrc" in v else {}))
         ov.add_httpd("B", "httpd", port=HTTP_PORT)
         ov.start(timeout=60)
         t0 = time.time() + 0.5
