@@ -334,6 +334,20 @@ def check_tor_variants(kind: str, chosen: list[str], tor_variants: list[str]) ->
                        + (f" with --variants {','.join(rest)}" if rest else ""))
 
 
+def standalone_variants(kind: str, chosen: list[str], tor_variants: list[str], *, explicit: bool,
+                        say: Callable[[str], None]) -> list[str]:
+    """The variants a standalone run goes ahead with: without tor, a default list loses its
+    tor variants (with a note), an explicit one is refused (LabError, see
+    :func:`check_tor_variants`)."""
+    if explicit or tortools.tor_unavailable_reason() is None:
+        check_tor_variants(kind, chosen, tor_variants)
+        return chosen
+    rest = [v for v in chosen if v not in tor_variants]
+    say(f"{kind}: tor is not available ({tortools.tor_unavailable_reason()}): leaving out "
+        f"{', '.join(v for v in chosen if v in tor_variants)}")
+    return rest
+
+
 def _probe_consensus(url: str, relays: list[str]) -> int:
     """Exit 0 if the consensus at ``url`` lists every relay as a running exit."""
     import urllib.request

@@ -20,7 +20,7 @@ from chive_lab.experiments import client_uplink as cu
 from chive_lab.experiments import paper002_overlay as po
 from chive_lab.network import default_binary
 from chive_lab.tor import tor_unavailable_reason
-from chive_lab.tor_netns import TorOverlay, _main
+from chive_lab.tor_netns import TorOverlay, _main, standalone_variants
 
 TOR_MISSING = tor_unavailable_reason()
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
@@ -189,3 +189,17 @@ def test_chive_lab_run_refuses_tor_variants_before_starting(tmp_path, monkeypatc
     # Without tor variants nothing is refused (the run itself is not started here).
     cu.preflight(sc.select_variants(sc.load_scenario(SCENARIOS / "client-uplink.toml", quick=True),
                                     ["kernelbuf"]))
+
+
+def test_standalone_runs_leave_tor_variants_out_only_when_not_asked_for(monkeypatch, capsys):
+    monkeypatch.setattr(tor, "tor_unavailable_reason", lambda: "tor: not found on PATH")
+    notes: list[str] = []
+    assert standalone_variants("k", ["one", "tor"], ["tor"], explicit=False, say=notes.append) == ["one"]
+    assert "leaving out tor" in notes[0]
+    with pytest.raises(LabError, match="not available"):
+        standalone_variants("k", ["one", "tor"], ["tor"], explicit=True, say=notes.append)
+    # The standalone CLIs: an explicit tor variant is a usage error (exit 2) before anything runs.
+    if netns.available() is None:
+        with pytest.raises(SystemExit) as e:
+            cu.main(["--out", "/nonexistent/x", "--variants", "tor"])
+        assert e.value.code == 2 and "not available" in capsys.readouterr().err

@@ -56,7 +56,7 @@ from typing import Callable
 
 from .. import netns
 from ..errors import LabError
-from ..tor_netns import TorOverlay, check_tor_variants
+from ..tor_netns import TorOverlay, check_tor_variants, standalone_variants
 from . import paper002 as p2
 from . import paper002_overlay as po
 
@@ -368,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     p = Params(rate=a.rate, scale=0.25 if a.quick else 1.0, cc=a.cc, downloads=a.downloads, uploads=a.uploads,
                switch_port_packets=a.switch_port_packets)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        chosen = standalone_variants(KIND, chosen, [v for v, d in VARIANTS.items() if d.get("impl") == "tor"],
+                                     explicit=a.variants != ",".join(VARIANTS), say=say)
+    except LabError as e:
+        ap.error(str(e))
     summary = run_all(chosen, runs, p, a.out, chive_bin=a.chive_bin, progress=say)
     print(json.dumps(summary["variants"], indent=1))
     return 1 if summary.get("errors") else 0

@@ -82,7 +82,7 @@ from typing import Callable
 
 from .. import netns
 from ..errors import LabError
-from ..tor_netns import TorOverlay, check_tor_variants
+from ..tor_netns import TorOverlay, check_tor_variants, standalone_variants
 from . import paper002 as p2
 
 KIND = "paper002-overlay"
@@ -1172,6 +1172,12 @@ def main(argv: list[str] | None = None) -> int:
         if a.variants != ",".join(VARIANTS):
             ap.error(f"variants {', '.join(tor_variants)} (tor) need --topology to-b")
         variants = [v for v in variants if v not in tor_variants]  # the default list
+    try:
+        variants = standalone_variants(KIND, variants, tor_variants,
+                                       explicit=a.variants != ",".join(VARIANTS),
+                                       say=lambda m: print(m, file=sys.stderr, flush=True))
+    except LabError as e:
+        ap.error(str(e))
     if not 1 <= runs <= 1000:
         ap.error("--runs must be within 1..1000")
     if not 1024 <= a.transfer_bytes <= 10 * 1024**3:
