@@ -36,6 +36,8 @@ Variants (relay config + shaping):
 * ``tor``, ``tor-ackprio``  the baseline: Debian's ``tor`` as authority, relays and clients
   (:class:`~chive_lab.tor_netns.TorOverlay`), without and with ``chive shape``; topology
   ``to-b`` only, clients pin the same paths in their torrc
+* ``tor-ackprio-bbr``, ``one-ackprio-bbr``  BBR and ACK priority without splitting: tor with
+  BBR as the hosts' default, chive's one connection with BBR links
 
 Measurement: ``chive perf --progress 1 --verify`` per transfer loop (4 flows, `circuits` loops each);
 bytes per second per loop (downloads counted at the receiving client, uploads
@@ -127,6 +129,12 @@ VARIANTS: dict[str, dict] = {
     # its socket writes with KIST and runs its own circuit congestion control (Vegas).
     "tor": {"impl": "tor", "split": "off", "ackprio": False, "fig": "6"},
     "tor-ackprio": {"impl": "tor", "split": "off", "ackprio": True, "fig": "7"},
+    # BBR without splitting: Tor with BBR as the hosts' default (in topology to-b every
+    # connection between hosts is a relay link, so this is what split-ackprio-bbr's relays
+    # get per socket), and chive's one connection with BBR links, both with ACK priority.
+    "tor-ackprio-bbr": {"impl": "tor", "split": "off", "ackprio": True, "fig": "-", "host_cc": "bbr"},
+    "one-ackprio-bbr": {"split": "off", "ackprio": True, "fig": "-",
+                        "relay": {"LinkCongestionControl": "bbr"}},
 }
 
 #: Paper 002, Sec. V (bidirectional TCP connections; the paper has no overlay numbers).
@@ -143,6 +151,8 @@ PAPER = {
     "split-ackprio-bbr": "(not in the paper)",
     "tor": "(Tor itself: the paper's motivation; its Fig 6 is the TCP analogue)",
     "tor-ackprio": "(Tor with the paper's ACK prioritisation; Fig 7 is the TCP analogue)",
+    "tor-ackprio-bbr": "(not in the paper)",
+    "one-ackprio-bbr": "(not in the paper)",
 }
 PAPER_VARIANCE = ("Fig 9: variance of towards-B throughput, 100-250 s: bidirectional without ACK prio "
                   "highest, with ACK prio lower, split + ACK prio lowest (no numbers in the text)")
@@ -295,8 +305,11 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
     out_dir.mkdir(parents=True, exist_ok=True)
     link = netns.LinkSpec(p.rate, delay_ms=p.delay_ms, queue_packets=p.queue_packets, queue_at=p.queue_at,
                           switch_port_packets=p.switch_port_packets)
-    hosts = [netns.HostSpec(n, link, cc=p.cc) for n in SHAPED_HOSTS]
-    hosts.append(netns.HostSpec("X", netns.LinkSpec(None), cc=p.cc))  # the authority, unshaped
+    # A variant may set the hosts' congestion control itself ("host_cc"): Tor cannot choose it
+    # per socket, and in topology to-b every connection between hosts is a relay link.
+    host_cc = v.get("host_cc", p.cc)
+    hosts = [netns.HostSpec(n, link, cc=host_cc) for n in SHAPED_HOSTS]
+    hosts.append(netns.HostSpec("X", netns.LinkSpec(None), cc=host_cc))  # the authority, unshaped
     fl = flows(p)
     end = max(f.stop for f in fl)
     tb = netns.Testbed(hosts, chive_bin=chive_bin, progress=say, widen_allowed_cc=True)
