@@ -323,26 +323,33 @@ def test_pool_reads_results_back_and_analyses_them_as_one_batch(tmp_path):
     assert po.main(["pool", "--out", str(tmp_path / "cli2"), str(tmp_path / "nothing")]) == 2
 
 
-def test_pool_can_leave_out_partly_split_one_connection_runs(tmp_path):
+def test_pool_can_leave_out_runs_with_an_extra_channel(tmp_path):
     p, shaky = _synthetic(0.2, steady=False)
     _, steady = _synthetic(0.2, steady=True)
-    clean = {"busy_connections": {"A-B": 1, "B-C": 1}}
-    two = {"busy_connections": {"A-B": 2, "B-C": 1}}
-    # Run 2 of `one` had two busy connections on A-B; split-ackprio is split by design.
+    one_ok, one_two = {"busy_connections": {"A-B": 1, "B-C": 1}}, {"busy_connections": {"A-B": 2, "B-C": 1}}
+    split_ok, split_three = ({"busy_connections": {"A-B": 2, "B-C": 2}},
+                             {"busy_connections": {"A-B": 2, "B-C": 3}})
+    # `one` run 2 had two busy connections on A-B, split-ackprio run 2 three on B-C (two
+    # channels); two per pair is split-ackprio's design.
     po.analyze_raw({"one": shaky, "split-ackprio": steady}, p, tmp_path / "r1",
-                   {"one": {"1": clean, "2": two}, "split-ackprio": {"1": two, "2": two}})
+                   {"one": {"1": one_ok, "2": one_two}, "split-ackprio": {"1": split_ok, "2": split_three}})
     kept = po.pool([tmp_path / "r1"], tmp_path / "all")
     assert kept["extra"]["one"]["runs"] == 2
     assert set(kept["extra"]["one"]["evidence"]) == {"r1#1", "r1#2"}
-    assert "one run r1#2 (A-B)" in (tmp_path / "all" / "comparison.md").read_text()
-    assert po.main(["pool", "--exclude-partly-split", "--out", str(tmp_path / "clean"),
+    text = (tmp_path / "all" / "comparison.md").read_text()
+    assert "one run r1#2 (A-B)" in text and "split-ackprio run r1#2 (B-C)" in text
+    assert "split-ackprio run r1#1" not in text
+    assert po.main(["pool", "--exclude-extra-channels", "--out", str(tmp_path / "clean"),
                     str(tmp_path / "r1")]) == 0
     cleaned = json.loads((tmp_path / "clean" / "summary.json").read_text())
-    assert cleaned["extra"]["one"]["runs"] == 1 and cleaned["extra"]["split-ackprio"]["runs"] == 2
-    assert json.loads((tmp_path / "clean" / "pool.json").read_text())["excluded_partly_split"] == ["one r1#2"]
+    assert cleaned["extra"]["one"]["runs"] == 1 and cleaned["extra"]["split-ackprio"]["runs"] == 1
+    assert json.loads((tmp_path / "clean" / "pool.json").read_text())["excluded_extra_channels"] == [
+        "one r1#2", "split-ackprio r1#2"]
     direct = po.analyze_raw({"one": shaky[:1]}, p, tmp_path / "direct")
     assert cleaned["extra"]["one"]["towards_b_variance"] == pytest.approx(
         direct["extra"]["one"]["towards_b_variance"], rel=1e-6)
+    # dynamic may run one or two connections per pair: never flagged.
+    assert po.extra_channel_pairs("dynamic-ackprio", split_three) == []
 
 
 def test_registered_kind():

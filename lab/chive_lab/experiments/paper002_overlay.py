@@ -852,7 +852,7 @@ def _write_comparison(out: Path, summary: dict, var_rows) -> None:
                          f"{t['split_ackprio_share_of_ceiling'][d]:.2f} |")
         lines.append("")
     lines += _link_queue_lines(summary)
-    lines += _second_connection_lines(summary)
+    lines += _extra_channel_lines(summary)
     (out / "comparison.md").write_text("\n".join(lines))
 
 
@@ -904,22 +904,40 @@ def busy_connections(links: list[dict]) -> dict[str, int]:
     return out
 
 
-def _second_connection_lines(summary: dict) -> list[str]:
-    """comparison.md: runs of one-connection variants in which a relay pair had two busy
-    connections (so that run was partly split, and is not a clean baseline)."""
+#: Busy connections a relay pair should have by design: one channel, with one connection
+#: ("off") or one per direction ("always"); "dynamic" may have either.
+DESIGNED_CONNECTIONS = {"off": 1, "always": 2}
+
+
+def extra_channel_pairs(variant: str, ev: dict | None) -> list[str]:
+    """Relay pairs (``"B-C"``) that carried bulk on more connections than ``variant`` opens by
+    design: both relays had opened a channel to each other at the same moment (in topology
+    to-b when a client's preemptive circuit through relayB2 leaves at relayA or relayC while the
+    other client's circuits enter there), and circuits stay on the channel they were built on,
+    so the pair's traffic ran over two channels, each with its own TCP share."""
+    designed = DESIGNED_CONNECTIONS.get(VARIANTS.get(variant, {}).get("split", ""))
+    if designed is None or not ev:
+        return []
+    # Results analysed before `busy_connections` existed still have the per-connection rows.
+    busy = ev.get("busy_connections") or busy_connections(ev.get("links", []))
+    return sorted(p for p, n in busy.items() if n > designed)
+
+
+def _extra_channel_lines(summary: dict) -> list[str]:
+    """comparison.md: runs in which a relay pair carried bulk on more connections than the
+    variant opens (so that run is not a clean instance of its variant)."""
     hits = []
     for v, extra in summary.get("extra", {}).items():
-        if VARIANTS.get(v, {}).get("split") != "off":
-            continue
         for run, ev in sorted(extra.get("evidence", {}).items()):
-            pairs = [p for p, n in ev.get("busy_connections", {}).items() if n > 1]
+            pairs = extra_channel_pairs(v, ev)
             if pairs:
                 hits.append(f"{v} run {run} ({', '.join(pairs)})")
     if not hits:
         return []
-    return ["One-connection runs in which a relay pair carried bulk on two connections (both relays "
-            "opened one at once; circuits stay on the connection they were built on, so part of the "
-            f"traffic ran split): {'; '.join(hits)}.", ""]
+    return ["Runs in which a relay pair carried bulk on more connections than the variant opens (two "
+            "channels: both relays opened one at once, and circuits stay on the channel they were "
+            "built on; the direction with two channels gets two TCP shares): "
+            f"{'; '.join(hits)}. `pool --exclude-extra-channels` leaves them out.", ""]
 
 
 def read_result(result_dir: Path) -> tuple[Params, dict[str, list[dict[str, list[float]]]]]:
@@ -974,21 +992,11 @@ def read_result_with_evidence(result_dir: Path) -> tuple[Params, dict[str, list[
 _POOL_MAY_DIFFER = {"log_level"}
 
 
-def partly_split(variant: str, ev: dict | None) -> bool:
-    """Whether a run of a one-connection variant carried bulk on two connections of one relay
-    pair (:func:`busy_connections`), so it was not a clean one-connection run."""
-    if VARIANTS.get(variant, {}).get("split") != "off" or not ev:
-        return False
-    # Results analysed before `busy_connections` existed still have the per-connection rows.
-    busy = ev.get("busy_connections") or busy_connections(ev.get("links", []))
-    return any(n > 1 for n in busy.values())
-
-
-def pool(result_dirs: list[Path], out: Path, *, exclude_partly_split: bool = False) -> dict:
+def pool(result_dirs: list[Path], out: Path, *, exclude_extra_channels: bool = False) -> dict:
     """Analyse the runs of several finished results as one batch (same testbed and traffic,
     checked): the paper pooled 100 runs; ours accumulate across sessions. Each run's evidence
-    comes along (keyed ``<result>#<n>``); ``exclude_partly_split`` leaves out runs of
-    one-connection variants that :func:`partly_split` flags (listed in ``pool.json``)."""
+    comes along (keyed ``<result>#<n>``); ``exclude_extra_channels`` leaves out runs that
+    :func:`extra_channel_pairs` flags (listed in ``pool.json``)."""
     if not result_dirs:
         raise LabError("pool: no results given")
     merged: dict[str, list] = {}
@@ -1007,7 +1015,7 @@ def pool(result_dirs: list[Path], out: Path, *, exclude_partly_split: bool = Fal
         for v, runs in results.items():
             for i, (run, ev) in enumerate(zip(runs, evs[v]), start=1):
                 key = f"{Path(d).name}#{i}"
-                if exclude_partly_split and partly_split(v, ev):
+                if exclude_extra_channels and extra_channel_pairs(v, ev):
                     excluded.append(f"{v} {key}")
                     continue
                 merged.setdefault(v, []).append(run)
@@ -1025,7 +1033,7 @@ def pool(result_dirs: list[Path], out: Path, *, exclude_partly_split: bool = Fal
     summary = analyze_raw(merged, first, out, evidence)
     (out / "pool.json").write_text(json.dumps({"sources": sources, "git": p2.git_at_start(),
                                                "pooled_by": "paper002_overlay pool",
-                                               "excluded_partly_split": excluded}, indent=1))
+                                               "excluded_extra_channels": excluded}, indent=1))
     return summary
 
 
@@ -1149,13 +1157,13 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Analyse the runs of several finished results (chive-lab "
                                                  "run outputs or standalone ones, same setup) as one batch.")
         sp.add_argument("--out", type=Path, required=True, help="output directory for the pooled analysis")
-        sp.add_argument("--exclude-partly-split", action="store_true",
-                        help="leave out runs of one-connection variants in which a relay pair "
-                             "carried bulk on two connections (listed in pool.json)")
+        sp.add_argument("--exclude-extra-channels", action="store_true",
+                        help="leave out runs in which a relay pair carried bulk on more connections "
+                             "than the variant opens, i.e. on two channels (listed in pool.json)")
         sp.add_argument("results", type=Path, nargs="+", help="result directories to pool")
         b = sp.parse_args(argv[1:])
         try:
-            summary = pool(b.results, b.out, exclude_partly_split=b.exclude_partly_split)
+            summary = pool(b.results, b.out, exclude_extra_channels=b.exclude_extra_channels)
         except LabError as e:
             print(f"paper002-overlay pool: {e}", file=sys.stderr)
             return 2
