@@ -44,6 +44,15 @@ CONTROL_PORT_BASE, METRICS_PORT_BASE = 9100, 9200
 #: A fresh Tor test network needs a consensus (~5-10 s) listing every relay before a
 #: client's pinned path exists; chive's take ~2 s.
 DEFAULT_START_TIMEOUT = 150.0
+#: A client with no working fetch this long after it started is restarted once with an empty
+#: directory cache and guard state (seen once in ~30 starts: the client took a consensus in
+#: which its pinned entry was not usable, discarded every circuit for "hop #1" and did not
+#: recover within minutes).
+CLIENT_RESTART_AFTER = 45.0
+#: What a restarted client forgets (its DataDirectory has no keys worth keeping).
+_CLIENT_CACHE_FILES = ("state", "cached-certs", "cached-consensus", "cached-microdesc-consensus",
+                       "cached-microdescs", "cached-microdescs.new", "cached-descriptors",
+                       "cached-descriptors.new")
 
 
 class TorOverlay(Overlay):
@@ -74,6 +83,8 @@ class TorOverlay(Overlay):
         self.client_paths: dict[str, dict[str, list[str]]] = {}
         #: node name -> extra torrc options (checked by :meth:`_check_torrc`)
         self.extra_torrc: dict[str, dict[str, Any]] = {}
+        #: Clients :meth:`start` had to restart (see :data:`CLIENT_RESTART_AFTER`).
+        self.restarted_clients: list[str] = []
         self._known_options: frozenset[str] | None = None
 
     def _check_torrc(self, name: str, options: dict[str, Any] | None) -> None:
@@ -237,12 +248,37 @@ class TorOverlay(Overlay):
         httpds = [n for n in self.nodes.values() if n.role == "httpd"]
         for c in (n for n in self.nodes.values() if n.role == "client"):
             if httpds:
-                self._wait_fetch(c, self.url(httpds[0].name, f"/bytes/{probe_bytes}"), deadline)
+                self._wait_client(c, self.url(httpds[0].name, f"/bytes/{probe_bytes}"), deadline)
         for n in self.nodes.values():
             if n.proc is not None and n.proc.poll() is not None:
                 raise LabError(f"{n.name} exited during start-up", node=n.name,
                                log_tail=self._log_tail(n))
         self.progress("tor overlay: a verified fetch through every client worked: ready")
+
+    def _wait_client(self, c: OverlayNode, url: str, deadline: float) -> None:
+        """Wait for a verified fetch through client ``c``; restart it once (empty cache and
+        guard state) if none works within :data:`CLIENT_RESTART_AFTER` s."""
+        first = min(deadline, time.monotonic() + CLIENT_RESTART_AFTER)
+        try:
+            return self._wait_fetch(c, url, first)
+        except LabError:
+            if time.monotonic() >= deadline or c.proc is None or c.proc.poll() is not None:
+                raise
+        node = self.tor_nodes[c.name]
+        last = tortools._log_tails(node.dir).strip().splitlines()[-1:]
+        self.progress(f"tor overlay: no fetch through {c.name} after {CLIENT_RESTART_AFTER:.0f} s "
+                      f"({last[0][:160] if last else 'no log'}); restarting it without its caches")
+        c.proc.terminate()
+        try:
+            c.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            c.proc.kill()
+            c.proc.wait()
+        for name in _CLIENT_CACHE_FILES:
+            (node.dir / name).unlink(missing_ok=True)
+        self.restarted_clients.append(c.name)
+        self._spawn(c)
+        self._wait_fetch(c, url, deadline)
 
     def _spawn(self, n: OverlayNode) -> None:
         if n.name not in self.tor_nodes:

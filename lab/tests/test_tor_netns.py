@@ -203,3 +203,39 @@ def test_standalone_runs_leave_tor_variants_out_only_when_not_asked_for(monkeypa
         with pytest.raises(SystemExit) as e:
             cu.main(["--out", "/nonexistent/x", "--variants", "tor"])
         assert e.value.code == 2 and "not available" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
+def test_a_stuck_client_is_restarted_once_without_its_caches(tmp_path, monkeypatch):
+    ov = _placed(tmp_path)
+    client = ov.nodes["clientA"]
+    node_dir = ov.tor_nodes["clientA"].dir
+    node_dir.mkdir(parents=True)
+    for name in ("state", "cached-microdesc-consensus", "keys"):
+        (node_dir / name).write_text("x")
+    client.proc = subprocess.Popen(["sleep", "30"])
+    calls: list[float] = []
+
+    def fake_wait(c, url, deadline):
+        calls.append(deadline)
+        if len(calls) == 1:
+            raise LabError("timed out fetching")
+
+    spawned: list[str] = []
+    monkeypatch.setattr(ov, "_wait_fetch", fake_wait)
+    monkeypatch.setattr(ov, "_spawn", lambda n: spawned.append(n.name))
+    old = client.proc
+    ov._wait_client(client, "http://x/", time.monotonic() + 600)
+    assert old.poll() is not None  # the stuck tor was stopped
+    assert spawned == ["clientA"] and ov.restarted_clients == ["clientA"]
+    assert not (node_dir / "state").exists() and not (node_dir / "cached-microdesc-consensus").exists()
+    assert (node_dir / "keys").exists()
+    # The first wait was cut at the restart point, the second ran to the overall deadline.
+    assert calls[0] < calls[1]
+    # Past the overall deadline the error stands.
+    calls.clear()
+    client.proc = subprocess.Popen(["sleep", "30"])
+    with pytest.raises(LabError):
+        ov._wait_client(client, "http://x/", time.monotonic() - 1)
+    client.proc.kill()
+    client.proc.wait()

@@ -378,7 +378,8 @@ def tor_evidence(ov: TorOverlay) -> dict:
     """After a tor run's transfers: the circuits the clients' streams used (pinned paths
     checked) and each relay's congestion-control, flow-control, traffic and connection
     counters."""
-    ev: dict = {"version": ov.tools.version, "path_violations": [], "paths": {}, "relay_metrics": {}}
+    ev: dict = {"version": ov.tools.version, "path_violations": [], "paths": {}, "relay_metrics": {},
+                "restarted_clients": ov.restarted_clients}
     try:
         ev["path_violations"] = ov.path_violations()
         for c in ov.client_paths:
