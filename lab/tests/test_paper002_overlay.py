@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -350,6 +351,22 @@ def test_pool_can_leave_out_runs_with_an_extra_channel(tmp_path):
         direct["extra"]["one"]["towards_b_variance"], rel=1e-6)
     # dynamic may run one or two connections per pair: never flagged.
     assert po.extra_channel_pairs("dynamic-ackprio", split_three) == []
+
+
+def test_only_relay_b_exits_when_asked(tmp_path):
+    tb = netns.Testbed([netns.HostSpec(h, netns.LinkSpec("10mbit")) for h in ("A", "B", "C", "X")])
+    for exits, expect_closed in (("all", set()), ("b", {"relayA", "relayB2", "relayC"})):
+        ov = netns.Overlay(tb, tmp_path / exits, binary=Path("/bin/true"))
+        p = po.parse_options({"topology": "to-b", "exit_relays": exits})
+        po._place_nodes(ov, p, "always")
+        closed = {n.name for n in ov.relays() if n.config["ExitPolicy"] == ["reject *:*"]}
+        assert closed == expect_closed, exits
+        assert ov.nodes["relayB"].config["ExitPolicy"] == [f"accept {tb.subnet}:*", "reject *:*"]
+        assert all(n.config["SplitDirection"] == "always" for n in ov.relays())
+    with pytest.raises(LabError, match="needs topology"):
+        po.parse_options({"exit_relays": "b"})
+    with pytest.raises(LabError, match="exit_relays must be one of"):
+        po.parse_options({"topology": "to-b", "exit_relays": "none"})
 
 
 def test_registered_kind():

@@ -176,6 +176,8 @@ HOST_BY_ADDR = dict(zip((str(a) for a in ipaddress.ip_network(netns.DEFAULT_SUBN
 #: ``to-b``: relayB2's ORPort, and the port of httpdBC (httpdBA uses HTTP_PORT).
 RELAY2_PORT, HTTP2_PORT = 9002, 8081
 TOPOLOGIES = ("through-b", "to-b")
+#: Params.exit_relays values.
+EXIT_RELAYS = ("all", "b")
 #: relayB advertises this (bytes/s, far above 10 Mbit/s so it never throttles) while
 #: relayA/relayC advertise the relay's "unlimited" 100 MB/s: the median makes only A, C Guards.
 B_BANDWIDTH = 50_000_000
@@ -221,6 +223,12 @@ class Params:
     #: 3.3 Mbit/s whatever TCP does. Several circuits per flow take that limit away, as several
     #: TCP connections per host did in the paper's BitTorrent motivation.
     circuits: int = 1
+    #: Topology to-b, chive relays: "all" relays are exits (as before session 8), or only
+    #: relayB ("b"). With "all", a client's preemptive circuits may leave at relayA or relayC
+    #: through relayB2, so relayB2 opens a channel towards them while they open one to it, and
+    #: a run can carry one direction on two channels (:func:`extra_channel_pairs`). Tor clients
+    #: pin ExitNodes for every circuit, so this changes nothing for them.
+    exit_relays: str = "all"
 
     def t(self, seconds: float) -> float:
         """A paper time scaled."""
@@ -271,7 +279,9 @@ def _place_nodes(ov: "netns.Overlay", p: Params, split: str,
     if p.topology == "to-b":
         for h, nick, port in (("A", "relayA", RELAY_PORT), ("B", "relayB", RELAY_PORT),
                               ("B", "relayB2", RELAY2_PORT), ("C", "relayC", RELAY_PORT)):
-            ov.add_relay(h, nick, port=port, overrides=base)
+            no_exit = impl == "chive" and p.exit_relays == "b" and nick != "relayB"
+            ov.add_relay(h, nick, port=port,
+                         overrides={**base, "ExitPolicy": ["reject *:*"]} if no_exit else base)
         for h in ("A", "C"):
             pins = {"EntryNodes": [f"relay{h}"], "MiddleNodes": ["relayB2"]}
             if impl == "tor":
@@ -1182,6 +1192,9 @@ def main(argv: list[str] | None = None) -> int:
                          "to-b: the data towards B ends at B, as in the paper (see the module doc)")
     ap.add_argument("--circuits", type=int, default=1,
                     help="transfer loops per flow, each on its own circuit (default 1)")
+    ap.add_argument("--exit-relays", choices=EXIT_RELAYS, default="all",
+                    help="to-b with chive relays: every relay an exit (all, default) or only relayB "
+                         "(b: no client circuit makes relayB2 open a channel towards A or C)")
     ap.add_argument("--chive-bin", type=Path, default=None)
     a = ap.parse_args(argv)
     why = netns.available()
@@ -1206,9 +1219,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--transfer-bytes must be within 1 KiB..10 GiB")
     if not 1 <= a.circuits <= MAX_CIRCUITS:
         ap.error(f"--circuits must be within 1..{MAX_CIRCUITS}")
+    if a.exit_relays != "all" and a.topology != "to-b":
+        ap.error("--exit-relays b needs --topology to-b")
     p = Params(rate=a.rate, scale=scale, cc=a.cc, queue_packets=a.queue_packets, queue_at=a.queue_at,
                switch_port_packets=a.switch_port_packets, delay_ms=a.delay_ms, transfer_bytes=a.transfer_bytes, topology=a.topology,
-               circuits=a.circuits, ackprio_hosts=tuple(h.strip() for h in a.ackprio_hosts.split(",") if h.strip()))
+               circuits=a.circuits, exit_relays=a.exit_relays, ackprio_hosts=tuple(h.strip() for h in a.ackprio_hosts.split(",") if h.strip()))
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         summary = run_all(variants, runs, p, a.out, chive_bin=a.chive_bin, progress=say)
@@ -1227,7 +1242,7 @@ def main(argv: list[str] | None = None) -> int:
 # analyze(out_dir, scenario) once at the end.
 
 _OPTION_KEYS = {"rate", "scale", "cc", "queue_packets", "queue_at", "ackprio_hosts", "delay_ms",
-                "transfer_bytes", "log_level", "topology", "circuits", "switch_port_packets"}
+                "transfer_bytes", "log_level", "topology", "circuits", "switch_port_packets", "exit_relays"}
 
 
 def parse_options(raw: dict) -> Params:
@@ -1259,10 +1274,16 @@ def parse_options(raw: dict) -> Params:
         if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_CIRCUITS:
             raise LabError(f"circuits must be an integer within 1..{MAX_CIRCUITS}, got {c!r}")
         p.circuits = c
+    if "exit_relays" in raw:
+        if raw["exit_relays"] not in EXIT_RELAYS:
+            raise LabError(f"exit_relays must be one of {', '.join(EXIT_RELAYS)}, got {raw['exit_relays']!r}")
+        p.exit_relays = raw["exit_relays"]
     if "topology" in raw:
         if raw["topology"] not in TOPOLOGIES:
             raise LabError(f"topology must be one of {', '.join(TOPOLOGIES)}, got {raw['topology']!r}")
         p.topology = raw["topology"]
+    if p.exit_relays != "all" and p.topology != "to-b":
+        raise LabError("exit_relays = \"b\" needs topology = \"to-b\" (through-b exits at relayA and relayC)")
     return p
 
 
