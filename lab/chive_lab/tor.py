@@ -853,6 +853,41 @@ def _make_relay_identity(tools: TorTools, node: TorNode, empty: Path, deadline: 
     node.fingerprint = fp
 
 
+def prepare_keys(tools: TorTools, nodes: list[TorNode], dir: Path, deadline: float) -> Path:  # noqa: A002
+    """Before any tor of ``nodes`` starts: private DataDirectories, every authority's v3 keys,
+    every authority's and relay's identity (fingerprints filled in), and ``dir/BANDWIDTH_FILE``
+    giving the relays equal weights. Returns the empty torrc used as ``--defaults-torrc``.
+    Errors name the node and carry its log tail."""
+    empty = dir / "empty-torrc"
+    empty.write_text("", encoding="utf-8")
+    for node in nodes:
+        node.dir.mkdir(parents=True, exist_ok=True)
+        # Tor wants its DataDirectory private (0700) and says so otherwise.
+        os.chmod(node.dir, 0o700)
+
+    def named(node: TorNode, e: LabError) -> LabError:
+        return LabError(str(e), node=node.name, log_tail=e.log_tail or _log_tails(node.dir))
+
+    for a in (n for n in nodes if n.role == "authority"):
+        try:
+            _make_authority_keys(tools, a, deadline)
+        except LabError as e:
+            raise named(a, e) from e
+    # Every relay's identity (for the authorities' DirAuthority lines and the
+    # bandwidth file); a few at a time, each is one short tor run.
+    servers = [n for n in nodes if n.role != "client"]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {n.name: pool.submit(_make_relay_identity, tools, n, empty, deadline) for n in servers}
+        for n in servers:
+            try:
+                futures[n.name].result()
+            except LabError as e:
+                raise named(n, e) from e
+    relays = [n for n in nodes if n.role == "relay"]
+    (dir / BANDWIDTH_FILE).write_text(bandwidth_file(relays, time.time()), encoding="utf-8")
+    return empty
+
+
 def bandwidth_file(relays: list[TorNode], now: float, bw: int = 1000) -> str:
     """A bandwidth file (bandwidth-file-spec 1.0.0: a timestamp line, then
     ``node_id=$FP bw=N`` per relay) giving every relay the same measured
@@ -948,31 +983,11 @@ def start_tor_network(
     }
     save_state(dir, state)
 
-    empty = dir / "empty-torrc"
-    empty.write_text("", encoding="utf-8")
-    for node in [*nodes, client]:
-        node.dir.mkdir(parents=True, exist_ok=True)
-        # Tor wants its DataDirectory private (0700) and says so otherwise.
-        os.chmod(node.dir, 0o700)
     progress(f"tor {tools.version}: generating keys for {len(authorities)} directory authorit"
              f"{'y' if len(authorities) == 1 else 'ies'}")
-    for a in authorities:
-        try:
-            _make_authority_keys(tools, a, deadline)
-        except LabError as e:
-            raise LabError(str(e), node=a.name, log_tail=e.log_tail or _log_tails(a.dir)) from e
+    empty = prepare_keys(tools, [*nodes, client], dir, deadline)
     state.endpoints["authority_identity"] = authorities[0].v3ident
-    # Every relay's identity (for the authorities' DirAuthority lines and the
-    # bandwidth file); a few at a time, each is one short tor run.
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {n.name: pool.submit(_make_relay_identity, tools, n, empty, deadline) for n in nodes}
-        for n in nodes:
-            try:
-                futures[n.name].result()
-            except LabError as e:
-                raise LabError(str(e), node=n.name, log_tail=e.log_tail or _log_tails(n.dir)) from e
     bwfile = dir / BANDWIDTH_FILE
-    bwfile.write_text(bandwidth_file(relays, time.time()), encoding="utf-8")
 
     for node in [*nodes, client]:
         lines = build_torrc(node, authorities, relay_map, param_map.consensus_params, bwfile, verbose)

@@ -23,12 +23,10 @@ How a tor node differs from a chive one here:
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,6 +42,10 @@ CONTROL_PORT_BASE, METRICS_PORT_BASE = 9100, 9200
 #: A fresh Tor test network needs a consensus (~5-10 s) listing every relay before a
 #: client's pinned path exists; chive's take ~2 s.
 DEFAULT_START_TIMEOUT = 150.0
+#: Relay metrics kept in :meth:`TorOverlay.evidence` (MetricsPort names; the raw pages stay in
+#: each relay's directory as ``metrics.prom``).
+EVIDENCE_METRICS = ("tor_relay_congestion_control", "tor_relay_flow_control", "tor_relay_traffic_bytes",
+                    "tor_relay_connections")
 #: A client with no working fetch this long after it started is restarted once with an empty
 #: directory cache and guard state (seen once in ~30 starts: the client took a consensus in
 #: which its pinned entry was not usable, discarded every circuit for "hop #1" and did not
@@ -202,24 +204,6 @@ class TorOverlay(Overlay):
                 lines.append(("StrictNodes", 1))
         return lines + list(self.extra_torrc.get(name, {}).items())
 
-    def _make_keys(self, deadline: float) -> None:
-        empty = self.dir / "empty-torrc"
-        empty.write_text("", encoding="utf-8")
-        for node in self.tor_nodes.values():
-            node.dir.mkdir(parents=True, exist_ok=True)
-            os.chmod(node.dir, 0o700)  # Tor wants its DataDirectory private
-        auth = self.tor_nodes["authority"]
-        tortools._make_authority_keys(self.tools, auth, deadline)
-        servers = [n for n in self.tor_nodes.values() if n.role != "client"]
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            futures = [pool.submit(tortools._make_relay_identity, self.tools, n, empty, deadline)
-                       for n in servers]
-            for f in futures:
-                f.result()
-        relays = [n for n in self.tor_nodes.values() if n.role == "relay"]
-        (self.dir / tortools.BANDWIDTH_FILE).write_text(tortools.bandwidth_file(relays, time.time()),
-                                                        encoding="utf-8")
-
     def start(self, *, timeout: float = DEFAULT_START_TIMEOUT, probe_bytes: int = 1024) -> None:
         """Make keys, write torrcs, start the authority, relays, clients and httpds; return
         when a verified fetch through each client to the first httpd works."""
@@ -229,7 +213,7 @@ class TorOverlay(Overlay):
         deadline = time.monotonic() + timeout
         self.dir.mkdir(parents=True, exist_ok=True)
         self.progress(f"tor overlay: {self.tools.version}: making keys")
-        self._make_keys(deadline)
+        tortools.prepare_keys(self.tools, list(self.tor_nodes.values()), self.dir, deadline)
         for name, node in self.tor_nodes.items():
             (node.dir / tortools.TORRC).write_text(tortools.render_torrc(self.torrc_lines(name)),
                                                    encoding="utf-8")
@@ -339,6 +323,29 @@ class TorOverlay(Overlay):
             if user and c.get("status") == "BUILT":
                 out.setdefault(user, []).append(",".join(c.get("path", [])))
         return out
+
+    def evidence(self) -> dict[str, Any]:
+        """After a run's transfers: the circuits the clients' streams used (pinned paths
+        checked), clients :meth:`start` restarted, and each relay's congestion-control,
+        flow-control, traffic and connection counters (the run's ``tor.json``)."""
+        ev: dict[str, Any] = {"version": self.tools.version, "path_violations": [], "paths": {},
+                              "relay_metrics": {}, "restarted_clients": self.restarted_clients}
+        try:
+            ev["path_violations"] = self.path_violations()
+            for c in self.client_paths:
+                users = self.stream_circuits(c)
+                ev["paths"][c] = sorted({p for ps in users.values() for p in ps})
+                ev.setdefault("stream_circuits", {})[c] = users
+        except LabError as e:
+            ev["error"] = str(e)
+        for r in self.relays():
+            try:
+                m = self.relay_metrics(r.name)
+            except LabError as e:
+                ev["relay_metrics"][r.name] = {"error": str(e)}
+                continue
+            ev["relay_metrics"][r.name] = {k: x for k, x in m.items() if k.startswith(EVIDENCE_METRICS)}
+        return ev
 
     def path_violations(self) -> list[str]:
         """Stream circuits of pinned clients whose hops are not the pinned relays (empty:

@@ -73,6 +73,8 @@ VARIANTS: dict[str, dict] = {
     # in the socket; 0 leaves only what the window can send now.
     "tor-sockbuf0": {"client": {}, "impl": "tor", "torrc": {"KISTSockBufSizeFactor": 0}},
 }
+#: The variants that run Debian's tor instead of chive.
+TOR_VARIANTS = [v for v, d in VARIANTS.items() if d.get("impl") == "tor"]
 #: Timeline (seconds, x scale): downloads run throughout, uploads join at UP_START.
 DOWN_START, UP_START, END = 0.0, 40.0, 120.0
 SOLO_WINDOW, BOTH_WINDOW = (10.0, 40.0), (60.0, 120.0)
@@ -169,7 +171,7 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         say(f"client-uplink: {variant}: {end:g} s of transfers")
         po.wait_for_loops(perf, samplers, t0 + end, stop)
         if isinstance(ov, TorOverlay):
-            (out_dir / "tor.json").write_text(json.dumps(po.tor_evidence(ov), indent=1))
+            (out_dir / "tor.json").write_text(json.dumps(ov.evidence(), indent=1))
         (out_dir / "qdisc-A.txt").write_text(tb.qdisc_stats("A") + tb.qdisc_stats("sw", "vA"))
         ov.stop()
     finally:
@@ -369,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                switch_port_packets=a.switch_port_packets)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        chosen = standalone_variants(KIND, chosen, [v for v, d in VARIANTS.items() if d.get("impl") == "tor"],
+        chosen = standalone_variants(KIND, chosen, TOR_VARIANTS,
                                      explicit=a.variants != ",".join(VARIANTS), say=say)
     except LabError as e:
         ap.error(str(e))
@@ -405,8 +407,7 @@ def parse_options(raw: dict) -> Params:
 
 def preflight(scenario) -> None:
     """``chive-lab run``: refuse the tor variant when tor is not installed."""
-    check_tor_variants(KIND, [v.label for v in scenario.variants],
-                       [v for v, d in VARIANTS.items() if d.get("impl") == "tor"])
+    check_tor_variants(KIND, [v.label for v in scenario.variants], TOR_VARIANTS)
 
 
 def run_repetition(ctx) -> None:

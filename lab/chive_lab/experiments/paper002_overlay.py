@@ -136,6 +136,8 @@ VARIANTS: dict[str, dict] = {
     "one-ackprio-bbr": {"split": "off", "ackprio": True, "fig": "-",
                         "relay": {"LinkCongestionControl": "bbr"}},
 }
+#: The variants that run Debian's tor instead of chive.
+TOR_VARIANTS = [v for v, d in VARIANTS.items() if d.get("impl") == "tor"]
 
 #: Paper 002, Sec. V (bidirectional TCP connections; the paper has no overlay numbers).
 PAPER = {
@@ -364,7 +366,7 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         say(f"paper002-overlay: {variant}: {end:g} s of bulk transfers")
         wait_for_loops(perf, samplers, t0 + end, stop)
         if isinstance(ov, TorOverlay):
-            (out_dir / "tor.json").write_text(json.dumps(tor_evidence(ov), indent=1))
+            (out_dir / "tor.json").write_text(json.dumps(ov.evidence(), indent=1))
         links = {h: tb.sh(h, ["ss", "-tinH"], check=False).stdout for h in ("A", "B", "C")}
         (out_dir / "ss.txt").write_text("\n".join(f"## {h}\n{t}" for h, t in links.items()))
         (out_dir / "links.json").write_text(json.dumps(link_bytes(links, tb), indent=1))
@@ -377,35 +379,6 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
     finally:
         tb.down()
     return collect_flows(out_dir, fl, t0, math.ceil(end), directions(p), p.circuits)
-
-
-#: Tor relay metrics kept per run (MetricsPort names; the raw pages stay in the run directory).
-_TOR_METRICS = ("tor_relay_congestion_control", "tor_relay_flow_control", "tor_relay_traffic_bytes",
-                "tor_relay_connections")
-
-
-def tor_evidence(ov: TorOverlay) -> dict:
-    """After a tor run's transfers: the circuits the clients' streams used (pinned paths
-    checked) and each relay's congestion-control, flow-control, traffic and connection
-    counters."""
-    ev: dict = {"version": ov.tools.version, "path_violations": [], "paths": {}, "relay_metrics": {},
-                "restarted_clients": ov.restarted_clients}
-    try:
-        ev["path_violations"] = ov.path_violations()
-        for c in ov.client_paths:
-            users = ov.stream_circuits(c)
-            ev["paths"][c] = sorted({p for ps in users.values() for p in ps})
-            ev.setdefault("stream_circuits", {})[c] = users
-    except LabError as e:
-        ev["error"] = str(e)
-    for r in ov.relays():
-        try:
-            m = ov.relay_metrics(r.name)
-        except LabError as e:
-            ev["relay_metrics"][r.name] = {"error": str(e)}
-            continue
-        ev["relay_metrics"][r.name] = {k: x for k, x in m.items() if k.startswith(_TOR_METRICS)}
-    return ev
 
 
 def start_sampler(tb: netns.Testbed, host: str, args: list[str], stop_at: float, out: Path):
@@ -1202,13 +1175,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"paper002-overlay: {why}", file=sys.stderr)
         return 2
     variants, scale, runs = p2.resolve_testbed_arguments(ap, a, VARIANTS, default_runs=3)
-    tor_variants = [v for v in variants if VARIANTS[v].get("impl") == "tor"]
-    if tor_variants and a.topology != "to-b":
+    chosen_tor = [v for v in variants if v in TOR_VARIANTS]
+    if chosen_tor and a.topology != "to-b":
         if a.variants != ",".join(VARIANTS):
-            ap.error(f"variants {', '.join(tor_variants)} (tor) need --topology to-b")
-        variants = [v for v in variants if v not in tor_variants]  # the default list
+            ap.error(f"variants {', '.join(chosen_tor)} (tor) need --topology to-b")
+        variants = [v for v in variants if v not in TOR_VARIANTS]  # the default list
     try:
-        variants = standalone_variants(KIND, variants, tor_variants,
+        variants = standalone_variants(KIND, variants, TOR_VARIANTS,
                                        explicit=a.variants != ",".join(VARIANTS),
                                        say=lambda m: print(m, file=sys.stderr, flush=True))
     except LabError as e:
@@ -1290,12 +1263,11 @@ def parse_options(raw: dict) -> Params:
 def preflight(scenario) -> None:
     """``chive-lab run``: refuse tor variants without tor or outside topology ``to-b``."""
     chosen = [v.label for v in scenario.variants]
-    tor_variants = [v for v, d in VARIANTS.items() if d.get("impl") == "tor"]
     p = scenario.options if isinstance(scenario.options, Params) else Params()
-    if p.topology != "to-b" and any(v in tor_variants for v in chosen):
+    if p.topology != "to-b" and any(v in TOR_VARIANTS for v in chosen):
         raise LabError(f"{KIND}: tor variants need topology = \"to-b\" (through-b fixes paths with "
                        "chive's Guard flags)")
-    check_tor_variants(KIND, chosen, tor_variants)
+    check_tor_variants(KIND, chosen, TOR_VARIANTS)
 
 
 def run_repetition(ctx) -> None:
