@@ -335,8 +335,10 @@ def _t0(run_dir: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     """``python -m chive_lab.experiments.client_uplink``."""
     ap = argparse.ArgumentParser(prog="python -m chive_lab.experiments.client_uplink",
-                                 description="A chive client downloading while it uploads over one "
-                                             "shaped link, with and without its LinkUnsentLimit.")
+                                 description="A client downloading while it uploads over one shaped link: "
+                                             "chive with and without its LinkUnsentLimit, and Debian's "
+                                             "tor (variants tor, tor-sockbuf0; left out when tor is "
+                                             "not installed).")
     ap.add_argument("--out", type=Path, required=True, help="output directory")
     ap.add_argument("--quick", action="store_true", help="scale 0.25 (30 s per run), 1 run")
     ap.add_argument("--runs", type=int, default=None, help="repetitions per variant (default 3, quick 1)")

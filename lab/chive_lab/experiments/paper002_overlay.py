@@ -1154,7 +1154,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary["targets"], indent=1))
         return 0
     ap = argparse.ArgumentParser(prog="python -m chive_lab.experiments.paper002_overlay",
-                                 description="Paper 002 overlay reproduction: chive relays on the netns testbed.")
+                                 description="Paper 002 overlay reproduction: chive relays on the netns "
+                                             "testbed, and Debian's tor as the baseline (the tor* "
+                                             "variants; topology to-b).")
     p2.add_testbed_arguments(ap, VARIANTS, default_runs=3)
     ap.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per link (delay line)")
     ap.add_argument("--ackprio-hosts", default="A,B,C", help="hosts that get `chive shape` (default all)")
