@@ -511,11 +511,13 @@ class Testbed:
         self._htb(self.switch_ns, f"v{host}", link.rate_bps, link.port_queue)
         h.ack_priority = False
 
-    def set_ack_priority(self, host: str, on: bool = True) -> list[str]:
+    def set_ack_priority(self, host: str, on: bool = True, *, bulk_ceil: float | None = None) -> list[str]:
         """Install (or remove) `chive shape` ACK prioritisation on the host's
         egress, replacing the link's own HTB there: its root runs at 95% of the
-        link rate, so the link's rate limit is never reached anyway. Returns
-        the tc commands that ran."""
+        link rate, so the link's rate limit is never reached anyway.
+        ``bulk_ceil`` (a fraction of the link rate) lets the data class borrow
+        what the ACK class leaves idle (`chive shape --bulk-ceil`); None keeps
+        the paper's hard 90% cap. Returns the tc commands that ran."""
         h = self.hosts[host]
         rate = h.spec.link.rate_bps
         if not rate:
@@ -526,6 +528,8 @@ class Testbed:
             return []
         argv = [str(self._chive()), "shape", "--dev", "eth0", "--rate", f"{rate}bit",
                 "--queue", str(h.spec.link.queue_packets)]
+        if bulk_ceil is not None:
+            argv += ["--bulk-ceil", f"{bulk_ceil:g}"]
         cmds = self.sh(h.ns, [*argv, "--dry-run"]).stdout.splitlines()
         self.sh(h.ns, argv)
         h.ack_priority = True

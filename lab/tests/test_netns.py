@@ -205,3 +205,23 @@ def test_ack_priority_classifies_pure_acks(tmp_path):
         assert sent.get("1:20", 0) < sent["1:10"] / 10, stats
         tb.set_ack_priority("B", on=False)
         assert "1:10" not in tb.sh("B", ["tc", "class", "show", "dev", "eth0"]).stdout
+
+
+@needs_root
+@needs_chive
+def test_ack_priority_data_class_borrows_only_with_bulk_ceil(tmp_path):
+    """`chive shape` caps what B sends at 90% of the link (the paper's setting); with
+    ``bulk_ceil`` 0.95 the data class borrows the idle ACK-class rate up to the 95% root."""
+    hosts = [netns.HostSpec(n, netns.LinkSpec("10mbit")) for n in ("A", "B")]
+    with netns.Testbed(hosts, chive_bin=CHIVE, record_dir=tmp_path) as tb:
+        tb.set_ack_priority("B")
+        capped = _bulk(tb, "B", "A", 4.0, tmp_path)
+        cmds = tb.set_ack_priority("B", bulk_ceil=0.95)
+        assert any("classid 1:20 htb rate 9000000bit ceil 9500000bit" in c for c in cmds), cmds
+        borrowing = _bulk(tb, "B", "A", 4.0, tmp_path)
+    goodput = (1448 / 1514) * 10  # Mbit/s of payload per 10 Mbit/s on the wire
+    cap = [capped["rx"][str(s)] * 8 / 1e6 for s in (1, 2, 3)]
+    more = [borrowing["rx"][str(s)] * 8 / 1e6 for s in (1, 2, 3)]
+    # 0.9 x 9.56 = 8.61 Mbit/s of payload at most; 0.95 x 9.56 = 9.08 with borrowing.
+    assert all(x <= 0.915 * goodput for x in cap), cap
+    assert sorted(more)[1] >= 0.935 * goodput, (cap, more)

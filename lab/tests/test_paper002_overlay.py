@@ -107,7 +107,7 @@ def test_variant_relay_options_reach_every_relay():
 
 
 SS_LINKS = """0      0      10.77.0.2:57836 10.77.0.1:9001
-\t cubic wscale:10,10 rto:980 rtt:770.443/5.1 mss:1448 cwnd:477 unacked:23 bytes_sent:9 notsent:65000 minrtt:0.2
+\t cubic wscale:10,10 rto:980 rtt:770.443/5.1 mss:1448 cwnd:477 unacked:23 bytes_sent:9 data_segs_out:1 notsent:65000 minrtt:0.2
 0      0      10.77.0.2:9002 10.77.0.1:43446
 \t cubic rtt:10.4/2 cwnd:10 bytes_acked:1
 0      0      10.77.0.2:60406 10.77.0.2:9002
@@ -121,7 +121,8 @@ def test_link_sockets_and_queues_from_ss(tmp_path):
     socks = po.parse_link_sockets(SS_LINKS, {9001, 9002})
     # Relay-to-relay sockets between hosts only: not the one inside B, not port 22.
     assert socks == {
-        "10.77.0.2:57836>10.77.0.1:9001": {"rtt_ms": 770.443, "cwnd": 477.0, "unacked": 23.0, "notsent": 65000.0},
+        "10.77.0.2:57836>10.77.0.1:9001": {"rtt_ms": 770.443, "cwnd": 477.0, "unacked": 23.0, "notsent": 65000.0,
+                                           "bytes_sent": 9.0, "data_segs_out": 1.0},
         "10.77.0.2:9002>10.77.0.1:43446": {"rtt_ms": 10.4, "cwnd": 10.0, "notsent": 0.0, "unacked": 0.0}}
     t0 = 1000.0
     lines = [{"t": t0 + t, "socks": {"10.77.0.2:57836>10.77.0.1:9001": {"notsent": n, "rtt_ms": 700.0}}}
@@ -133,6 +134,28 @@ def test_link_sockets_and_queues_from_ss(tmp_path):
     table = po._link_queue_lines({"extra": {"split": {"evidence": {"1": {"link_queues": rows}}}}})
     assert "| split | B->A (opened by B) | 50 | 60 | 700 |" in table
     assert po._link_queue_lines({"extra": {}}) == []
+
+
+def test_wire_shares_from_socket_counters(tmp_path):
+    t0, mss = 1000.0, 1448
+    # B sends 600 kB/s of full segments to A on one socket, in the window 100..250 s; a socket
+    # inside B and one without counters (an old run) do not count.
+    def sample(t):
+        segs = int(600e3 * (t - 90) / mss)
+        return {"t": t0 + t, "socks": {
+            "10.77.0.2:9002>10.77.0.1:40000": {"notsent": 0, "bytes_sent": segs * mss, "data_segs_out": segs},
+            "10.77.0.2:9002>10.77.0.2:40001": {"notsent": 0, "bytes_sent": 10 * t, "data_segs_out": t},
+            "10.77.0.2:9001>10.77.0.3:40002": {"notsent": 0}}}
+    (tmp_path / "links-B.jsonl").write_text("\n".join(json.dumps(sample(t)) for t in range(90, 260)))
+    rows = po.link_queues(tmp_path, t0, (100.0, 250.0))
+    to_a = next(r for r in rows if r["peer"] == "10.77.0.1:40000")
+    assert to_a["wire_span_s"] == 149.0
+    assert to_a["wire_bytes"] == pytest.approx(600e3 * 149 * (mss + 66) / mss, rel=1e-3)
+    assert "wire_bytes" not in next(r for r in rows if r["peer"] == "10.77.0.3:40002")
+    shares = po.wire_shares(rows, 10e6)
+    # 600 kB/s of payload is 4.8 Mbit/s; with 66 header bytes per 1448 it is 5.02 Mbit/s.
+    assert shares == {"B->A": pytest.approx(4.8 * 1514 / 1448 / 10, rel=1e-3)}
+    assert po.wire_shares([], 10e6) == {}
 
 
 def test_perf_series_from_progress_and_transfers(tmp_path):
@@ -235,6 +258,42 @@ def test_analysis_targets_and_files(tmp_path):
     assert s2["targets"]["share_met"] is False
 
 
+def test_targets_by_variant_with_wire_shares(tmp_path):
+    """Every ACK-priority variant gets the issue's targets, on goodput and (from the relay
+    sockets' counters) on the wire; a variant without counters just has no wire figure."""
+    p, shaky = _synthetic(0.2, steady=False)
+    _, steady = _synthetic(0.2, steady=True)
+    p.topology = "through-b"
+
+    def queues(mbit_by_dir: dict[str, float]) -> list[dict]:
+        addr = {h: a for a, h in po.HOST_BY_ADDR.items()}
+        return [{"host": d[0], "local": f"{addr[d[0]]}:9001", "peer": f"{addr[d[-1]]}:40000",
+                 "samples": 30, "notsent_mean": 0, "notsent_max": 0, "rtt_ms_mean": 1.0,
+                 "wire_bytes": m * 1e6 / 8 * 30, "wire_span_s": 30.0} for d, m in mbit_by_dir.items()]
+    evidence = {"split-ackprio-bbr-borrow": {str(i): {"link_queues": queues({"A->B": 4.7, "C->B": 4.6 + i / 10})}
+                                             for i in (1, 2)},
+                "split-ackprio": {"1": {"link_queues": queues({"A->B": 4.5, "C->B": 4.4})}},
+                "one-ackprio": {"1": {}}}
+    s = po.analyze_raw({"one": shaky, "split-ackprio": steady, "split-ackprio-bbr-borrow": steady,
+                        "one-ackprio": shaky}, p, tmp_path, evidence)
+    borrow = s["targets"]["by_variant"]["split-ackprio-bbr-borrow"]
+    assert borrow["data_ceiling"] == 0.95 and borrow["split"] == "always"
+    assert borrow["wire_share"] == {"A->B": pytest.approx(0.47), "C->B": pytest.approx(0.475)}
+    assert borrow["min_wire_share"] == pytest.approx(0.47) and borrow["wire_share_met"] is True
+    assert borrow["variance_met"] is True and borrow["share_met"] is True
+    assert s["variants"]["split-ackprio-bbr-borrow"]["C->B"]["wire_share_per_run"] == pytest.approx([0.47, 0.48])
+    plain = s["targets"]["by_variant"]["split-ackprio"]
+    assert plain["min_wire_share"] == pytest.approx(0.44) and plain["wire_share_met"] is False
+    # Its goodput share against its own ceiling (through-b, 90% data class).
+    assert plain["min_share_of_ceiling"] == pytest.approx(0.48 / po.ceiling_share(p, "A->B", True))
+    one_ap = s["targets"]["by_variant"]["one-ackprio"]
+    assert "wire_share" not in one_ap and one_ap["variance_met"] is False
+    assert "one" not in s["targets"]["by_variant"]  # no ACK priority, no target
+    md = (tmp_path / "comparison.md").read_text()
+    assert "| split-ackprio-bbr-borrow | always | 0.95 |" in md
+    assert "| one-ackprio | off | 0.9 |" in md and "| 0.470 / 0.475 | 0.470 |" in md
+
+
 def test_ceiling_share_follows_the_shared_bottleneck():
     eff = (1448 / 1514) * (498 / 514)
     to_b = po.Params(topology="to-b")
@@ -245,6 +304,10 @@ def test_ceiling_share_follows_the_shared_bottleneck():
     assert po.ceiling_share(to_b, "B->A", False) == pytest.approx(0.5 * eff)
     assert po.ceiling_share(to_b, "B->C", True) == pytest.approx(0.45 * eff)
     assert po.ceiling_share(to_b, "B->C", True) < po.TARGET_SHARE
+    # A data class that borrows up to the 95% root (`--bulk-ceil 0.95`): 47.5% each on the wire.
+    borrow = po.data_ceiling("split-ackprio-bbr-borrow")
+    assert borrow == 0.95 and po.data_ceiling("split-ackprio-bbr") == po.SHAPE_DATA
+    assert po.ceiling_share(to_b, "B->C", True, borrow) == pytest.approx(0.475 * eff)
     # Without shaping on B, B's uplink is whole again.
     only_a = po.Params(topology="to-b", ackprio_hosts=("A",))
     assert po.ceiling_share(only_a, "B->A", True) == pytest.approx(0.5 * eff)

@@ -12,6 +12,12 @@
 //!   < 64, ACK flag set);
 //! * a class for everything else limited to 0.9 of the link rate.
 //!
+//! The paper's data class is capped at its rate, which also caps each of two
+//! flows leaving the host at 45% of the link on the wire. `--bulk-ceil` lets
+//! the data class borrow what the ACK class leaves idle, up to the throttled
+//! rate; ACKs still win every round (their class has priority and its own
+//! guaranteed rate), so only idle ACK-class bandwidth goes to data.
+//!
 //! `--dry-run` prints the commands instead of running them; `--remove` deletes
 //! the root qdisc again (the kernel's default qdisc comes back). IPv6 is not
 //! classified: a pure IPv6 ACK with timestamps is 72 bytes, above the paper's
@@ -43,6 +49,11 @@ pub struct Args {
     /// Fraction of the link rate for the non-ACK class.
     #[arg(long, default_value_t = 0.9)]
     pub bulk_fraction: f64,
+    /// Fraction of the link rate the non-ACK class may borrow up to when the
+    /// ACK class leaves bandwidth idle (HTB ceil), between --bulk-fraction
+    /// and --throttle. Default: --bulk-fraction, a hard cap as in the paper.
+    #[arg(long)]
+    pub bulk_ceil: Option<f64>,
     /// Packet limit of each class's FIFO (the paper-era txqueuelen).
     #[arg(long, default_value_t = 1000)]
     pub queue: u32,
@@ -110,6 +121,7 @@ pub fn install_commands(
     rate: u64,
     throttle: f64,
     bulk_fraction: f64,
+    bulk_ceil: f64,
     queue: u32,
 ) -> anyhow::Result<Vec<Vec<String>>> {
     check_dev(dev)?;
@@ -119,11 +131,15 @@ pub fn install_commands(
     if !(bulk_fraction > 0.0 && bulk_fraction <= throttle) {
         bail!("--bulk-fraction must be in (0, throttle={throttle}], got {bulk_fraction}");
     }
+    if !(bulk_ceil >= bulk_fraction && bulk_ceil <= throttle) {
+        bail!("--bulk-ceil must be in [bulk-fraction={bulk_fraction}, throttle={throttle}], got {bulk_ceil}");
+    }
     if queue == 0 || queue > 1_000_000 {
         bail!("--queue must be in 1..=1000000, got {queue}");
     }
     let total = (rate as f64 * throttle).round() as u64;
     let bulk = (rate as f64 * bulk_fraction).round() as u64;
+    let bulk_ceil = (rate as f64 * bulk_ceil).round() as u64;
     // The ACK class is guaranteed what the bulk class leaves of the throttled
     // rate (at least 1% of it) and may borrow up to all of it; prio 0 makes it
     // win every borrowing round, which is what moves ACKs to the front.
@@ -183,7 +199,7 @@ pub fn install_commands(
             "rate",
             &bit(bulk),
             "ceil",
-            &bit(bulk),
+            &bit(bulk_ceil),
             "prio",
             "1",
         ]),
@@ -224,6 +240,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             rate,
             args.throttle,
             args.bulk_fraction,
+            args.bulk_ceil.unwrap_or(args.bulk_fraction),
             args.queue,
         )?
     };
@@ -272,7 +289,7 @@ mod tests {
 
     #[test]
     fn install_matches_the_paper() {
-        let cmds = install_commands("eth0", 10_000_000, 0.95, 0.9, 1000).unwrap();
+        let cmds = install_commands("eth0", 10_000_000, 0.95, 0.9, 0.9, 1000).unwrap();
         let lines: Vec<String> = cmds.iter().map(|c| c.join(" ")).collect();
         // Root throttled by 5%.
         assert_eq!(lines[0], "qdisc del dev eth0 root");
@@ -291,12 +308,29 @@ mod tests {
     }
 
     #[test]
+    fn bulk_class_may_borrow_up_to_the_throttle() {
+        let cmds = install_commands("eth0", 10_000_000, 0.95, 0.9, 0.95, 1000).unwrap();
+        let lines: Vec<String> = cmds.iter().map(|c| c.join(" ")).collect();
+        // Guaranteed 0.9 of the link, may borrow up to the root's 95%; the ACK
+        // class and the root are as without borrowing.
+        assert!(lines[4].contains("classid 1:20 htb rate 9000000bit ceil 9500000bit prio 1"));
+        assert!(lines[3].contains("classid 1:10 htb rate 500000bit ceil 9500000bit prio 0"));
+        assert!(lines[2].contains("classid 1:1 htb rate 9500000bit ceil 9500000bit"));
+    }
+
+    #[test]
     fn rejects_bad_input() {
-        assert!(install_commands("eth0; rm -rf /", 10_000_000, 0.95, 0.9, 1000).is_err());
-        assert!(install_commands("averyveryverylongname", 10_000_000, 0.95, 0.9, 1000).is_err());
-        assert!(install_commands("eth0", 10_000_000, 1.5, 0.9, 1000).is_err());
-        assert!(install_commands("eth0", 10_000_000, 0.9, 0.95, 1000).is_err());
-        assert!(install_commands("eth0", 10_000_000, 0.95, 0.9, 0).is_err());
+        assert!(install_commands("eth0; rm -rf /", 10_000_000, 0.95, 0.9, 0.9, 1000).is_err());
+        assert!(
+            install_commands("averyveryverylongname", 10_000_000, 0.95, 0.9, 0.9, 1000).is_err()
+        );
+        assert!(install_commands("eth0", 10_000_000, 1.5, 0.9, 0.9, 1000).is_err());
+        assert!(install_commands("eth0", 10_000_000, 0.9, 0.95, 0.95, 1000).is_err());
+        assert!(install_commands("eth0", 10_000_000, 0.95, 0.9, 0.9, 0).is_err());
+        // The borrowing ceiling lies between the data class's rate and the throttle.
+        assert!(install_commands("eth0", 10_000_000, 0.95, 0.9, 0.85, 1000).is_err());
+        assert!(install_commands("eth0", 10_000_000, 0.95, 0.9, 0.96, 1000).is_err());
+        assert!(install_commands("eth0", 10_000_000, 0.95, 0.9, f64::NAN, 1000).is_err());
         assert_eq!(
             remove_commands("eth0").unwrap()[0].join(" "),
             "qdisc del dev eth0 root"

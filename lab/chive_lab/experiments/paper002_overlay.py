@@ -135,6 +135,14 @@ VARIANTS: dict[str, dict] = {
     "tor-ackprio-bbr": {"impl": "tor", "split": "off", "ackprio": True, "fig": "-", "host_cc": "bbr"},
     "one-ackprio-bbr": {"split": "off", "ackprio": True, "fig": "-",
                         "relay": {"LinkCongestionControl": "bbr"}},
+    # `chive shape --bulk-ceil 0.95`: the data class keeps its guaranteed 90% and may borrow
+    # what the ACK class leaves idle up to the 95% root, so each of the two flows B sends can
+    # pass 45% of the link on the wire (the paper's hard cap stops them at exactly 45%).
+    "split-ackprio-borrow": {"split": "always", "ackprio": True, "fig": "-",
+                             "shape": {"bulk_ceil": 0.95}},
+    "split-ackprio-bbr-borrow": {"split": "always", "ackprio": True, "fig": "-",
+                                 "shape": {"bulk_ceil": 0.95},
+                                 "relay": {"LinkCongestionControl": "bbr"}},
 }
 #: The variants that run Debian's tor instead of chive.
 TOR_VARIANTS = [v for v, d in VARIANTS.items() if d.get("impl") == "tor"]
@@ -155,6 +163,8 @@ PAPER = {
     "tor-ackprio": "(Tor with the paper's ACK prioritisation; Fig 7 is the TCP analogue)",
     "tor-ackprio-bbr": "(not in the paper)",
     "one-ackprio-bbr": "(not in the paper)",
+    "split-ackprio-borrow": "(not in the paper: its data class is capped at 90%)",
+    "split-ackprio-bbr-borrow": "(not in the paper)",
 }
 PAPER_VARIANCE = ("Fig 9: variance of towards-B throughput, 100-250 s: bidirectional without ACK prio "
                   "highest, with ACK prio lower, split + ACK prio lowest (no numbers in the text)")
@@ -332,7 +342,7 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         shape_cmds: list[str] = []
         if v["ackprio"]:
             for h in p.ackprio_hosts:
-                shape_cmds = tb.set_ack_priority(h)
+                shape_cmds = tb.set_ack_priority(h, bulk_ceil=v.get("shape", {}).get("bulk_ceil"))
         (out_dir / "shape.txt").write_text("\n".join(shape_cmds) + "\n")
         if impl == "tor":
             ov: netns.Overlay = TorOverlay(tb, out_dir / "net", binary=chive_bin, log=p.log_level,
@@ -553,7 +563,13 @@ def ss_sample(port: int, stop_at: float, out: Path, interval: float = 0.25) -> N
 
 
 _SS_INFO = {"notsent": re.compile(r"\bnotsent:(\d+)"), "rtt_ms": re.compile(r"\brtt:([\d.]+)/"),
-            "cwnd": re.compile(r"\bcwnd:(\d+)"), "unacked": re.compile(r"\bunacked:(\d+)")}
+            "cwnd": re.compile(r"\bcwnd:(\d+)"), "unacked": re.compile(r"\bunacked:(\d+)"),
+            # Retransmissions included: what the socket put on the link.
+            "bytes_sent": re.compile(r"\bbytes_sent:(\d+)"),
+            "data_segs_out": re.compile(r"\bdata_segs_out:(\d+)")}
+#: Bytes a data segment adds on the wire as HTB counts it: Ethernet 14, IPv4 20, TCP with
+#: timestamps 32.
+WIRE_HEADER_BYTES = 66
 
 
 def parse_link_sockets(ss_text: str, ports: set[int]) -> dict[str, dict[str, float]]:
@@ -600,11 +616,14 @@ def link_sample(ports: list[int], stop_at: float, out: Path, interval: float = 1
 
 def link_queues(run_dir: Path, t0: float, window: tuple[float, float]) -> list[dict]:
     """Per relay-to-relay socket of a run (``links-<host>.jsonl``), over ``window`` seconds
-    after ``t0``: mean and max unsent bytes, mean smoothed RTT, number of samples."""
+    after ``t0``: mean and max unsent bytes, mean smoothed RTT, number of samples, and (when
+    the samples have the counters) ``wire_bytes``: what the socket put on the link between its
+    first and last sample in the window, data and headers (:data:`WIRE_HEADER_BYTES` per data
+    segment, retransmissions included), over ``wire_span_s`` seconds."""
     rows = []
     for path in sorted(run_dir.glob("links-*.jsonl")):
         host = path.stem.split("-", 1)[1]
-        acc: dict[str, list[dict]] = {}
+        acc: dict[str, list[tuple[float, dict]]] = {}
         for line in path.read_text().splitlines():
             try:
                 r = json.loads(line)
@@ -614,15 +633,42 @@ def link_queues(run_dir: Path, t0: float, window: tuple[float, float]) -> list[d
             if window[0] <= t < window[1] and isinstance(socks, dict):
                 for k, v in socks.items():
                     if isinstance(v, dict):
-                        acc.setdefault(k, []).append(v)
-        for k, vs in sorted(acc.items()):
+                        acc.setdefault(k, []).append((t, v))
+        for k, tvs in sorted(acc.items()):
             local, peer = k.split(">")
+            vs = [v for _t, v in tvs]
             ns = [float(v.get("notsent", 0)) for v in vs]
             rtt = [float(v["rtt_ms"]) for v in vs if "rtt_ms" in v]
-            rows.append({"host": host, "local": local, "peer": peer, "samples": len(vs),
-                         "notsent_mean": sum(ns) / len(ns), "notsent_max": max(ns),
-                         "rtt_ms_mean": sum(rtt) / len(rtt) if rtt else None})
+            row = {"host": host, "local": local, "peer": peer, "samples": len(vs),
+                   "notsent_mean": sum(ns) / len(ns), "notsent_max": max(ns),
+                   "rtt_ms_mean": sum(rtt) / len(rtt) if rtt else None}
+            counted = [(t, float(v["bytes_sent"]) + WIRE_HEADER_BYTES * float(v["data_segs_out"]))
+                       for t, v in tvs if "bytes_sent" in v and "data_segs_out" in v]
+            if len(counted) >= 2:
+                row["wire_bytes"] = counted[-1][1] - counted[0][1]
+                row["wire_span_s"] = counted[-1][0] - counted[0][0]
+            rows.append(row)
     return rows
+
+
+def wire_shares(queues: list[dict], rate_bps: float) -> dict[str, float]:
+    """Share of the link each host-to-host direction used on the wire in a run, from its
+    :func:`link_queues` rows: the bytes every relay socket of that direction sent (headers and
+    retransmissions included) over the longest sampled span among them, per link rate. This
+    is the "share of the link" of the issue's target; goodput is this times the cell and
+    TCP/IP efficiency (:data:`WIRE_EFFICIENCY`, 0.93)."""
+    sent: dict[str, float] = {}
+    span: dict[str, float] = {}
+    for q in queues:
+        if "wire_bytes" not in q or not q.get("wire_span_s"):
+            continue
+        dst = HOST_BY_ADDR.get(q["peer"].rsplit(":", 1)[0])
+        if dst is None or dst == q["host"]:
+            continue
+        d = f"{q['host']}->{dst}"
+        sent[d] = sent.get(d, 0.0) + float(q["wire_bytes"])
+        span[d] = max(span.get(d, 0.0), float(q["wire_span_s"]))
+    return {d: sent[d] * 8 / span[d] / rate_bps for d in sorted(sent) if span[d] > 0}
 
 
 def rx_series(path: Path, t0: float, seconds: int) -> list[float]:
@@ -701,7 +747,10 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
                                      "direction of both overlay links", "C->B": "data C->B->A"}),
                          "goodput_bps": "mean of 1 s application throughput while both clients run",
                          "variance": "sample variance of the 1 s throughput in the variance window",
-                         "share_of_link": "goodput_bps / link rate"},
+                         "share_of_link": "goodput_bps / link rate",
+                         "wire_share": "bytes the direction's relay sockets put on the link (data, "
+                                       "headers, retransmissions) per link rate, variance window, "
+                                       "mean over runs"},
                      "variants": {}, "extra": {}}
     var_rows = []
     for variant, runs in results.items():
@@ -716,6 +765,14 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
             vs[d] = {"goodput_bps": g, "variance": p2._var(samples), "share_of_link": g / rate,
                      "solo_goodput_bps": p2._mean([p2._mean(p2._window(r[d], *solo)) for r in runs]),
                      "goodput_per_run_bps": per_run}
+        # On the wire, from the relay sockets' counters (runs recorded before session 9 have none).
+        wire = [wire_shares(ev.get("link_queues", []), rate)
+                for ev in (evidence or {}).get(variant, {}).values()]
+        for d in directions(p):
+            per_run_wire = [w[d] for w in wire if d in w]
+            if per_run_wire:
+                vs[d]["wire_share"] = p2._mean(per_run_wire)
+                vs[d]["wire_share_per_run"] = per_run_wire
         for f in sorted(k for k in runs[0] if ":" in k):
             extra["loops"][f] = {"goodput_bps": p2._mean([p2._mean(p2._window(r[f], *ov)) for r in runs])}
         pooled = [x for r in runs for d in DIRECTIONS for x in p2._window(r[d], *vw)]
@@ -740,15 +797,23 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
     return summary
 
 
-def ceiling_share(p: "Params", direction: str, ackprio: bool) -> float:
+def data_ceiling(variant: str) -> float:
+    """The fraction of the link `chive shape`'s data class may use in ``variant``: the
+    paper's hard 90%, or the variant's ``bulk_ceil``."""
+    return VARIANTS.get(variant, {}).get("shape", {}).get("bulk_ceil", SHAPE_DATA)
+
+
+def ceiling_share(p: "Params", direction: str, ackprio: bool, data: float = SHAPE_DATA) -> float:
     """The largest goodput share of the link that ``direction`` can have while both clients run,
     from the bottleneck it shares with one other flow: the switch port to B for what goes
     towards B in ``to-b``, B's uplink for what B sends (and, in ``through-b``, for everything).
     A host under `chive shape` sends data at most at ``SHAPE_DATA`` of the link, so with ACK
     priority on B the two flows B sends get 45% of the link each on the wire; times
-    ``WIRE_EFFICIENCY`` that is ~0.417 of goodput, below the issue's 45% by construction."""
+    ``WIRE_EFFICIENCY`` that is ~0.417 of goodput, below the issue's 45% by construction.
+    ``data``: the data class's ceiling (:func:`data_ceiling`; 0.95 lets B's flows reach 47.5%
+    on the wire, less what B's ACKs take)."""
     def egress(host: str) -> float:
-        return min(SHAPE_THROTTLE, SHAPE_DATA) if ackprio and host in p.ackprio_hosts else 1.0
+        return min(SHAPE_THROTTLE, data) if ackprio and host in p.ackprio_hosts else 1.0
 
     if p.topology == "to-b" and direction in ("A->B", "C->B"):
         wire = min(0.5, egress(direction[0]))
@@ -788,7 +853,32 @@ def _targets(summary: dict, p: "Params") -> dict:
     # Every variant against `one` (the unshaped single connection) of the same batch, at 1 s and
     # over 10 s slots: the split + ACK priority variants with other relay options (BBR links…)
     # answer the same question.
+    # The targets for every ACK-priority variant (split or not, CUBIC or BBR links, borrowing
+    # data class or not): goodput share, wire share (what the issue's "of the link" can mean
+    # under `chive shape`), ceilings, and variance against `one`.
     one = summary["extra"].get("one", {})
+    t["by_variant"] = {}
+    for name, vs in v.items():
+        if not VARIANTS.get(name, {}).get("ackprio"):
+            continue
+        ceil = {d: ceiling_share(p, d, True, data_ceiling(name)) for d in dirs}
+        row: dict = {"split": VARIANTS[name]["split"], "data_ceiling": data_ceiling(name),
+                     "min_share": min(vs[d]["share_of_link"] for d in dirs),
+                     "ceiling_share": ceil,
+                     "min_share_of_ceiling": min(vs[d]["share_of_link"] / ceil[d] for d in dirs)}
+        row["share_met"] = row["min_share"] >= TARGET_SHARE
+        if all("wire_share" in vs[d] for d in dirs):
+            row["wire_share"] = {d: vs[d]["wire_share"] for d in dirs}
+            row["min_wire_share"] = min(row["wire_share"].values())
+            row["wire_share_met"] = row["min_wire_share"] >= TARGET_SHARE
+        mine = summary["extra"].get(name, {})
+        if one.get("towards_b_variance") and mine.get("towards_b_variance") == mine.get("towards_b_variance"):
+            row["variance_ratio_vs_one"] = mine["towards_b_variance"] / one["towards_b_variance"]
+            row["variance_met"] = row["variance_ratio_vs_one"] <= TARGET_VARIANCE_RATIO
+            if one.get("towards_b_variance_slots") and mine.get("towards_b_variance_slots") is not None:
+                row["variance_ratio_vs_one_slots"] = (mine["towards_b_variance_slots"]
+                                                      / one["towards_b_variance_slots"])
+        t["by_variant"][name] = row
     if one.get("towards_b_variance"):
         t["variance_ratio_vs_one_by_variant"] = {
             name: {"1s": e["towards_b_variance"] / one["towards_b_variance"],
@@ -835,9 +925,38 @@ def _write_comparison(out: Path, summary: dict, var_rows) -> None:
             lines.append(f"| {d} | {c:.3f} | {summary['variants']['split-ackprio'][d]['share_of_link']:.3f} | "
                          f"{t['split_ackprio_share_of_ceiling'][d]:.2f} |")
         lines.append("")
+    lines += _target_lines(t, directions_of(summary))
     lines += _link_queue_lines(summary)
     lines += _extra_channel_lines(summary)
     (out / "comparison.md").write_text("\n".join(lines))
+
+
+def directions_of(summary: dict) -> list[str]:
+    """The measured directions of a summary, in its order."""
+    return list(next(iter(summary["variants"].values()), {}).keys())
+
+
+def _target_lines(t: dict, dirs: list[str]) -> list[str]:
+    """comparison.md table: the issue's targets for every ACK-priority variant."""
+    rows = t.get("by_variant", {})
+    if not rows:
+        return []
+
+    def f(x, fmt=".3f"):
+        return "-" if x is None or x != x else format(x, fmt)
+
+    lines = [f"Issue 6 targets by ACK-priority variant: each direction >= {TARGET_SHARE:.0%} of the link "
+             f"(goodput, and on the wire: bytes the relay sockets sent incl. headers and "
+             f"retransmissions), towards-B variance <= {TARGET_VARIANCE_RATIO} x one's:", "",
+             "| variant | split | data class ceiling | min goodput share (of ceiling) | wire share "
+             + " / ".join(dirs) + " | min wire share | variance vs one 1 s [10 s] |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        wire = " / ".join(f(r["wire_share"][d]) for d in dirs) if "wire_share" in r else "-"
+        lines.append(f"| {name} | {r['split']} | {r['data_ceiling']:g} | {f(r['min_share'])} "
+                     f"({f(r['min_share_of_ceiling'], '.2f')}) | {wire} | {f(r.get('min_wire_share'))} | "
+                     f"{f(r.get('variance_ratio_vs_one'))} [{f(r.get('variance_ratio_vs_one_slots'))}] |")
+    return lines + [""]
 
 
 def _link_queue_lines(summary: dict) -> list[str]:
