@@ -457,6 +457,8 @@ def test_quick_real_run_off_vs_always(tmp_path):
     for v in ("one", "split"):
         for d in po.DIRECTIONS:
             assert summary["variants"][v][d]["goodput_bps"] > 5e5, (v, d)
+            # The relay sockets' own counters give what each direction put on the link.
+            assert 0.1 < summary["variants"][v][d]["wire_share"] <= 1.0, (v, d, summary["variants"][v][d])
         ev = summary["extra"][v]["evidence"]["1"]
         assert ev["pinned_paths_ok"], ev["paths"]
         # The relay-socket sampler saw the A-B and B-C links from inside the hosts.
