@@ -55,6 +55,10 @@ VARIANTS: dict[str, dict] = {
     "bidir-ackprio": {"mode": "bidir", "ackprio": True, "fig": "7"},
     "split": {"mode": "split", "ackprio": False, "fig": "-"},
     "split-ackprio": {"mode": "split", "ackprio": True, "fig": "8"},
+    # `chive shape --bulk-ceil 0.95`: B's data class may borrow the idle ACK-class rate up to
+    # the 95% root. The check that borrowing keeps the paper's Fig 5 result (A->B near solo).
+    "uni-ackprio-borrow": {"mode": "uni", "ackprio": True, "fig": "5", "bulk_ceil": 0.95},
+    "split-ackprio-borrow": {"mode": "split", "ackprio": True, "fig": "8", "bulk_ceil": 0.95},
 }
 
 #: What the paper reports (text of Secs III-V; the figures have no tables).
@@ -66,6 +70,8 @@ PAPER = {
                      "oscillations and multi-second breakdowns in single runs (Fig 7)",
     "split": "(not measured in the paper)",
     "split-ackprio": "about half each, much steadier, no multi-second breakdowns (Fig 8)",
+    "uni-ackprio-borrow": "(the paper caps the data class at 90%)",
+    "split-ackprio-borrow": "(the paper caps the data class at 90%)",
 }
 PAPER_VARIANCE = ("Fig 9: variance of towards-B throughput, 100-250 s: bidir (no ACK prio) "
                   "highest, ACK prio lower, split + ACK prio lowest (no numbers in the text)")
@@ -143,7 +149,7 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         shape_cmds: list[str] = []
         if v["ackprio"]:
             for h in p.ackprio_hosts:
-                shape_cmds = tb.set_ack_priority(h)
+                shape_cmds = tb.set_ack_priority(h, bulk_ceil=v.get("bulk_ceil"))
         (out_dir / "shape.txt").write_text("\n".join(shape_cmds) + "\n")
         t0 = time.time() + 1.5
         procs = []
