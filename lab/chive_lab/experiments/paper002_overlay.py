@@ -143,6 +143,12 @@ VARIANTS: dict[str, dict] = {
     "split-ackprio-bbr-borrow": {"split": "always", "ackprio": True, "fig": "-",
                                  "shape": {"bulk_ceil": 0.95},
                                  "relay": {"LinkCongestionControl": "bbr"}},
+    # The same shaping and BBR without splitting: does the split matter for the targets?
+    "one-ackprio-bbr-borrow": {"split": "off", "ackprio": True, "fig": "-",
+                               "shape": {"bulk_ceil": 0.95},
+                               "relay": {"LinkCongestionControl": "bbr"}},
+    "tor-ackprio-bbr-borrow": {"impl": "tor", "split": "off", "ackprio": True, "fig": "-",
+                               "host_cc": "bbr", "shape": {"bulk_ceil": 0.95}},
 }
 #: The variants that run Debian's tor instead of chive.
 TOR_VARIANTS = [v for v, d in VARIANTS.items() if d.get("impl") == "tor"]
@@ -165,6 +171,8 @@ PAPER = {
     "one-ackprio-bbr": "(not in the paper)",
     "split-ackprio-borrow": "(not in the paper: its data class is capped at 90%)",
     "split-ackprio-bbr-borrow": "(not in the paper)",
+    "one-ackprio-bbr-borrow": "(not in the paper)",
+    "tor-ackprio-bbr-borrow": "(not in the paper)",
 }
 PAPER_VARIANCE = ("Fig 9: variance of towards-B throughput, 100-250 s: bidirectional without ACK prio "
                   "highest, with ACK prio lower, split + ACK prio lowest (no numbers in the text)")
