@@ -57,8 +57,8 @@ VARIANTS: dict[str, dict] = {
     "split-ackprio": {"mode": "split", "ackprio": True, "fig": "8"},
     # `chive shape --bulk-ceil 0.95`: B's data class may borrow the idle ACK-class rate up to
     # the 95% root. The check that borrowing keeps the paper's Fig 5 result (A->B near solo).
-    "uni-ackprio-borrow": {"mode": "uni", "ackprio": True, "fig": "5", "bulk_ceil": 0.95},
-    "split-ackprio-borrow": {"mode": "split", "ackprio": True, "fig": "8", "bulk_ceil": 0.95},
+    "uni-ackprio-borrow": {"mode": "uni", "ackprio": True, "fig": "5", "shape": {"bulk_ceil": 0.95}},
+    "split-ackprio-borrow": {"mode": "split", "ackprio": True, "fig": "8", "shape": {"bulk_ceil": 0.95}},
 }
 
 #: What the paper reports (text of Secs III-V; the figures have no tables).
@@ -149,7 +149,7 @@ def run_repetition_raw(variant: str, rep: int, out_dir: Path, p: Params, *,
         shape_cmds: list[str] = []
         if v["ackprio"]:
             for h in p.ackprio_hosts:
-                shape_cmds = tb.set_ack_priority(h, bulk_ceil=v.get("bulk_ceil"))
+                shape_cmds = tb.set_ack_priority(h, bulk_ceil=v.get("shape", {}).get("bulk_ceil"))
         (out_dir / "shape.txt").write_text("\n".join(shape_cmds) + "\n")
         t0 = time.time() + 1.5
         procs = []

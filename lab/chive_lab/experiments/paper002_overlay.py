@@ -663,8 +663,8 @@ def wire_shares(queues: list[dict], rate_bps: float) -> dict[str, float]:
     """Share of the link each host-to-host direction used on the wire in a run, from its
     :func:`link_queues` rows: the bytes every relay socket of that direction sent (headers and
     retransmissions included) over the longest sampled span among them, per link rate. This
-    is the "share of the link" of the issue's target; goodput is this times the cell and
-    TCP/IP efficiency (:data:`WIRE_EFFICIENCY`, 0.93)."""
+    is the "share of the link" of the issue's target. Goodput is ~0.9 of it: cells and TCP/IP
+    headers (:data:`WIRE_EFFICIENCY`, 0.93) and the SENDMEs a direction carries for the other."""
     sent: dict[str, float] = {}
     span: dict[str, float] = {}
     for q in queues:
