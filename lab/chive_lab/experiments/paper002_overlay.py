@@ -858,13 +858,18 @@ def _targets(summary: dict, p: "Params") -> dict:
         mine = summary["extra"]["split-ackprio"].get("towards_b_variance_slots")
         if base and base == base and mine is not None and mine == mine:
             t["variance_ratio_vs_one_slots"] = mine / base
-    # Every variant against `one` (the unshaped single connection) of the same batch, at 1 s and
-    # over 10 s slots: the split + ACK priority variants with other relay options (BBR links…)
-    # answer the same question.
-    # The targets for every ACK-priority variant (split or not, CUBIC or BBR links, borrowing
-    # data class or not): goodput share, wire share (what the "of the link" can mean
-    # under `chive shape`), ceilings, and variance against `one`.
+    # Every variant's variance against `one` (the unshaped single connection) of the same batch,
+    # at 1 s and over 10 s slots; then the targets for every ACK-priority variant (split or not,
+    # CUBIC or BBR links, borrowing data class or not): goodput share, wire share (what the
+    # issue's "of the link" can mean under `chive shape`), ceilings, and that variance ratio.
     one = summary["extra"].get("one", {})
+    if one.get("towards_b_variance"):
+        t["variance_ratio_vs_one_by_variant"] = {
+            name: {"1s": e["towards_b_variance"] / one["towards_b_variance"],
+                   "10s": (e["towards_b_variance_slots"] / one["towards_b_variance_slots"]
+                           if one.get("towards_b_variance_slots") else None)}
+            for name, e in summary["extra"].items() if e.get("towards_b_variance") == e.get("towards_b_variance")}
+    ratios = t.get("variance_ratio_vs_one_by_variant", {})
     t["by_variant"] = {}
     for name, vs in v.items():
         if not VARIANTS.get(name, {}).get("ackprio"):
@@ -879,20 +884,12 @@ def _targets(summary: dict, p: "Params") -> dict:
             row["wire_share"] = {d: vs[d]["wire_share"] for d in dirs}
             row["min_wire_share"] = min(row["wire_share"].values())
             row["wire_share_met"] = row["min_wire_share"] >= TARGET_SHARE
-        mine = summary["extra"].get(name, {})
-        if one.get("towards_b_variance") and mine.get("towards_b_variance") == mine.get("towards_b_variance"):
-            row["variance_ratio_vs_one"] = mine["towards_b_variance"] / one["towards_b_variance"]
+        if name in ratios:
+            row["variance_ratio_vs_one"] = ratios[name]["1s"]
             row["variance_met"] = row["variance_ratio_vs_one"] <= TARGET_VARIANCE_RATIO
-            if one.get("towards_b_variance_slots") and mine.get("towards_b_variance_slots") is not None:
-                row["variance_ratio_vs_one_slots"] = (mine["towards_b_variance_slots"]
-                                                      / one["towards_b_variance_slots"])
+            if ratios[name]["10s"] is not None:
+                row["variance_ratio_vs_one_slots"] = ratios[name]["10s"]
         t["by_variant"][name] = row
-    if one.get("towards_b_variance"):
-        t["variance_ratio_vs_one_by_variant"] = {
-            name: {"1s": e["towards_b_variance"] / one["towards_b_variance"],
-                   "10s": (e["towards_b_variance_slots"] / one["towards_b_variance_slots"]
-                           if one.get("towards_b_variance_slots") else None)}
-            for name, e in summary["extra"].items() if e.get("towards_b_variance") == e.get("towards_b_variance")}
     return t
 
 
