@@ -102,7 +102,7 @@ class TorOverlay(Overlay):
                 raise LabError(f"{name}: torrc option {key} is set by the lab")
             if key not in self._known_options:
                 raise LabError(f"{name}: {key} is not a torrc option of tor {self.tools.version}")
-            tortools._torrc_value(value)  # no line breaks
+            tortools.torrc_value(value)  # no line breaks
         self.extra_torrc[name] = dict(options)
 
     # ------------------------------------------------------------ placing
@@ -249,7 +249,7 @@ class TorOverlay(Overlay):
             if time.monotonic() >= deadline or c.proc is None or c.proc.poll() is not None:
                 raise
         node = self.tor_nodes[c.name]
-        last = tortools._log_tails(node.dir).strip().splitlines()[-1:]
+        last = tortools.log_tails(node.dir).strip().splitlines()[-1:]
         self.progress(f"tor overlay: no fetch through {c.name} after {CLIENT_RESTART_AFTER:.0f} s "
                       f"({last[0][:160] if last else 'no log'}); restarting it without its caches")
         c.proc.terminate()
@@ -280,7 +280,7 @@ class TorOverlay(Overlay):
 
     def _log_tail(self, n: OverlayNode) -> str:
         if n.name in self.tor_nodes:
-            return tortools._log_tails(self.tor_nodes[n.name].dir)  # tor.log, then stdout
+            return tortools.log_tails(self.tor_nodes[n.name].dir)  # tor.log, then stdout
         return super()._log_tail(n)
 
     def _consensus_probe(self, relays: list[str]) -> list[str]:
@@ -305,13 +305,13 @@ class TorOverlay(Overlay):
         with ``path`` as relay nicknames; the raw text is kept in its directory."""
         text = self._in_host(client, "circuit-status")
         (self.tor_nodes[client].dir / "circuit-status.txt").write_text(text, encoding="utf-8")
-        return tortools._parse_circuit_status(text)
+        return tortools.parse_circuit_status(text)
 
     def relay_metrics(self, relay: str) -> dict[str, float]:
         """The relay's MetricsPort page, parsed (raw text kept as ``metrics.prom``)."""
         text = self._in_host(relay, "metrics")
         (self.tor_nodes[relay].dir / "metrics.prom").write_text(text, encoding="utf-8")
-        return tortools._parse_prometheus(text)
+        return tortools.parse_prometheus(text)
 
     def stream_circuits(self, client: str) -> dict[str, list[str]]:
         """SOCKS user -> hops of the circuits the client's streams used (Tor isolates each
@@ -401,7 +401,7 @@ def _probe_consensus(url: str, relays: list[str]) -> int:
     except OSError as e:
         print(f"{url}: {e}")
         return 1
-    missing = [r for r in relays if r not in tortools._consensus_relays(text)]
+    missing = [r for r in relays if r not in tortools.consensus_relays(text)]
     if missing:
         print(f"consensus does not list {', '.join(missing)} as running exits yet")
         return 1
@@ -429,11 +429,11 @@ def _main(argv: list[str] | None = None) -> int:
         if a.what == "metrics":
             if not a.metrics_port:
                 raise LabError("this node has no metrics port")
-            sys.stdout.write(tortools._fetch_metrics(a.metrics_port))
+            sys.stdout.write(tortools.fetch_metrics(a.metrics_port))
         else:
             if not a.control_port or a.dir is None:
                 raise LabError("circuit-status needs --dir and --control-port")
-            with tortools._control({"control_port": a.control_port, "dir": str(a.dir)}) as ctl:
+            with tortools.control_for({"control_port": a.control_port, "dir": str(a.dir)}) as ctl:
                 sys.stdout.write(ctl.getinfo("circuit-status").get("circuit-status", "") + "\n")
     except (OSError, LabError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -300,13 +300,13 @@ def test_consensus_relays_needs_running_and_exit():
         "r relay3 AAAA BBBB 2026-01-01 00:00:00 127.0.0.1 5002 0\ns Exit Valid\n"
         "r relay10 AAAA BBBB 2026-01-01 00:00:00 127.0.0.1 5003 0\ns Exit Running\n"
     )
-    assert tor._consensus_relays(ns) == {"relay1", "relay10"}
+    assert tor.consensus_relays(ns) == {"relay1", "relay10"}
 
 
 def test_circuit_status_parsing():
     text = ("3 BUILT $AA~relay3,$BB~relay2,$CC~relay1 BUILD_FLAGS=NEED_CAPACITY PURPOSE=GENERAL "
             "TIME_CREATED=2026-11-21T21:15:01.787839\n4 LAUNCHED\n")
-    circs = tor._parse_circuit_status(text)
+    circs = tor.parse_circuit_status(text)
     assert circs[0]["path"] == ["relay3", "relay2", "relay1"] and circs[0]["purpose"] == "GENERAL"
     assert circs[1] == {"id": 4, "status": "LAUNCHED", "path": []}
 
