@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from . import tor as tortools
 from .errors import LabError
-from .netns import Overlay, OverlayNode, Testbed
+from .netns import Overlay, OverlayNode, Testbed, probe_consensus
 
 #: Options a tor client here may pin (chive's names for the first two are the same).
 PATH_OPTIONS = ("EntryNodes", "MiddleNodes", "ExitNodes")
@@ -269,14 +269,8 @@ class TorOverlay(Overlay):
             super()._spawn(n)  # a chive httpd
             return
         node = self.tor_nodes[n.name]
-        log = open(n.log_path, "ab")  # noqa: SIM115 - the child keeps it; closed below
-        try:
-            n.proc = self.tb.popen(n.host, [self.tools.tor, "-f", str(node.dir / tortools.TORRC),
-                                            "--defaults-torrc", str(self.dir / "empty-torrc")],
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   cwd=str(node.dir))
-        finally:
-            log.close()
+        self._popen_logged(n, [self.tools.tor, "-f", str(node.dir / tortools.TORRC),
+                               "--defaults-torrc", str(self.dir / "empty-torrc")])
 
     def _log_tail(self, n: OverlayNode) -> str:
         if n.name in self.tor_nodes:
@@ -391,23 +385,6 @@ def standalone_variants(kind: str, chosen: list[str], tor_variants: list[str], *
     return rest
 
 
-def _probe_consensus(url: str, relays: list[str]) -> int:
-    """Exit 0 if the consensus at ``url`` lists every relay as a running exit."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=3.0) as resp:
-            text = resp.read(tortools.MAX_CONTROL_REPLY).decode("utf-8", "replace")
-    except OSError as e:
-        print(f"{url}: {e}")
-        return 1
-    missing = [r for r in relays if r not in tortools.consensus_relays(text)]
-    if missing:
-        print(f"consensus does not list {', '.join(missing)} as running exits yet")
-        return 1
-    return 0
-
-
 def _main(argv: list[str] | None = None) -> int:
     """``python -m chive_lab.tor_netns circuit-status|metrics|consensus …``: read a tor
     node's control or metrics port, or probe the authority's consensus, from inside a host."""
@@ -425,7 +402,15 @@ def _main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.what == "consensus":
-            return _probe_consensus(a.url or "", [r for r in a.relays.split(",") if r])
+            relays = [r for r in a.relays.split(",") if r]
+
+            def not_running_exits(text: str) -> list[str]:
+                # A client's pinned exit must carry the Exit flag, not only Running.
+                running = tortools.consensus_relays(text)
+                return [r for r in relays if r not in running]
+
+            return probe_consensus(a.url or "", not_running_exits, max_bytes=tortools.MAX_CONTROL_REPLY,
+                                   listed_as=" as running exits")
         if a.what == "metrics":
             if not a.metrics_port:
                 raise LabError("this node has no metrics port")

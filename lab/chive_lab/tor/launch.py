@@ -203,7 +203,8 @@ def _wait_bootstrap(
                     ns = ""  # no consensus yet
                 known = consensus_relays(ns)
                 missing = [r for r in relays if r not in known]
-                last = f"bootstrapped {pct}% ({summary}); consensus lists {len(relays) - len(missing)}/{len(relays)} relays as running exits"
+                last = (f"bootstrapped {pct}% ({summary}); consensus lists "
+                        f"{len(relays) - len(missing)}/{len(relays)} relays as running exits")
                 if pct >= 100 and not missing:
                     net._progress(f"tor: {last} after {now - started:.0f} s")
                     return
