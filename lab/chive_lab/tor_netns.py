@@ -49,7 +49,9 @@ EVIDENCE_METRICS = ("tor_relay_congestion_control", "tor_relay_flow_control", "t
 #: A client with no working fetch this long after it started is restarted once with an empty
 #: directory cache and guard state (seen once in ~30 starts: the client took a consensus in
 #: which its pinned entry was not usable, discarded every circuit for "hop #1" and did not
-#: recover within minutes).
+#: recover within minutes). Still needed although the lab's clients run without entry
+#: guards (``UseEntryGuards 0``): tor refuses that together with ``EntryNodes``, so a client
+#: that pins its entry, as every client the experiments place does, keeps its guard state.
 CLIENT_RESTART_AFTER = 45.0
 #: What a restarted client forgets (its DataDirectory has no keys worth keeping).
 _CLIENT_CACHE_FILES = ("state", "cached-certs", "cached-consensus", "cached-microdesc-consensus",
@@ -96,7 +98,7 @@ class TorOverlay(Overlay):
             return
         if self._known_options is None:
             self._known_options = tortools.known_torrc_options(self.tools.tor)
-        managed = tortools.MANAGED_TOR_KEYS | set(PATH_OPTIONS) | {"StrictNodes", "ExcludeNodes"}
+        managed = tortools.MANAGED_TOR_KEYS | set(PATH_OPTIONS) | {"StrictNodes", "ExcludeNodes", "UseEntryGuards"}
         for key, value in options.items():
             if key in managed:
                 raise LabError(f"{name}: torrc option {key} is set by the lab")
@@ -202,6 +204,11 @@ class TorOverlay(Overlay):
                 # server at all; with the whole path pinned the exclusion is not needed.
                 lines = [kv for kv in lines if kv[0] != "ExcludeNodes"]
                 lines.append(("StrictNodes", 1))
+            if "EntryNodes" in paths:
+                # Tor refuses EntryNodes without guards ("If EntryNodes is set, UseEntryGuards
+                # must be enabled"): the pinned entry is the client's only guard, and the
+                # restart in _wait_client covers the case where it is marked down.
+                lines = [("UseEntryGuards", 1) if k == "UseEntryGuards" else (k, v) for k, v in lines]
         return lines + list(self.extra_torrc.get(name, {}).items())
 
     def start(self, *, timeout: float = DEFAULT_START_TIMEOUT, probe_bytes: int = 1024) -> None:

@@ -212,6 +212,15 @@ def test_torrc_contents_per_role(tmp_path: Path):
     assert "ORPort" not in c and "Nickname" not in c
 
 
+def test_client_runs_without_entry_guards(tmp_path: Path):
+    # Paths are random among equal relays (loopback) or pinned (netns): guards only add a
+    # state in which a guard marked down stalls every circuit ("Failed to find node for hop #1").
+    texts = _torrcs(tmp_path)
+    assert dict(tor.parse_torrc(texts["client"]))["UseEntryGuards"] == "0"
+    assert all("UseEntryGuards" not in dict(tor.parse_torrc(texts[n])) for n in ("auth1", "relay2"))
+    assert "UseEntryGuards" in _known()
+
+
 def test_refill_interval_only_under_a_rate_limit(tmp_path: Path):
     assert "TokenBucketRefillInterval" not in dict(tor.parse_torrc(_torrcs(tmp_path)["relay2"]))
     texts = _torrcs(tmp_path, {"TokenBucketRefillInterval": 100}, rate=100_000)

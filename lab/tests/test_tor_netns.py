@@ -61,6 +61,8 @@ def test_torrc_lines_use_host_addresses_and_pin_paths(tmp_path):
     assert ("ExitNodes", fp["relayB"]) in client and ("StrictNodes", 1) in client
     # With StrictNodes, excluding the authority would leave the client no directory server.
     assert "ExcludeNodes" not in dict(client)
+    # Tor refuses EntryNodes without entry guards: a client pinning its entry keeps them.
+    assert ("UseEntryGuards", 1) in client and ("UseEntryGuards", 0) not in client
     # Control ports are distinct on a shared host (relayB and relayB2 are both on B).
     assert ov.tor_nodes["relayB"].control_port != ov.tor_nodes["relayB2"].control_port
     assert ov.nodes["relayB"].log_path.name == "stdout.log"
@@ -108,6 +110,32 @@ def test_extra_torrc_options_are_checked_and_written(tmp_path):
     with pytest.raises(LabError, match="not a torrc option"):
         ov.add_relay("C", "relayC", torrc={"SplitDirection": "always"})
     assert "clientC" not in ov.nodes and "relayC" not in ov.nodes  # nothing half-placed
+
+
+@pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
+def test_clients_run_without_entry_guards_unless_they_pin_the_entry(tmp_path):
+    ov = TorOverlay(_testbed(), tmp_path, binary=Path("/bin/true"))
+    ov.add_authority("X")
+    ov.add_relay("A", "relayA")
+    ov.add_relay("B", "relayB")
+    ov.add_client("C", "clientExit", extra={"ExitNodes": ["relayB"]})
+    ov.add_client("C", "clientPinned", port=9051, extra={"EntryNodes": ["relayA"], "ExitNodes": ["relayB"]})
+    for i, n in enumerate(ov.tor_nodes.values()):
+        n.fingerprint, n.v3ident = f"{i:040X}", f"{i + 100:040X}"
+    assert dict(ov.torrc_lines("clientExit"))["UseEntryGuards"] == 0
+    assert dict(ov.torrc_lines("clientPinned"))["UseEntryGuards"] == 1
+    with pytest.raises(LabError, match="set by the lab"):
+        ov.add_client("A", "clientG", torrc={"UseEntryGuards": 1})
+    # Tor itself accepts both torrcs.
+    (tmp_path / "empty").write_text("")
+    for name in ("clientExit", "clientPinned"):
+        node_dir = tmp_path / name
+        node_dir.mkdir(mode=0o700)
+        (node_dir / "torrc").write_text(tor.render_torrc(ov.torrc_lines(name)))
+        out = subprocess.run([ov.tools.tor, "--verify-config", "-f", str(node_dir / "torrc"),
+                              "--defaults-torrc", str(tmp_path / "empty")],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, (name, out.stdout[-500:])
 
 
 def test_in_host_probe_reports_errors(tmp_path, capsys):

@@ -126,5 +126,5 @@ BUILTIN_OPTIONS = frozenset(
     ExitPolicyRejectPrivate ServerDNSDetectHijacking ServerDNSTestAddresses ServerDNSResolvConfFile
     MetricsPort MetricsPortPolicy SocksPort UseMicrodescriptors BandwidthRate BandwidthBurst
     CircuitPriorityHalflife Schedulers TokenBucketRefillInterval KISTSchedRunInterval
-    MaxCircuitDirtiness SocksPolicy ClientOnly ConfluxEnabled V3BandwidthsFile""".split()
+    MaxCircuitDirtiness SocksPolicy ClientOnly ConfluxEnabled V3BandwidthsFile UseEntryGuards""".split()
 )

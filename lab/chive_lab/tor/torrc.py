@@ -191,6 +191,13 @@ def build_torrc(
             # One circuit per stream, as chive and the papers have: Tor 0.4.8+
             # would otherwise split exit streams over two conflux legs.
             ("ConfluxEnabled", 1 if CLIENT_CONFLUX else 0),
+            # No entry guards: a loopback client takes its first hop at random among
+            # equally weighted relays, as chive's client does, and a client on the netns
+            # testbed pins its path anyway. With guards, a guard the client once failed to
+            # use stays "down" for its retry interval (minutes) and every circuit fails
+            # with "Failed to find node for hop #1". (Tor refuses this together with
+            # EntryNodes: a client that pins its entry keeps guards, see tor_netns.)
+            ("UseEntryGuards", 0),
         ]
         if authorities:
             # Paths use the relays only, as in a chive network, whose authority
