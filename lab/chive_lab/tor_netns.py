@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import tor as tortools
-from .errors import LabError
+from .errors import LabError, RunFailed
 from .netns import Overlay, OverlayNode, Testbed, probe_consensus
 
 #: Options a tor client here may pin (chive's names for the first two are the same).
@@ -90,6 +90,8 @@ class TorOverlay(Overlay):
         #: Clients :meth:`start` had to restart (see :data:`CLIENT_RESTART_AFTER`).
         self.restarted_clients: list[str] = []
         self._known_options: frozenset[str] | None = None
+        #: :meth:`start` waits at least this long, whatever its ``timeout`` says.
+        self.min_start_timeout = DEFAULT_START_TIMEOUT
 
     def _check_torrc(self, name: str, options: dict[str, Any] | None) -> None:
         """Keep ``options`` as extra torrc lines of ``name`` if this tor knows each option and
@@ -213,10 +215,15 @@ class TorOverlay(Overlay):
 
     def start(self, *, timeout: float = DEFAULT_START_TIMEOUT, probe_bytes: int = 1024) -> None:
         """Make keys, write torrcs, start the authority, relays, clients and httpds; return
-        when a verified fetch through each client to the first httpd works."""
+        when a verified fetch through each client to the first httpd works.
+
+        A node that exits, or a consensus or fetch that does not come in time, raises
+        :class:`~chive_lab.errors.RunFailed` naming the node and quoting its log, after
+        stopping every process started here (the testbed's owner removes the namespaces):
+        this run failed, another may not. Errors before any tor starts stay LabError."""
         if self.authority is None:
             raise LabError("an overlay needs an authority (add_authority)")
-        timeout = max(timeout, DEFAULT_START_TIMEOUT)
+        timeout = max(timeout, self.min_start_timeout)
         deadline = time.monotonic() + timeout
         self.dir.mkdir(parents=True, exist_ok=True)
         self.progress(f"tor overlay: {self.tools.version}: making keys")
@@ -224,6 +231,17 @@ class TorOverlay(Overlay):
         for name, node in self.tor_nodes.items():
             (node.dir / tortools.TORRC).write_text(tortools.render_torrc(self.torrc_lines(name)),
                                                    encoding="utf-8")
+        try:
+            self._start_and_wait(timeout, deadline, probe_bytes)
+        except BaseException as e:
+            self.stop()  # no tor outlives a failed start, whoever catches this
+            if isinstance(e, LabError) and not isinstance(e, RunFailed):
+                raise self._start_failed(e) from e
+            raise
+        self.progress("tor overlay: a verified fetch through every client worked: ready")
+
+    def _start_and_wait(self, timeout: float, deadline: float, probe_bytes: int) -> None:
+        assert self.authority is not None
         self._spawn(self.authority)
         for n in self.relays():
             self._spawn(n)
@@ -244,7 +262,14 @@ class TorOverlay(Overlay):
             if n.proc is not None and n.proc.poll() is not None:
                 raise LabError(f"{n.name} exited during start-up", node=n.name,
                                log_tail=self._log_tail(n))
-        self.progress("tor overlay: a verified fetch through every client worked: ready")
+
+    def _start_failed(self, e: LabError) -> RunFailed:
+        """``e`` (a node exited, a wait timed out) as the RunFailed of the node it names (the
+        authority when it names none: a consensus is what the others wait for)."""
+        name = e.node if e.node in self.nodes else "authority"
+        n = self.nodes[name]
+        tail = e.log_tail or self._log_tail(n)
+        return tortools.start_failed(name, str(e), n.dir, tail)
 
     def _wait_client(self, c: OverlayNode, url: str, deadline: float) -> None:
         """Wait for a verified fetch through client ``c``; restart it once (empty cache and

@@ -14,7 +14,7 @@ import pytest
 
 from chive_lab import tor
 from chive_lab.cli import build_parser
-from chive_lab.errors import LabError
+from chive_lab.errors import LabError, RunFailed
 from chive_lab.network import Network, NetworkSpec
 
 FP = "A" * 40
@@ -435,3 +435,42 @@ def test_collect_refuses_a_chive_network(tmp_path: Path):
     save_state(tmp_path, State(dir=str(tmp_path), endpoints={"socks": "127.0.0.1:1"}))
     with pytest.raises(LabError, match="no tor network"):
         tor.collect_tor_metrics(tmp_path)
+
+
+# -- a failed start ------------------------------------------------------------------------
+
+
+def test_a_tor_node_that_exited_fails_the_run_with_its_log(tmp_path: Path):
+    from chive_lab.process import ProcessRecord
+    from chive_lab.state import State
+    from chive_lab.tor import launch
+
+    node_dir = tmp_path / "relay1"
+    node_dir.mkdir()
+    (node_dir / "tor.log").write_text("[notice] Bootstrapped 0%\n[err] Could not bind to 127.0.0.1:9001\n")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    rec = ProcessRecord(name="relay1", pid=dead.pid, argv=["tor"], cmdline=["tor"], start_ticks=None,
+                        started_at=0.0, log=str(node_dir / "tor.log"))
+    with pytest.raises(RunFailed) as e:
+        launch._check_alive(State(dir=str(tmp_path), spec={}, nodes=[rec]))
+    assert e.value.node == "relay1"
+    assert "relay1 failed to start" in str(e.value) and "Could not bind" in str(e.value)
+
+
+def test_a_network_that_does_not_bootstrap_fails_the_run(tmp_path: Path):
+    from types import SimpleNamespace
+
+    from chive_lab.network import free_ports
+    from chive_lab.state import State
+    from chive_lab.tor import launch
+
+    client = tor.TorNode(name="client", role="client", dir=tmp_path / "client", control_port=free_ports(1)[0])
+    client.dir.mkdir()
+    (client.dir / "tor.log").write_text("[warn] Failed to find node for hop #1 of our path.\n")
+    notes: list[str] = []
+    with pytest.raises(RunFailed) as e:
+        launch._wait_bootstrap(SimpleNamespace(_progress=notes.append), client, ["relay1"],
+                               State(dir=str(tmp_path), spec={}), deadline=0.0, started=0.0)
+    assert e.value.node == "client" and "did not bootstrap in time" in str(e.value)
+    assert "hop #1" in str(e.value)

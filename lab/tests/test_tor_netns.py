@@ -15,7 +15,7 @@ import pytest
 
 from chive_lab import netns, runner, tor
 from chive_lab import scenario as sc
-from chive_lab.errors import LabError
+from chive_lab.errors import LabError, RunFailed
 from chive_lab.experiments import client_uplink as cu
 from chive_lab.experiments import paper002_overlay as po
 from chive_lab.network import default_binary
@@ -267,3 +267,55 @@ def test_a_stuck_client_is_restarted_once_without_its_caches(tmp_path, monkeypat
         ov._wait_client(client, "http://x/", time.monotonic() - 1)
     client.proc.kill()
     client.proc.wait()
+
+
+def _fake_start(ov: TorOverlay, monkeypatch, dies: set[str]) -> dict[str, subprocess.Popen]:
+    """Keys and processes faked for :meth:`TorOverlay.start`: every node a ``sleep``, except
+    those in ``dies``, which have exited (after writing a Tor log) by the time anyone looks."""
+    def keys(tools, nodes, dir, deadline):  # noqa: A002 - prepare_keys' signature
+        for i, n in enumerate(nodes):
+            n.dir.mkdir(parents=True, exist_ok=True)
+            n.fingerprint, n.v3ident = f"{i:040X}", f"{i + 100:040X}"
+
+    procs: dict[str, subprocess.Popen] = {}
+
+    def spawn(n):
+        n.dir.mkdir(parents=True, exist_ok=True)
+        (n.dir / "tor.log").write_text(f"[notice] {n.name} starting\n[warn] {n.name}: could not bind\n")
+        n.proc = subprocess.Popen(["sh", "-c", "exit 1"] if n.name in dies else ["sleep", "30"])
+        if n.name in dies:
+            n.proc.wait()
+        procs[n.name] = n.proc
+
+    monkeypatch.setattr(tor, "prepare_keys", keys)
+    monkeypatch.setattr(ov, "_spawn", spawn)
+    return procs
+
+
+@pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
+def test_a_tor_node_that_dies_fails_the_run_and_stops_the_rest(tmp_path, monkeypatch):
+    ov = _placed(tmp_path)
+    procs = _fake_start(ov, monkeypatch, dies={"relayB"})
+    with pytest.raises(RunFailed) as e:
+        ov.start()
+    assert e.value.node == "relayB"
+    assert "relayB failed to start" in str(e.value) and "relayB: could not bind" in str(e.value)
+    assert procs and all(p.poll() is not None for p in procs.values())  # nothing left running
+
+
+@pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
+def test_a_consensus_that_never_comes_fails_the_run(tmp_path, monkeypatch):
+    ov = _placed(tmp_path)
+    procs = _fake_start(ov, monkeypatch, dies=set())
+    monkeypatch.setattr(ov.tb, "sh", lambda host, argv, **kw: subprocess.CompletedProcess(
+        argv, 1, "consensus does not list relayB as running exits yet", ""))
+    ov.min_start_timeout = 0
+    with pytest.raises(RunFailed) as e:
+        ov.start(timeout=0.2)
+    assert e.value.node == "authority" and "timed out waiting for a consensus" in str(e.value)
+    assert "authority: could not bind" in str(e.value)  # the authority's log, quoted
+    assert procs and all(p.poll() is not None for p in procs.values())
+    # A mistake in the overlay itself is no failed run: it stays a plain LabError.
+    with pytest.raises(LabError) as e2:
+        TorOverlay(_testbed(), tmp_path / "2", binary=Path("/bin/true")).start()
+    assert not isinstance(e2.value, RunFailed)

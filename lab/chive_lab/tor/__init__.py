@@ -41,7 +41,17 @@ from .metrics import (
     parse_circuit_status,
     parse_prometheus,
 )
-from .node import BANDWIDTH_FILE, METRICS_FILE, STDOUT_LOG, TOR_INFO_LOG, TOR_LOG, TORRC, TorNode, log_tails
+from .node import (
+    BANDWIDTH_FILE,
+    METRICS_FILE,
+    STDOUT_LOG,
+    TOR_INFO_LOG,
+    TOR_LOG,
+    TORRC,
+    TorNode,
+    log_tails,
+    start_failed,
+)
 from .options import (
     MANAGED_TOR_KEYS,
     MIN_BANDWIDTH_RATE,
@@ -128,6 +138,7 @@ __all__ = [
     "parse_torrc",
     "prepare_keys",
     "render_torrc",
+    "start_failed",
     "start_tor_network",
     "tor_unavailable_reason",
     "torrc_value",

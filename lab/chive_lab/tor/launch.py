@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import config as cfg
-from ..errors import LabError
+from ..errors import LabError, RunFailed
 from ..process import is_running, spawn
 from ..state import State, save_state
 from .control import control_for
 from .keys import prepare_keys
 from .metrics import consensus_relays
-from .node import BANDWIDTH_FILE, STDOUT_LOG, TOR_LOG, TORRC, TorNode, log_tails
+from .node import BANDWIDTH_FILE, STDOUT_LOG, TOR_LOG, TORRC, TorNode, log_tails, start_failed
 from .options import client_unmapped, map_params, map_relay_options
 from .tools import find_tor_tools, known_torrc_options
 from .torrc import build_torrc, render_torrc, torrc_value
@@ -67,7 +67,11 @@ def start_tor_network(
 ) -> "NetworkInfo":
     """Start a private Tor network + ``chive httpd`` in ``dir`` and wait until
     it carries traffic. Called by :meth:`Network.up` (which created the state
-    file and stops everything recorded in it if this raises)."""
+    file and stops everything recorded in it if this raises).
+
+    A node that exits during start-up, or a network that does not carry a fetch in time,
+    raises :class:`~chive_lab.errors.RunFailed` naming the node and quoting its log: that
+    run failed, another may not. Bad options and failed key generation stay LabError."""
     from ..network import NetworkInfo, free_ports
 
     progress = net._progress
@@ -154,10 +158,18 @@ def start_tor_network(
         f"waiting up to {timeout:.0f} s for bootstrap"
     )
 
-    _wait_bootstrap(net, client, relay_names, state, deadline, started)
     http = state.endpoints["http"]
-    net._wait_fetch(f"{http}/bytes/{PROBE_BYTES}", None, "httpd", state, deadline)
-    net._wait_fetch(f"{http}/bytes/{PROBE_BYTES}", state.endpoints["socks"], "client", state, deadline)
+    try:
+        _wait_bootstrap(net, client, relay_names, state, deadline, started)
+        net._wait_fetch(f"{http}/bytes/{PROBE_BYTES}", None, "httpd", state, deadline)
+        net._wait_fetch(f"{http}/bytes/{PROBE_BYTES}", state.endpoints["socks"], "client", state, deadline)
+    except RunFailed:
+        raise
+    except LabError as e:
+        # A fetch that timed out, or a node that exited while one was tried: this
+        # network did not come up (Network.up stops what started), another may.
+        name = e.node or "client"
+        raise start_failed(name, str(e), dir / name, e.log_tail) from e
     progress(f"tor network works: a fetch through {state.endpoints['socks']} returned the expected "
              f"bytes ({time.monotonic() - started:.0f} s after start)")
     return NetworkInfo(
@@ -171,13 +183,15 @@ def start_tor_network(
 
 
 def _check_alive(state: State) -> None:
+    """Raise :class:`RunFailed` naming the first node (tor or httpd) that has exited."""
+    from ..network import log_tail
+
     for rec in state.nodes:
         if not is_running(rec.pid):
-            raise LabError(
-                f"{rec.name} (pid {rec.pid}) exited during start-up",
-                node=rec.name,
-                log_tail=log_tails(Path(rec.log).parent),
-            )
+            log = Path(rec.log)
+            # A tor node: its Tor log and stdout; chive httpd: its one log.
+            tail = log_tails(log.parent) if log.name == TOR_LOG else log_tail(log, 20)
+            raise start_failed(rec.name, f"pid {rec.pid} exited during start-up", log.parent, tail)
 
 
 def _wait_bootstrap(
@@ -214,9 +228,5 @@ def _wait_bootstrap(
             net._progress(f"tor: {last} ({now - started:.0f} s)")
             last_print = now
         if now >= deadline:
-            raise LabError(
-                f"tor network did not bootstrap in time: {last}",
-                node="client",
-                log_tail=log_tails(client.dir),
-            )
+            raise start_failed("client", f"tor network did not bootstrap in time: {last}", client.dir)
         time.sleep(_POLL_S)

@@ -8,12 +8,15 @@ control-port readers (:mod:`.control`, :mod:`.metrics`) are built from; its
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import RunFailed
+
 __all__ = ["BANDWIDTH_FILE", "METRICS_FILE", "STDOUT_LOG", "TORRC", "TOR_INFO_LOG", "TOR_LOG", "TorNode",
-           "log_tails"]
+           "log_tails", "start_failed"]
 
 # Files in a node's directory (and, for the bandwidth file, the network's).
 TORRC = "torrc"
@@ -22,6 +25,8 @@ TOR_LOG = "tor.log"
 TOR_INFO_LOG = "tor-info.log"
 STDOUT_LOG = "stdout.log"
 METRICS_FILE = "tor-metrics.json"
+#: How many log lines the message of a failed start quotes (``log_tail`` has more).
+FAILED_START_LINES = 8
 
 
 @dataclass
@@ -71,3 +76,16 @@ def log_tails(node_dir: Path) -> str:
         if p.exists() and p.stat().st_size:
             parts.append(f"[{name}]\n{log_tail(p, 20)}")
     return "\n".join(parts) or "(no log)"
+
+
+def start_failed(name: str, why: str, node_dir: Path, log_tail: str | None = None) -> RunFailed:
+    """The error for node ``name``, which did not start (it exited, or the network around it
+    did not come up in time): ``why`` and the last lines of its log in the message, the
+    longer tails (``log_tail``, else :func:`log_tails` of ``node_dir``) beside it. A
+    :class:`RunFailed`, so a batch goes on with its next repetition."""
+    tail = log_tail or log_tails(node_dir)
+    # log_tails gives "[tor.log]" first: where tor says why; a chive node's tail has no header.
+    sections = [part for part in re.split(r"^\[(?:tor|stdout)\.log\]\n", tail, flags=re.M) if part.strip()]
+    last = sections[0].strip("\n").splitlines()[-FAILED_START_LINES:] if sections else []
+    quoted = "\n".join(f"  {line}" for line in last) if last else "  (no log)"
+    return RunFailed(f"{name} failed to start: {why}\nlast lines of its log:\n{quoted}", node=name, log_tail=tail)
