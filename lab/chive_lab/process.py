@@ -249,30 +249,17 @@ def stop_processes(
         if not is_same_process(rec):
             report.not_ours.append(rec.name)
             continue
-        try:
-            os.kill(rec.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            report.not_running.append(rec.name)
-            continue
-        except PermissionError as e:
-            report.failed[rec.name] = f"cannot signal pid {rec.pid}: {e}"
-            continue
-        pending.append(rec)
+        if _signal(rec, signal.SIGTERM, "signal", gone=report.not_running, report=report):
+            pending.append(rec)
 
     left = _wait_gone(pending, grace_s)
     report.stopped.extend(r.name for r in pending if r not in left)
 
     stragglers: list[ProcessRecord] = []
     for rec in left:
-        try:
-            os.kill(rec.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            report.stopped.append(rec.name)
-            continue
-        except PermissionError as e:
-            report.failed[rec.name] = f"cannot SIGKILL pid {rec.pid}: {e}"
-            continue
-        stragglers.append(rec)
+        # Gone between the wait and the kill: it stopped on SIGTERM after all.
+        if _signal(rec, signal.SIGKILL, "SIGKILL", gone=report.stopped, report=report):
+            stragglers.append(rec)
     remaining = _wait_gone(stragglers, kill_wait_s)
     for rec in stragglers:
         if rec in remaining:
@@ -280,6 +267,20 @@ def stop_processes(
         else:
             report.killed.append(rec.name)
     return report
+
+
+def _signal(rec: ProcessRecord, sig: int, verb: str, *, gone: list[str], report: DownReport) -> bool:
+    """Send ``sig`` to ``rec``; if it cannot be sent, note why (the name in ``gone`` when
+    the process no longer exists, else in ``report.failed``) and return False."""
+    try:
+        os.kill(rec.pid, sig)
+    except ProcessLookupError:
+        gone.append(rec.name)
+        return False
+    except PermissionError as e:
+        report.failed[rec.name] = f"cannot {verb} pid {rec.pid}: {e}"
+        return False
+    return True
 
 
 def _wait_gone(recs: list[ProcessRecord], timeout_s: float) -> list[ProcessRecord]:

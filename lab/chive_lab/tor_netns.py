@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import tor as tortools
-from .errors import LabError
-from .netns import Overlay, OverlayNode, Testbed
+from .errors import LabError, RunFailed
+from .netns import Overlay, OverlayNode, Testbed, probe_consensus
 
 #: Options a tor client here may pin (chive's names for the first two are the same).
 PATH_OPTIONS = ("EntryNodes", "MiddleNodes", "ExitNodes")
@@ -49,7 +49,9 @@ EVIDENCE_METRICS = ("tor_relay_congestion_control", "tor_relay_flow_control", "t
 #: A client with no working fetch this long after it started is restarted once with an empty
 #: directory cache and guard state (seen once in ~30 starts: the client took a consensus in
 #: which its pinned entry was not usable, discarded every circuit for "hop #1" and did not
-#: recover within minutes).
+#: recover within minutes). Still needed although the lab's clients run without entry
+#: guards (``UseEntryGuards 0``): tor refuses that together with ``EntryNodes``, so a client
+#: that pins its entry, as every client the experiments place does, keeps its guard state.
 CLIENT_RESTART_AFTER = 45.0
 #: What a restarted client forgets (its DataDirectory has no keys worth keeping).
 _CLIENT_CACHE_FILES = ("state", "cached-certs", "cached-consensus", "cached-microdesc-consensus",
@@ -88,6 +90,8 @@ class TorOverlay(Overlay):
         #: Clients :meth:`start` had to restart (see :data:`CLIENT_RESTART_AFTER`).
         self.restarted_clients: list[str] = []
         self._known_options: frozenset[str] | None = None
+        #: :meth:`start` waits at least this long, whatever its ``timeout`` says.
+        self.min_start_timeout = DEFAULT_START_TIMEOUT
 
     def _check_torrc(self, name: str, options: dict[str, Any] | None) -> None:
         """Keep ``options`` as extra torrc lines of ``name`` if this tor knows each option and
@@ -96,13 +100,13 @@ class TorOverlay(Overlay):
             return
         if self._known_options is None:
             self._known_options = tortools.known_torrc_options(self.tools.tor)
-        managed = tortools.MANAGED_TOR_KEYS | set(PATH_OPTIONS) | {"StrictNodes", "ExcludeNodes"}
+        managed = tortools.MANAGED_TOR_KEYS | set(PATH_OPTIONS) | {"StrictNodes", "ExcludeNodes", "UseEntryGuards"}
         for key, value in options.items():
             if key in managed:
                 raise LabError(f"{name}: torrc option {key} is set by the lab")
             if key not in self._known_options:
                 raise LabError(f"{name}: {key} is not a torrc option of tor {self.tools.version}")
-            tortools._torrc_value(value)  # no line breaks
+            tortools.torrc_value(value)  # no line breaks
         self.extra_torrc[name] = dict(options)
 
     # ------------------------------------------------------------ placing
@@ -202,14 +206,24 @@ class TorOverlay(Overlay):
                 # server at all; with the whole path pinned the exclusion is not needed.
                 lines = [kv for kv in lines if kv[0] != "ExcludeNodes"]
                 lines.append(("StrictNodes", 1))
+            if "EntryNodes" in paths:
+                # Tor refuses EntryNodes without guards ("If EntryNodes is set, UseEntryGuards
+                # must be enabled"): the pinned entry is the client's only guard, and the
+                # restart in _wait_client covers the case where it is marked down.
+                lines = [("UseEntryGuards", 1) if k == "UseEntryGuards" else (k, v) for k, v in lines]
         return lines + list(self.extra_torrc.get(name, {}).items())
 
     def start(self, *, timeout: float = DEFAULT_START_TIMEOUT, probe_bytes: int = 1024) -> None:
         """Make keys, write torrcs, start the authority, relays, clients and httpds; return
-        when a verified fetch through each client to the first httpd works."""
+        when a verified fetch through each client to the first httpd works.
+
+        A node that exits, or a consensus or fetch that does not come in time, raises
+        :class:`~chive_lab.errors.RunFailed` naming the node and quoting its log, after
+        stopping every process started here (the testbed's owner removes the namespaces):
+        this run failed, another may not. Errors before any tor starts stay LabError."""
         if self.authority is None:
             raise LabError("an overlay needs an authority (add_authority)")
-        timeout = max(timeout, DEFAULT_START_TIMEOUT)
+        timeout = max(timeout, self.min_start_timeout)
         deadline = time.monotonic() + timeout
         self.dir.mkdir(parents=True, exist_ok=True)
         self.progress(f"tor overlay: {self.tools.version}: making keys")
@@ -217,6 +231,17 @@ class TorOverlay(Overlay):
         for name, node in self.tor_nodes.items():
             (node.dir / tortools.TORRC).write_text(tortools.render_torrc(self.torrc_lines(name)),
                                                    encoding="utf-8")
+        try:
+            self._start_and_wait(timeout, deadline, probe_bytes)
+        except BaseException as e:
+            self.stop()  # no tor outlives a failed start, whoever catches this
+            if isinstance(e, LabError) and not isinstance(e, RunFailed):
+                raise self._start_failed(e) from e
+            raise
+        self.progress("tor overlay: a verified fetch through every client worked: ready")
+
+    def _start_and_wait(self, timeout: float, deadline: float, probe_bytes: int) -> None:
+        assert self.authority is not None
         self._spawn(self.authority)
         for n in self.relays():
             self._spawn(n)
@@ -237,7 +262,14 @@ class TorOverlay(Overlay):
             if n.proc is not None and n.proc.poll() is not None:
                 raise LabError(f"{n.name} exited during start-up", node=n.name,
                                log_tail=self._log_tail(n))
-        self.progress("tor overlay: a verified fetch through every client worked: ready")
+
+    def _start_failed(self, e: LabError) -> RunFailed:
+        """``e`` (a node exited, a wait timed out) as the RunFailed of the node it names (the
+        authority when it names none: a consensus is what the others wait for)."""
+        name = e.node if e.node in self.nodes else "authority"
+        n = self.nodes[name]
+        tail = e.log_tail or self._log_tail(n)
+        return tortools.start_failed(name, str(e), n.dir, tail)
 
     def _wait_client(self, c: OverlayNode, url: str, deadline: float) -> None:
         """Wait for a verified fetch through client ``c``; restart it once (empty cache and
@@ -249,7 +281,7 @@ class TorOverlay(Overlay):
             if time.monotonic() >= deadline or c.proc is None or c.proc.poll() is not None:
                 raise
         node = self.tor_nodes[c.name]
-        last = tortools._log_tails(node.dir).strip().splitlines()[-1:]
+        last = tortools.log_tails(node.dir).strip().splitlines()[-1:]
         self.progress(f"tor overlay: no fetch through {c.name} after {CLIENT_RESTART_AFTER:.0f} s "
                       f"({last[0][:160] if last else 'no log'}); restarting it without its caches")
         c.proc.terminate()
@@ -269,18 +301,12 @@ class TorOverlay(Overlay):
             super()._spawn(n)  # a chive httpd
             return
         node = self.tor_nodes[n.name]
-        log = open(n.log_path, "ab")  # noqa: SIM115 - the child keeps it; closed below
-        try:
-            n.proc = self.tb.popen(n.host, [self.tools.tor, "-f", str(node.dir / tortools.TORRC),
-                                            "--defaults-torrc", str(self.dir / "empty-torrc")],
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   cwd=str(node.dir))
-        finally:
-            log.close()
+        self._popen_logged(n, [self.tools.tor, "-f", str(node.dir / tortools.TORRC),
+                               "--defaults-torrc", str(self.dir / "empty-torrc")])
 
     def _log_tail(self, n: OverlayNode) -> str:
         if n.name in self.tor_nodes:
-            return tortools._log_tails(self.tor_nodes[n.name].dir)  # tor.log, then stdout
+            return tortools.log_tails(self.tor_nodes[n.name].dir)  # tor.log, then stdout
         return super()._log_tail(n)
 
     def _consensus_probe(self, relays: list[str]) -> list[str]:
@@ -305,13 +331,13 @@ class TorOverlay(Overlay):
         with ``path`` as relay nicknames; the raw text is kept in its directory."""
         text = self._in_host(client, "circuit-status")
         (self.tor_nodes[client].dir / "circuit-status.txt").write_text(text, encoding="utf-8")
-        return tortools._parse_circuit_status(text)
+        return tortools.parse_circuit_status(text)
 
     def relay_metrics(self, relay: str) -> dict[str, float]:
         """The relay's MetricsPort page, parsed (raw text kept as ``metrics.prom``)."""
         text = self._in_host(relay, "metrics")
         (self.tor_nodes[relay].dir / "metrics.prom").write_text(text, encoding="utf-8")
-        return tortools._parse_prometheus(text)
+        return tortools.parse_prometheus(text)
 
     def stream_circuits(self, client: str) -> dict[str, list[str]]:
         """SOCKS user -> hops of the circuits the client's streams used (Tor isolates each
@@ -391,23 +417,6 @@ def standalone_variants(kind: str, chosen: list[str], tor_variants: list[str], *
     return rest
 
 
-def _probe_consensus(url: str, relays: list[str]) -> int:
-    """Exit 0 if the consensus at ``url`` lists every relay as a running exit."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=3.0) as resp:
-            text = resp.read(tortools.MAX_CONTROL_REPLY).decode("utf-8", "replace")
-    except OSError as e:
-        print(f"{url}: {e}")
-        return 1
-    missing = [r for r in relays if r not in tortools._consensus_relays(text)]
-    if missing:
-        print(f"consensus does not list {', '.join(missing)} as running exits yet")
-        return 1
-    return 0
-
-
 def _main(argv: list[str] | None = None) -> int:
     """``python -m chive_lab.tor_netns circuit-status|metrics|consensus …``: read a tor
     node's control or metrics port, or probe the authority's consensus, from inside a host."""
@@ -425,15 +434,23 @@ def _main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.what == "consensus":
-            return _probe_consensus(a.url or "", [r for r in a.relays.split(",") if r])
+            relays = [r for r in a.relays.split(",") if r]
+
+            def not_running_exits(text: str) -> list[str]:
+                # A client's pinned exit must carry the Exit flag, not only Running.
+                running = tortools.consensus_relays(text)
+                return [r for r in relays if r not in running]
+
+            return probe_consensus(a.url or "", not_running_exits, max_bytes=tortools.MAX_CONTROL_REPLY,
+                                   listed_as=" as running exits")
         if a.what == "metrics":
             if not a.metrics_port:
                 raise LabError("this node has no metrics port")
-            sys.stdout.write(tortools._fetch_metrics(a.metrics_port))
+            sys.stdout.write(tortools.fetch_metrics(a.metrics_port))
         else:
             if not a.control_port or a.dir is None:
                 raise LabError("circuit-status needs --dir and --control-port")
-            with tortools._control({"control_port": a.control_port, "dir": str(a.dir)}) as ctl:
+            with tortools.control_for({"control_port": a.control_port, "dir": str(a.dir)}) as ctl:
                 sys.stdout.write(ctl.getinfo("circuit-status").get("circuit-status", "") + "\n")
     except (OSError, LabError) as e:
         print(f"error: {e}", file=sys.stderr)

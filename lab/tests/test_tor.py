@@ -14,7 +14,7 @@ import pytest
 
 from chive_lab import tor
 from chive_lab.cli import build_parser
-from chive_lab.errors import LabError
+from chive_lab.errors import LabError, RunFailed
 from chive_lab.network import Network, NetworkSpec
 
 FP = "A" * 40
@@ -212,6 +212,15 @@ def test_torrc_contents_per_role(tmp_path: Path):
     assert "ORPort" not in c and "Nickname" not in c
 
 
+def test_client_runs_without_entry_guards(tmp_path: Path):
+    # Paths are random among equal relays (loopback) or pinned (netns): guards only add a
+    # state in which a guard marked down stalls every circuit ("Failed to find node for hop #1").
+    texts = _torrcs(tmp_path)
+    assert dict(tor.parse_torrc(texts["client"]))["UseEntryGuards"] == "0"
+    assert all("UseEntryGuards" not in dict(tor.parse_torrc(texts[n])) for n in ("auth1", "relay2"))
+    assert "UseEntryGuards" in _known()
+
+
 def test_refill_interval_only_under_a_rate_limit(tmp_path: Path):
     assert "TokenBucketRefillInterval" not in dict(tor.parse_torrc(_torrcs(tmp_path)["relay2"]))
     texts = _torrcs(tmp_path, {"TokenBucketRefillInterval": 100}, rate=100_000)
@@ -300,13 +309,13 @@ def test_consensus_relays_needs_running_and_exit():
         "r relay3 AAAA BBBB 2026-01-01 00:00:00 127.0.0.1 5002 0\ns Exit Valid\n"
         "r relay10 AAAA BBBB 2026-01-01 00:00:00 127.0.0.1 5003 0\ns Exit Running\n"
     )
-    assert tor._consensus_relays(ns) == {"relay1", "relay10"}
+    assert tor.consensus_relays(ns) == {"relay1", "relay10"}
 
 
 def test_circuit_status_parsing():
     text = ("3 BUILT $AA~relay3,$BB~relay2,$CC~relay1 BUILD_FLAGS=NEED_CAPACITY PURPOSE=GENERAL "
             "TIME_CREATED=2026-11-21T21:15:01.787839\n4 LAUNCHED\n")
-    circs = tor._parse_circuit_status(text)
+    circs = tor.parse_circuit_status(text)
     assert circs[0]["path"] == ["relay3", "relay2", "relay1"] and circs[0]["purpose"] == "GENERAL"
     assert circs[1] == {"id": 4, "status": "LAUNCHED", "path": []}
 
@@ -426,3 +435,42 @@ def test_collect_refuses_a_chive_network(tmp_path: Path):
     save_state(tmp_path, State(dir=str(tmp_path), endpoints={"socks": "127.0.0.1:1"}))
     with pytest.raises(LabError, match="no tor network"):
         tor.collect_tor_metrics(tmp_path)
+
+
+# -- a failed start ------------------------------------------------------------------------
+
+
+def test_a_tor_node_that_exited_fails_the_run_with_its_log(tmp_path: Path):
+    from chive_lab.process import ProcessRecord
+    from chive_lab.state import State
+    from chive_lab.tor import launch
+
+    node_dir = tmp_path / "relay1"
+    node_dir.mkdir()
+    (node_dir / "tor.log").write_text("[notice] Bootstrapped 0%\n[err] Could not bind to 127.0.0.1:9001\n")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    rec = ProcessRecord(name="relay1", pid=dead.pid, argv=["tor"], cmdline=["tor"], start_ticks=None,
+                        started_at=0.0, log=str(node_dir / "tor.log"))
+    with pytest.raises(RunFailed) as e:
+        launch._check_alive(State(dir=str(tmp_path), spec={}, nodes=[rec]))
+    assert e.value.node == "relay1"
+    assert "relay1 failed to start" in str(e.value) and "Could not bind" in str(e.value)
+
+
+def test_a_network_that_does_not_bootstrap_fails_the_run(tmp_path: Path):
+    from types import SimpleNamespace
+
+    from chive_lab.network import free_ports
+    from chive_lab.state import State
+    from chive_lab.tor import launch
+
+    client = tor.TorNode(name="client", role="client", dir=tmp_path / "client", control_port=free_ports(1)[0])
+    client.dir.mkdir()
+    (client.dir / "tor.log").write_text("[warn] Failed to find node for hop #1 of our path.\n")
+    notes: list[str] = []
+    with pytest.raises(RunFailed) as e:
+        launch._wait_bootstrap(SimpleNamespace(_progress=notes.append), client, ["relay1"],
+                               State(dir=str(tmp_path), spec={}), deadline=0.0, started=0.0)
+    assert e.value.node == "client" and "did not bootstrap in time" in str(e.value)
+    assert "hop #1" in str(e.value)

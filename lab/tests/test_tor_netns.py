@@ -15,7 +15,7 @@ import pytest
 
 from chive_lab import netns, runner, tor
 from chive_lab import scenario as sc
-from chive_lab.errors import LabError
+from chive_lab.errors import LabError, RunFailed
 from chive_lab.experiments import client_uplink as cu
 from chive_lab.experiments import paper002_overlay as po
 from chive_lab.network import default_binary
@@ -61,6 +61,8 @@ def test_torrc_lines_use_host_addresses_and_pin_paths(tmp_path):
     assert ("ExitNodes", fp["relayB"]) in client and ("StrictNodes", 1) in client
     # With StrictNodes, excluding the authority would leave the client no directory server.
     assert "ExcludeNodes" not in dict(client)
+    # Tor refuses EntryNodes without entry guards: a client pinning its entry keeps them.
+    assert ("UseEntryGuards", 1) in client and ("UseEntryGuards", 0) not in client
     # Control ports are distinct on a shared host (relayB and relayB2 are both on B).
     assert ov.tor_nodes["relayB"].control_port != ov.tor_nodes["relayB2"].control_port
     assert ov.nodes["relayB"].log_path.name == "stdout.log"
@@ -108,6 +110,32 @@ def test_extra_torrc_options_are_checked_and_written(tmp_path):
     with pytest.raises(LabError, match="not a torrc option"):
         ov.add_relay("C", "relayC", torrc={"SplitDirection": "always"})
     assert "clientC" not in ov.nodes and "relayC" not in ov.nodes  # nothing half-placed
+
+
+@pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
+def test_clients_run_without_entry_guards_unless_they_pin_the_entry(tmp_path):
+    ov = TorOverlay(_testbed(), tmp_path, binary=Path("/bin/true"))
+    ov.add_authority("X")
+    ov.add_relay("A", "relayA")
+    ov.add_relay("B", "relayB")
+    ov.add_client("C", "clientExit", extra={"ExitNodes": ["relayB"]})
+    ov.add_client("C", "clientPinned", port=9051, extra={"EntryNodes": ["relayA"], "ExitNodes": ["relayB"]})
+    for i, n in enumerate(ov.tor_nodes.values()):
+        n.fingerprint, n.v3ident = f"{i:040X}", f"{i + 100:040X}"
+    assert dict(ov.torrc_lines("clientExit"))["UseEntryGuards"] == 0
+    assert dict(ov.torrc_lines("clientPinned"))["UseEntryGuards"] == 1
+    with pytest.raises(LabError, match="set by the lab"):
+        ov.add_client("A", "clientG", torrc={"UseEntryGuards": 1})
+    # Tor itself accepts both torrcs.
+    (tmp_path / "empty").write_text("")
+    for name in ("clientExit", "clientPinned"):
+        node_dir = tmp_path / name
+        node_dir.mkdir(mode=0o700)
+        (node_dir / "torrc").write_text(tor.render_torrc(ov.torrc_lines(name)))
+        out = subprocess.run([ov.tools.tor, "--verify-config", "-f", str(node_dir / "torrc"),
+                              "--defaults-torrc", str(tmp_path / "empty")],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, (name, out.stdout[-500:])
 
 
 def test_in_host_probe_reports_errors(tmp_path, capsys):
@@ -239,3 +267,55 @@ def test_a_stuck_client_is_restarted_once_without_its_caches(tmp_path, monkeypat
         ov._wait_client(client, "http://x/", time.monotonic() - 1)
     client.proc.kill()
     client.proc.wait()
+
+
+def _fake_start(ov: TorOverlay, monkeypatch, dies: set[str]) -> dict[str, subprocess.Popen]:
+    """Keys and processes faked for :meth:`TorOverlay.start`: every node a ``sleep``, except
+    those in ``dies``, which have exited (after writing a Tor log) by the time anyone looks."""
+    def keys(tools, nodes, dir, deadline):  # noqa: A002 - prepare_keys' signature
+        for i, n in enumerate(nodes):
+            n.dir.mkdir(parents=True, exist_ok=True)
+            n.fingerprint, n.v3ident = f"{i:040X}", f"{i + 100:040X}"
+
+    procs: dict[str, subprocess.Popen] = {}
+
+    def spawn(n):
+        n.dir.mkdir(parents=True, exist_ok=True)
+        (n.dir / "tor.log").write_text(f"[notice] {n.name} starting\n[warn] {n.name}: could not bind\n")
+        n.proc = subprocess.Popen(["sh", "-c", "exit 1"] if n.name in dies else ["sleep", "30"])
+        if n.name in dies:
+            n.proc.wait()
+        procs[n.name] = n.proc
+
+    monkeypatch.setattr(tor, "prepare_keys", keys)
+    monkeypatch.setattr(ov, "_spawn", spawn)
+    return procs
+
+
+@pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
+def test_a_tor_node_that_dies_fails_the_run_and_stops_the_rest(tmp_path, monkeypatch):
+    ov = _placed(tmp_path)
+    procs = _fake_start(ov, monkeypatch, dies={"relayB"})
+    with pytest.raises(RunFailed) as e:
+        ov.start()
+    assert e.value.node == "relayB"
+    assert "relayB failed to start" in str(e.value) and "relayB: could not bind" in str(e.value)
+    assert procs and all(p.poll() is not None for p in procs.values())  # nothing left running
+
+
+@pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
+def test_a_consensus_that_never_comes_fails_the_run(tmp_path, monkeypatch):
+    ov = _placed(tmp_path)
+    procs = _fake_start(ov, monkeypatch, dies=set())
+    monkeypatch.setattr(ov.tb, "sh", lambda host, argv, **kw: subprocess.CompletedProcess(
+        argv, 1, "consensus does not list relayB as running exits yet", ""))
+    ov.min_start_timeout = 0
+    with pytest.raises(RunFailed) as e:
+        ov.start(timeout=0.2)
+    assert e.value.node == "authority" and "timed out waiting for a consensus" in str(e.value)
+    assert "authority: could not bind" in str(e.value)  # the authority's log, quoted
+    assert procs and all(p.poll() is not None for p in procs.values())
+    # A mistake in the overlay itself is no failed run: it stays a plain LabError.
+    with pytest.raises(LabError) as e2:
+        TorOverlay(_testbed(), tmp_path / "2", binary=Path("/bin/true")).start()
+    assert not isinstance(e2.value, RunFailed)

@@ -1,0 +1,131 @@
+"""Keys a Tor test network needs before any of its tor processes starts: every
+authority's v3 keys and certificate (``tor-gencert``), every relay's identity and
+fingerprint (``tor --list-fingerprint``), and the bandwidth file that gives the relays
+equal weights. Each is a short command run to completion; nothing here opens a socket.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ..errors import LabError
+from .node import BANDWIDTH_FILE, TorNode, log_tails
+from .tools import TorTools
+
+__all__ = ["bandwidth_file", "prepare_keys"]
+
+_HEX40 = re.compile(r"^[0-9A-F]{40}$")
+
+
+def _run(argv: list[str], *, cwd: Path, log: Path, stdin: bytes | None, timeout: float) -> str:
+    """Run a setup command; append its output to ``log``; raise LabError on failure."""
+    try:
+        out = subprocess.run(argv, input=stdin, capture_output=True, cwd=cwd, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise LabError(f"`{' '.join(argv)}` did not finish within {timeout:.0f} s") from e
+    except OSError as e:
+        raise LabError(f"cannot run {argv[0]}: {e}") from e
+    text = out.stdout.decode("utf-8", "replace") + out.stderr.decode("utf-8", "replace")
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"$ {' '.join(argv)}\n{text}\n")
+    if out.returncode != 0:
+        raise LabError(f"`{' '.join(argv)}` exited with status {out.returncode}", log_tail=text[-2000:])
+    return out.stdout.decode("utf-8", "replace")
+
+
+def _make_authority_keys(tools: TorTools, node: TorNode, deadline: float) -> None:
+    """tor-gencert: the authority's v3 identity key, signing key and certificate."""
+    keys = node.dir / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    log = node.dir / "keygen.log"
+    left = max(5.0, deadline - time.monotonic())
+    # The identity key is encrypted with an empty passphrase read from fd 0:
+    # nothing to type, nothing stored beside the key.
+    _run(
+        [tools.gencert, "--create-identity-key", "-m", "12", "-a", f"{node.address}:{node.dir_port}",
+         "-i", str(keys / "authority_identity_key"), "-s", str(keys / "authority_signing_key"),
+         "-c", str(keys / "authority_certificate"), "--passphrase-fd", "0"],
+        cwd=node.dir, log=log, stdin=b"\n", timeout=min(60.0, left),
+    )
+    cert = (keys / "authority_certificate").read_text(encoding="ascii", errors="replace")
+    m = re.search(r"^fingerprint ([0-9A-F]{40})$", cert, re.M)
+    if m is None:
+        raise LabError(f"{keys / 'authority_certificate'} has no fingerprint line", node=node.name)
+    node.v3ident = m.group(1)
+
+
+def _make_relay_identity(tools: TorTools, node: TorNode, empty: Path, deadline: float) -> None:
+    """tor --list-fingerprint: creates the relay's identity keys in its
+    DataDirectory (the started tor reuses them) and tells us its fingerprint."""
+    (node.dir / "keys").mkdir(parents=True, exist_ok=True)
+    log = node.dir / "keygen.log"
+    _run(
+        [tools.tor, "-f", str(empty), "--defaults-torrc", str(empty), "--list-fingerprint",
+         "--DataDirectory", str(node.dir), "--ORPort", f"{node.address}:{node.or_port}",
+         "--Address", node.address, "--Nickname", node.name],
+        cwd=node.dir, log=log, stdin=None, timeout=min(60.0, max(5.0, deadline - time.monotonic())),
+    )
+    try:
+        text = (node.dir / "fingerprint").read_text(encoding="ascii", errors="replace").split()
+    except OSError as e:
+        raise LabError(f"tor --list-fingerprint wrote no fingerprint for {node.name}: {e}") from e
+    fp = "".join(text[1:]).upper()
+    if len(text) < 2 or not _HEX40.match(fp):
+        raise LabError(f"{node.dir / 'fingerprint'} does not hold a 40-hex fingerprint", node=node.name)
+    node.fingerprint = fp
+
+
+def prepare_keys(tools: TorTools, nodes: list[TorNode], dir: Path, deadline: float) -> Path:  # noqa: A002
+    """Before any tor of ``nodes`` starts: private DataDirectories, every authority's v3 keys,
+    every authority's and relay's identity (fingerprints filled in), and ``dir/BANDWIDTH_FILE``
+    giving the relays equal weights. Returns the empty torrc used as ``--defaults-torrc``.
+    Errors name the node and carry its log tail."""
+    empty = dir / "empty-torrc"
+    empty.write_text("", encoding="utf-8")
+    for node in nodes:
+        node.dir.mkdir(parents=True, exist_ok=True)
+        # Tor wants its DataDirectory private (0700) and says so otherwise.
+        os.chmod(node.dir, 0o700)
+
+    def named(node: TorNode, e: LabError) -> LabError:
+        return LabError(str(e), node=node.name, log_tail=e.log_tail or log_tails(node.dir))
+
+    for a in (n for n in nodes if n.role == "authority"):
+        try:
+            _make_authority_keys(tools, a, deadline)
+        except LabError as e:
+            raise named(a, e) from e
+    # Every relay's identity (for the authorities' DirAuthority lines and the
+    # bandwidth file); a few at a time, each is one short tor run.
+    servers = [n for n in nodes if n.role != "client"]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {n.name: pool.submit(_make_relay_identity, tools, n, empty, deadline) for n in servers}
+        for n in servers:
+            try:
+                futures[n.name].result()
+            except LabError as e:
+                raise named(n, e) from e
+    relays = [n for n in nodes if n.role == "relay"]
+    (dir / BANDWIDTH_FILE).write_text(bandwidth_file(relays, time.time()), encoding="utf-8")
+    return empty
+
+
+def bandwidth_file(relays: list[TorNode], now: float, bw: int = 1000) -> str:
+    """A bandwidth file (bandwidth-file-spec 1.0.0: a timestamp line, then
+    ``node_id=$FP bw=N`` per relay) giving every relay the same measured
+    weight.
+
+    Without it each relay's weight is its self-reported bandwidth, which in a
+    fresh test network is 0 or a few KB/s and jumps after the first transfers:
+    path selection then sticks to one relay, and a later consensus can leave
+    the client with "no available nodes" for an exit. Equal weights give
+    uniform paths, as the lab's chive relays (same config, same weight) get.
+    """
+    lines = [str(int(now))]
+    lines += [f"node_id=${r.fingerprint} bw={bw} nick={r.name}" for r in relays]
+    return "\n".join(lines) + "\n"
