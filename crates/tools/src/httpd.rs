@@ -12,7 +12,6 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -27,12 +26,11 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
+use crate::config::{init_logging, load_config};
+use crate::pattern::{pattern, CHUNK, PERIOD};
+
 /// Largest size served by `/bytes/<N>`: 10 GiB.
 pub const MAX_BYTES: u64 = 10 * 1024 * 1024 * 1024;
-/// Size of each body chunk handed to hyper.
-pub(crate) const CHUNK: usize = 64 * 1024;
-/// The content pattern's period: byte i is `i % PERIOD`.
-pub const PERIOD: u64 = 251;
 /// How long a client may take to send a request head (slow-loris bound).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -62,13 +60,13 @@ struct Config {
 /// Run `chive httpd` until killed.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let config: Config = match &args.config {
-        Some(path) => crate::common::load_config(path)?,
+        Some(path) => load_config(path)?,
         None => Config::default(),
     };
     let listen = args.listen.or(config.listen).ok_or_else(|| {
         anyhow!("no listen address: pass --listen ADDR or set Listen in the --config file")
     })?;
-    crate::common::init_logging(config.log.as_deref().unwrap_or("info"));
+    init_logging(config.log.as_deref().unwrap_or("info"));
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -215,18 +213,6 @@ async fn upload(mut body: Incoming) -> Response<RespBody> {
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
-}
-
-/// `CHUNK + PERIOD` bytes of the pattern: any chunk starting at any phase is
-/// a contiguous slice of it, so chunks are refcounted slices, never copies.
-pub(crate) fn pattern() -> &'static Bytes {
-    static PATTERN: OnceLock<Bytes> = OnceLock::new();
-    PATTERN.get_or_init(|| {
-        (0..CHUNK as u64 + PERIOD)
-            .map(|i| (i % PERIOD) as u8)
-            .collect::<Vec<u8>>()
-            .into()
-    })
 }
 
 /// A body of `remaining` pattern bytes starting at `offset`.

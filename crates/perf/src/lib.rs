@@ -41,7 +41,8 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::httpd::{pattern, CHUNK, PERIOD};
+use chive_tools::config::{init_logging, load_config};
+use chive_tools::pattern::{first_mismatch, pattern, CHUNK, PERIOD};
 
 /// Largest accepted HTTP response head (status line plus headers).
 const MAX_HEAD: usize = 64 * 1024;
@@ -286,7 +287,7 @@ fn opt_secs(name: &str, v: Option<f64>, max: f64) -> anyhow::Result<Option<Durat
 /// Merge flags over the file and validate everything.
 fn settings(args: Options) -> anyhow::Result<Settings> {
     let file: FileConfig = match &args.config {
-        Some(path) => crate::common::load_config(path)?,
+        Some(path) => load_config(path)?,
         None => FileConfig::default(),
     };
     let url_text = args
@@ -512,7 +513,7 @@ enum Ending {
 /// cleanly; a second signal exits at once.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let settings = settings(*args.opts)?;
-    crate::common::init_logging(&settings.log);
+    init_logging(&settings.log);
     tracing::info!("think-time seed {}", settings.seed);
     let cancel = Cancel::new();
     let on_signal = cancel.clone();
@@ -1185,24 +1186,6 @@ impl Sink<'_> {
     }
 }
 
-/// The absolute offset of the first byte of `data` (starting at `offset`) that
-/// differs from the /bytes pattern, compared a chunk at a time.
-fn first_mismatch(offset: u64, data: &[u8]) -> Option<u64> {
-    let pat = pattern();
-    let mut pos = 0usize;
-    for piece in data.chunks(CHUNK) {
-        let at = offset + pos as u64;
-        let phase = (at % PERIOD) as usize;
-        let expected = pat.get(phase..phase + piece.len())?;
-        if piece != expected {
-            let i = piece.iter().zip(expected).position(|(a, b)| a != b)?;
-            return Some(at + i as u64);
-        }
-        pos += piece.len();
-    }
-    None
-}
-
 /// A parsed response head.
 #[derive(Debug, PartialEq, Eq)]
 struct Head {
@@ -1564,7 +1547,7 @@ mod tests {
     async fn start_httpd() -> SocketAddr {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let a = l.local_addr().unwrap();
-        tokio::spawn(crate::httpd::serve(l));
+        tokio::spawn(chive_tools::httpd::serve(l));
         a
     }
 
@@ -2012,16 +1995,6 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
-    }
-
-    #[test]
-    fn mismatch_finder() {
-        let good: Vec<u8> = (1000..200_000u64).map(|i| (i % 251) as u8).collect();
-        assert_eq!(first_mismatch(1000, &good), None);
-        let mut bad = good.clone();
-        bad[150_000] ^= 1;
-        assert_eq!(first_mismatch(1000, &bad), Some(151_000));
-        assert_eq!(first_mismatch(0, &good), Some(0));
     }
 
     #[test]
