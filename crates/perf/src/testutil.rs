@@ -62,13 +62,8 @@ pub(crate) async fn start_slow(total: usize, piece: usize, every: Duration) -> S
         loop {
             let (mut s, _) = l.accept().await.unwrap();
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut tmp = [0u8; 1024];
-                while !has_blank_line(&buf) {
-                    match s.read(&mut tmp).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
-                    }
+                if !read_request_head(&mut s).await {
+                    return;
                 }
                 let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n");
                 if s.write_all(head.as_bytes()).await.is_err() {
@@ -142,13 +137,8 @@ pub(crate) async fn start_raw(reply: &'static [u8]) -> SocketAddr {
         loop {
             let (mut s, _) = l.accept().await.unwrap();
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut tmp = [0u8; 1024];
-                while !has_blank_line(&buf) {
-                    match s.read(&mut tmp).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
-                    }
+                if !read_request_head(&mut s).await {
+                    return;
                 }
                 let _ = s.write_all(reply).await;
             });
@@ -207,7 +197,15 @@ pub(crate) fn assert_monotonic(r: &Record) {
     assert!((now - r.start).abs() < 60.0);
 }
 
-/// Whether a request head in `buf` is complete.
-fn has_blank_line(buf: &[u8]) -> bool {
-    buf.windows(4).any(|w| w == b"\r\n\r\n")
+/// Read a request head (ignored); false if the client went away first.
+async fn read_request_head(s: &mut TcpStream) -> bool {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut tmp).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+        }
+    }
+    true
 }
