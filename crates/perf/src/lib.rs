@@ -23,6 +23,10 @@
 //! backwards; a time is null if the transfer did not get that far. `bytes`
 //! counts body bytes received (GET) or uploaded (POST); `expected_bytes` is the
 //! response Content-Length (GET) or the upload size (POST).
+//!
+//! Parts: `options` (flags, config file, validation), `runner` (the loops and their
+//! schedule), `cancel` (stopping on signals), `record` (the JSON lines and their clock),
+//! `socks` (the SOCKS5 client), `transfer` (one timed request and response).
 
 mod cancel;
 mod options;
