@@ -1,6 +1,7 @@
 //! Test fixtures shared by the runner's and the transfer's tests: a local httpd, a SOCKS
 //! proxy that records what it was asked, raw and slow HTTP servers, base settings.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -53,33 +54,43 @@ pub(crate) fn f(v: &Value) -> f64 {
     v.as_f64().unwrap()
 }
 
-/// An HTTP server that sends `total` pattern bytes (with Content-Length),
-/// `piece` bytes every `every`, so transfers take a known time.
-pub(crate) async fn start_slow(total: usize, piece: usize, every: Duration) -> SocketAddr {
+/// A loopback server that runs `handler` on every connection, each in its own task.
+async fn serve_each<F, Fut>(handler: F) -> SocketAddr
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let a = l.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
-            let (mut s, _) = l.accept().await.unwrap();
-            tokio::spawn(async move {
-                if !read_request_head(&mut s).await {
-                    return;
-                }
-                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n");
-                if s.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                let body: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
-                for c in body.chunks(piece) {
-                    if s.write_all(c).await.is_err() {
-                        return;
-                    }
-                    tokio::time::sleep(every).await;
-                }
-            });
+            let (s, _) = l.accept().await.unwrap();
+            tokio::spawn(handler(s));
         }
     });
     a
+}
+
+/// An HTTP server that sends `total` pattern bytes (with Content-Length),
+/// `piece` bytes every `every`, so transfers take a known time.
+pub(crate) async fn start_slow(total: usize, piece: usize, every: Duration) -> SocketAddr {
+    serve_each(move |mut s| async move {
+        if !read_request_head(&mut s).await {
+            return;
+        }
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n");
+        if s.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        let body: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+        for c in body.chunks(piece) {
+            if s.write_all(c).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(every).await;
+        }
+    })
+    .await
 }
 
 pub(crate) async fn start_httpd() -> SocketAddr {
@@ -94,57 +105,45 @@ pub(crate) type Seen = Arc<Mutex<Vec<SocksRequest>>>;
 /// A tiny SOCKS server: accept_socks, then a direct TCP connect. Every domain
 /// maps to 127.0.0.1 (so tests also prove names are sent unresolved).
 pub(crate) async fn start_socks() -> (SocketAddr, Seen) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = l.local_addr().unwrap();
     let seen: Seen = Arc::default();
     let seen2 = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = l.accept().await.unwrap();
-            let seen = seen2.clone();
-            tokio::spawn(async move {
-                let Ok(req) = accept_socks(&mut s).await else {
-                    return;
-                };
-                seen.lock().unwrap().push(req.clone());
-                let target = match &req.target {
-                    TargetAddr::Ip(a) => *a,
-                    TargetAddr::Domain(_, p) => SocketAddr::from(([127, 0, 0, 1], *p)),
-                };
-                match TcpStream::connect(target).await {
-                    Ok(mut up) => {
-                        let bound = up.local_addr().ok();
-                        send_reply(&mut s, &req, SocksReply::Succeeded, bound)
-                            .await
-                            .unwrap();
-                        let _ = tokio::io::copy_bidirectional(&mut s, &mut up).await;
-                    }
-                    Err(_) => {
-                        let _ = send_reply(&mut s, &req, SocksReply::ConnectionRefused, None).await;
-                    }
+    let a = serve_each(move |mut s| {
+        let seen = seen2.clone();
+        async move {
+            let Ok(req) = accept_socks(&mut s).await else {
+                return;
+            };
+            seen.lock().unwrap().push(req.clone());
+            let target = match &req.target {
+                TargetAddr::Ip(a) => *a,
+                TargetAddr::Domain(_, p) => SocketAddr::from(([127, 0, 0, 1], *p)),
+            };
+            match TcpStream::connect(target).await {
+                Ok(mut up) => {
+                    let bound = up.local_addr().ok();
+                    send_reply(&mut s, &req, SocksReply::Succeeded, bound)
+                        .await
+                        .unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut s, &mut up).await;
                 }
-            });
+                Err(_) => {
+                    let _ = send_reply(&mut s, &req, SocksReply::ConnectionRefused, None).await;
+                }
+            }
         }
-    });
+    })
+    .await;
     (a, seen)
 }
 
-/// A one-shot raw HTTP server that reads a request head, then sends `reply` and closes.
+/// A raw HTTP server that reads a request head, then sends `reply` and closes.
 pub(crate) async fn start_raw(reply: &'static [u8]) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = l.accept().await.unwrap();
-            tokio::spawn(async move {
-                if !read_request_head(&mut s).await {
-                    return;
-                }
-                let _ = s.write_all(reply).await;
-            });
+    serve_each(move |mut s| async move {
+        if read_request_head(&mut s).await {
+            let _ = s.write_all(reply).await;
         }
-    });
-    a
+    })
+    .await
 }
 
 pub(crate) fn base(socks: SocketAddr, url: String) -> Settings {
