@@ -1,6 +1,6 @@
 //! Talking to the directory authority: upload a relay descriptor, fetch and verify
-//! the consensus. A deliberately small HTTP/1.1 client (one request per connection,
-//! `Connection: close`), with a 10 s deadline and bounded response sizes, because the
+//! the consensus, with `chive-http`'s small client (one request per connection,
+//! `Connection: close`), a 10 s deadline and bounded response sizes, because the
 //! authority's answers are the only input here and they must not be able to stall or
 //! exhaust a node.
 
@@ -10,8 +10,6 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use chive_crypto::IdentityKey;
 use chive_dir::{Consensus, MAX_CONSENSUS_LEN};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::common::unix_now;
 
@@ -86,133 +84,26 @@ async fn request(
     path: &str,
     body: Option<&[u8]>,
 ) -> anyhow::Result<(u16, Vec<u8>)> {
-    tokio::time::timeout(TIMEOUT, async {
-        let mut stream = TcpStream::connect(addr).await.context("connect")?;
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nUser-Agent: chive/{}\r\n",
-            env!("CARGO_PKG_VERSION")
-        );
-        if let Some(b) = body {
-            head.push_str(&format!(
-                "Content-Type: text/plain\r\nContent-Length: {}\r\n",
-                b.len()
-            ));
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).await.context("send")?;
-        if let Some(b) = body {
-            stream.write_all(b).await.context("send")?;
-        }
-        stream.flush().await.context("send")?;
-        // The server closes after its answer; read to EOF, at most one byte past the limit
-        // so an oversized answer is detected rather than silently cut.
-        let limit = MAX_HEAD + MAX_BODY;
-        let mut raw = Vec::new();
-        (&mut stream)
-            .take(limit as u64 + 1)
-            .read_to_end(&mut raw)
-            .await
-            .context("receive")?;
-        if raw.len() > limit {
-            bail!("response larger than {limit} bytes");
-        }
-        parse_response(&raw)
-    })
-    .await
-    .map_err(|_| anyhow!("no complete answer within {} s", TIMEOUT.as_secs()))?
-}
-
-/// Parse a complete HTTP/1.x response (read to EOF).
-fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
-    let head_end = raw
-        .windows(4)
-        .take(MAX_HEAD)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| anyhow!("no complete HTTP response head"))?;
-    let head = std::str::from_utf8(raw.get(..head_end).unwrap_or_default())
-        .map_err(|_| anyhow!("HTTP response head is not text"))?;
-    let rest = raw.get(head_end + 4..).unwrap_or_default();
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let mut parts = status_line.splitn(3, ' ');
-    let version = parts.next().unwrap_or_default();
-    if !version.starts_with("HTTP/1.") {
-        bail!(
-            "not an HTTP/1.x response: {}",
-            quote(status_line.as_bytes())
-        );
+    let host = addr.to_string();
+    let agent = format!("chive/{}", env!("CARGO_PKG_VERSION"));
+    let length = body.map(|b| b.len().to_string());
+    let mut headers = vec![
+        ("Host", host.as_str()),
+        ("Connection", "close"),
+        ("User-Agent", agent.as_str()),
+    ];
+    if let Some(length) = &length {
+        headers.push(("Content-Type", "text/plain"));
+        headers.push(("Content-Length", length));
     }
-    let status: u16 = parts
-        .next()
-        .and_then(|s| s.parse().ok())
-        .filter(|s| (100..600).contains(s))
-        .ok_or_else(|| anyhow!("bad HTTP status line: {}", quote(status_line.as_bytes())))?;
-    let mut content_length: Option<usize> = None;
-    let mut chunked = false;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            bail!("bad HTTP header line: {}", quote(line.as_bytes()));
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            let n = value
-                .parse()
-                .map_err(|_| anyhow!("bad Content-Length {}", quote(value.as_bytes())))?;
-            if content_length.is_some_and(|old| old != n) {
-                bail!("conflicting Content-Length headers");
-            }
-            content_length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value
-                .to_ascii_lowercase()
-                .split(',')
-                .any(|v| v.trim() == "chunked");
-        }
-    }
-    let body = if chunked {
-        decode_chunked(rest)?
-    } else if let Some(n) = content_length {
-        rest.get(..n)
-            .ok_or_else(|| anyhow!("response body cut short: {} of {n} bytes", rest.len()))?
-            .to_vec()
-    } else {
-        rest.to_vec()
+    let head = chive_http::request_head(method, path, &headers)?;
+    let bounds = chive_http::OneShot {
+        timeout: TIMEOUT,
+        max_head: MAX_HEAD,
+        max_body: MAX_BODY,
     };
-    if body.len() > MAX_BODY {
-        bail!("response body larger than {MAX_BODY} bytes");
-    }
-    Ok((status, body))
-}
-
-/// Decode a `Transfer-Encoding: chunked` body.
-fn decode_chunked(mut data: &[u8]) -> anyhow::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = data
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or_else(|| anyhow!("chunked body cut short"))?;
-        let line = std::str::from_utf8(data.get(..line_end).unwrap_or_default())
-            .map_err(|_| anyhow!("bad chunk size line"))?;
-        let size_hex = line.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16)
-            .map_err(|_| anyhow!("bad chunk size {}", quote(size_hex.as_bytes())))?;
-        data = data.get(line_end + 2..).unwrap_or_default();
-        if size == 0 {
-            return Ok(out);
-        }
-        if size > MAX_BODY.saturating_sub(out.len()) {
-            bail!("response body larger than {MAX_BODY} bytes");
-        }
-        let chunk = data
-            .get(..size)
-            .ok_or_else(|| anyhow!("chunked body cut short"))?;
-        out.extend_from_slice(chunk);
-        data = data
-            .get(size..)
-            .and_then(|d| d.strip_prefix(b"\r\n"))
-            .ok_or_else(|| anyhow!("chunk not followed by CRLF"))?;
-    }
+    let response = chive_http::request(addr, &head, body, &bounds).await?;
+    Ok((response.head.status, response.body))
 }
 
 #[cfg(test)]
@@ -224,6 +115,7 @@ mod tests {
     use crate::authority::{publish_loop, serve, Authority};
     use chive_crypto::IdentityKeypair;
     use chive_dir::DirError;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     /// Start an in-process authority on a loopback port; returns its address and key.
@@ -418,24 +310,5 @@ mod tests {
         .await
         .unwrap_err();
         assert!(format!("{err:#}").contains("HTTP 500") && format!("{err:#}").contains("boom"));
-    }
-
-    #[test]
-    fn parses_chunked_and_plain_bodies() {
-        let (s, b) = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n3;x=y\r\nefg\r\n0\r\n\r\n").unwrap();
-        assert_eq!((s, b.as_slice()), (200, &b"abcdefg"[..]));
-        let (s, b) = parse_response(b"HTTP/1.0 503 X\r\n\r\nno consensus yet\n").unwrap();
-        assert_eq!((s, b.as_slice()), (503, &b"no consensus yet\n"[..]));
-        assert!(
-            parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n").is_err()
-        );
-        assert!(
-            parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab")
-                .is_err()
-        );
-        assert!(parse_response(
-            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"
-        )
-        .is_err());
     }
 }

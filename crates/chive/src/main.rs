@@ -3,14 +3,10 @@
 mod authority;
 mod client;
 mod common;
-mod delay;
 mod dirclient;
 mod driver;
-mod httpd;
 mod metrics;
-mod perf;
 mod relay;
-mod shape;
 mod split;
 
 use clap::{Parser, Subcommand};
@@ -33,13 +29,13 @@ enum Command {
     /// Client: a SOCKS4a/5 proxy that builds circuits through the overlay.
     Client(client::Args),
     /// Small HTTP/1.1 server for measurements: /bytes/<N> downloads, POST /upload.
-    Httpd(httpd::Args),
+    Httpd(chive_tools::httpd::Args),
     /// Timed transfers over SOCKS, one JSON line per transfer (torperf-style).
-    Perf(perf::Args),
+    Perf(chive_perf::Args),
     /// Install, print (--dry-run) or remove ACK prioritisation on an interface (paper 002).
-    Shape(shape::Args),
+    Shape(chive_tools::shape::Args),
     /// User-space one-way delay line between two interfaces (for the lab; no netem needed).
-    Delayline(delay::Args),
+    Delayline(chive_tools::delay::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -60,10 +56,10 @@ fn main() -> std::process::ExitCode {
             Command::Authority(a) => authority::run(a).await,
             Command::Relay(a) => relay::run(a).await,
             Command::Client(a) => client::run(a).await,
-            Command::Httpd(a) => httpd::run(a).await,
-            Command::Perf(a) => perf::run(a).await,
-            Command::Shape(a) => shape::run(a).await,
-            Command::Delayline(a) => delay::run(a).await,
+            Command::Httpd(a) => chive_tools::httpd::run(a).await,
+            Command::Perf(a) => chive_perf::run(a).await,
+            Command::Shape(a) => chive_tools::shape::run(a).await,
+            Command::Delayline(a) => chive_tools::delay::run(a).await,
         }
     });
     match result {

@@ -12,7 +12,6 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -27,12 +26,11 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
+use crate::config::{init_logging, load_config};
+use crate::pattern::{pattern, CHUNK, PERIOD};
+
 /// Largest size served by `/bytes/<N>`: 10 GiB.
 pub const MAX_BYTES: u64 = 10 * 1024 * 1024 * 1024;
-/// Size of each body chunk handed to hyper.
-pub(crate) const CHUNK: usize = 64 * 1024;
-/// The content pattern's period: byte i is `i % PERIOD`.
-pub const PERIOD: u64 = 251;
 /// How long a client may take to send a request head (slow-loris bound).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -62,13 +60,13 @@ struct Config {
 /// Run `chive httpd` until killed.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let config: Config = match &args.config {
-        Some(path) => crate::common::load_config(path)?,
+        Some(path) => load_config(path)?,
         None => Config::default(),
     };
     let listen = args.listen.or(config.listen).ok_or_else(|| {
         anyhow!("no listen address: pass --listen ADDR or set Listen in the --config file")
     })?;
-    crate::common::init_logging(config.log.as_deref().unwrap_or("info"));
+    init_logging(config.log.as_deref().unwrap_or("info"));
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -217,18 +215,6 @@ async fn upload(mut body: Incoming) -> Response<RespBody> {
     r
 }
 
-/// `CHUNK + PERIOD` bytes of the pattern: any chunk starting at any phase is
-/// a contiguous slice of it, so chunks are refcounted slices, never copies.
-pub(crate) fn pattern() -> &'static Bytes {
-    static PATTERN: OnceLock<Bytes> = OnceLock::new();
-    PATTERN.get_or_init(|| {
-        (0..CHUNK as u64 + PERIOD)
-            .map(|i| (i % PERIOD) as u8)
-            .collect::<Vec<u8>>()
-            .into()
-    })
-}
-
 /// A body of `remaining` pattern bytes starting at `offset`.
 struct PatternBody {
     offset: u64,
@@ -275,7 +261,9 @@ impl Body for PatternBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use chive_http::{Collect, Head, ResponseReader};
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
     use tokio::net::TcpStream;
 
     async fn start() -> SocketAddr {
@@ -285,74 +273,58 @@ mod tests {
         addr
     }
 
-    /// A parsed response: status, lower-cased headers, body.
+    /// A response: its head and body.
     struct Resp {
         status: u16,
-        headers: Vec<(String, String)>,
+        head: Head,
         body: Vec<u8>,
     }
 
     impl Resp {
         fn header(&self, name: &str) -> Option<&str> {
-            self.headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
+            self.head.header(name)
         }
     }
 
-    /// Read one response from a keep-alive connection (Content-Length bodies only;
-    /// `head_only` for HEAD requests).
-    async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, head_only: bool) -> Resp {
-        let end = loop {
-            if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break p + 4;
+    /// One keep-alive connection: requests go out on one half, responses are read on the
+    /// other (bytes after one response stay in the reader for the next).
+    struct Client {
+        reader: ResponseReader<OwnedReadHalf>,
+        writer: OwnedWriteHalf,
+    }
+
+    impl Client {
+        async fn connect(addr: SocketAddr) -> Self {
+            let (rd, writer) = TcpStream::connect(addr).await.unwrap().into_split();
+            Client {
+                reader: ResponseReader::new(rd),
+                writer,
             }
-            let mut tmp = [0u8; 4096];
-            let n = s.read(&mut tmp).await.unwrap();
-            assert!(n > 0, "EOF in response head");
-            buf.extend_from_slice(&tmp[..n]);
-        };
-        let head = String::from_utf8(buf[..end].to_vec()).unwrap();
-        buf.drain(..end);
-        let mut lines = head.split("\r\n");
-        let status_line = lines.next().unwrap();
-        assert!(status_line.starts_with("HTTP/1.1 "), "{status_line}");
-        let status = status_line[9..12].parse().unwrap();
-        let headers: Vec<(String, String)> = lines
-            .filter(|l| !l.is_empty())
-            .map(|l| {
-                let (k, v) = l.split_once(':').unwrap();
-                (k.trim().to_ascii_lowercase(), v.trim().to_string())
-            })
-            .collect();
-        let mut resp = Resp {
-            status,
-            headers,
-            body: Vec::new(),
-        };
-        if head_only {
-            return resp;
         }
-        let len: usize = resp
-            .header("content-length")
-            .expect("content-length")
-            .parse()
-            .unwrap();
-        while buf.len() < len {
-            let mut tmp = vec![0u8; 65536];
-            let n = s.read(&mut tmp).await.unwrap();
-            assert!(n > 0, "EOF in body");
-            buf.extend_from_slice(&tmp[..n]);
+
+        async fn send(&mut self, req: &[u8]) {
+            self.writer.write_all(req).await.unwrap();
         }
-        resp.body = buf.drain(..len).collect();
-        resp
+
+        /// Read one response (`head_only` for HEAD requests, which have no body).
+        async fn response(&mut self, head_only: bool) -> Resp {
+            let head = self.reader.read_final_head().await.unwrap();
+            let mut body = Collect::new(usize::MAX);
+            if !head_only {
+                self.reader.read_body(&head, &mut body).await.unwrap();
+            }
+            Resp {
+                status: head.status,
+                head,
+                body: body.body,
+            }
+        }
     }
 
     async fn request(addr: SocketAddr, req: &[u8], head_only: bool) -> Resp {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(req).await.unwrap();
-        read_response(&mut s, &mut Vec::new(), head_only).await
+        let mut c = Client::connect(addr).await;
+        c.send(req).await;
+        c.response(head_only).await
     }
 
     async fn get(addr: SocketAddr, path: &str) -> Resp {
@@ -376,16 +348,14 @@ mod tests {
     #[tokio::test]
     async fn head_has_length_but_no_body() {
         let addr = start().await;
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"HEAD /bytes/12345 HTTP/1.1\r\nHost: x\r\n\r\nGET /bytes/3 HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut buf = Vec::new();
-        let r = read_response(&mut s, &mut buf, true).await;
+        let mut c = Client::connect(addr).await;
+        c.send(b"HEAD /bytes/12345 HTTP/1.1\r\nHost: x\r\n\r\nGET /bytes/3 HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await;
+        let r = c.response(true).await;
         assert_eq!(r.status, 200);
         assert_eq!(r.header("content-length"), Some("12345"));
         // The next response follows immediately: no body bytes were sent for HEAD.
-        let r = read_response(&mut s, &mut buf, false).await;
+        let r = c.response(false).await;
         assert_eq!(r.body, [0, 1, 2]);
     }
 
@@ -437,14 +407,14 @@ mod tests {
     async fn upload_digest_matches() {
         let addr = start().await;
         let body: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 256) as u8).collect();
-        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut c = Client::connect(addr).await;
         let head = format!(
             "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
             body.len()
         );
-        s.write_all(head.as_bytes()).await.unwrap();
-        s.write_all(&body).await.unwrap();
-        let r = read_response(&mut s, &mut Vec::new(), false).await;
+        c.send(head.as_bytes()).await;
+        c.send(&body).await;
+        let r = c.response(false).await;
         assert_eq!(r.status, 200);
         assert_eq!(r.header("content-type"), Some("application/json"));
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
@@ -474,18 +444,14 @@ mod tests {
     #[tokio::test]
     async fn keep_alive_two_requests_one_connection() {
         let addr = start().await;
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        let mut buf = Vec::new();
-        s.write_all(b"GET /bytes/300 HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let r1 = read_response(&mut s, &mut buf, false).await;
+        let mut c = Client::connect(addr).await;
+        c.send(b"GET /bytes/300 HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let r1 = c.response(false).await;
         assert_eq!(r1.body.len(), 300);
         assert_eq!(r1.body[299], (299 % 251) as u8);
-        s.write_all(b"GET /bytes/70000 HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let r2 = read_response(&mut s, &mut buf, false).await;
+        c.send(b"GET /bytes/70000 HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await;
+        let r2 = c.response(false).await;
         assert_eq!(r2.status, 200);
         assert_eq!(r2.body.len(), 70000);
         assert!(r2
