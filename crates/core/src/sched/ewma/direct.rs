@@ -1,4 +1,5 @@
-//! [`EwmaDirect`]: the EWMA policy computed directly, the reference [`super::Ewma`] is tested against.
+//! [`EwmaDirect`]: the EWMA policy computed directly, the reference that [`super::Ewma`] is
+//! tested against.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -8,7 +9,7 @@ use crate::sched::{CircuitScheduler, QueueId, QueueMap};
 
 /// EWMA, direct reference implementation: decay every count on every new `now`, add 1 per
 /// cell, scan the active queues for the lowest count. O(circuits) per cell; it exists to check
-/// [`Ewma`] against and to show in benchmarks why the heap exists.
+/// [`Ewma`](super::Ewma) against and to show in benchmarks why the heap exists.
 pub struct EwmaDirect {
     halflife: f64,
     /// Latest `now` seen; counts are decayed up to it.
