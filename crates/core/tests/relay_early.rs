@@ -1,0 +1,132 @@
+//! RELAY_EARLY at a relay (tor-spec §5.6): EXTEND2 must come in one, at most eight are
+//! accepted per circuit from the client's side, other messages in one are handled like RELAY,
+//! and one passing through goes on as RELAY_EARLY.
+
+mod common;
+
+use chive_cell::{CellCommand, DestroyReason, RelayCommand};
+use chive_core::{CoreConfig, Event};
+use common::{destroys, Path};
+
+/// One more than the RELAY_EARLY cells a circuit may carry (tor-spec's limit is 8).
+const TOO_MANY: usize = 9;
+
+#[test]
+fn extend2_in_relay_early_builds_the_next_hop() {
+    let mut p = Path::new(CoreConfig::default());
+    let mut circ = p.create2();
+    assert_eq!(circ.crypto.len(), 2);
+    assert_eq!(p.r.core.stats().circuits, 1);
+    assert_eq!(p.x.core.stats().circuits, 1);
+    // The two hops work: X answers a BEGIN through R.
+    p.send(
+        &mut circ,
+        1,
+        RelayCommand::BEGIN,
+        1,
+        b"127.0.0.1:80\0",
+        false,
+    );
+    p.r_to_x();
+    assert!(matches!(
+        p.x.core.poll_event(),
+        Some(Event::ExitConnect { port: 80, .. })
+    ));
+}
+
+#[test]
+fn extend2_in_a_plain_relay_cell_closes_the_circuit() {
+    let mut p = Path::new(CoreConfig::default());
+    let mut circ = p.create();
+    p.send_extend2(&mut circ, false);
+    assert_eq!(
+        destroys(&p.cells_for_client()),
+        vec![(circ.id, DestroyReason::PROTOCOL)]
+    );
+    assert_eq!(p.r.core.stats().circuits, 0);
+    assert_eq!(p.r.core.stats().circuits_killed, 1);
+    // Nothing went toward X.
+    assert_eq!(p.r_to_x(), 0);
+}
+
+#[test]
+fn eight_relay_early_cells_pass_and_the_ninth_closes_the_circuit() {
+    let mut p = Path::new(CoreConfig::default());
+    let mut circ = p.create();
+    // DROP is recognized at R and ignored: only the RELAY_EARLY count changes.
+    for i in 1..TOO_MANY {
+        p.send(&mut circ, 0, RelayCommand::DROP, 0, &[], true);
+        assert_eq!(p.r.core.stats().circuits, 1, "closed after {i} RELAY_EARLY");
+        assert!(p.cells_for_client().is_empty());
+    }
+    // Plain RELAY cells do not count.
+    for _ in 0..20 {
+        p.send(&mut circ, 0, RelayCommand::DROP, 0, &[], false);
+    }
+    assert_eq!(p.r.core.stats().circuits, 1);
+    p.send(&mut circ, 0, RelayCommand::DROP, 0, &[], true);
+    assert_eq!(
+        destroys(&p.cells_for_client()),
+        vec![(circ.id, DestroyReason::PROTOCOL)]
+    );
+    assert_eq!(p.r.core.stats().circuits, 0);
+    assert_eq!(p.r.core.stats().circuits_killed, 1);
+}
+
+#[test]
+fn relay_early_limit_counts_cells_passing_through() {
+    let mut p = Path::new(CoreConfig::default());
+    let mut circ = p.create2();
+    // The EXTEND2 was the first; seven more for X pass R.
+    for _ in 2..TOO_MANY {
+        p.send(&mut circ, 1, RelayCommand::DROP, 0, &[], true);
+    }
+    assert_eq!(p.r_to_x(), 7);
+    assert_eq!(p.r.core.stats().circuits, 1);
+    p.send(&mut circ, 1, RelayCommand::DROP, 0, &[], true);
+    assert_eq!(p.r.core.stats().circuits, 0);
+    assert_eq!(
+        destroys(&p.cells_for_client()),
+        vec![(circ.id, DestroyReason::PROTOCOL)]
+    );
+}
+
+#[test]
+fn relay_early_passing_through_stays_relay_early() {
+    let mut p = Path::new(CoreConfig::default());
+    let mut circ = p.create2();
+    p.send(&mut circ, 1, RelayCommand::DROP, 0, &[], true);
+    p.send(&mut circ, 1, RelayCommand::DROP, 0, &[], false);
+    let cells = common::drain(&mut p.r.core, common::R_TO_X, p.now);
+    let commands: Vec<CellCommand> = cells.iter().map(|c| c.command).collect();
+    assert_eq!(commands, [CellCommand::RELAY_EARLY, CellCommand::RELAY]);
+}
+
+#[test]
+fn other_messages_in_relay_early_are_handled_like_relay() {
+    let mut p = Path::new(CoreConfig::default());
+    let mut circ = p.create2();
+    // A BEGIN in RELAY_EARLY reaches X and opens a stream there.
+    p.send(
+        &mut circ,
+        1,
+        RelayCommand::BEGIN,
+        1,
+        b"127.0.0.1:80\0",
+        true,
+    );
+    assert_eq!(p.r_to_x(), 1);
+    let stream = match p.x.core.poll_event() {
+        Some(Event::ExitConnect {
+            stream, port: 80, ..
+        }) => stream,
+        other => panic!("expected ExitConnect, got {other:?}"),
+    };
+    p.x.core
+        .exit_connected(stream, ([127, 0, 0, 1], 80).into(), p.now);
+    p.x_to_r();
+    let msgs = p.read(&mut circ);
+    assert_eq!(msgs[0].cmd, RelayCommand::CONNECTED);
+    assert_eq!((msgs[0].hop, msgs[0].sid), (1, 1));
+    assert_eq!(p.x.core.stats().streams, 1);
+}
