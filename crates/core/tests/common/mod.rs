@@ -150,9 +150,16 @@ impl Path {
     pub fn create2(&mut self) -> Circ {
         let mut circ = self.create();
         let state = self.send_extend2(&mut circ, true);
-        self.r_to_x();
+        self.finish_extend(&mut circ, state);
+        circ
+    }
+
+    /// Carry R's CREATE2 to X and X's CREATED2 back, then add X's layer to `circ` from R's
+    /// EXTENDED2.
+    pub fn finish_extend(&mut self, circ: &mut Circ, state: NtorClientState) {
+        assert_eq!(self.r_to_x(), 1, "R sends one CREATE2 to X");
         self.x_to_r();
-        let msgs = self.read(&mut circ);
+        let msgs = self.read(circ);
         let [Msg {
             hop: 0,
             cmd: RelayCommand::EXTENDED2,
@@ -165,7 +172,6 @@ impl Path {
         let reply = Extended2::decode(data).unwrap();
         let km = ntor::client_finish(state, &reply.handshake).unwrap();
         circ.crypto.push_hop(ClientHopCrypto::new(&km));
-        circ
     }
 
     /// Ask R to extend `circ` to X, in a RELAY_EARLY cell if `early`.
