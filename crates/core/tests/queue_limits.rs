@@ -40,13 +40,20 @@ fn circuit_queue_limit_destroys_the_circuit_of_a_peer_ignoring_flow_control() {
     let mut bad = p.create2();
     let mut good = p.create2();
     flood(&mut p, &mut bad, limit);
-    assert_eq!(p.r.core.stats().circuits, 2, "at the limit the circuit lives");
+    assert_eq!(
+        p.r.core.stats().circuits,
+        2,
+        "at the limit the circuit lives"
+    );
     assert_eq!(p.r.core.stats().queued_cells, limit);
 
     flood(&mut p, &mut bad, 1);
     let stats = p.r.core.stats();
     assert_eq!((stats.circuits, stats.circuits_killed), (1, 1));
-    assert_eq!(stats.queued_cells, 0, "the dead circuit's cells are dropped");
+    assert_eq!(
+        stats.queued_cells, 0,
+        "the dead circuit's cells are dropped"
+    );
     assert_eq!(
         destroys(&p.cells_for_client()),
         [(bad.id, DestroyReason::PROTOCOL)]
@@ -111,7 +118,11 @@ fn global_queue_cap_kills_exactly_the_longest_circuit() {
     flood(&mut p, &mut b, 50);
     flood(&mut p, &mut c, 30);
     assert_eq!(p.r.core.stats().queued_cells, 100);
-    assert_eq!(p.r.core.stats().circuits_killed, 0, "at the cap nothing dies");
+    assert_eq!(
+        p.r.core.stats().circuits_killed,
+        0,
+        "at the cap nothing dies"
+    );
 
     flood(&mut p, &mut c, 1);
     let stats = p.r.core.stats();
@@ -161,7 +172,14 @@ fn packaging_stops_at_highwater_and_resumes_at_lowwater() {
         ..CoreConfig::default()
     });
     let mut circ = p.create();
-    p.send(&mut circ, 0, RelayCommand::BEGIN, 1, b"127.0.0.1:80\0", false);
+    p.send(
+        &mut circ,
+        0,
+        RelayCommand::BEGIN,
+        1,
+        b"127.0.0.1:80\0",
+        false,
+    );
     let Some(Event::ExitConnect { stream, .. }) = p.r.core.poll_event() else {
         panic!("no ExitConnect");
     };
@@ -173,7 +191,10 @@ fn packaging_stops_at_highwater_and_resumes_at_lowwater() {
     let mut sent = 0;
     assert!(feed_granted(&mut p, stream, &data, &mut sent) > HIGHWATER * 498);
     assert_eq!(p.r.core.stats().queued_cells, HIGHWATER);
-    assert!(p.r.core.poll_event().is_none(), "no credit above high-water");
+    assert!(
+        p.r.core.poll_event().is_none(),
+        "no credit above high-water"
+    );
 
     let mut out = Vec::new();
     p.r.core

@@ -33,7 +33,13 @@ impl Core {
         };
         let from_prev = circ.prev.map(|p| p.0) == Some(chan) && !circ.is_origin();
         let early = cell.command == CellCommand::RELAY_EARLY;
-        if from_prev && early {
+        if early && !from_prev {
+            // tor-spec §5.6: an inbound RELAY_EARLY MUST close the circuit (C tor does, at
+            // relays and clients). Passed on, it would let a relay mark a circuit for a relay
+            // nearer the client to see (the 2014 relay-early traffic confirmation attack).
+            return self.kill(key, "RELAY_EARLY toward the client", now);
+        }
+        if early {
             circ.relay_early_seen += 1;
             if circ.relay_early_seen > MAX_RELAY_EARLY {
                 return self.kill(key, "too many RELAY_EARLY cells", now);
