@@ -1,6 +1,7 @@
-//! RELAY_EARLY at a relay (tor-spec §5.6): EXTEND2 must come in one, at most eight are
-//! accepted per circuit from the client's side, other messages in one are handled like RELAY,
-//! and one passing through goes on as RELAY_EARLY.
+//! RELAY_EARLY (tor-spec §5.6): EXTEND2 must come in one, at most eight are accepted per
+//! circuit from the client's side, other messages in one are handled like RELAY, one passing
+//! through goes on as RELAY_EARLY, and one coming from the exit's side closes the circuit, at a
+//! relay and at the client.
 
 mod common;
 
