@@ -114,7 +114,7 @@ impl Core {
         let Some(circ) = self.circuits.get_mut(&key) else {
             return;
         };
-        if circ.next.map(|n| n.0) != Some(chan) {
+        if circ.next != Some((chan, cell.circ_id)) {
             return self.kill(key, "CREATED2 from the wrong side", now);
         }
         match &mut circ.role {

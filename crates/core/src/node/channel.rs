@@ -98,12 +98,13 @@ impl Core {
             }
         }
         self.ready_set.remove(&chan);
-        let keys: Vec<CircKey> = ch.circ_ids.values().copied().collect();
-        for key in keys {
+        let ends: Vec<(CircId, CircKey)> =
+            ch.circ_ids.iter().map(|(&id, &key)| (id, key)).collect();
+        for (id, key) in ends {
             self.close_circuit_inner(
                 key,
                 DestroyReason::CHANNEL_CLOSED,
-                Some(chan),
+                Some((chan, id)),
                 now,
                 "channel closed",
             );

@@ -31,7 +31,9 @@ impl Core {
         let Some(circ) = self.circuits.get_mut(&key) else {
             return;
         };
-        let from_prev = circ.prev.map(|p| p.0) == Some(chan) && !circ.is_origin();
+        // Both ends of a circuit may be on one channel (a hop extended back to the relay before it):
+        // the direction is the end the cell's id names, not its channel.
+        let from_prev = circ.prev == Some((chan, cell.circ_id)) && !circ.is_origin();
         let early = cell.command == CellCommand::RELAY_EARLY;
         if early && !from_prev {
             // tor-spec §5.6: an inbound RELAY_EARLY MUST close the circuit (C tor does, at

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use chive_cell::{Cell, Destroy, DestroyReason, EndReason};
+use chive_cell::{Cell, CircId, Destroy, DestroyReason, EndReason};
 use tracing::{debug, info, warn};
 
 use crate::{ChannelId, CircKey};
@@ -22,7 +22,7 @@ impl Core {
             .unwrap_or(DestroyReason::NONE);
         debug!(?key, %reason, "DESTROY received");
         let why = format!("destroyed by peer ({reason})");
-        self.close_circuit_inner(key, reason, Some(chan), now, &why);
+        self.close_circuit_inner(key, reason, Some((chan, cell.circ_id)), now, &why);
     }
 
     /// Close an origin circuit (for example when it is too dirty and idle).
@@ -37,13 +37,13 @@ impl Core {
         self.close_circuit_inner(key, DestroyReason::PROTOCOL, None, now, why);
     }
 
-    /// Remove a circuit, send DESTROY on every side except `except`, close its
-    /// streams, and tell the driver if it was ours.
+    /// Remove a circuit, send DESTROY on every end except `except` (the channel and id a
+    /// DESTROY came from), close its streams, and tell the driver if it was ours.
     pub(super) fn close_circuit_inner(
         &mut self,
         key: CircKey,
         reason: DestroyReason,
-        except: Option<ChannelId>,
+        except: Option<(ChannelId, CircId)>,
         _now: Instant,
         why: &str,
     ) {
@@ -61,7 +61,7 @@ impl Core {
                 ch.sched.deactivate(queue_id(key, side));
                 ch.sched.forget(queue_id(key, side));
             }
-            if Some(chan) != except {
+            if Some((chan, id)) != except {
                 // Relays pass on the reason as tor-spec asks; a client says FINISHED.
                 let r = if circ.is_origin() {
                     DestroyReason::FINISHED

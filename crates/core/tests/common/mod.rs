@@ -160,31 +160,34 @@ impl Path {
         assert_eq!(self.r_to_x(), 1, "R sends one CREATE2 to X");
         self.x_to_r();
         let msgs = self.read(circ);
-        let [Msg {
-            hop: 0,
-            cmd: RelayCommand::EXTENDED2,
-            data,
-            ..
-        }] = msgs.as_slice()
-        else {
+        let [msg @ Msg { hop: 0, .. }] = msgs.as_slice() else {
             panic!("expected EXTENDED2 from R, got {msgs:?}");
         };
-        let reply = Extended2::decode(data).unwrap();
-        let km = ntor::client_finish(state, &reply.handshake).unwrap();
-        circ.crypto.push_hop(ClientHopCrypto::new(&km));
+        Path::add_hop(circ, state, msg);
     }
 
     /// Ask R to extend `circ` to X, in a RELAY_EARLY cell if `early`.
     pub fn send_extend2(&mut self, circ: &mut Circ, early: bool) -> NtorClientState {
         let x = self.x.hop.clone();
+        self.send_extend2_to(circ, 0, &x, early)
+    }
+
+    /// Ask hop `via` of `circ` to extend it to `target`, in a RELAY_EARLY cell if `early`.
+    pub fn send_extend2_to(
+        &mut self,
+        circ: &mut Circ,
+        via: usize,
+        target: &HopSpec,
+        early: bool,
+    ) -> NtorClientState {
         let (state, onionskin) =
-            ntor::client_create(&mut self.rng, &x.identity.ntor_id(), &x.ntor_key);
-        let SocketAddr::V4(addr) = x.addr else {
+            ntor::client_create(&mut self.rng, &target.identity.ntor_id(), &target.ntor_key);
+        let SocketAddr::V4(addr) = target.addr else {
             unreachable!("test relays listen on IPv4")
         };
         let body = Extend2 {
             link_specifiers: vec![
-                LinkSpec::Ed25519Id(*x.identity.as_bytes()),
+                LinkSpec::Ed25519Id(*target.identity.as_bytes()),
                 LinkSpec::Ipv4(addr),
             ],
             create2: Create2 {
@@ -194,8 +197,16 @@ impl Path {
         }
         .encode()
         .unwrap();
-        self.send(circ, 0, RelayCommand::EXTEND2, 0, &body, early);
+        self.send(circ, via, RelayCommand::EXTEND2, 0, &body, early);
         state
+    }
+
+    /// Add a hop to `circ` from the EXTENDED2 in `msg`.
+    pub fn add_hop(circ: &mut Circ, state: NtorClientState, msg: &Msg) {
+        assert_eq!(msg.cmd, RelayCommand::EXTENDED2, "not EXTENDED2: {msg:?}");
+        let reply = Extended2::decode(&msg.data).unwrap();
+        let km = ntor::client_finish(state, &reply.handshake).unwrap();
+        circ.crypto.push_hop(ClientHopCrypto::new(&km));
     }
 
     /// Encrypt a relay message for hop `hop` of `circ` and hand it to R.
