@@ -27,8 +27,8 @@ const QUEUE_LOWWATER: usize = 64;
 #[derive(Default)]
 pub(super) struct CellQueue {
     pub(super) cells: VecDeque<Cell>,
-    pub(super) pushed: u64,
-    pub(super) popped: u64,
+    pushed: u64,
+    popped: u64,
     /// (sequence number of the cell, when it was queued), oldest first.
     pub(super) samples: VecDeque<(u64, Instant)>,
 }
