@@ -1,0 +1,357 @@
+//! Building circuits: CREATE2 / CREATED2 and EXTEND2 / EXTENDED2 at a relay, TRUNCATE, and an
+//! origin circuit's handshakes hop by hop (ntor), with its build deadline.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use chive_cell::{
+    Cell, CellCommand, Create2, Created2, DestroyReason, Extend2, Extended2, LinkSpec, RelayCommand,
+};
+use chive_crypto::ntor::{self, NTOR_HTYPE};
+use chive_crypto::relay::{ClientCircuitCrypto, ClientHopCrypto, RelayHopCrypto};
+use chive_crypto::IdentityKey;
+use tracing::warn;
+
+use crate::{ChannelId, CircKey};
+
+use super::circuit::{queue_id, Circuit, Role, Side};
+use super::config::HopSpec;
+use super::event::Event;
+use super::queue::CellQueue;
+use super::stream::Edge;
+use super::Core;
+
+impl Core {
+    pub(super) fn on_create2(&mut self, chan: ChannelId, cell: Cell, now: Instant) {
+        let circ_id = cell.circ_id;
+        let Some(keys) = self.cfg.relay.as_ref() else {
+            warn!(?chan, "CREATE2 sent to a client: refusing");
+            return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
+        };
+        let Some(ch) = self.channels.get(&chan) else {
+            return;
+        };
+        // The channel's initiator uses ids with the high bit set, the responder without.
+        let peer_high_bit = !ch.initiator;
+        if circ_id == 0 || (circ_id & 0x8000_0000 != 0) != peer_high_bit {
+            warn!(
+                ?chan,
+                circ_id, "CREATE2 with an id from the wrong space: refusing"
+            );
+            return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
+        }
+        if ch.circ_ids.contains_key(&circ_id) {
+            warn!(?chan, circ_id, "CREATE2 for a circuit id in use: refusing");
+            return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
+        }
+        if ch.circ_ids.len() >= self.cfg.max_circuits_per_channel {
+            warn!(?chan, "too many circuits on channel: refusing CREATE2");
+            return self.send_destroy(chan, circ_id, DestroyReason::RESOURCELIMIT);
+        }
+        let create = match Create2::decode(&cell.payload) {
+            Ok(c) if c.handshake_type == NTOR_HTYPE => c,
+            Ok(c) => {
+                warn!(
+                    ?chan,
+                    htype = c.handshake_type,
+                    "unsupported handshake type"
+                );
+                return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
+            }
+            Err(e) => {
+                warn!(?chan, error = %e, "malformed CREATE2");
+                return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
+            }
+        };
+        let id20 = keys.identity.ntor_id();
+        let (reply, km) =
+            match ntor::server_handshake(&mut self.rng, &id20, &keys.ntor, &create.handshake) {
+                Ok(r) => r,
+                Err(e) => {
+                    warn!(?chan, error = %e, "ntor handshake failed");
+                    return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
+                }
+            };
+        let key = self.alloc_key();
+        let created = Created2 {
+            handshake: reply.to_vec(),
+        }
+        .encode();
+        self.circuits.insert(
+            key,
+            Circuit {
+                prev: Some((chan, circ_id)),
+                next: None,
+                q_prev: CellQueue::default(),
+                q_next: CellQueue::default(),
+                cells_sent: 0,
+                role: Role::Relay {
+                    crypto: RelayHopCrypto::new(&km),
+                    edge: None,
+                    pending_extend: None,
+                    extending: false,
+                },
+                relay_early_seen: 0,
+            },
+        );
+        if let Some(ch) = self.channels.get_mut(&chan) {
+            ch.circ_ids.insert(circ_id, key);
+        }
+        match created.and_then(|body| Cell::new(circ_id, CellCommand::CREATED2, &body)) {
+            Ok(cell) => self.enqueue(key, Side::Prev, cell, now),
+            Err(e) => self.kill(key, &format!("cannot encode CREATED2: {e}"), now),
+        }
+    }
+
+    pub(super) fn on_created2(&mut self, chan: ChannelId, cell: Cell, now: Instant) {
+        let Some(key) = self.lookup(chan, cell.circ_id) else {
+            return;
+        };
+        let created = match Created2::decode(&cell.payload) {
+            Ok(c) => c,
+            Err(e) => return self.kill(key, &format!("malformed CREATED2: {e}"), now),
+        };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        if circ.next != Some((chan, cell.circ_id)) {
+            return self.kill(key, "CREATED2 from the wrong side", now);
+        }
+        match &mut circ.role {
+            Role::Relay { extending, .. } => {
+                if !std::mem::take(extending) {
+                    return self.kill(key, "unexpected CREATED2", now);
+                }
+                let body = Extended2 {
+                    handshake: created.handshake,
+                }
+                .encode();
+                match body {
+                    Ok(body) => {
+                        self.send_relay_backward(key, RelayCommand::EXTENDED2, 0, &body, now)
+                    }
+                    Err(e) => self.kill(key, &format!("cannot encode EXTENDED2: {e}"), now),
+                }
+            }
+            Role::Origin { .. } => self.origin_hop_done(key, &created.handshake, now),
+        }
+    }
+
+    pub(super) fn on_extend2(&mut self, key: CircKey, ext: Extend2, now: Instant) {
+        let mut ed = None;
+        let mut addr = None;
+        for spec in &ext.link_specifiers {
+            match spec {
+                LinkSpec::Ed25519Id(id) => ed = IdentityKey::from_bytes(id).ok(),
+                LinkSpec::Ipv4(a) if addr.is_none() => addr = Some(SocketAddr::V4(*a)),
+                LinkSpec::Ipv6(a) if addr.is_none() => addr = Some(SocketAddr::V6(*a)),
+                _ => {}
+            }
+        }
+        let (Some(identity), Some(addr)) = (ed, addr) else {
+            return self.kill(key, "EXTEND2 without an Ed25519 identity and address", now);
+        };
+        if Some(identity) == self.identity() {
+            return self.kill(key, "EXTEND2 to ourselves", now);
+        }
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        match &mut circ.role {
+            Role::Relay {
+                pending_extend,
+                extending,
+                ..
+            } if circ.next.is_none() && pending_extend.is_none() && !*extending => {
+                *pending_extend = Some((identity, ext.create2));
+            }
+            _ => return self.kill(key, "EXTEND2 on a circuit that already extends", now),
+        }
+        match self.chan_by_identity.get(&identity).copied() {
+            Some(chan) => self.attach_to_channel(key, chan, now),
+            None => self.wait_for_channel(key, identity, addr),
+        }
+    }
+
+    /// Give circuit `key` an id on `chan` (toward the exit) and send its CREATE2.
+    pub(super) fn attach_to_channel(&mut self, key: CircKey, chan: ChannelId, now: Instant) {
+        let Some(circ_id) = self.alloc_circ_id(chan) else {
+            return self.kill(key, "no circuit id available", now);
+        };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        let create = match &mut circ.role {
+            Role::Relay {
+                pending_extend,
+                extending,
+                ..
+            } => match pending_extend.take() {
+                Some((_, create)) => {
+                    *extending = true;
+                    create
+                }
+                None => return,
+            },
+            Role::Origin {
+                path, handshake, ..
+            } => {
+                let Some(first) = path.first() else { return };
+                let (state, onionskin) =
+                    ntor::client_create(&mut self.rng, &first.identity.ntor_id(), &first.ntor_key);
+                *handshake = Some(state);
+                Create2 {
+                    handshake_type: NTOR_HTYPE,
+                    handshake: onionskin.to_vec(),
+                }
+            }
+        };
+        circ.next = Some((chan, circ_id));
+        if let Some(ch) = self.channels.get_mut(&chan) {
+            ch.circ_ids.insert(circ_id, key);
+        }
+        match create
+            .encode()
+            .and_then(|b| Cell::new(circ_id, CellCommand::CREATE2, &b))
+        {
+            Ok(cell) => self.enqueue(key, Side::Next, cell, now),
+            Err(e) => self.kill(key, &format!("cannot encode CREATE2: {e}"), now),
+        }
+    }
+
+    pub(super) fn on_truncate(&mut self, key: CircKey, now: Instant) {
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        if let Some((chan, id)) = circ.next.take() {
+            let dropped = circ.q_next.len();
+            circ.q_next.clear();
+            self.stats.queued_cells = self.stats.queued_cells.saturating_sub(dropped);
+            if let Some(ch) = self.channels.get_mut(&chan) {
+                ch.circ_ids.remove(&id);
+                ch.sched.deactivate(queue_id(key, Side::Next));
+                ch.sched.forget(queue_id(key, Side::Next));
+            }
+            self.send_destroy(chan, id, DestroyReason::REQUESTED);
+        }
+        if let Some(Circuit {
+            role:
+                Role::Relay {
+                    pending_extend,
+                    extending,
+                    ..
+                },
+            ..
+        }) = self.circuits.get_mut(&key)
+        {
+            *pending_extend = None;
+            *extending = false;
+        }
+        self.send_relay_backward(
+            key,
+            RelayCommand::TRUNCATED,
+            0,
+            &[DestroyReason::REQUESTED.0],
+            now,
+        );
+    }
+
+    /// Start building a circuit along `path` (guard first). Emits
+    /// [`Event::CircuitBuilt`] or [`Event::CircuitClosed`] later.
+    pub fn launch_circuit(&mut self, path: Vec<HopSpec>, now: Instant) -> CircKey {
+        let key = self.alloc_key();
+        let first = path.first().cloned();
+        self.circuits.insert(
+            key,
+            Circuit {
+                prev: None,
+                next: None,
+                q_prev: CellQueue::default(),
+                q_next: CellQueue::default(),
+                cells_sent: 0,
+                role: Role::Origin {
+                    crypto: ClientCircuitCrypto::new(),
+                    path,
+                    handshake: None,
+                    built: false,
+                    edge: Edge::new(self.cfg.circwindow),
+                    deadline: now + self.cfg.circuit_build_timeout,
+                },
+                relay_early_seen: 0,
+            },
+        );
+        match first {
+            None => self.close_circuit_inner(key, DestroyReason::INTERNAL, None, now, "empty path"),
+            Some(hop) => match self.chan_by_identity.get(&hop.identity).copied() {
+                Some(chan) => self.attach_to_channel(key, chan, now),
+                None => self.wait_for_channel(key, hop.identity, hop.addr),
+            },
+        }
+        key
+    }
+
+    /// A CREATED2 or EXTENDED2 answered the pending handshake of an origin circuit.
+    pub(super) fn origin_hop_done(&mut self, key: CircKey, reply: &[u8], now: Instant) {
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        let Role::Origin {
+            crypto,
+            path,
+            handshake,
+            built,
+            ..
+        } = &mut circ.role
+        else {
+            return;
+        };
+        let Some(state) = handshake.take() else {
+            return self.kill(key, "handshake reply without a handshake", now);
+        };
+        let km = match ntor::client_finish(state, reply) {
+            Ok(km) => km,
+            Err(e) => return self.kill(key, &format!("ntor handshake failed: {e}"), now),
+        };
+        crypto.push_hop(ClientHopCrypto::new(&km));
+        let done = crypto.len();
+        if done >= path.len() {
+            *built = true;
+            self.events.push_back(Event::CircuitBuilt { circ: key });
+            return;
+        }
+        let hop = path[done].clone();
+        let (state, onionskin) =
+            ntor::client_create(&mut self.rng, &hop.identity.ntor_id(), &hop.ntor_key);
+        *handshake = Some(state);
+        let mut specs = vec![LinkSpec::Ed25519Id(*hop.identity.as_bytes())];
+        specs.push(match hop.addr {
+            SocketAddr::V4(a) => LinkSpec::Ipv4(a),
+            SocketAddr::V6(a) => LinkSpec::Ipv6(a),
+        });
+        specs.push(LinkSpec::LegacyId(hop.identity.ntor_id()));
+        let ext = Extend2 {
+            link_specifiers: specs,
+            create2: Create2 {
+                handshake_type: NTOR_HTYPE,
+                handshake: onionskin.to_vec(),
+            },
+        };
+        match ext.encode() {
+            Ok(body) => {
+                self.send_relay_forward(key, done - 1, RelayCommand::EXTEND2, 0, &body, true, now)
+            }
+            Err(e) => self.kill(key, &format!("cannot encode EXTEND2: {e}"), now),
+        }
+    }
+
+    /// Whether an origin circuit is built and usable.
+    pub fn circuit_is_open(&self, circ: CircKey) -> bool {
+        matches!(
+            self.circuits.get(&circ),
+            Some(Circuit {
+                role: Role::Origin { built: true, .. },
+                ..
+            })
+        )
+    }
+}

@@ -1,0 +1,203 @@
+//! Channels (links to neighbours): opening and closing them, choosing the one channel new
+//! circuits to a peer go on, circuits waiting for a channel, circuit ids, DESTROY cells.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use chive_cell::{Cell, CellCommand, CircId, Destroy, DestroyReason};
+use chive_crypto::IdentityKey;
+use rand::Rng;
+
+use crate::sched::CircuitScheduler;
+use crate::{ChannelId, CircKey};
+
+use super::event::Event;
+use super::Core;
+
+pub(super) struct Channel {
+    pub(super) peer: Option<IdentityKey>,
+    /// Whether this node opened the channel (decides the circuit id high bit).
+    pub(super) initiator: bool,
+    pub(super) circ_ids: HashMap<CircId, CircKey>,
+    pub(super) sched: Box<dyn CircuitScheduler>,
+    /// DESTROY cells: they bypass circuit queues because their circuit is gone.
+    pub(super) urgent: VecDeque<Cell>,
+}
+
+impl Core {
+    /// A link finished its handshake. `peer` is the authenticated identity (None
+    /// for a client); `initiator` is true if this node opened it.
+    pub fn channel_opened(
+        &mut self,
+        chan: ChannelId,
+        peer: Option<IdentityKey>,
+        initiator: bool,
+        now: Instant,
+    ) {
+        self.channels.insert(
+            chan,
+            Channel {
+                peer,
+                initiator,
+                circ_ids: HashMap::new(),
+                sched: self.cfg.scheduler.build(),
+                urgent: VecDeque::new(),
+            },
+        );
+        if let Some(id) = peer {
+            // New circuits go on one channel per peer; old ones keep theirs. When both relays
+            // opened a channel to each other at the same moment, both must pick the same one,
+            // or each would send on its own and every connection would carry data one way
+            // (split-direction by accident, with the ACK behaviour of paper 002's fix): prefer
+            // the channel opened by the relay with the smaller identity, which both sides
+            // agree on; otherwise the newest.
+            let me = self.identity();
+            let canonical = |c: &Channel| me.is_none_or(|me| c.initiator == (me < id));
+            let keep_old = self
+                .chan_by_identity
+                .get(&id)
+                .and_then(|old| self.channels.get(old))
+                .zip(self.channels.get(&chan))
+                .is_some_and(|(old, new)| canonical(old) && !canonical(new));
+            if !keep_old {
+                self.chan_by_identity.insert(id, chan);
+            }
+            if let Some(waiting) = self.waiting_for_channel.remove(&id) {
+                for key in waiting {
+                    self.attach_to_channel(key, chan, now);
+                }
+            }
+        }
+    }
+
+    /// Connecting to `identity` failed: every circuit waiting for it fails.
+    pub fn connect_failed(&mut self, identity: IdentityKey, now: Instant) {
+        if let Some(waiting) = self.waiting_for_channel.remove(&identity) {
+            for key in waiting {
+                self.close_circuit_inner(
+                    key,
+                    DestroyReason::CONNECTFAILED,
+                    None,
+                    now,
+                    "connect failed",
+                );
+            }
+        }
+    }
+
+    /// A channel closed (EOF, error, or after [`Event::CloseChannel`]): every
+    /// circuit on it goes, and relays tell the other side with DESTROY.
+    pub fn channel_closed(&mut self, chan: ChannelId, now: Instant) {
+        let Some(ch) = self.channels.remove(&chan) else {
+            return;
+        };
+        if let Some(peer) = ch.peer {
+            if self.chan_by_identity.get(&peer) == Some(&chan) {
+                self.chan_by_identity.remove(&peer);
+            }
+        }
+        self.ready_set.remove(&chan);
+        let ends: Vec<(CircId, CircKey)> =
+            ch.circ_ids.iter().map(|(&id, &key)| (id, key)).collect();
+        for (id, key) in ends {
+            self.close_circuit_inner(
+                key,
+                DestroyReason::CHANNEL_CLOSED,
+                Some((chan, id)),
+                now,
+                "channel closed",
+            );
+        }
+    }
+
+    pub(super) fn wait_for_channel(
+        &mut self,
+        key: CircKey,
+        identity: IdentityKey,
+        addr: SocketAddr,
+    ) {
+        let waiting = self.waiting_for_channel.entry(identity).or_default();
+        if waiting.is_empty() {
+            self.events.push_back(Event::Connect { addr, identity });
+        }
+        waiting.push(key);
+    }
+
+    pub(super) fn send_destroy(&mut self, chan: ChannelId, circ_id: CircId, reason: DestroyReason) {
+        let Ok(cell) = Cell::new(circ_id, CellCommand::DESTROY, &Destroy { reason }.encode())
+        else {
+            return;
+        };
+        if let Some(ch) = self.channels.get_mut(&chan) {
+            ch.urgent.push_back(cell);
+            self.mark_ready(chan);
+        }
+    }
+
+    /// A random unused circuit id in our half of `chan`'s id space.
+    pub(super) fn alloc_circ_id(&mut self, chan: ChannelId) -> Option<CircId> {
+        let ch = self.channels.get(&chan)?;
+        let high = if ch.initiator { 0x8000_0000 } else { 0 };
+        for _ in 0..64 {
+            let id = (self.rng.gen::<u32>() & 0x7fff_ffff) | high;
+            if id != 0 && !ch.circ_ids.contains_key(&id) {
+                return Some(id);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chive_crypto::ntor::NtorSecretKey;
+    use chive_crypto::IdentityKeypair;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::node::config::{CoreConfig, RelayKeys};
+
+    fn relay(seed: u8) -> (Core, IdentityKey) {
+        let mut rng = StdRng::seed_from_u64(u64::from(seed));
+        let identity = IdentityKeypair::generate(&mut rng).public();
+        let ntor = NtorSecretKey::generate(&mut rng);
+        let cfg = CoreConfig {
+            relay: Some(RelayKeys { identity, ntor }),
+            ..CoreConfig::default()
+        };
+        (Core::new(cfg, [seed; 32]), identity)
+    }
+
+    /// Two relays that open channels to each other at the same moment must both send new
+    /// circuits on the same TCP connection (the one opened by the smaller identity), whichever
+    /// handshake finishes first on either side; otherwise each connection would carry data one
+    /// way only.
+    #[test]
+    fn simultaneous_channels_between_two_relays_agree_on_one() {
+        let now = Instant::now();
+        for (first_a, first_b) in [(true, true), (true, false), (false, true), (false, false)] {
+            let (mut a, ida) = relay(1);
+            let (mut b, idb) = relay(2);
+            // Channel 1 on each side is its own outbound connection, 2 the peer's.
+            let open = |core: &mut Core, peer: IdentityKey, own_first: bool| {
+                let order = if own_first {
+                    [(1, true), (2, false)]
+                } else {
+                    [(2, false), (1, true)]
+                };
+                for (id, initiator) in order {
+                    core.channel_opened(ChannelId(id), Some(peer), initiator, now);
+                }
+            };
+            open(&mut a, idb, first_a);
+            open(&mut b, ida, first_b);
+            let a_own = a.chan_by_identity.get(&idb) == Some(&ChannelId(1));
+            let b_own = b.chan_by_identity.get(&ida) == Some(&ChannelId(1));
+            // Exactly one side uses its own connection: both use the same one.
+            assert_ne!(a_own, b_own, "order {first_a}/{first_b}");
+            assert_eq!(a_own, ida < idb, "the smaller identity's connection wins");
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! A circuit's state: its ends on two channels, one cell queue toward each, and its role: a
+//! relay circuit passing through, or an origin circuit this node builds.
+
+use std::time::Instant;
+
+use chive_cell::{CircId, Create2};
+use chive_crypto::ntor::NtorClientState;
+use chive_crypto::relay::{ClientCircuitCrypto, RelayHopCrypto};
+use chive_crypto::IdentityKey;
+
+use crate::sched::QueueId;
+use crate::{ChannelId, CircKey};
+
+use super::config::HopSpec;
+use super::queue::CellQueue;
+use super::stream::Edge;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Side {
+    /// Toward the client (relay circuits only).
+    Prev,
+    /// Toward the exit (a relay's next hop, or a client's guard).
+    Next,
+}
+
+pub(super) fn queue_id(key: CircKey, side: Side) -> QueueId {
+    QueueId(key.0 << 1 | matches!(side, Side::Next) as u64)
+}
+
+pub(super) fn queue_of(q: QueueId) -> (CircKey, Side) {
+    (
+        CircKey(q.0 >> 1),
+        if q.0 & 1 == 1 { Side::Next } else { Side::Prev },
+    )
+}
+
+// Origin circuits carry the whole path's crypto; there are few of them (a
+// client's own), so the size difference with relay circuits does not matter.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Role {
+    /// A circuit through this relay. `edge` is Some when this relay is its last hop
+    /// and streams have been opened on it.
+    Relay {
+        crypto: RelayHopCrypto,
+        edge: Option<Edge>,
+        /// An EXTEND2 waiting for its channel (the CREATE2 body to send).
+        pending_extend: Option<(IdentityKey, Create2)>,
+        /// EXTEND2 sent on; waiting for CREATED2.
+        extending: bool,
+    },
+    /// A circuit this node builds.
+    Origin {
+        crypto: ClientCircuitCrypto,
+        path: Vec<HopSpec>,
+        handshake: Option<NtorClientState>,
+        built: bool,
+        edge: Edge,
+        deadline: Instant,
+    },
+}
+
+pub(super) struct Circuit {
+    pub(super) prev: Option<(ChannelId, CircId)>,
+    pub(super) next: Option<(ChannelId, CircId)>,
+    pub(super) q_prev: CellQueue,
+    pub(super) q_next: CellQueue,
+    /// Cells this circuit handed to its channels (both directions).
+    pub(super) cells_sent: u64,
+    pub(super) role: Role,
+    pub(super) relay_early_seen: u8,
+}
+
+impl Circuit {
+    pub(super) fn queue(&mut self, side: Side) -> &mut CellQueue {
+        match side {
+            Side::Prev => &mut self.q_prev,
+            Side::Next => &mut self.q_next,
+        }
+    }
+    pub(super) fn endpoint(&self, side: Side) -> Option<(ChannelId, CircId)> {
+        match side {
+            Side::Prev => self.prev,
+            Side::Next => self.next,
+        }
+    }
+    pub(super) fn edge_mut(&mut self) -> Option<&mut Edge> {
+        match &mut self.role {
+            Role::Relay { edge, .. } => edge.as_mut(),
+            Role::Origin { edge, .. } => Some(edge),
+        }
+    }
+    /// The side edge data leaves on: backward at an exit, forward at a client.
+    pub(super) fn edge_out_side(&self) -> Side {
+        match self.role {
+            Role::Relay { .. } => Side::Prev,
+            Role::Origin { .. } => Side::Next,
+        }
+    }
+    pub(super) fn is_origin(&self) -> bool {
+        matches!(self.role, Role::Origin { .. })
+    }
+}

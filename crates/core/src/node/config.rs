@@ -1,0 +1,69 @@
+//! What a node is configured with: [`CoreConfig`] (policies and limits), [`RelayKeys`],
+//! and [`HopSpec`] (one hop of a circuit a client builds).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use chive_crypto::ntor::{NtorPublicKey, NtorSecretKey};
+use chive_crypto::IdentityKey;
+
+use crate::sched::SchedulerKind;
+
+/// The keys that make a node a relay.
+pub struct RelayKeys {
+    /// The relay's Ed25519 identity (public half; the link layer holds the secret).
+    pub identity: IdentityKey,
+    /// The relay's ntor onion key.
+    pub ntor: NtorSecretKey,
+}
+
+/// Core configuration. Everything a policy may vary lives here, chosen per node.
+pub struct CoreConfig {
+    /// Initial circuit package window (`circwindow`, 100..=1000).
+    pub circwindow: u32,
+    /// Scheduling policy for every channel.
+    pub scheduler: SchedulerKind,
+    /// A circuit whose queue in one direction grows past this is destroyed (the
+    /// peer ignores flow control).
+    pub max_circuit_queue: usize,
+    /// Circuits a single channel may carry.
+    pub max_circuits_per_channel: usize,
+    /// All circuit queues together may hold at most this many cells (Tor's
+    /// MaxMemInQueues); above it the circuit with the longest queue is killed.
+    pub max_queued_cells: usize,
+    /// Origin circuits not built within this time are closed.
+    pub circuit_build_timeout: Duration,
+    /// Relay keys; `None` for a pure client.
+    pub relay: Option<RelayKeys>,
+    /// Whether this relay opens exit streams (the driver applies the exit policy).
+    pub exit: bool,
+    /// Sample one cell in this many for per-cell timing (0 = off).
+    pub cell_sample_every: u64,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            circwindow: 1000,
+            scheduler: SchedulerKind::default(),
+            max_circuit_queue: 2500,
+            max_circuits_per_channel: 20_000,
+            max_queued_cells: 4_000_000,
+            circuit_build_timeout: Duration::from_secs(30),
+            relay: None,
+            exit: false,
+            cell_sample_every: 0,
+        }
+    }
+}
+
+/// Where and how to reach one hop of a circuit the client builds.
+#[derive(Clone, Debug)]
+pub struct HopSpec {
+    /// Ed25519 identity (from the consensus).
+    pub identity: IdentityKey,
+    /// ntor onion key (from the consensus).
+    pub ntor_key: NtorPublicKey,
+    /// ORPort address.
+    pub addr: SocketAddr,
+}

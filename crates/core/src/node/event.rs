@@ -1,0 +1,117 @@
+//! What the core hands back: [`Event`]s the driver must act on, and [`CoreError`] for requests
+//! it refuses.
+
+use std::net::{IpAddr, SocketAddr};
+
+use chive_cell::{EndReason, ResolvedAnswer};
+use chive_crypto::IdentityKey;
+
+use crate::{ChannelId, CircKey, StreamHandle};
+
+// Only the docs name the methods that answer an event.
+#[cfg(doc)]
+use super::Core;
+
+/// Errors returned to the driver for requests it made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CoreError {
+    /// The circuit does not exist (any more).
+    #[error("no such circuit")]
+    NoSuchCircuit,
+    /// The circuit is not built yet, or is not an origin circuit.
+    #[error("circuit is not open")]
+    CircuitNotOpen,
+    /// Stream ids on this circuit are exhausted.
+    #[error("too many streams on circuit")]
+    TooManyStreams,
+    /// The target could not be encoded (e.g. a host name too long).
+    #[error("bad target: {0}")]
+    BadTarget(String),
+}
+
+/// Output for the driver, in the order it must be acted on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Open a link to this relay (an extend, or a client circuit's first hop). Answer
+    /// with [`Core::channel_opened`] or [`Core::connect_failed`].
+    Connect {
+        /// ORPort address.
+        addr: SocketAddr,
+        /// The identity the peer must prove.
+        identity: IdentityKey,
+    },
+    /// Close this channel (its circuits are already gone from the core).
+    CloseChannel {
+        /// The channel.
+        chan: ChannelId,
+        /// Why, for the log.
+        reason: String,
+    },
+    /// Exit: open a TCP connection for a new stream; answer with
+    /// [`Core::exit_connected`] or [`Core::exit_failed`].
+    ExitConnect {
+        /// The new stream.
+        stream: StreamHandle,
+        /// Host name or address literal, as the client sent it.
+        host: String,
+        /// Port.
+        port: u16,
+    },
+    /// Exit: resolve a name; answer with [`Core::exit_resolved`].
+    ExitResolve {
+        /// The request.
+        stream: StreamHandle,
+        /// Host name.
+        host: String,
+    },
+    /// Client: a stream's BEGIN was answered with CONNECTED.
+    StreamConnected {
+        /// The stream.
+        stream: StreamHandle,
+        /// Address the exit connected to, if it said.
+        addr: Option<IpAddr>,
+    },
+    /// Client: answers to a RESOLVE.
+    Resolved {
+        /// The request.
+        stream: StreamHandle,
+        /// The answers.
+        answers: Vec<ResolvedAnswer>,
+    },
+    /// Write these bytes to the stream's socket, then report with
+    /// [`Core::stream_flushed`] (one count per event).
+    StreamWrite {
+        /// The stream.
+        stream: StreamHandle,
+        /// At most 498 bytes.
+        data: Vec<u8>,
+    },
+    /// The stream may read this many more bytes from its socket and pass them to
+    /// [`Core::stream_data`].
+    StreamReadCredit {
+        /// The stream.
+        stream: StreamHandle,
+        /// Bytes.
+        bytes: usize,
+    },
+    /// The stream is finished: flush what was written, then close the socket.
+    /// The core has forgotten the handle.
+    StreamClosed {
+        /// The stream.
+        stream: StreamHandle,
+        /// The END reason (DONE for a normal close).
+        reason: EndReason,
+    },
+    /// Client: a circuit finished building.
+    CircuitBuilt {
+        /// The circuit.
+        circ: CircKey,
+    },
+    /// Client: a circuit failed or was closed; its streams were closed too.
+    CircuitClosed {
+        /// The circuit.
+        circ: CircKey,
+        /// Why.
+        reason: String,
+    },
+}

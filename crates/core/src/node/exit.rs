@@ -1,0 +1,138 @@
+//! The exit's side of streams: BEGIN and RESOLVE from the client, and the driver's answers
+//! (connected, failed, resolved).
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use chive_cell::{Begin, Connected, EndReason, RelayCommand, Resolve, Resolved, ResolvedAnswer};
+use tracing::debug;
+
+use crate::{CircKey, StreamHandle};
+
+use super::circuit::Role;
+use super::event::Event;
+use super::stream::{Edge, Stream, StreamState};
+use super::Core;
+
+impl Core {
+    fn exit_edge(&mut self, key: CircKey) -> Option<&mut Edge> {
+        let circwindow = self.cfg.circwindow;
+        match &mut self.circuits.get_mut(&key)?.role {
+            Role::Relay {
+                edge,
+                extending: false,
+                pending_extend: None,
+                crypto: _,
+            } => Some(edge.get_or_insert_with(|| Edge::new(circwindow))),
+            _ => None,
+        }
+    }
+
+    pub(super) fn on_begin(&mut self, key: CircKey, sid: u16, data: &[u8], now: Instant) {
+        if sid == 0 {
+            return self.kill(key, "BEGIN with stream id 0", now);
+        }
+        let begin = match Begin::decode(data) {
+            Ok(b) => b,
+            Err(e) => {
+                debug!(?key, error = %e, "malformed BEGIN");
+                return self.send_end(key, sid, EndReason::TORPROTOCOL, now);
+            }
+        };
+        if !self.cfg.exit || self.circuits.get(&key).is_some_and(|c| c.next.is_some()) {
+            return self.send_end(key, sid, EndReason::EXITPOLICY, now);
+        }
+        let handle = StreamHandle(self.next_handle);
+        let Some(edge) = self.exit_edge(key) else {
+            return self.send_end(key, sid, EndReason::TORPROTOCOL, now);
+        };
+        if edge.streams.contains_key(&sid) {
+            return self.kill(key, "BEGIN for a stream id in use", now);
+        }
+        edge.streams
+            .insert(sid, Stream::new(handle, StreamState::Connecting));
+        self.next_handle += 1;
+        self.streams.insert(handle, (key, sid));
+        self.events.push_back(Event::ExitConnect {
+            stream: handle,
+            host: begin.host,
+            port: begin.port,
+        });
+    }
+
+    pub(super) fn on_resolve(&mut self, key: CircKey, sid: u16, data: &[u8], now: Instant) {
+        let host = match Resolve::decode(data) {
+            Ok(r) => r.host,
+            Err(_) => return self.send_end(key, sid, EndReason::TORPROTOCOL, now),
+        };
+        if !self.cfg.exit {
+            return self.send_end(key, sid, EndReason::EXITPOLICY, now);
+        }
+        let handle = StreamHandle(self.next_handle);
+        let Some(edge) = self.exit_edge(key) else {
+            return self.send_end(key, sid, EndReason::TORPROTOCOL, now);
+        };
+        if sid == 0 || edge.streams.contains_key(&sid) {
+            return self.kill(key, "RESOLVE with a bad stream id", now);
+        }
+        edge.streams
+            .insert(sid, Stream::new(handle, StreamState::Resolving));
+        self.next_handle += 1;
+        self.streams.insert(handle, (key, sid));
+        self.events.push_back(Event::ExitResolve {
+            stream: handle,
+            host,
+        });
+    }
+
+    /// Exit: the TCP connection for `stream` is up.
+    pub fn exit_connected(&mut self, stream: StreamHandle, addr: SocketAddr, now: Instant) {
+        let Some(&(key, sid)) = self.streams.get(&stream) else {
+            return;
+        };
+        let Some(s) = self.stream_mut(key, sid) else {
+            return;
+        };
+        if s.state != StreamState::Connecting {
+            return;
+        }
+        s.state = StreamState::Open;
+        let body = Connected {
+            addr: Some(addr.ip()),
+            ttl: 300,
+        }
+        .encode();
+        self.send_relay_backward(key, RelayCommand::CONNECTED, sid, &body, now);
+        self.grant_credit(key, sid);
+    }
+
+    /// Exit: the TCP connection for `stream` failed (or the policy refused it).
+    pub fn exit_failed(&mut self, stream: StreamHandle, reason: EndReason, now: Instant) {
+        let Some((key, sid)) = self.streams.remove(&stream) else {
+            return;
+        };
+        if let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) {
+            edge.streams.remove(&sid);
+        }
+        self.send_end(key, sid, reason, now);
+    }
+
+    /// Exit: answers for a RESOLVE.
+    pub fn exit_resolved(
+        &mut self,
+        stream: StreamHandle,
+        answers: Vec<ResolvedAnswer>,
+        now: Instant,
+    ) {
+        let Some((key, sid)) = self.streams.remove(&stream) else {
+            return;
+        };
+        if let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) {
+            edge.streams.remove(&sid);
+        }
+        match (Resolved { answers }).encode() {
+            Ok(body) => self.send_relay_backward(key, RelayCommand::RESOLVED, sid, &body, now),
+            Err(_) => self.send_end(key, sid, EndReason::INTERNAL, now),
+        }
+    }
+}

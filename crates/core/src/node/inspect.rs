@@ -1,0 +1,189 @@
+//! Looking inside a running core: counters ([`CoreStats`]), per-cell timing samples
+//! ([`CellSample`]), per-circuit figures ([`CircuitStat`]) and the operator's debug dump.
+
+use std::time::Instant;
+
+use chive_cell::CircId;
+
+use crate::{ChannelId, CircKey};
+
+use super::circuit::{queue_id, Role, Side};
+#[cfg(doc)]
+use super::config::CoreConfig;
+use super::Core;
+
+/// Counters for metrics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoreStats {
+    /// Circuits currently known.
+    pub circuits: usize,
+    /// Streams currently open at this node's edges.
+    pub streams: usize,
+    /// Cells waiting in all circuit queues.
+    pub queued_cells: usize,
+    /// Cells handed to the driver for sending since start.
+    pub cells_transmitted: u64,
+    /// Cells received since start.
+    pub cells_received: u64,
+    /// Circuits closed for a protocol violation or resource limit.
+    pub circuits_killed: u64,
+}
+
+/// Samples waiting for the driver beyond this are dropped (bounded memory).
+pub(super) const MAX_PENDING_SAMPLES: usize = 10_000;
+
+/// Timing of one sampled cell, from entering its circuit queue to leaving it
+/// for the channel's output. The driver adds the time it was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CellSample {
+    /// The channel it left on.
+    pub chan: ChannelId,
+    /// Its circuit.
+    pub circ: CircKey,
+    /// When it entered the circuit queue.
+    pub queued: Instant,
+    /// When the scheduler moved it to the channel's output.
+    pub dequeued: Instant,
+    /// Its index in the `out` vector of the `poll_transmit` call that moved it.
+    pub batch_index: usize,
+}
+
+/// Per-circuit figures for metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CircuitStat {
+    /// The circuit.
+    pub circ: CircKey,
+    /// Cells it handed to its channels so far.
+    pub cells_sent: u64,
+    /// Cells waiting in its queues (both directions).
+    pub queued: usize,
+    /// The scheduler's priority value for its busiest queue, if the policy has one (EWMA count).
+    pub priority: Option<f64>,
+}
+
+impl Core {
+    /// Next per-cell timing sample (see [`CoreConfig::cell_sample_every`]).
+    pub fn poll_cell_sample(&mut self) -> Option<CellSample> {
+        self.cell_samples.pop_front()
+    }
+
+    /// Per-circuit figures for metrics. `priority` is the largest EWMA count of
+    /// the circuit's queues (None under a policy without counts).
+    pub fn circuit_stats(&self, now: Instant) -> Vec<CircuitStat> {
+        let mut v: Vec<CircuitStat> = self
+            .circuits
+            .iter()
+            .map(|(k, c)| {
+                let priority = [(Side::Prev, c.prev), (Side::Next, c.next)]
+                    .into_iter()
+                    .filter_map(|(side, end)| {
+                        let (chan, _) = end?;
+                        self.channels
+                            .get(&chan)?
+                            .sched
+                            .ewma_count(queue_id(*k, side), now)
+                    })
+                    .reduce(f64::max);
+                CircuitStat {
+                    circ: *k,
+                    cells_sent: c.cells_sent,
+                    queued: c.q_prev.len() + c.q_next.len(),
+                    priority,
+                }
+            })
+            .collect();
+        v.sort_by_key(|c| c.circ);
+        v
+    }
+
+    /// A human-readable snapshot of every channel and circuit (queues, windows,
+    /// streams), for operators debugging a stall (the relay logs it on SIGUSR1).
+    pub fn debug_dump(&self, now: Instant) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let mut chans: Vec<_> = self.channels.iter().collect();
+        chans.sort_by_key(|(c, _)| **c);
+        for (id, ch) in chans {
+            let _ =
+                writeln!(
+                out,
+                "channel {} peer={} initiator={} circuits={} active_queues={} urgent={} policy={}",
+                id.0,
+                ch.peer.map(|p| p.to_hex()[..16].to_string()).unwrap_or_else(|| "client".into()),
+                ch.initiator,
+                ch.circ_ids.len(),
+                ch.sched.active_len(),
+                ch.urgent.len(),
+                ch.sched.name()
+            );
+        }
+        let mut circs: Vec<_> = self.circuits.iter().collect();
+        circs.sort_by_key(|(k, _)| **k);
+        for (key, c) in circs {
+            let kind = match &c.role {
+                Role::Relay {
+                    extending,
+                    pending_extend,
+                    ..
+                } => {
+                    format!(
+                        "relay extending={extending} pending_extend={}",
+                        pending_extend.is_some()
+                    )
+                }
+                Role::Origin {
+                    built,
+                    crypto,
+                    path,
+                    ..
+                } => {
+                    format!("origin built={built} hops={}/{}", crypto.len(), path.len())
+                }
+            };
+            let prio = |side: Side, end: Option<(ChannelId, CircId)>| {
+                end.and_then(|(chan, _)| {
+                    self.channels
+                        .get(&chan)?
+                        .sched
+                        .ewma_count(queue_id(*key, side), now)
+                })
+            };
+            let _ = writeln!(
+                out,
+                "circuit {} {kind} prev={:?} next={:?} q_prev={} q_next={} sent={} ewma_prev={:?} ewma_next={:?}",
+                key.0,
+                c.prev.map(|(ch, id)| (ch.0, id)),
+                c.next.map(|(ch, id)| (ch.0, id)),
+                c.q_prev.len(),
+                c.q_next.len(),
+                c.cells_sent,
+                prio(Side::Prev, c.prev),
+                prio(Side::Next, c.next),
+            );
+            let edge = match &c.role {
+                Role::Relay { edge, .. } => edge.as_ref(),
+                Role::Origin { edge, .. } => Some(edge),
+            };
+            if let Some(edge) = edge {
+                let _ = writeln!(
+                    out,
+                    "  edge package_window={}",
+                    edge.window.package_window()
+                );
+                for (sid, st) in &edge.streams {
+                    let _ = writeln!(
+                        out,
+                        "  stream {sid} handle={} state={:?} pending={} credit={} eof={} window={:?}",
+                        st.handle.0,
+                        st.state,
+                        st.pending.len(),
+                        st.credit,
+                        st.local_eof,
+                        st.window
+                    );
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,217 @@
+//! The node state machine: channels, circuits, queues, streams.
+//!
+//! [`Core`] is one type; its `impl` is spread over this module's files, one concern each:
+//! - `config`, `event`: what the driver passes in at start ([`CoreConfig`]) and what it must
+//!   act on ([`Event`]);
+//! - `channel`: links to neighbours: opening and closing, the one canonical channel per peer,
+//!   DESTROY cells (which bypass circuit queues), circuit ids;
+//! - `circuit`: a circuit's state: its two ends, its two queues, its role (relay or origin);
+//! - `queue`: the send path: circuit queues, the per-channel scheduler, `poll_transmit`, and the
+//!   limits on queues (per circuit, global memory pressure, the packaging high-water mark);
+//! - `build`: CREATE2 / CREATED2, EXTEND2 / EXTENDED2 and TRUNCATE at a relay, and building
+//!   origin circuits hop by hop;
+//! - `relay`: relay cells: RELAY_EARLY accounting, the crypto layer, dispatch of cells
+//!   recognized here, originating relay cells at either end;
+//! - `stream`: edge streams at both ends: DATA, END, SENDME, packaging and read credit;
+//! - `exit`, `client`: the exit's and the client's side of opening streams and resolving;
+//! - `teardown`: closing circuits (DESTROY received, protocol violations, limits);
+//! - `inspect`: counters, per-cell timing samples, per-circuit stats, the debug dump.
+//!
+//! Only `mod.rs` owns [`Core`]'s fields; the other files reach them as its children.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use chive_cell::{Cell, CellCommand, CircId, DestroyReason, VarCell};
+use chive_crypto::IdentityKey;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tracing::debug;
+
+use crate::idmap::{LocalMap, LocalSet};
+use crate::sched::SchedulerKind;
+use crate::{ChannelId, CircKey, StreamHandle};
+
+mod build;
+mod channel;
+mod circuit;
+mod client;
+mod config;
+mod event;
+mod exit;
+mod inspect;
+mod queue;
+mod relay;
+mod stream;
+mod teardown;
+
+pub use config::{CoreConfig, HopSpec, RelayKeys};
+pub use event::{CoreError, Event};
+pub use inspect::{CellSample, CircuitStat, CoreStats};
+
+use channel::Channel;
+use circuit::{queue_id, Circuit, Role, Side};
+
+/// The sans-IO node. See the crate docs.
+pub struct Core {
+    cfg: CoreConfig,
+    rng: StdRng,
+    channels: LocalMap<ChannelId, Channel>,
+    chan_by_identity: HashMap<IdentityKey, ChannelId>,
+    /// Circuits waiting for a channel to this identity.
+    waiting_for_channel: HashMap<IdentityKey, Vec<CircKey>>,
+    circuits: LocalMap<CircKey, Circuit>,
+    /// Stream handle → (circuit, stream id).
+    streams: LocalMap<StreamHandle, (CircKey, u16)>,
+    next_key: u64,
+    next_handle: u64,
+    events: VecDeque<Event>,
+    ready: VecDeque<ChannelId>,
+    ready_set: LocalSet<ChannelId>,
+    stats: CoreStats,
+    sample_counter: u64,
+    cell_samples: VecDeque<CellSample>,
+}
+
+impl Core {
+    /// A new node. `seed` feeds the core's CSPRNG (handshakes, circuit ids); pass
+    /// fresh OS randomness in production and a fixed seed in tests.
+    pub fn new(cfg: CoreConfig, seed: [u8; 32]) -> Self {
+        Core {
+            cfg,
+            rng: StdRng::from_seed(seed),
+            channels: LocalMap::default(),
+            chan_by_identity: HashMap::new(),
+            waiting_for_channel: HashMap::new(),
+            circuits: LocalMap::default(),
+            streams: LocalMap::default(),
+            next_key: 1,
+            next_handle: 1,
+            events: VecDeque::new(),
+            ready: VecDeque::new(),
+            ready_set: LocalSet::default(),
+            stats: CoreStats::default(),
+            sample_counter: 0,
+            cell_samples: VecDeque::new(),
+        }
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> CoreStats {
+        CoreStats {
+            circuits: self.circuits.len(),
+            streams: self.streams.len(),
+            ..self.stats
+        }
+    }
+
+    /// This relay's identity, if it is one.
+    pub fn identity(&self) -> Option<IdentityKey> {
+        self.cfg.relay.as_ref().map(|r| r.identity)
+    }
+
+    /// The scheduling policy in use.
+    pub fn scheduler(&self) -> SchedulerKind {
+        self.cfg.scheduler
+    }
+
+    /// Change every channel's scheduling policy at runtime (SIGHUP). Circuits
+    /// keep their queues; queues with cells are re-activated in the new policy.
+    pub fn set_scheduler(&mut self, kind: SchedulerKind, now: Instant) {
+        self.cfg.scheduler = kind;
+        for (&chan, ch) in self.channels.iter_mut() {
+            let mut sched = kind.build();
+            for (&id, &key) in &ch.circ_ids {
+                let Some(circ) = self.circuits.get(&key) else {
+                    continue;
+                };
+                for (side, q) in [(Side::Prev, &circ.q_prev), (Side::Next, &circ.q_next)] {
+                    if q.len() > 0 && circ.endpoint(side) == Some((chan, id)) {
+                        sched.activate(queue_id(key, side), now);
+                    }
+                }
+            }
+            ch.sched = sched;
+        }
+    }
+
+    /// Change the circuit window for circuits created from now on (a new consensus).
+    pub fn set_circwindow(&mut self, circwindow: u32) {
+        self.cfg.circwindow = circwindow.clamp(100, 1000);
+    }
+
+    /// Next event for the driver.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The earliest time [`Core::handle_timeout`] has work to do.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.circuits
+            .values()
+            .filter_map(|c| match &c.role {
+                Role::Origin {
+                    built: false,
+                    deadline,
+                    ..
+                } => Some(*deadline),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Time passed: close origin circuits that did not build in time.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let expired: Vec<CircKey> = self
+            .circuits
+            .iter()
+            .filter_map(|(k, c)| match &c.role {
+                Role::Origin {
+                    built: false,
+                    deadline,
+                    ..
+                } if *deadline <= now => Some(*k),
+                _ => None,
+            })
+            .collect();
+        for key in expired {
+            self.close_circuit_inner(key, DestroyReason::TIMEOUT, None, now, "build timed out");
+        }
+    }
+
+    /// A variable-length cell after the link handshake: padding is ignored,
+    /// anything else is logged and ignored (a newer peer may send more).
+    pub fn handle_var_cell(&mut self, chan: ChannelId, cell: VarCell, _now: Instant) {
+        if cell.command != CellCommand::VPADDING {
+            debug!(?chan, command = %cell.command, "ignoring variable cell after handshake");
+        }
+    }
+
+    /// A fixed cell arrived on `chan`.
+    pub fn handle_cell(&mut self, chan: ChannelId, cell: Cell, now: Instant) {
+        self.stats.cells_received += 1;
+        if !self.channels.contains_key(&chan) {
+            return;
+        }
+        match cell.command {
+            CellCommand::RELAY | CellCommand::RELAY_EARLY => self.on_relay(chan, cell, now),
+            CellCommand::CREATE2 => self.on_create2(chan, cell, now),
+            CellCommand::CREATED2 => self.on_created2(chan, cell, now),
+            CellCommand::DESTROY => self.on_destroy(chan, cell, now),
+            CellCommand::PADDING => {}
+            other => {
+                debug!(?chan, command = %other, "ignoring unexpected cell");
+            }
+        }
+    }
+
+    fn lookup(&self, chan: ChannelId, circ_id: CircId) -> Option<CircKey> {
+        self.channels.get(&chan)?.circ_ids.get(&circ_id).copied()
+    }
+
+    fn alloc_key(&mut self) -> CircKey {
+        let key = CircKey(self.next_key);
+        self.next_key += 1;
+        key
+    }
+}

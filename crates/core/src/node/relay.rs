@@ -1,0 +1,223 @@
+//! Relay cells: counting RELAY_EARLY, adding or removing this node's layer of tor1 crypto,
+//! passing cells on, dispatching those recognized here, and originating relay cells (toward
+//! the client at a relay, to any hop at the client).
+
+use std::time::Instant;
+
+use chive_cell::{
+    parse_relay, relay_payload, Cell, CellCommand, DestroyReason, Extend2, Extended2, RelayCommand,
+    PAYLOAD_LEN,
+};
+use tracing::debug;
+
+use crate::{ChannelId, CircKey};
+
+use super::circuit::{Role, Side};
+use super::Core;
+
+/// RELAY_EARLY cells allowed per circuit (tor-spec).
+const MAX_RELAY_EARLY: u8 = 8;
+
+impl Core {
+    pub(super) fn on_relay(&mut self, chan: ChannelId, mut cell: Cell, now: Instant) {
+        let Some(key) = self.lookup(chan, cell.circ_id) else {
+            debug!(
+                ?chan,
+                circ_id = cell.circ_id,
+                "relay cell for unknown circuit: dropped"
+            );
+            return;
+        };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        // Both ends of a circuit may be on one channel (a hop extended back to the relay before it):
+        // the direction is the end the cell's id names, not its channel.
+        let from_prev = circ.prev == Some((chan, cell.circ_id)) && !circ.is_origin();
+        let early = cell.command == CellCommand::RELAY_EARLY;
+        if early && !from_prev {
+            // tor-spec §5.6: an inbound RELAY_EARLY MUST close the circuit (C tor does, at
+            // relays and clients). Passed on, it would let a relay mark a circuit for a relay
+            // nearer the client to see (the 2014 relay-early traffic confirmation attack).
+            return self.kill(key, "RELAY_EARLY toward the client", now);
+        }
+        if early {
+            circ.relay_early_seen += 1;
+            if circ.relay_early_seen > MAX_RELAY_EARLY {
+                return self.kill(key, "too many RELAY_EARLY cells", now);
+            }
+        }
+        match &mut circ.role {
+            Role::Relay { crypto, .. } => {
+                if from_prev {
+                    if crypto.decrypt_forward(&mut cell.payload) {
+                        let digest = crypto.last_forward_digest();
+                        self.relay_cell_for_us(key, &cell.payload, digest, early, now);
+                    } else if let Some((_, next_id)) = circ.next {
+                        cell.circ_id = next_id;
+                        self.enqueue(key, Side::Next, cell, now);
+                    } else {
+                        self.kill(key, "unrecognized relay cell at the last hop", now);
+                    }
+                } else {
+                    crypto.encrypt_backward(&mut cell.payload);
+                    if let Some((_, prev_id)) = circ.prev {
+                        cell.circ_id = prev_id;
+                        self.enqueue(key, Side::Prev, cell, now);
+                    }
+                }
+            }
+            Role::Origin { crypto, .. } => match crypto.decrypt_from_any(&mut cell.payload) {
+                Some((hop, digest)) => {
+                    self.origin_cell_for_us(key, hop, &cell.payload, digest, now)
+                }
+                None => self.kill(key, "unrecognized relay cell at the client", now),
+            },
+        }
+    }
+
+    /// A forward relay cell recognized at this relay.
+    fn relay_cell_for_us(
+        &mut self,
+        key: CircKey,
+        payload: &[u8; PAYLOAD_LEN],
+        digest: [u8; 20],
+        early: bool,
+        now: Instant,
+    ) {
+        let msg = match parse_relay(payload) {
+            Ok(m) => m,
+            Err(e) => return self.kill(key, &format!("malformed relay cell: {e}"), now),
+        };
+        let (cmd, sid, data) = (msg.command, msg.stream_id, msg.data);
+        match cmd {
+            RelayCommand::EXTEND2 => {
+                if !early {
+                    return self.kill(key, "EXTEND2 not in a RELAY_EARLY cell", now);
+                }
+                match Extend2::decode(data) {
+                    Ok(ext) => self.on_extend2(key, ext, now),
+                    Err(e) => self.kill(key, &format!("malformed EXTEND2: {e}"), now),
+                }
+            }
+            RelayCommand::BEGIN => self.on_begin(key, sid, data, now),
+            RelayCommand::RESOLVE => self.on_resolve(key, sid, data, now),
+            RelayCommand::DATA => self.edge_data(key, sid, data, digest, now),
+            RelayCommand::END => self.edge_end(key, sid, data, now),
+            RelayCommand::SENDME => self.edge_sendme(key, sid, data, now),
+            RelayCommand::TRUNCATE => self.on_truncate(key, now),
+            RelayCommand::DROP => {}
+            other => {
+                debug!(?key, command = %other, "ignoring relay command");
+            }
+        }
+    }
+
+    /// A backward relay cell recognized at the client, from hop `hop`.
+    fn origin_cell_for_us(
+        &mut self,
+        key: CircKey,
+        hop: usize,
+        payload: &[u8; PAYLOAD_LEN],
+        digest: [u8; 20],
+        now: Instant,
+    ) {
+        let msg = match parse_relay(payload) {
+            Ok(m) => m,
+            Err(e) => return self.kill(key, &format!("malformed relay cell: {e}"), now),
+        };
+        let (cmd, sid, data) = (msg.command, msg.stream_id, msg.data);
+        let last_hop = self.circuits.get(&key).and_then(|c| match &c.role {
+            Role::Origin { crypto, .. } => Some(crypto.len().saturating_sub(1)),
+            _ => None,
+        });
+        match cmd {
+            RelayCommand::EXTENDED2 => match Extended2::decode(data) {
+                Ok(ext) => self.origin_hop_done(key, &ext.handshake, now),
+                Err(e) => self.kill(key, &format!("malformed EXTENDED2: {e}"), now),
+            },
+            RelayCommand::TRUNCATED => {
+                self.close_circuit_inner(key, DestroyReason::FINISHED, None, now, "truncated")
+            }
+            _ if Some(hop) != last_hop => {
+                self.kill(key, &format!("{cmd} from hop {hop}, not the exit"), now)
+            }
+            RelayCommand::CONNECTED => self.client_connected(key, sid, data, now),
+            RelayCommand::RESOLVED => self.client_resolved(key, sid, data, now),
+            RelayCommand::DATA => self.edge_data(key, sid, data, digest, now),
+            RelayCommand::END => self.edge_end(key, sid, data, now),
+            RelayCommand::SENDME => self.edge_sendme(key, sid, data, now),
+            RelayCommand::DROP => {}
+            other => {
+                debug!(?key, command = %other, "ignoring relay command");
+            }
+        }
+    }
+
+    /// Originate a relay cell at this relay, toward the client.
+    pub(super) fn send_relay_backward(
+        &mut self,
+        key: CircKey,
+        cmd: RelayCommand,
+        sid: u16,
+        body: &[u8],
+        now: Instant,
+    ) {
+        let Ok(mut payload) = relay_payload(cmd, sid, body) else {
+            return self.kill(key, "relay message too long", now);
+        };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        let (Role::Relay { crypto, edge, .. }, Some((_, prev_id))) = (&mut circ.role, circ.prev)
+        else {
+            return;
+        };
+        let digest = crypto.originate_backward(&mut payload);
+        if cmd == RelayCommand::DATA {
+            if let Some(edge) = edge {
+                edge.window.on_data_sent(digest);
+            }
+        }
+        let cell = Cell::from_payload(prev_id, CellCommand::RELAY, payload);
+        self.enqueue(key, Side::Prev, cell, now);
+    }
+
+    /// Originate a relay cell at the client, addressed to hop `hop`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn send_relay_forward(
+        &mut self,
+        key: CircKey,
+        hop: usize,
+        cmd: RelayCommand,
+        sid: u16,
+        body: &[u8],
+        early: bool,
+        now: Instant,
+    ) {
+        let Ok(mut payload) = relay_payload(cmd, sid, body) else {
+            return self.kill(key, "relay message too long", now);
+        };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        let (Role::Origin { crypto, edge, .. }, Some((_, next_id))) = (&mut circ.role, circ.next)
+        else {
+            return;
+        };
+        let digest = match crypto.encrypt_to(hop, &mut payload) {
+            Ok(d) => d,
+            Err(_) => return self.kill(key, "no such hop", now),
+        };
+        if cmd == RelayCommand::DATA {
+            edge.window.on_data_sent(digest);
+        }
+        let command = if early {
+            CellCommand::RELAY_EARLY
+        } else {
+            CellCommand::RELAY
+        };
+        let cell = Cell::from_payload(next_id, command, payload);
+        self.enqueue(key, Side::Next, cell, now);
+    }
+}

@@ -1,0 +1,331 @@
+//! Edge streams, at an exit or a client: the driver's stream input, DATA / END / SENDME
+//! arriving, packaging bytes into DATA cells while the windows and the queue allow, and read
+//! credit (how much the driver may read from the stream's socket).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use chive_cell::{End, EndReason, RelayCommand, Sendme, RELAY_DATA_LEN};
+use tracing::warn;
+
+use crate::flow::{CircuitWindow, StreamWindow};
+use crate::{CircKey, StreamHandle};
+
+use super::circuit::Role;
+use super::event::Event;
+use super::queue::QUEUE_HIGHWATER;
+use super::Core;
+
+/// Bytes a stream may have read from its socket but not yet packaged, plus granted credit.
+const STREAM_BUFFER_TARGET: usize = 32 * RELAY_DATA_LEN;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StreamState {
+    /// Client: BEGIN sent. Exit: connecting.
+    Connecting,
+    Open,
+    /// A RESOLVE request (no data flows).
+    Resolving,
+}
+
+pub(super) struct Stream {
+    pub(super) handle: StreamHandle,
+    pub(super) state: StreamState,
+    pub(super) window: StreamWindow,
+    /// Bytes read from the local socket, not yet packaged.
+    pub(super) pending: VecDeque<u8>,
+    /// Read credit granted to the driver and not yet used.
+    pub(super) credit: usize,
+    /// Local side finished; send END once `pending` is empty.
+    pub(super) local_eof: bool,
+}
+
+impl Stream {
+    pub(super) fn new(handle: StreamHandle, state: StreamState) -> Self {
+        Stream {
+            handle,
+            state,
+            window: StreamWindow::default(),
+            pending: VecDeque::new(),
+            credit: 0,
+            local_eof: false,
+        }
+    }
+}
+
+/// State of a circuit's end point (exit or client): windows and streams.
+pub(super) struct Edge {
+    pub(super) window: CircuitWindow,
+    pub(super) streams: HashMap<u16, Stream>,
+    pub(super) next_stream_id: u16,
+}
+
+impl Edge {
+    pub(super) fn new(circwindow: u32) -> Self {
+        Edge {
+            window: CircuitWindow::new(circwindow),
+            streams: HashMap::new(),
+            next_stream_id: 1,
+        }
+    }
+}
+
+impl Core {
+    /// Number of streams open on a circuit.
+    pub fn circuit_streams(&self, circ: CircKey) -> usize {
+        match self.circuits.get(&circ).map(|c| &c.role) {
+            Some(Role::Origin { edge, .. }) => edge.streams.len(),
+            Some(Role::Relay {
+                edge: Some(edge), ..
+            }) => edge.streams.len(),
+            _ => 0,
+        }
+    }
+
+    /// Bytes read from a stream's local socket (at most the credit granted).
+    pub fn stream_data(&mut self, stream: StreamHandle, data: &[u8], now: Instant) {
+        let Some(&(key, sid)) = self.streams.get(&stream) else {
+            return;
+        };
+        let Some(s) = self.stream_mut(key, sid) else {
+            return;
+        };
+        if s.credit < data.len() {
+            warn!(
+                ?stream,
+                "stream data beyond granted credit; accepting (driver bug)"
+            );
+        }
+        s.credit = s.credit.saturating_sub(data.len());
+        s.pending.extend(data);
+        self.package_stream(key, sid, now);
+    }
+
+    /// The local socket of `stream` reached EOF: END it after its data.
+    pub fn stream_eof(&mut self, stream: StreamHandle, now: Instant) {
+        let Some(&(key, sid)) = self.streams.get(&stream) else {
+            return;
+        };
+        let Some(s) = self.stream_mut(key, sid) else {
+            return;
+        };
+        s.local_eof = true;
+        self.package_stream(key, sid, now);
+    }
+
+    /// The local socket of `stream` failed: END it at once, dropping unsent data.
+    pub fn stream_error(&mut self, stream: StreamHandle, now: Instant) {
+        let Some((key, sid)) = self.streams.remove(&stream) else {
+            return;
+        };
+        if let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) {
+            edge.streams.remove(&sid);
+        }
+        self.send_end(key, sid, EndReason::CONNRESET, now);
+    }
+
+    /// `cells` [`Event::StreamWrite`]s of `stream` have been written to its socket.
+    pub fn stream_flushed(&mut self, stream: StreamHandle, cells: u32, now: Instant) {
+        let Some(&(key, sid)) = self.streams.get(&stream) else {
+            return;
+        };
+        let Some(s) = self.stream_mut(key, sid) else {
+            return;
+        };
+        let sendmes = s.window.on_flushed(cells);
+        for _ in 0..sendmes {
+            self.send_edge(key, RelayCommand::SENDME, sid, &[], now);
+        }
+    }
+
+    pub(super) fn stream_mut(&mut self, key: CircKey, sid: u16) -> Option<&mut Stream> {
+        self.circuits
+            .get_mut(&key)?
+            .edge_mut()?
+            .streams
+            .get_mut(&sid)
+    }
+
+    pub(super) fn remove_stream(&mut self, key: CircKey, sid: u16) -> Option<StreamHandle> {
+        let s = self
+            .circuits
+            .get_mut(&key)?
+            .edge_mut()?
+            .streams
+            .remove(&sid)?;
+        self.streams.remove(&s.handle);
+        Some(s.handle)
+    }
+
+    pub(super) fn edge_data(
+        &mut self,
+        key: CircKey,
+        sid: u16,
+        data: &[u8],
+        digest: [u8; 20],
+        now: Instant,
+    ) {
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        let Some(edge) = circ.edge_mut() else {
+            return self.kill(key, "DATA on a circuit without streams", now);
+        };
+        let circuit_sendme = edge.window.on_data_received(digest);
+        let outcome = match edge.streams.get_mut(&sid) {
+            Some(s) if s.state != StreamState::Resolving => match s.window.on_data_received() {
+                Ok(()) => Ok(s.handle),
+                Err(e) => Err(e.to_string()),
+            },
+            // DATA for a stream that just ended crosses our END: not an error.
+            _ => Err(String::new()),
+        };
+        if let Some(d) = circuit_sendme {
+            let body = Sendme { digest: Some(d) }.encode();
+            self.send_edge(key, RelayCommand::SENDME, 0, &body, now);
+        }
+        match outcome {
+            Ok(handle) => self.events.push_back(Event::StreamWrite {
+                stream: handle,
+                data: data.to_vec(),
+            }),
+            Err(e) if e.is_empty() => {}
+            Err(e) => {
+                warn!(?key, sid, error = %e, "closing stream");
+                if let Some(handle) = self.remove_stream(key, sid) {
+                    self.events.push_back(Event::StreamClosed {
+                        stream: handle,
+                        reason: EndReason::TORPROTOCOL,
+                    });
+                }
+                self.send_end(key, sid, EndReason::TORPROTOCOL, now);
+            }
+        }
+    }
+
+    pub(super) fn edge_end(&mut self, key: CircKey, sid: u16, data: &[u8], _now: Instant) {
+        let reason = End::decode(data)
+            .map(|e| e.reason)
+            .unwrap_or(EndReason::MISC);
+        if let Some(handle) = self.remove_stream(key, sid) {
+            self.events.push_back(Event::StreamClosed {
+                stream: handle,
+                reason,
+            });
+        }
+    }
+
+    pub(super) fn edge_sendme(&mut self, key: CircKey, sid: u16, data: &[u8], now: Instant) {
+        let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) else {
+            return self.kill(key, "SENDME on a circuit without an edge", now);
+        };
+        if sid == 0 {
+            let digest = match Sendme::decode(data) {
+                Ok(s) => s.digest,
+                Err(e) => return self.kill(key, &format!("malformed SENDME: {e}"), now),
+            };
+            if let Err(e) = edge.window.on_sendme(digest) {
+                return self.kill(key, &e.to_string(), now);
+            }
+            self.package_all(key, now);
+        } else {
+            let Some(s) = edge.streams.get_mut(&sid) else {
+                return;
+            };
+            if let Err(e) = s.window.on_sendme() {
+                return self.kill(key, &e.to_string(), now);
+            }
+            self.package_stream(key, sid, now);
+        }
+    }
+
+    /// Package every stream of an edge circuit that has data waiting.
+    pub(super) fn package_all(&mut self, key: CircKey, now: Instant) {
+        let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) else {
+            return;
+        };
+        let mut sids: Vec<u16> = edge
+            .streams
+            .iter()
+            .filter(|(_, s)| !s.pending.is_empty() || s.local_eof)
+            .map(|(id, _)| *id)
+            .collect();
+        sids.sort_unstable();
+        for sid in sids {
+            self.package_stream(key, sid, now);
+        }
+    }
+
+    /// Turn a stream's pending bytes into DATA cells while the windows and the
+    /// circuit queue allow; then END it if the local side is done; then grant more credit.
+    fn package_stream(&mut self, key: CircKey, sid: u16, now: Instant) {
+        loop {
+            let Some(circ) = self.circuits.get_mut(&key) else {
+                return;
+            };
+            let side = circ.edge_out_side();
+            let queued = circ.queue(side).len();
+            let Some(edge) = circ.edge_mut() else { return };
+            let circ_open = edge.window.can_package();
+            let Some(s) = edge.streams.get_mut(&sid) else {
+                return;
+            };
+            if s.pending.is_empty() {
+                if s.local_eof {
+                    self.remove_stream(key, sid);
+                    self.send_end(key, sid, EndReason::DONE, now);
+                    return;
+                }
+                break;
+            }
+            if s.state != StreamState::Open
+                || !circ_open
+                || !s.window.can_package()
+                || queued >= QUEUE_HIGHWATER
+            {
+                break;
+            }
+            let n = s.pending.len().min(RELAY_DATA_LEN);
+            let chunk: Vec<u8> = s.pending.drain(..n).collect();
+            s.window.on_data_sent();
+            self.send_edge(key, RelayCommand::DATA, sid, &chunk, now);
+        }
+        self.grant_credit(key, sid);
+    }
+
+    /// Top up a stream's read credit so pending + credit stays near the target.
+    pub(super) fn grant_credit(&mut self, key: CircKey, sid: u16) {
+        let Some(s) = self.stream_mut(key, sid) else {
+            return;
+        };
+        if s.state != StreamState::Open || s.local_eof {
+            return;
+        }
+        let have = s.pending.len() + s.credit;
+        if have * 2 <= STREAM_BUFFER_TARGET {
+            let bytes = STREAM_BUFFER_TARGET - have;
+            s.credit += bytes;
+            let stream = s.handle;
+            self.events
+                .push_back(Event::StreamReadCredit { stream, bytes });
+        }
+    }
+
+    /// Send a relay message from this circuit's edge toward its peer edge.
+    fn send_edge(&mut self, key: CircKey, cmd: RelayCommand, sid: u16, body: &[u8], now: Instant) {
+        let Some(circ) = self.circuits.get(&key) else {
+            return;
+        };
+        match &circ.role {
+            Role::Origin { crypto, .. } => {
+                let last = crypto.len().saturating_sub(1);
+                self.send_relay_forward(key, last, cmd, sid, body, false, now)
+            }
+            Role::Relay { .. } => self.send_relay_backward(key, cmd, sid, body, now),
+        }
+    }
+
+    pub(super) fn send_end(&mut self, key: CircKey, sid: u16, reason: EndReason, now: Instant) {
+        self.send_edge(key, RelayCommand::END, sid, &End { reason }.encode(), now);
+    }
+}

@@ -1,0 +1,316 @@
+//! A hand-driven path for tests that need to control single cells: a fake client that speaks
+//! CREATE2 / EXTEND2 (ntor) and tor1 relay crypto itself, in front of two real relay cores,
+//! R (the client's first hop) and X (R's next hop, an exit).
+//!
+//! Unlike `network.rs`, nothing moves by itself: a test decides which cells each core sees
+//! (RELAY or RELAY_EARLY, cells beyond any window, TRUNCATE) and when a channel drains, then
+//! reads exactly what the cores sent. Time is a virtual clock: `now` is passed in.
+
+// Each test file uses part of this module.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use chive_cell::{
+    parse_relay, relay_payload, Cell, CellCommand, CircId, Create2, Created2, Destroy,
+    DestroyReason, Extend2, Extended2, LinkSpec, RelayCommand,
+};
+use chive_core::{ChannelId, Core, CoreConfig, HopSpec, RelayKeys};
+use chive_crypto::ntor::{self, NtorClientState, NtorSecretKey, NTOR_HTYPE};
+use chive_crypto::relay::{ClientCircuitCrypto, ClientHopCrypto};
+use chive_crypto::IdentityKeypair;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+/// R's channel from the client (the client opened it; no identity).
+pub const R_CLIENT: ChannelId = ChannelId(1);
+/// R's channel to X (R opened it).
+pub const R_TO_X: ChannelId = ChannelId(2);
+/// X's channel from R.
+pub const X_FROM_R: ChannelId = ChannelId(1);
+
+/// A relay core and how to reach it.
+pub struct Relay {
+    pub core: Core,
+    pub hop: HopSpec,
+}
+
+/// A relay core with `cfg` and keys derived from `seed`.
+pub fn relay(seed: u8, cfg: CoreConfig) -> Relay {
+    let mut rng = StdRng::seed_from_u64(u64::from(seed));
+    let identity = IdentityKeypair::generate(&mut rng).public();
+    let ntor = NtorSecretKey::generate(&mut rng);
+    let hop = HopSpec {
+        identity,
+        ntor_key: ntor.public(),
+        addr: SocketAddr::from(([127, 0, 0, 1], 9000 + u16::from(seed))),
+    };
+    let core = Core::new(
+        CoreConfig {
+            relay: Some(RelayKeys { identity, ntor }),
+            ..cfg
+        },
+        [seed; 32],
+    );
+    Relay { core, hop }
+}
+
+/// The client's end of one circuit: its id on the client's channel and one crypto layer per hop.
+pub struct Circ {
+    pub id: CircId,
+    pub crypto: ClientCircuitCrypto,
+}
+
+/// A relay message the client decrypted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Msg {
+    /// The hop that sent it (0 = R).
+    pub hop: usize,
+    pub cmd: RelayCommand,
+    pub sid: u16,
+    pub data: Vec<u8>,
+}
+
+/// The fake client, R and X, with the channels client–R and R–X open.
+pub struct Path {
+    pub r: Relay,
+    pub x: Relay,
+    pub now: Instant,
+    rng: StdRng,
+    next_circ_id: u32,
+}
+
+impl Path {
+    /// R configured with `r_cfg`, X an exit with default limits.
+    pub fn new(r_cfg: CoreConfig) -> Path {
+        let mut r = relay(1, r_cfg);
+        let mut x = relay(
+            2,
+            CoreConfig {
+                exit: true,
+                ..CoreConfig::default()
+            },
+        );
+        let now = Instant::now();
+        r.core.channel_opened(R_CLIENT, None, false, now);
+        r.core
+            .channel_opened(R_TO_X, Some(x.hop.identity), true, now);
+        x.core
+            .channel_opened(X_FROM_R, Some(r.hop.identity), false, now);
+        Path {
+            r,
+            x,
+            now,
+            rng: StdRng::seed_from_u64(99),
+            next_circ_id: 1,
+        }
+    }
+
+    /// Send CREATE2 to R for a fresh circuit id; returns the id and the handshake state.
+    pub fn send_create(&mut self) -> (CircId, NtorClientState) {
+        // The client opened the channel: its ids have the high bit set.
+        let id = 0x8000_0000 | self.next_circ_id;
+        self.next_circ_id += 1;
+        let (state, onionskin) = ntor::client_create(
+            &mut self.rng,
+            &self.r.hop.identity.ntor_id(),
+            &self.r.hop.ntor_key,
+        );
+        let body = Create2 {
+            handshake_type: NTOR_HTYPE,
+            handshake: onionskin.to_vec(),
+        }
+        .encode()
+        .unwrap();
+        let cell = Cell::new(id, CellCommand::CREATE2, &body).unwrap();
+        self.r.core.handle_cell(R_CLIENT, cell, self.now);
+        (id, state)
+    }
+
+    /// A one-hop circuit to R.
+    pub fn create(&mut self) -> Circ {
+        let (id, state) = self.send_create();
+        let cells = self.cells_for_client();
+        let [created] = cells.as_slice() else {
+            panic!("expected one CREATED2, got {cells:?}");
+        };
+        assert_eq!(
+            (created.circ_id, created.command),
+            (id, CellCommand::CREATED2)
+        );
+        let reply = Created2::decode(&created.payload).unwrap();
+        let km = ntor::client_finish(state, &reply.handshake).unwrap();
+        let mut crypto = ClientCircuitCrypto::new();
+        crypto.push_hop(ClientHopCrypto::new(&km));
+        Circ { id, crypto }
+    }
+
+    /// A two-hop circuit client → R → X (EXTEND2 in a RELAY_EARLY cell).
+    pub fn create2(&mut self) -> Circ {
+        let mut circ = self.create();
+        let state = self.send_extend2(&mut circ, true);
+        self.finish_extend(&mut circ, state);
+        circ
+    }
+
+    /// Carry R's CREATE2 to X and X's CREATED2 back, then add X's layer to `circ` from R's
+    /// EXTENDED2.
+    pub fn finish_extend(&mut self, circ: &mut Circ, state: NtorClientState) {
+        assert_eq!(self.r_to_x(), 1, "R sends one CREATE2 to X");
+        self.x_to_r();
+        let msgs = self.read(circ);
+        let [msg @ Msg { hop: 0, .. }] = msgs.as_slice() else {
+            panic!("expected EXTENDED2 from R, got {msgs:?}");
+        };
+        Path::add_hop(circ, state, msg);
+    }
+
+    /// Ask R to extend `circ` to X, in a RELAY_EARLY cell if `early`.
+    pub fn send_extend2(&mut self, circ: &mut Circ, early: bool) -> NtorClientState {
+        let x = self.x.hop.clone();
+        self.send_extend2_to(circ, 0, &x, early)
+    }
+
+    /// Ask hop `via` of `circ` to extend it to `target`, in a RELAY_EARLY cell if `early`.
+    pub fn send_extend2_to(
+        &mut self,
+        circ: &mut Circ,
+        via: usize,
+        target: &HopSpec,
+        early: bool,
+    ) -> NtorClientState {
+        let (state, onionskin) =
+            ntor::client_create(&mut self.rng, &target.identity.ntor_id(), &target.ntor_key);
+        let SocketAddr::V4(addr) = target.addr else {
+            unreachable!("test relays listen on IPv4")
+        };
+        let body = Extend2 {
+            link_specifiers: vec![
+                LinkSpec::Ed25519Id(*target.identity.as_bytes()),
+                LinkSpec::Ipv4(addr),
+            ],
+            create2: Create2 {
+                handshake_type: NTOR_HTYPE,
+                handshake: onionskin.to_vec(),
+            },
+        }
+        .encode()
+        .unwrap();
+        self.send(circ, via, RelayCommand::EXTEND2, 0, &body, early);
+        state
+    }
+
+    /// Add a hop to `circ` from the EXTENDED2 in `msg`.
+    pub fn add_hop(circ: &mut Circ, state: NtorClientState, msg: &Msg) {
+        assert_eq!(msg.cmd, RelayCommand::EXTENDED2, "not EXTENDED2: {msg:?}");
+        let reply = Extended2::decode(&msg.data).unwrap();
+        let km = ntor::client_finish(state, &reply.handshake).unwrap();
+        circ.crypto.push_hop(ClientHopCrypto::new(&km));
+    }
+
+    /// Encrypt a relay message for hop `hop` of `circ` and hand it to R.
+    pub fn send(
+        &mut self,
+        circ: &mut Circ,
+        hop: usize,
+        cmd: RelayCommand,
+        sid: u16,
+        body: &[u8],
+        early: bool,
+    ) {
+        let cell = relay_cell(circ, hop, cmd, sid, body, early);
+        self.r.core.handle_cell(R_CLIENT, cell, self.now);
+    }
+
+    /// Every cell R has for the client.
+    pub fn cells_for_client(&mut self) -> Vec<Cell> {
+        drain(&mut self.r.core, R_CLIENT, self.now)
+    }
+
+    /// Move every cell R has for X to X; returns how many.
+    pub fn r_to_x(&mut self) -> usize {
+        let cells = drain(&mut self.r.core, R_TO_X, self.now);
+        let n = cells.len();
+        for cell in cells {
+            self.x.core.handle_cell(X_FROM_R, cell, self.now);
+        }
+        n
+    }
+
+    /// Move every cell X has for R to R; returns how many.
+    pub fn x_to_r(&mut self) -> usize {
+        let cells = drain(&mut self.x.core, X_FROM_R, self.now);
+        let n = cells.len();
+        for cell in cells {
+            self.r.core.handle_cell(R_TO_X, cell, self.now);
+        }
+        n
+    }
+
+    /// Drain R's cells for the client and decrypt those of `circ` (all must be relay cells).
+    pub fn read(&mut self, circ: &mut Circ) -> Vec<Msg> {
+        let id = circ.id;
+        self.cells_for_client()
+            .iter()
+            .filter(|c| c.circ_id == id)
+            .map(|c| open(circ, c))
+            .collect()
+    }
+}
+
+/// A relay cell carrying `cmd` for hop `hop` of `circ`, as RELAY_EARLY if `early`.
+pub fn relay_cell(
+    circ: &mut Circ,
+    hop: usize,
+    cmd: RelayCommand,
+    sid: u16,
+    body: &[u8],
+    early: bool,
+) -> Cell {
+    let mut payload = relay_payload(cmd, sid, body).unwrap();
+    circ.crypto.encrypt_to(hop, &mut payload).unwrap();
+    let command = if early {
+        CellCommand::RELAY_EARLY
+    } else {
+        CellCommand::RELAY
+    };
+    Cell::from_payload(circ.id, command, payload)
+}
+
+/// Decrypt a relay cell of `circ`; panics if no hop recognizes it.
+pub fn open(circ: &mut Circ, cell: &Cell) -> Msg {
+    assert_eq!(
+        cell.command,
+        CellCommand::RELAY,
+        "not a relay cell: {cell:?}"
+    );
+    let mut payload = cell.payload;
+    let (hop, _) = circ
+        .crypto
+        .decrypt_from_any(&mut payload)
+        .expect("no hop recognized the cell");
+    let view = parse_relay(&payload).unwrap();
+    Msg {
+        hop,
+        cmd: view.command,
+        sid: view.stream_id,
+        data: view.data.to_vec(),
+    }
+}
+
+/// Every cell `core` has for `chan`, as a driver with unlimited room would take them.
+pub fn drain(core: &mut Core, chan: ChannelId, now: Instant) -> Vec<Cell> {
+    let mut out = Vec::new();
+    while core.poll_transmit(chan, 1024, now, &mut out) > 0 {}
+    out
+}
+
+/// The DESTROY cells among `cells`, as (circuit id, reason).
+pub fn destroys(cells: &[Cell]) -> Vec<(CircId, DestroyReason)> {
+    cells
+        .iter()
+        .filter(|c| c.command == CellCommand::DESTROY)
+        .map(|c| (c.circ_id, Destroy::decode(&c.payload).unwrap().reason))
+        .collect()
+}
