@@ -14,3 +14,7 @@ class LabError(Exception):
         super().__init__(message)
         self.node = node
         self.log_tail = log_tail
+
+
+class RunFailed(LabError):
+    """One repetition could not run (e.g. a node failed to start); the batch goes on with the next."""
