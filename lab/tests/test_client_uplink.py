@@ -86,9 +86,9 @@ def test_analyze_reads_the_runner_layout(tmp_path):
 def test_registered_kind_and_scenario_validate():
     from pathlib import Path
 
-    from chive_lab import runner, scenario
+    from chive_lab import kinds, scenario
 
-    assert runner.get_kind("client-uplink") is cu
+    assert kinds.get_kind("client-uplink") is cu.KIND
     sc = scenario.load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "client-uplink.toml", quick=True)
     assert isinstance(sc.options, cu.Params) and sc.options.scale == 0.25
     assert [v.label for v in sc.variants] == list(cu.VARIANTS)

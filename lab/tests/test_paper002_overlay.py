@@ -228,7 +228,7 @@ def test_analysis_targets_and_files(tmp_path):
     p, shaky = _synthetic(0.2, steady=False)
     _, steady = _synthetic(0.2, steady=True)
     s = po.analyze_raw({"one": shaky, "split-ackprio": steady}, p, tmp_path)
-    assert s["schema"] == 1 and s["kind"] == po.KIND
+    assert s["schema"] == 1 and s["kind"] == po.KIND_NAME
     x = s["variants"]["split-ackprio"]["A->B"]
     assert x["goodput_bps"] == pytest.approx(4.8e6) and x["share_of_link"] == pytest.approx(0.48)
     assert x["variance"] == pytest.approx(0.0)
@@ -433,9 +433,9 @@ def test_only_relay_b_exits_when_asked(tmp_path):
 
 
 def test_registered_kind():
-    from chive_lab import runner
+    from chive_lab import kinds
 
-    assert runner.get_kind("paper002-overlay") is po
+    assert kinds.get_kind("paper002-overlay") is po.KIND
 
 
 # --------------------------------------------------------------- real run

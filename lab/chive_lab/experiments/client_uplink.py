@@ -56,11 +56,12 @@ from typing import Callable
 
 from .. import netns
 from ..errors import LabError
+from ..kinds import ExperimentKind
 from ..tor_netns import TorOverlay, check_tor_variants, standalone_variants
 from . import paper002 as p2
 from . import paper002_overlay as po
 
-KIND = "client-uplink"
+KIND_NAME = "client-uplink"
 
 #: The client's link options per variant; relays keep their defaults.
 VARIANTS: dict[str, dict] = {
@@ -218,7 +219,7 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
     out.mkdir(parents=True, exist_ok=True)
     solo = (p.t(SOLO_WINDOW[0]), p.t(SOLO_WINDOW[1]))
     both = (p.t(BOTH_WINDOW[0]), p.t(BOTH_WINDOW[1]))
-    summary: dict = {"schema": 1, "kind": KIND, "units": {"goodput_bps": "bit/s"},
+    summary: dict = {"schema": 1, "kind": KIND_NAME, "units": {"goodput_bps": "bit/s"},
                      "params": {**p.__dict__, "solo_window_s": list(solo), "both_window_s": list(both)},
                      "variants": {}}
     ratio_rows = []
@@ -317,7 +318,7 @@ def run_all(variants: list[str], runs: int, p: Params, out: Path, *, chive_bin: 
             except LabError as e:
                 errors.append(f"{v} run {i}: {e}")
                 say(f"client-uplink: {v} run {i} failed: {e}")
-    manifest = {"kind": KIND, "variants": variants, "runs": runs, "params": p.__dict__,
+    manifest = {"kind": KIND_NAME, "variants": variants, "runs": runs, "params": p.__dict__,
                 "errors": errors, "host": platform.node(), "kernel": platform.release(),
                 "git": git, "started_by": os.getpid(), "finished": time.time()}
     out.mkdir(parents=True, exist_ok=True)
@@ -373,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                switch_port_packets=a.switch_port_packets)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        chosen = standalone_variants(KIND, chosen, TOR_VARIANTS,
+        chosen = standalone_variants(KIND_NAME, chosen, TOR_VARIANTS,
                                      explicit=a.variants != ",".join(VARIANTS), say=say)
     except LabError as e:
         ap.error(str(e))
@@ -391,7 +392,7 @@ def parse_options(raw: dict) -> Params:
     """The scenario's keys as :class:`Params`; LabError for unknown or bad ones."""
     unknown = sorted(set(raw) - _OPTION_KEYS)
     if unknown:
-        raise LabError(f"unknown key {unknown[0]} (kind {KIND!r} takes {', '.join(sorted(_OPTION_KEYS))})")
+        raise LabError(f"unknown key {unknown[0]} (kind {KIND_NAME!r} takes {', '.join(sorted(_OPTION_KEYS))})")
     base = p2.parse_options({k: raw[k] for k in raw if k in _TESTBED_KEYS})
     p = Params(rate=base.rate, scale=base.scale, cc=base.cc, queue_packets=base.queue_packets,
                queue_at=raw.get("queue_at", "host"), switch_port_packets=base.switch_port_packets)
@@ -409,7 +410,7 @@ def parse_options(raw: dict) -> Params:
 
 def preflight(scenario) -> None:
     """``chive-lab run``: refuse the tor variant when tor is not installed."""
-    check_tor_variants(KIND, [v.label for v in scenario.variants], TOR_VARIANTS)
+    check_tor_variants(KIND_NAME, [v.label for v in scenario.variants], TOR_VARIANTS)
 
 
 def run_repetition(ctx) -> None:
@@ -464,6 +465,24 @@ def analyze(out_dir, scenario=None):
     return an.Analysis(summary=summary, figures=figures, tables=[table],
                        notes=["This kind's own files: client_uplink/throughput_<variant>.png, "
                               "client_uplink/download_ratio.png, CSV beside each, comparison.md."])
+
+class _Kind(ExperimentKind):
+    name = 'client-uplink'
+
+    def parse_options(self, raw):
+        return parse_options(raw)
+
+    def run_repetition(self, ctx):
+        run_repetition(ctx)
+
+    def analyze(self, out_dir, scenario):
+        return analyze(out_dir, scenario)
+
+    def preflight(self, scenario):
+        preflight(scenario)
+
+
+KIND = _Kind()
 
 
 if __name__ == "__main__":

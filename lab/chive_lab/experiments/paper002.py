@@ -38,9 +38,10 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import LabError
+from ..kinds import ExperimentKind
 from .. import netns
 
-KIND = "paper002-tcp"
+KIND_NAME = "paper002-tcp"
 
 #: Paper timeline in seconds (scaled by ``scale``).
 AB_START, AB_STOP, BC_START, BC_STOP = 0.0, 250.0, 50.0, 300.0
@@ -257,7 +258,7 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
     slot = SLOT * p.scale
     ov = (p.t(OVERLAP[0]), p.t(OVERLAP[1]))
     vw = (p.t(VAR_WINDOW[0]), p.t(VAR_WINDOW[1]))
-    summary: dict = {"schema": 1, "kind": KIND, "units": {"goodput_bps": "bit/s",
+    summary: dict = {"schema": 1, "kind": KIND_NAME, "units": {"goodput_bps": "bit/s",
                                                           "variance": "(bit/s)^2"},
                      "params": {"rate": p.rate, "scale": p.scale, "cc": p.cc,
                                 "queue_packets": p.queue_packets, "queue_at": p.queue_at,
@@ -483,7 +484,7 @@ def run_all(variants: list[str], runs: int, p: Params, out: Path, *, parallel: i
             th.join(10)
         raise
     done = {v: [r for r in rs if r is not None] for v, rs in results.items()}
-    manifest = {"kind": KIND, "variants": variants, "runs": runs, "params": p.__dict__,
+    manifest = {"kind": KIND_NAME, "variants": variants, "runs": runs, "params": p.__dict__,
                 "errors": errors, "host": platform.node(), "kernel": platform.release(),
                 "git": git, "started_by": os.getpid(), "finished": time.time()}
     out.mkdir(parents=True, exist_ok=True)
@@ -497,7 +498,7 @@ def run_all(variants: list[str], runs: int, p: Params, out: Path, *, parallel: i
 def git_at_start() -> dict:
     """The checkout's revision and whether it had local changes, for the manifest; call it
     when the run starts (a commit made while it runs must not be credited with it)."""
-    from ..runner import git_state
+    from ..manifest import git_state
 
     return git_state()
 
@@ -584,7 +585,7 @@ def parse_options(raw: dict) -> Params:
     ``queue_at``, ``ackprio_hosts``, ``switch_port_packets``) as :class:`Params`; LabError for others."""
     unknown = sorted(set(raw) - _OPTION_KEYS)
     if unknown:
-        raise LabError(f"unknown key {unknown[0]} (kind {KIND!r} takes {', '.join(sorted(_OPTION_KEYS))})")
+        raise LabError(f"unknown key {unknown[0]} (kind {KIND_NAME!r} takes {', '.join(sorted(_OPTION_KEYS))})")
     p = Params()
     if "rate" in raw:
         netns.parse_rate(str(raw["rate"]))
@@ -711,3 +712,18 @@ def analyze(out_dir, scenario=None):
                                                style="points")],
                              xticks=[(float(i), v) for i, (v, _) in enumerate(var)]))
     return an.Analysis(summary=summary, figures=figures, tables=[table], notes=notes)
+
+class _Kind(ExperimentKind):
+    name = 'paper002-tcp'
+
+    def parse_options(self, raw):
+        return parse_options(raw)
+
+    def run_repetition(self, ctx):
+        run_repetition(ctx)
+
+    def analyze(self, out_dir, scenario):
+        return analyze(out_dir, scenario)
+
+
+KIND = _Kind()

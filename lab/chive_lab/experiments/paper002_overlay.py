@@ -84,10 +84,11 @@ from typing import Callable
 
 from .. import netns
 from ..errors import LabError
+from ..kinds import ExperimentKind
 from ..tor_netns import TorOverlay, check_tor_variants, standalone_variants
 from . import paper002 as p2
 
-KIND = "paper002-overlay"
+KIND_NAME = "paper002-overlay"
 
 #: Timeline of the two clients (paper seconds, × scale).
 A_START, A_STOP, C_START, C_STOP = 0.0, 250.0, 50.0, 300.0
@@ -742,7 +743,7 @@ def analyze_raw(results: dict[str, list[dict[str, list[float]]]], p: Params, out
     ov = (p.t(OVERLAP[0]), p.t(OVERLAP[1]))
     vw = (p.t(VAR_WINDOW[0]), p.t(VAR_WINDOW[1]))
     solo = (p.t(SOLO[0]), p.t(SOLO[1]))
-    summary: dict = {"schema": 1, "kind": KIND,
+    summary: dict = {"schema": 1, "kind": KIND_NAME,
                      "units": {"goodput_bps": "bit/s", "variance": "(bit/s)^2", "share_of_link": "fraction"},
                      "params": {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in p.__dict__.items()},
                                 "goodput_window_s": list(ov), "variance_window_s": list(vw),
@@ -1228,7 +1229,7 @@ def run_all(variants: list[str], runs: int, p: Params, out: Path, *,
                 if e.log_tail:
                     say(e.log_tail)
             evidence.setdefault(v, {})[str(i + 1)] = run_evidence(rd)
-    manifest = {"kind": KIND, "variants": variants, "runs": runs,
+    manifest = {"kind": KIND_NAME, "variants": variants, "runs": runs,
                 "params": {k: (list(x) if isinstance(x, tuple) else x) for k, x in p.__dict__.items()},
                 "errors": errors, "host": platform.node(), "kernel": platform.release(),
                 "git": git, "started_by": os.getpid(), "finished": time.time()}
@@ -1308,7 +1309,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"variants {', '.join(chosen_tor)} (tor) need --topology to-b")
         variants = [v for v in variants if v not in TOR_VARIANTS]  # the default list
     try:
-        variants = standalone_variants(KIND, variants, TOR_VARIANTS,
+        variants = standalone_variants(KIND_NAME, variants, TOR_VARIANTS,
                                        explicit=a.variants != ",".join(VARIANTS),
                                        say=lambda m: print(m, file=sys.stderr, flush=True))
     except LabError as e:
@@ -1349,7 +1350,7 @@ def parse_options(raw: dict) -> Params:
     """The scenario's keys as :class:`Params`; LabError for unknown or bad ones."""
     unknown = sorted(set(raw) - _OPTION_KEYS)
     if unknown:
-        raise LabError(f"unknown key {unknown[0]} (kind {KIND!r} takes {', '.join(sorted(_OPTION_KEYS))})")
+        raise LabError(f"unknown key {unknown[0]} (kind {KIND_NAME!r} takes {', '.join(sorted(_OPTION_KEYS))})")
     base = p2.parse_options({k: raw[k] for k in raw if k in p2._OPTION_KEYS})
     p = Params(rate=base.rate, scale=base.scale, cc=base.cc, queue_packets=base.queue_packets,
                queue_at=base.queue_at, switch_port_packets=base.switch_port_packets)
@@ -1392,9 +1393,9 @@ def preflight(scenario) -> None:
     chosen = [v.label for v in scenario.variants]
     p = scenario.options if isinstance(scenario.options, Params) else Params()
     if p.topology != "to-b" and any(v in TOR_VARIANTS for v in chosen):
-        raise LabError(f"{KIND}: tor variants need topology = \"to-b\" (through-b fixes paths with "
+        raise LabError(f"{KIND_NAME}: tor variants need topology = \"to-b\" (through-b fixes paths with "
                        "chive's Guard flags)")
-    check_tor_variants(KIND, chosen, TOR_VARIANTS)
+    check_tor_variants(KIND_NAME, chosen, TOR_VARIANTS)
 
 
 def run_repetition(ctx) -> None:
@@ -1459,6 +1460,27 @@ def analyze(out_dir, scenario=None):
                                                style="points")],
                              xticks=[(float(i), v) for i, (v, _) in enumerate(var)]))
     return an.Analysis(summary=summary, figures=figures, tables=[table], notes=notes)
+
+class _Kind(ExperimentKind):
+    name = 'paper002-overlay'
+
+    def parse_options(self, raw):
+        return parse_options(raw)
+
+    def run_repetition(self, ctx):
+        run_repetition(ctx)
+
+    def analyze(self, out_dir, scenario):
+        return analyze(out_dir, scenario)
+
+    def preflight(self, scenario):
+        preflight(scenario)
+
+    def pool(self, sources, out, **options):
+        return pool(sources, out, **options)
+
+
+KIND = _Kind()
 
 
 if __name__ == "__main__":
