@@ -492,8 +492,8 @@ def test_quick_real_run_off_vs_always(tmp_path):
 
 
 def test_slot_means_average_consecutive_slots():
-    from chive_lab.experiments import paper002 as p2
+    from chive_lab import stats
     series = [float(i) for i in range(30)]
-    assert p2._slot_means(series, 5, 25, 10) == [9.5, 19.5]
-    assert p2._slot_means(series, 5, 24, 10) == [9.5]  # a partial last slot is left out
-    assert p2._slot_means(series, 0, 3, 1) == [0.0, 1.0, 2.0]
+    assert stats.slot_means(series, 5, 25, 10) == [9.5, 19.5]
+    assert stats.slot_means(series, 5, 24, 10) == [9.5]  # a partial last slot is left out
+    assert stats.slot_means(series, 0, 3, 1) == [0.0, 1.0, 2.0]
