@@ -113,7 +113,7 @@ def test_very_quick_run_produces_its_files(tmp_path):
     # A->B 0-15 s, B->C 3-18 s; the variants as the shipped scenario declares them.
     src = (Path(__file__).resolve().parents[2] / "scenarios" / "paper002-tcp-ack-priority.toml").read_text()
     scen = tmp_path / "p2.toml"
-    scen.write_text(src.replace("scale = 1.0", "scale = 0.06"))
+    scen.write_text(src.replace("scale = 1.0", "scale = 0.06").replace("switch_port_packets = 100", ""))
     before = netns.our_namespaces()
     rc = run_experiment(scen, tmp_path / "out", variants=["uni", "uni-ackprio"], repetitions=1, binary=CHIVE,
                         progress=False)
