@@ -343,6 +343,15 @@ class Analysis:
 # Pure computations
 
 
+def fmt(v: Any, nd: int = 3) -> Any:
+    """A table cell: "" for None, a float with ``nd`` decimals, anything else as is."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return v
+
+
 def _round(v: float | None, nd: int = 6) -> float | None:
     return None if v is None else round(float(v), nd)
 

@@ -11,16 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from .analysis import Table, discover_runs
+from .analysis import fmt as _fmt
 
 __all__ = ["tor_metrics_rows", "tor_section", "tor_unmapped"]
-
-
-def _fmt(v: Any, nd: int = 3) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.{nd}f}"
-    return v
 
 
 

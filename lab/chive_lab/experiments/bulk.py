@@ -26,6 +26,7 @@ from ..rundir import is_failed
 
 __all__ = [
     "ShapeOptions",
+    "TestbedParams",
     "check_log_level",
     "check_rate",
     "read_flows",
@@ -70,6 +71,25 @@ def scale_option() -> Any:
 
 def packets_option(default: int | None) -> Any:
     return option(default, lo=1, hi=MAX_QUEUE_PACKETS)
+
+
+@dataclass(frozen=True)
+class TestbedParams:
+    """The testbed keys every netns bulk kind takes (its ``Params`` add their own after these)."""
+
+    rate: str = rate_option()
+    scale: float = scale_option()
+    cc: str = option("cubic", doc="the hosts' TCP congestion control")
+    queue_packets: int = packets_option(1000)
+    #: "switch": a host's outgoing queue its TCP cannot see (a pre-TSQ kernel, or a modem);
+    #: "host": in the host's own qdisc, where TCP Small Queues keep it short.
+    queue_at: str = option("switch", choices=("host", "switch"))
+    #: The switch's port buffer towards each host (None: queue_packets), see netns.LinkSpec.
+    switch_port_packets: int | None = packets_option(None)
+
+    def t(self, seconds: float) -> float:
+        """A timeline point scaled."""
+        return seconds * self.scale
 
 
 @dataclass(frozen=True)

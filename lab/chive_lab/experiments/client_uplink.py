@@ -70,26 +70,17 @@ MAX_LOOPS = 16
 
 
 @dataclass(frozen=True)
-class Params:
+class Params(bulk.TestbedParams):
     """The scenario's keys of this kind (``scenario.options``)."""
 
-    rate: str = bulk.rate_option()
-    scale: float = bulk.scale_option()
-    cc: str = option("cubic", doc="TCP congestion control of both hosts")
-    queue_packets: int = bulk.packets_option(1000)
-    #: "host": TCP Small Queues keep the qdisc short, the backlog is in the socket (today's
-    #: Linux); "switch": a queue the client's TCP cannot see (a modem's buffer).
+    #: "host" here: TCP Small Queues keep the qdisc short, the backlog is in the socket (today's
+    #: Linux); "switch": a queue the client's TCP cannot see (a modem's buffer). The switch's
+    #: buffer towards A (``switch_port_packets``) is the provider's side of the link.
     queue_at: str = option("host", choices=("host", "switch"))
-    #: The switch's buffer towards A (the provider's side of the link; None: queue_packets).
-    switch_port_packets: int | None = bulk.packets_option(None)
     downloads: int = option(1, lo=1, hi=MAX_LOOPS)
     uploads: int = option(4, lo=0, hi=MAX_LOOPS)
     transfer_bytes: int = option(64 * 1024 * 1024, lo=1024, hi=10 * 1024**3)
     log_level: str = option("info", check=bulk.check_log_level)
-
-    def t(self, seconds: float) -> float:
-        """A timeline point scaled."""
-        return seconds * self.scale
 
 
 @dataclass(frozen=True)

@@ -104,13 +104,19 @@ def perf_series(path: Path, t0: float, seconds: int) -> tuple[list[float], dict]
             if isinstance(t, (int, float)):
                 samples.append((float(t), done))
     samples.sort()
+    return per_second_bps(samples, t0, seconds), counts
+
+
+def per_second_bps(samples: list[tuple[float, float]], t0: float, seconds: int) -> list[float]:
+    """Bit/s in each second k of [t0 + k, t0 + k + 1) from sorted (time, cumulative bytes)
+    samples (:func:`_cum_at` between them)."""
     series = []
     prev = _cum_at(samples, t0)
     for k in range(seconds):
         cur = _cum_at(samples, t0 + k + 1)
         series.append(max(0.0, cur - prev) * 8.0)
         prev = cur
-    return series, counts
+    return series
 
 
 def _cum_at(samples: list[tuple[float, float]], t: float) -> float:
@@ -193,10 +199,4 @@ def rx_series(path: Path, t0: float, seconds: int) -> list[float]:
             if isinstance(v, int) and v >= last.get(k, 0):
                 last[k] = v
         samples.append((t, float(sum(v for v in last.values() if v >= _UPLOAD_MIN_RX))))
-    out = []
-    prev = _cum_at(samples, t0)
-    for k in range(seconds):
-        cur = _cum_at(samples, t0 + k + 1)
-        out.append(max(0.0, cur - prev) * 8.0)
-        prev = cur
-    return out
+    return per_second_bps(samples, t0, seconds)

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .. import stats
+from ..analysis import fmt as _fmt
 from ..analysis import (
     SUMMARY_SCHEMA,
     Analysis,
@@ -239,14 +240,6 @@ def _wide(values: Iterable[float]) -> bool:
     allv = list(values)
     vals = [v for v in allv if v > 0]
     return bool(vals) and len(vals) == len(allv) and max(vals) / min(vals) >= 10
-
-
-def _fmt(v: Any, nd: int = 3) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.{nd}f}"
-    return v
 
 
 def overlay_tables(labels: Sequence[str], classes: Sequence[str], variants: Mapping[str, Any],

@@ -64,22 +64,12 @@ class Conn:
 
 
 @dataclass(frozen=True)
-class Params:
-    """The scenario's keys of this kind (``scenario.options``)."""
+class Params(bulk.TestbedParams):
+    """The scenario's keys of this kind (``scenario.options``): the testbed's, and the hosts
+    that get ``chive shape`` in ACK-priority variants."""
 
-    rate: str = bulk.rate_option()
-    scale: float = bulk.scale_option()
-    cc: str = option("cubic", doc="TCP congestion control of the hosts")
-    queue_packets: int = bulk.packets_option(1000)
-    queue_at: str = option("switch", choices=("host", "switch"))
     ackprio_hosts: tuple[str, ...] = option(("B",), choices=bulk.HOSTS)
     delay_ms: float = option(0.0, lo=0.0, hi=1000.0)
-    #: The switch's port buffer towards each host (None: queue_packets), see netns.LinkSpec.
-    switch_port_packets: int | None = bulk.packets_option(None)
-
-    def t(self, seconds: float) -> float:
-        """A paper time scaled."""
-        return seconds * self.scale
 
 
 @dataclass(frozen=True)

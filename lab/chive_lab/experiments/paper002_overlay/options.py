@@ -49,16 +49,9 @@ class Targets:
 
 
 @dataclass(frozen=True)
-class Params:
-    """The scenario's keys of this kind (``scenario.options``)."""
+class Params(bulk.TestbedParams):
+    """The scenario's keys of this kind (``scenario.options``): the testbed's, then these."""
 
-    rate: str = bulk.rate_option()
-    scale: float = bulk.scale_option()
-    cc: str = option("cubic", doc="the hosts' TCP congestion control")
-    queue_packets: int = bulk.packets_option(1000)
-    queue_at: str = option("switch", choices=("host", "switch"))
-    #: The switch's port buffer towards each host (None: queue_packets), see netns.LinkSpec.
-    switch_port_packets: int | None = bulk.packets_option(None)
     ackprio_hosts: tuple[str, ...] = option(("A", "B", "C"), choices=bulk.HOSTS)
     delay_ms: float = option(0.0, lo=0.0, hi=1000.0)
     transfer_bytes: int = option(64 * 1024 * 1024, lo=1024, hi=10 * 1024**3)
@@ -83,10 +76,6 @@ class Params:
     def __post_init__(self) -> None:
         if self.exit_relays != "all" and self.topology != "to-b":
             raise LabError("exit_relays = \"b\" needs topology = \"to-b\" (through-b exits at relayA and relayC)")
-
-    def t(self, seconds: float) -> float:
-        """A paper time scaled."""
-        return seconds * self.scale
 
 
 def params_dict(p: Params) -> dict[str, Any]:
