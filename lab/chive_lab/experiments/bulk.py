@@ -100,6 +100,20 @@ class ShapeOptions:
                                      doc="the data class may borrow up to this share of the link")
 
 
+def repetition_options(ctx: Any, kind_name: str, params: type) -> Any:
+    """The start of a netns kind's repetition: LabError without the netns backend, else the
+    scenario's options (``params()`` if it has none)."""
+    why = netns.available()
+    if why:
+        raise LabError(f"{kind_name} needs the netns backend: {why}")
+    return ctx.scenario.options if isinstance(ctx.scenario.options, params) else params()
+
+
+def save_flows(run_dir: Path, series: Mapping[str, list[float]]) -> None:
+    """A repetition's per-second series (``flows.json``, what the analysis reads)."""
+    (Path(run_dir) / "flows.json").write_text(json.dumps(series))
+
+
 # ---------------------------------------------------------------------------
 # Where the series are
 

@@ -328,16 +328,13 @@ class ClientUplink(ExperimentKind):
                            [v.label for v in scenario.variants if v.options.impl == "tor"])
 
     def run_repetition(self, ctx: RepetitionContext) -> None:
-        why = netns.available()
-        if why:
-            raise LabError(f"client-uplink needs the netns backend: {why}")
-        p = ctx.scenario.options if isinstance(ctx.scenario.options, Params) else Params()
+        p = bulk.repetition_options(ctx, "client-uplink", Params)
         name = ctx.variant.label
         ctx.status(f"{name}: {p.t(END):g} s of downloads, uploads from {p.t(UP_START):g} s")
         run_dir = Path(ctx.run_dir)
         series = run_repetition_raw(name, ctx.variant.options, ctx.rep, run_dir, p, chive_bin=ctx.binary,
                                     progress=ctx.log)
-        (run_dir / "flows.json").write_text(json.dumps(series))
+        bulk.save_flows(run_dir, series)
         sock = client_socket(run_dir, _t0(run_dir), (p.t(BOTH_WINDOW[0]), p.t(BOTH_WINDOW[1])))
         (run_dir / "client_socket.json").write_text(json.dumps(sock))
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 from .. import netns
 from ..errors import LabError
@@ -73,17 +74,7 @@ def perf_series(path: Path, t0: float, seconds: int) -> tuple[list[float], dict]
     samples: list[tuple[float, float]] = []
     done = 0.0
     counts = {"ok": 0, "cut": 0, "errors": 0, "bytes_ok": 0, "error_texts": []}
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise LabError(f"missing perf record {path}: {e}") from e
-    for line in text.splitlines():
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(r, dict):
-            continue
+    for r in _records(path, "perf record"):
         if r.get("type") == "progress" and isinstance(r.get("t"), (int, float)):
             samples.append((float(r["t"]), done + float(r.get("bytes") or 0)))
         elif r.get("type") == "transfer":
@@ -105,6 +96,21 @@ def perf_series(path: Path, t0: float, seconds: int) -> tuple[list[float], dict]
                 samples.append((float(t), done))
     samples.sort()
     return per_second_bps(samples, t0, seconds), counts
+
+
+def _records(path: Path, what: str) -> Iterator[dict]:
+    """The JSON objects of a JSON-lines file (other lines skipped); LabError if it is missing."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise LabError(f"missing {what} {path}: {e}") from e
+    for line in text.splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict):
+            yield r
 
 
 def per_second_bps(samples: list[tuple[float, float]], t0: float, seconds: int) -> list[float]:
@@ -183,13 +189,8 @@ def rx_series(path: Path, t0: float, seconds: int) -> list[float]:
     (at most one sampling interval, 0.25 s) are not counted."""
     last: dict[str, int] = {}
     samples: list[tuple[float, float]] = []
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise LabError(f"missing receiver samples {path}: {e}") from e
-    for line in text.splitlines():
+    for r in _records(path, "receiver samples"):
         try:
-            r = json.loads(line)
             t, rx = float(r["t"]), r["rx"]
         except (ValueError, KeyError, TypeError):
             continue

@@ -309,14 +309,11 @@ class Paper002Tcp(ExperimentKind):
     VariantOptions = VariantOptions
 
     def run_repetition(self, ctx: RepetitionContext) -> None:
-        why = netns.available()
-        if why:
-            raise LabError(f"paper002 needs the netns backend: {why}")
-        p = ctx.scenario.options if isinstance(ctx.scenario.options, Params) else Params()
+        p = bulk.repetition_options(ctx, "paper002", Params)
         ctx.status(f"{ctx.variant.label}: {p.t(BC_STOP):g} s of bulk TCP on A, B, C")
         flows = run_repetition_raw(ctx.variant.options, Path(ctx.run_dir), p, chive_bin=ctx.binary,
                                    progress=ctx.log)
-        (Path(ctx.run_dir) / "flows.json").write_text(json.dumps(flows))
+        bulk.save_flows(Path(ctx.run_dir), flows)
 
     def analyze(self, out_dir: Path, scenario: Any) -> an.Analysis:
         return analyze(out_dir, scenario)

@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import analysis as an
-from ... import netns
+from .. import bulk
 from ...errors import LabError
 from ...kinds import ExperimentKind, RepetitionContext
 from ...tor_netns import check_tor_variants
@@ -164,16 +164,13 @@ class Paper002Overlay(ExperimentKind):
         check_tor_variants(KIND_NAME, chosen, tor)
 
     def run_repetition(self, ctx: RepetitionContext) -> None:
-        why = netns.available()
-        if why:
-            raise LabError(f"paper002-overlay needs the netns backend: {why}")
-        p = ctx.scenario.options if isinstance(ctx.scenario.options, Params) else Params()
+        p = bulk.repetition_options(ctx, "paper002-overlay", Params)
         name = ctx.variant.label
         ctx.status(f"{name}: {p.t(C_STOP):g} s of bulk transfers through relays A, B, C")
         run_dir = Path(ctx.run_dir)
         series = run_repetition_raw(name, ctx.variant.options, ctx.rep, run_dir, p, chive_bin=ctx.binary,
                                     progress=ctx.log)
-        (run_dir / "flows.json").write_text(json.dumps(series))
+        bulk.save_flows(run_dir, series)
         (run_dir / "evidence.json").write_text(json.dumps(run_evidence(run_dir), indent=1))
 
     def analyze(self, out_dir: Path, scenario: Any) -> an.Analysis:
