@@ -18,10 +18,10 @@ from . import scenario as sc
 from .errors import LabError
 from .network import repo_root
 
-__all__ = ["build_manifest", "git_state", "load_manifest", "scenario_of"]
+__all__ = ["build_manifest", "cmd_output", "git_state", "load_manifest", "scenario_of"]
 
 
-def _cmd_output(argv: list[str], timeout: float = 10.0) -> str | None:
+def cmd_output(argv: list[str], timeout: float = 10.0) -> str | None:
     try:
         out = subprocess.run(argv, capture_output=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
@@ -54,8 +54,8 @@ def git_state() -> dict[str, Any]:
     root = repo_root()
     git: dict[str, Any] = {"revision": None, "dirty": None}
     if root is not None:
-        git["revision"] = _cmd_output(["git", "-C", str(root), "rev-parse", "HEAD"])
-        status = _cmd_output(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
+        git["revision"] = cmd_output(["git", "-C", str(root), "rev-parse", "HEAD"])
+        status = cmd_output(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
         git["dirty"] = None if status is None else bool(status)
     return git
 
@@ -66,14 +66,14 @@ def build_manifest(scenario: sc.Scenario, binary: Path, argv: list[str], variant
     git = git_state()
     impls = {scenario.impl} | {v.impl for v in scenario.variants if v.impl}
     versions = {
-        "chive": _cmd_output([str(binary), "--version"]),
+        "chive": cmd_output([str(binary), "--version"]),
         "python": platform.python_version(),
         "numpy": _module_version("numpy"),
         "scipy": _module_version("scipy"),
         "matplotlib": _module_version("matplotlib"),
     }
     if impls & {"tor", "both"}:
-        tor = _cmd_output(["tor", "--version"])
+        tor = cmd_output(["tor", "--version"])
         versions["tor"] = tor.splitlines()[0] if tor else None
     return {
         "schema": 1,
