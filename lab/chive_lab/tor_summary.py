@@ -105,7 +105,7 @@ def tor_metrics_rows(snapshot: Any) -> dict[str, Any]:
 def tor_section(out_dir: Path, scenario: Any) -> tuple[dict[str, Any] | None, list[Table]]:
     """The ``tor`` part of summary.json and its report tables, or (None, [])
     when no variant ran on tor. Reads ``runs/<variant>/<rep>/tor-metrics.json``
-    (written by :func:`chive_lab.runner.collect_tor_step`, one entry per network
+    (written by :func:`chive_lab.rundir.collect_tor_step`, one entry per network
     phase)."""
     tor_variants = [v for v in getattr(scenario, "variants", ()) if _variant_impl(scenario, v) == "tor"]
     if not tor_variants:
