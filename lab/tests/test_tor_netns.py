@@ -159,8 +159,8 @@ def test_quick_real_run_of_the_tor_variant(tmp_path):
                     .replace("circuits = 4", "circuits = 2").replace("switch_port_packets = 100", "")
                     .replace('exit_relays = "b"', ""))
     rc = runner.run_experiment(scen, tmp_path / "out", variants=["tor"], repetitions=1, progress=False)
-    assert time.monotonic() - started < 150
     assert rc == 0, (tmp_path / "out" / "runner.log").read_text()
+    assert time.monotonic() - started < 150
     summary = json.loads((tmp_path / "out" / "paper002_overlay" / "summary.json").read_text())
     for d in po.DIRECTIONS_TO_B:
         assert summary["variants"]["tor"][d]["goodput_bps"] > 2e5, d
