@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pool = sub.add_parser(
         "pool", help="analyse several finished results of one setup as one batch",
-        description="Read the per-run data of each SRC (chive-lab run outputs of one kind and one setup, "
+        description="Read the per-run data of each SRC (results of one kind and one setup, "
                     "checked) and analyse all runs together into OUT, as the kind of the first SRC does "
                     "(paper002-overlay: throughput CSVs, summary.json, comparison.md and pool.json listing "
                     "the sources' revisions).")
