@@ -159,6 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("dir1", type=Path)
     compare.add_argument("dir2", type=Path)
 
+    pool = sub.add_parser(
+        "pool", help="analyse several finished results of one setup as one batch",
+        description="Read the per-run data of each SRC (results of one kind and one setup, "
+                    "checked) and analyse all runs together into OUT, as the kind of the first SRC does "
+                    "(paper002-overlay: throughput CSVs, summary.json, comparison.md and pool.json listing "
+                    "the sources' revisions).")
+    pool.add_argument("--out", required=True, type=Path, help="output directory for the pooled analysis")
+    pool.add_argument("--exclude-extra-channels", action="store_true",
+                      help="paper002-overlay: leave out runs in which a relay pair carried bulk on more "
+                           "connections than the variant opens, i.e. on two channels (listed in pool.json)")
+    pool.add_argument("sources", type=Path, nargs="+", metavar="SRC", help="result directories to pool")
+
     # netns backend leftovers (chive_lab.netns, brief K).
     clean = sub.add_parser("netns-clean", help="remove namespaces and processes left by crashed netns runs",
                            description="Delete chv-* network namespaces (and the processes inside them) "
@@ -281,6 +293,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pool(args: argparse.Namespace) -> int:
+    """``chive-lab pool``: dispatched to the kind of the first source."""
+    from .kinds import get_kind, kind_of_result
+
+    try:
+        kind = get_kind(kind_of_result(args.sources[0]))
+        options = {"exclude_extra_channels": True} if args.exclude_extra_channels else {}
+        summary = kind.pool(list(args.sources), args.out, **options)
+    except LabError as e:
+        _print_error(e)
+        return 2
+    print(json.dumps(summary.get("targets", summary.get("variants", {})), indent=1))
+    return 0
+
+
 def _raise_interrupt(signum, _frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -304,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_report(args)
     if args.command == "compare":
         return cmd_compare(args)
+    if args.command == "pool":
+        return cmd_pool(args)
     if args.command == "netns-clean":
         from .netns import cmd_netns_clean
 

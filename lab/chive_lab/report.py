@@ -8,77 +8,18 @@ experiment kind gets the same report by returning figures as data.
 
 from __future__ import annotations
 
-import csv
 import html
 import json
-import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display; must precede pyplot
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .analysis import Analysis, Figure  # noqa: E402
-from .errors import LabError  # noqa: E402
+from .analysis import Analysis
+from .errors import LabError
+from .figures import write_csv, write_figure
 
 __all__ = ["compare", "format_compare", "ours_metric", "paper_rows", "write_csv", "write_figure", "write_report"]
 
 FIGURES_DIR = "figures"
-
-
-def write_csv(fig: Figure, path: Path) -> None:
-    """The figure's data: one row per plotted point (series, x, y, lo, hi)."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["series", "x", "y", "lo", "hi"])
-        for s in fig.series:
-            for i, (x, y) in enumerate(zip(s.x, s.y)):
-                lo = "" if s.lo is None else s.lo[i]
-                hi = "" if s.hi is None else s.hi[i]
-                w.writerow([s.label, x, y, lo, hi])
-
-
-def write_figure(fig: Figure, directory: Path) -> tuple[Path, Path]:
-    """Render ``fig`` to <name>.png and its data to <name>.csv in ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    png, csv_path = directory / f"{fig.name}.png", directory / f"{fig.name}.csv"
-    write_csv(fig, csv_path)
-    f, ax = plt.subplots(figsize=(7.0, 4.2), dpi=100)
-    try:
-        markers = "os^Dvx+*"
-        for i, s in enumerate(fig.series):
-            color = f"C{i % 10}"
-            if s.style == "step":
-                ax.step(s.x, s.y, where="post", label=s.label, color=color)
-                if s.lo is not None and s.hi is not None:
-                    ax.fill_between(s.x, s.lo, s.hi, step="post", alpha=0.2, color=color)
-            elif s.style == "hline":
-                y = s.y[0] if s.y else math.nan
-                ax.axhline(y, linestyle="--", linewidth=1, label=s.label, color=color)
-            elif s.style == "points":
-                ax.plot(s.x, s.y, marker=markers[i % len(markers)], label=s.label, color=color)
-            else:
-                ax.plot(s.x, s.y, label=s.label, color=color)
-                if s.lo is not None and s.hi is not None:
-                    ax.fill_between(s.x, s.lo, s.hi, alpha=0.2, color=color)
-        if fig.xscale == "log":
-            ax.set_xscale("log")
-        if fig.xticks:
-            ax.set_xticks([t for t, _ in fig.xticks])
-            ax.set_xticklabels([lbl for _, lbl in fig.xticks], rotation=30, ha="right")
-        ax.set_title(fig.title)
-        ax.set_xlabel(fig.xlabel)
-        ax.set_ylabel(fig.ylabel)
-        ax.grid(True, alpha=0.3)
-        if fig.series:
-            ax.legend(fontsize="small", loc="best")
-        f.tight_layout()
-        f.savefig(png)
-    finally:
-        plt.close(f)
-    return png, csv_path
 
 
 # ---------------------------------------------------------------------------
@@ -171,7 +112,8 @@ def _status_line(scenario: Any, status: Any) -> str:
 
 def write_report(out: Path, result: Analysis) -> Path:
     """Write OUT/report.html and OUT/figures/*.png|csv; return the HTML path."""
-    from .runner import load_manifest, scenario_of
+    from .kinds import get_kind
+    from .manifest import load_manifest, scenario_of
 
     out = Path(out)
     scenario = scenario_of(out)
@@ -187,17 +129,10 @@ def write_report(out: Path, result: Analysis) -> Path:
     if scenario.reproduces:
         parts.append(f"<p><b>Reproduces:</b> {html.escape(scenario.reproduces)}</p>")
     status = manifest.get("status")
-    if scenario.kind == "idle-vs-load":
-        # This kind's phases, not warmup/duration, define the time measured.
-        load = getattr(scenario.options, "load", None)
-        parts.append(
-            f"<p>Status: <b>{html.escape(str(status))}</b>. Variants: "
-            f"{html.escape(', '.join(v.label for v in scenario.variants))}; {scenario.repetitions} repetition(s); "
-            f"implementation {html.escape(scenario.impl)}. Phases per repetition: "
-            f"{html.escape(str(getattr(load, 'samples', '?')))} fetches idle, the same under "
-            f"{html.escape(str(getattr(load, 'bulk_clients', '?')))} bulk downloads, then the 3-hop goodput "
-            f"network{' (--quick)' if scenario.quick else ''}.</p>"
-        )
+    described = get_kind(scenario.kind).describe_run(scenario)
+    if described is not None:
+        # The kind's own timeline (phases, a fixed paper timeline) replaces warm-up + duration.
+        parts.append(f"<p>Status: <b>{html.escape(str(status))}</b>. {described}</p>")
     else:
         parts.append(_status_line(scenario, status))
     parts.append(

@@ -18,20 +18,20 @@ Design choices:
 * Variants are the explicit ``[[variant]]`` list followed by the cartesian
   product of the ``[variants]`` matrix. Labels name the values (see
   :func:`variant_label`).
-* ``kind`` selects the experiment module (:data:`chive_lab.runner.KINDS`).
-  The overlay kind (default) uses ``[network]`` and ``[[clients]]``; other
-  kinds get the remaining top-level keys through their ``parse_options``.
+* ``kind`` selects the experiment kind (:data:`chive_lab.kinds.KINDS`); the
+  keys that are not common to every kind are the kind's own (its ``Options``,
+  e.g. the overlay kind's ``[network]`` and ``[[clients]]``), and a kind with
+  ``VariantOptions`` validates each variant's keys itself.
 """
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from .config import MANAGED_CLIENT_KEYS, MANAGED_RELAY_KEYS, check_key
 from .errors import LabError
@@ -150,6 +150,8 @@ class Variant:
     """Implementation override (``chive``/``tor``); None = the scenario's."""
     values: Mapping[str, Any] = field(default_factory=dict)
     """The variant's keys as written (``Scheduler``, ``params.circwindow``…), for tables and plots."""
+    options: Any = None
+    """What the kind's ``VariantOptions`` made of the keys (kinds whose variants are not relay overrides)."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,7 @@ class Scenario:
     variants: tuple[Variant, ...] = ()
     paper: tuple[PaperValue, ...] = ()
     options: Any = None
-    """What a non-overlay kind's ``parse_options`` returned."""
+    """What the kind's ``parse_options`` returned for its own keys."""
     quick: bool = False
     """Whether ``[quick]`` was applied."""
     source: Mapping[str, Any] = field(default_factory=dict)
@@ -346,7 +348,11 @@ def variant_label(values: Mapping[str, Any]) -> str:
     return ",".join(f"{LABEL_ABBREVIATIONS.get(k, k)}={_format_value(v)}" for k, v in values.items())
 
 
-def _make_variant(values: Mapping[str, Any], path: str, label: str | None = None) -> Variant:
+def _make_variant(values: Mapping[str, Any], path: str, label: str | None = None, kind: Any = None) -> Variant:
+    if kind is not None and kind.VariantOptions is not None:
+        label = label if label is not None else variant_label(values)
+        parsed = kind.parse_variant(label, values, path)
+        return Variant(label=label, impl=None, values=dict(values), options=parsed)
     relay: dict[str, Any] = {}
     params: dict[str, int] = {}
     impl = None
@@ -368,7 +374,7 @@ def _make_variant(values: Mapping[str, Any], path: str, label: str | None = None
     )
 
 
-def _parse_variants(doc: Mapping[str, Any], impl: str) -> tuple[Variant, ...]:
+def _parse_variants(doc: Mapping[str, Any], impl: str, kind: Any = None) -> tuple[Variant, ...]:
     out: list[Variant] = []
     explicit = doc.get("variant", [])
     if not isinstance(explicit, list):
@@ -379,7 +385,7 @@ def _parse_variants(doc: Mapping[str, Any], impl: str) -> tuple[Variant, ...]:
         label = table.pop("label", None)
         if label is not None:
             label = _str(label, f"{path}.label", max_len=100)
-        out.append(_make_variant(table, path, label))
+        out.append(_make_variant(table, path, label, kind))
 
     matrix = _table(doc.get("variants", {}), "variants")
     keys = list(matrix)
@@ -395,7 +401,7 @@ def _parse_variants(doc: Mapping[str, Any], impl: str) -> tuple[Variant, ...]:
         lists = [["chive", "tor"], *lists]
     if keys:
         for combo in itertools.product(*lists):
-            out.append(_make_variant(dict(zip(keys, combo)), "variants"))
+            out.append(_make_variant(dict(zip(keys, combo)), "variants", None, kind))
     if not out:
         out.append(Variant(label="base"))
     if len(out) > MAX_VARIANTS:
@@ -425,6 +431,21 @@ _CLIENT_KEYS = {
     "class", "count", "size", "method", "continuous", "pause", "interval", "think", "isolate",
     "parallel", "start_delay", "timeout", "verify",
 }
+
+
+def parse_clients(items: Any) -> tuple[ClientSpec, ...]:
+    """The ``[[clients]]`` array (at least one table, distinct classes, bounded processes)."""
+    if not isinstance(items, list) or not items:
+        raise _err("clients", "needs at least one [[clients]] table")
+    clients = tuple(_parse_client(item, f"clients[{i}]") for i, item in enumerate(items))
+    names = [c.cls for c in clients]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise _err("clients", f"class {dup[0]!r} appears twice (give each [[clients]] its own class)")
+    total = sum(c.count for c in clients)
+    if total > MAX_CLIENT_PROCESSES:
+        raise _err("clients", f"{total} perf processes, more than {MAX_CLIENT_PROCESSES}")
+    return clients
 
 
 def _parse_client(item: Any, path: str) -> ClientSpec:
@@ -468,7 +489,8 @@ _NETWORK_KEYS = {
 }
 
 
-def _parse_network(value: Any) -> NetworkConfig:
+def parse_network(value: Any) -> NetworkConfig:
+    """The ``[network]`` table."""
     table = _table(value, "network")
     _check_keys(table, _NETWORK_KEYS, "network")
     relay = {
@@ -545,24 +567,14 @@ _COMMON_KEYS = {
     "name", "description", "reproduces", "kind", "seed", "repetitions", "duration", "warmup", "drain",
     "backend", "impl", "variants", "variant", "quick", "paper",
 }
-_OVERLAY_KEYS = {"network", "clients"}
-
-# Set by chive_lab.runner at import: kind name -> callable(raw extra keys) -> options.
-# Kept as a hook (rather than importing the runner) so this module stays free of cycles.
-KindOptionsParser = Callable[[str, dict[str, Any]], Any]
-_kind_options_parser: KindOptionsParser | None = None
-
-
-def set_kind_options_parser(parser: KindOptionsParser | None) -> None:
-    """Install the function that validates a non-overlay kind's own keys."""
-    global _kind_options_parser
-    _kind_options_parser = parser
 
 
 def parse_scenario(doc: Mapping[str, Any], *, quick: bool = False, impl: str | None = None) -> Scenario:
     """Validate a parsed TOML document; with ``quick``, apply ``[quick]`` first.
     ``impl`` (``chive-lab run --impl``) replaces the file's ``impl`` before the
     variants are derived, so ``both`` adds the impl dimension as if written."""
+    from .kinds import get_kind  # the kinds import this module
+
     source = dict(doc)
     raw = dict(doc)
     if quick and "quick" in raw:
@@ -573,17 +585,8 @@ def parse_scenario(doc: Mapping[str, Any], *, quick: bool = False, impl: str | N
     if impl is not None:
         raw["impl"] = _str(impl, "--impl", choices=IMPLS)
 
-    kind = _str(raw.get("kind", "overlay"), "kind", max_len=60)
-    allowed = set(_COMMON_KEYS) | (_OVERLAY_KEYS if kind == "overlay" else set())
-    extra = {k: v for k, v in raw.items() if k not in allowed}
-    options = None
-    if kind == "overlay":
-        _check_keys(raw, allowed, "")
-    else:
-        if _kind_options_parser is None:
-            importlib.import_module(f"{__package__}.runner")  # registers the kind hook
-        assert _kind_options_parser is not None
-        options = _kind_options_parser(kind, extra)
+    kind = get_kind(_str(raw.get("kind", "overlay"), "kind", max_len=60))
+    options = kind.parse_options({k: v for k, v in raw.items() if k not in _COMMON_KEYS})
 
     if "name" not in raw:
         raise LabError("name: missing (a short identifier such as \"paper000-ewma-web-vs-bulk\")")
@@ -592,28 +595,15 @@ def parse_scenario(doc: Mapping[str, Any], *, quick: bool = False, impl: str | N
         raise _err("name", f"bad name {name!r}")
     impl = _str(raw.get("impl", "chive"), "impl", choices=IMPLS)
     duration = _float(raw.get("duration", 60.0), "duration", positive=True)
-
-    clients: tuple[ClientSpec, ...] = ()
-    network = NetworkConfig()
-    if kind == "overlay":
-        network = _parse_network(raw.get("network", {}))
-        items = raw.get("clients", [])
-        if not isinstance(items, list) or not items:
-            raise _err("clients", "needs at least one [[clients]] table")
-        clients = tuple(_parse_client(item, f"clients[{i}]") for i, item in enumerate(items))
-        names = [c.cls for c in clients]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise _err("clients", f"class {dup[0]!r} appears twice (give each [[clients]] its own class)")
-        total = sum(c.count for c in clients)
-        if total > MAX_CLIENT_PROCESSES:
-            raise _err("clients", f"{total} perf processes, more than {MAX_CLIENT_PROCESSES}")
+    # A kind that runs a network with clients keeps them in its options (``network``, ``clients``).
+    network = getattr(options, "network", None)
+    clients = getattr(options, "clients", None)
 
     return Scenario(
         name=name,
         description=_str(raw.get("description", ""), "description"),
         reproduces=_str(raw.get("reproduces", ""), "reproduces"),
-        kind=kind,
+        kind=kind.name or _str(raw.get("kind", "overlay"), "kind"),
         seed=_int(raw.get("seed", 1), "seed", lo=0, hi=2**32 - 1),
         repetitions=_int(raw.get("repetitions", 1), "repetitions", lo=1, hi=MAX_REPETITIONS),
         duration=duration,
@@ -621,9 +611,9 @@ def parse_scenario(doc: Mapping[str, Any], *, quick: bool = False, impl: str | N
         drain=_float(raw.get("drain", 0.0), "drain"),
         backend=_str(raw.get("backend", "loopback"), "backend", max_len=60),
         impl=impl,
-        network=network,
-        clients=clients,
-        variants=_parse_variants(raw, impl),
+        network=network if isinstance(network, NetworkConfig) else NetworkConfig(),
+        clients=tuple(clients) if isinstance(clients, tuple) else (),
+        variants=_parse_variants(raw, impl, kind),
         paper=_parse_paper(raw.get("paper", [])),
         options=options,
         quick=quick,

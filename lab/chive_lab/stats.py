@@ -1,9 +1,12 @@
-"""Statistics used by the analysis: percentiles, ECDFs with confidence bands,
-K–S tests, kernel density estimates, binned throughput with t-intervals.
+"""Statistics used by every kind's analysis: percentiles, ECDFs with
+confidence bands, K–S tests, kernel density estimates, binned throughput with
+t-intervals, and the per-second throughput series of the netns kinds (window
+means, sample variance, slot means, 90% intervals across runs).
 
 Pure functions on plain sequences of floats; no file IO. Empty or too-small
-inputs give ``None`` (or empty arrays) rather than exceptions, because a
-variant that produced no transfers must still get a report.
+inputs give ``None``, NaN (the series functions) or empty arrays rather than
+exceptions, because a variant that produced no transfers must still get a
+report.
 """
 
 from __future__ import annotations
@@ -19,14 +22,22 @@ __all__ = [
     "PERCENTILES",
     "Band",
     "binned_rate",
+    "ci90_half",
     "dkw_epsilon",
     "ecdf",
     "ecdf_at",
     "ecdf_band",
     "kde",
     "ks_test",
+    "mean",
     "mean_ci",
+    "representative",
+    "slot_means",
+    "slot_stats",
     "summarize",
+    "t90",
+    "variance",
+    "window",
 ]
 
 PERCENTILES = (10, 25, 50, 75, 90)
@@ -197,3 +208,69 @@ def _add_point(out: np.ndarray, t0: float, bin_s: float, t: float, amount: float
     k = int((t - t0) // bin_s)
     if 0 <= k < out.size:
         out[k] += amount
+
+
+# ---------------------------------------------------------------------------
+# Per-second throughput series (one value per second of a run, per flow)
+
+
+def t90(n: int) -> float:
+    """Two-sided 90% Student t quantile for n samples (n-1 degrees of freedom)."""
+    return float(sps.t.ppf(0.95, n - 1))
+
+
+def window(series: Sequence[float], lo: float, hi: float) -> list[float]:
+    """The samples of seconds [floor(lo), ceil(hi)) of a per-second series."""
+    return list(series[int(math.floor(lo)):int(math.ceil(hi))])
+
+
+def mean(xs: Sequence[float]) -> float:
+    """Arithmetic mean; NaN when empty."""
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def variance(xs: Sequence[float]) -> float:
+    """Sample variance (n-1); NaN with fewer than two samples."""
+    if len(xs) < 2:
+        return float("nan")
+    m = mean(xs)
+    return sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+
+
+def slot_means(series: Sequence[float], lo: float, hi: float, slot: float) -> list[float]:
+    """Means of the 1 s samples of ``series`` in [lo, hi) over consecutive ``slot``-second
+    slots (paper 002's Fig 9 samples are 10 s slots); a partial last slot is left out."""
+    n = max(1, int(round(slot)))
+    xs = window(series, lo, hi)
+    return [mean(xs[i:i + n]) for i in range(0, len(xs) - n + 1, n)]
+
+
+def ci90_half(xs: Sequence[float]) -> float:
+    """Half-width of the 90% Student t interval of the mean of ``xs`` (NaNs dropped);
+    NaN with fewer than two values."""
+    xs = [x for x in xs if x == x]
+    if len(xs) < 2:
+        return float("nan")
+    return t90(len(xs)) * math.sqrt(variance(xs) / len(xs))
+
+
+def slot_stats(runs: Sequence[dict[str, Sequence[float]]], flow: str, slot: float,
+               end: int) -> list[tuple[float, float, float, float, int]]:
+    """Per ``slot``-second slot of [0, end): (start, end, mean over runs of the runs'
+    slot means of ``flow``, half-width of the 90% interval across runs, runs)."""
+    rows = []
+    n_slots = int(math.ceil(end / slot))
+    for k in range(n_slots):
+        lo, hi = k * slot, min((k + 1) * slot, end)
+        vals = [mean(window(r[flow], lo, hi)) for r in runs]
+        m = mean(vals)
+        half = (t90(len(vals)) * math.sqrt(variance(vals) / len(vals))) if len(vals) > 1 else float("nan")
+        rows.append((lo, hi, m, half, len(vals)))
+    return rows
+
+
+def representative(runs: Sequence[dict[str, Sequence[float]]], flow: str, lo: float, hi: float) -> int:
+    """Index of the run whose mean of ``flow`` in [lo, hi) is closest to the median."""
+    means = [mean(window(r[flow], lo, hi)) for r in runs]
+    med = sorted(means)[len(means) // 2]
+    return min(range(len(runs)), key=lambda i: abs(means[i] - med))

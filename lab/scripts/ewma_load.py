@@ -124,18 +124,14 @@ def run_one(scheduler, args, outdir):
 def run_manifest(args) -> dict:
     """What produced this run: git revision, binaries, host, command (the lab's run manifest,
     reduced to what a script run has)."""
-    from chive_lab import runner
+    from chive_lab import manifest
 
-    root = runner.repo_root()
-    rev = dirty = None
-    if root is not None:
-        rev = runner._cmd_output(["git", "-C", str(root), "rev-parse", "HEAD"])
-        status = runner._cmd_output(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
-        dirty = None if status is None else bool(status)
+    git = manifest.git_state()
+    rev, dirty = git["revision"], git["dirty"]
     binary = os.environ.get("CHIVE_BIN") or str(ROOT / "target" / "release" / "chive")
-    versions = {"chive": runner._cmd_output([binary, "--version"])}
+    versions = {"chive": manifest.cmd_output([binary, "--version"])}
     if any(s.startswith("tor:") for s in args.schedulers.split(",")):
-        tor = runner._cmd_output(["tor", "--version"])
+        tor = manifest.cmd_output(["tor", "--version"])
         versions["tor"] = tor.splitlines()[0] if tor else None
     return {"script": "lab/scripts/ewma_load.py", "command": sys.argv, "git": {"revision": rev, "dirty": dirty},
             "binary": binary, "versions": versions, "relay_rate": RATE, "samples": args.samples,

@@ -13,13 +13,13 @@ from chive_lab.analysis import (
     ProgressSample,
     RunData,
     Transfer,
-    analyze_runs,
     class_metrics,
     load_run,
     parse_record,
     queue_delays,
     throughput_series,
 )
+from chive_lab.experiments.overlay_analysis import analyze_runs
 from chive_lab.scenario import parse_scenario
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from chive_lab import analysis as an
+from chive_lab import tor_summary
 from chive_lab import scenario as sc
 from chive_lab.errors import LabError
 from chive_lab.experiments import idle_vs_load as ivl
@@ -38,10 +39,7 @@ Scheduler = ["rr", "ewma"]
 
 
 def _parse(text: str, **kw) -> sc.Scenario:
-    import importlib
     import tomllib
-
-    importlib.import_module("chive_lab.runner")  # registers the kind-options hook
 
     return sc.parse_scenario(tomllib.loads(text), **kw)
 
@@ -130,12 +128,12 @@ def test_chive_vs_tor_rows_take_both_impls_from_the_summary():
 
 def test_unmapped_options_are_reported_for_tor_variants_only():
     s = _parse(BASE.replace("[variants]", "[network.relay]\nOutbufCells = 64\n[variants]"))
-    unmapped = an.tor_unmapped(s)
+    unmapped = tor_summary.tor_unmapped(s)
     keys = {u["key"]: u for u in unmapped}
     assert "OutbufCells" in keys and "Scheduler" not in keys
     assert sorted(keys["OutbufCells"]["variants"]) == sorted(v.label for v in s.variants if v.impl == "tor")
     assert keys["OutbufCells"]["reason"]
-    assert an.tor_unmapped(_parse(BASE.replace('impl = "both"', 'impl = "chive"'))) == []
+    assert tor_summary.tor_unmapped(_parse(BASE.replace('impl = "both"', 'impl = "chive"'))) == []
 
 
 def test_tor_section_reads_metrics_and_says_no_tor_equivalent(tmp_path):
@@ -147,13 +145,13 @@ def test_tor_section_reads_metrics_and_says_no_tor_equivalent(tmp_path):
                       "client": {"role": "client", "live": {"circuits": [{}, {}]}}},
             "circuit_build_times": {"count": 7, "median_ms": 45, "mean_ms": 50.0, "abandoned": 1}}
     (run / "tor-metrics.json").write_text(json.dumps({"load": {"before_stop": snap, "after_stop": {"error": "x"}}}))
-    part, tables = an.tor_section(tmp_path, s)
+    part, tables = tor_summary.tor_section(tmp_path, s)
     m = part["metrics"][tor_label][0]
     assert (m["cbt_count"], m["cbt_median_ms"], m["client_circuits"]) == (7, 45, 2)
     assert m["relay_written_bytes"] == {"relay1": 3_000_000} and m["errors"] == ["after_stop: x"]
     text = json.dumps([t.rows for t in tables])
     assert "no Tor equivalent" in text and "OutbufCells" in text
-    assert an.tor_section(tmp_path, _parse(BASE.replace('impl = "both"', 'impl = "chive"'))) == (None, [])
+    assert tor_summary.tor_section(tmp_path, _parse(BASE.replace('impl = "both"', 'impl = "chive"'))) == (None, [])
 
 
 # ---------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_analyze_reads_the_runner_layout(tmp_path):
             d.mkdir(parents=True)
             (d / "flows.json").write_text(json.dumps(_series(9e6, both, 8e6, p)))
             (d / "client_socket.json").write_text(json.dumps(sock))
-    sc = SimpleNamespace(options=p, variants=[SimpleNamespace(label=v) for v in cu.VARIANTS])
+    sc = SimpleNamespace(options=p, variants=[SimpleNamespace(label=v) for v in ("kernelbuf", "unsent-limit")])
     a = cu.analyze(tmp_path, sc)
     rows = {r[0]: r for r in a.tables[0].rows}
     assert rows["kernelbuf"][3] == pytest.approx(0.5) and rows["kernelbuf"][5] == pytest.approx(340.0)
@@ -86,12 +86,14 @@ def test_analyze_reads_the_runner_layout(tmp_path):
 def test_registered_kind_and_scenario_validate():
     from pathlib import Path
 
-    from chive_lab import runner, scenario
+    from chive_lab import kinds, scenario
 
-    assert runner.get_kind("client-uplink") is cu
+    assert kinds.get_kind("client-uplink") is cu.KIND
     sc = scenario.load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "client-uplink.toml", quick=True)
     assert isinstance(sc.options, cu.Params) and sc.options.scale == 0.25
-    assert [v.label for v in sc.variants] == list(cu.VARIANTS)
+    assert [v.label for v in sc.variants] == ["kernelbuf", "unsent-limit", "tor", "tor-sockbuf0"]
+    assert sc.variant("kernelbuf").options.client == {"LinkUnsentLimit": 0}
+    assert sc.variant("tor-sockbuf0").options.torrc == {"KISTSockBufSizeFactor": 0}
 
 
 @pytest.mark.skipif(SKIP is not None, reason=f"client-uplink real run: {SKIP}")
@@ -99,15 +101,27 @@ def test_short_real_run_keeps_the_client_backlog_small(tmp_path):
     """Every variant for 12 s (uploads from 4 s; tor's only if tor is installed): every
     transfer verified, and with the client's default LinkUnsentLimit its link socket never
     held much more than 64 KiB unsent; nothing left behind."""
+    from pathlib import Path
+
+    from chive_lab import scenario
+    from chive_lab.runner import run_experiment
+
     before = set(netns.our_namespaces())
     started = time.monotonic()
-    p = cu.Params(scale=0.1, transfer_bytes=4_000_000, uploads=2)
+    src = Path(__file__).resolve().parents[2] / "scenarios" / "client-uplink.toml"
+    scen = tmp_path / "cu.toml"
+    scen.write_text(src.read_text().replace("scale = 1.0", "scale = 0.1")
+                    .replace("uploads = 4", "uploads = 2\ntransfer_bytes = 4000000")
+                    .replace("repetitions = 3", "repetitions = 1"))
     # (tor-sockbuf0 differs from tor by one torrc line, checked in test_tor_netns.py.)
-    variants = [v for v in cu.VARIANTS if v != "tor-sockbuf0"
-                and (cu.VARIANTS[v].get("impl") != "tor" or tor_unavailable_reason() is None)]
-    s = cu.run_all(variants, 1, p, tmp_path)
+    declared = scenario.load_scenario(scen)
+    variants = [v.label for v in declared.variants if v.label != "tor-sockbuf0"
+                and (v.options.impl != "tor" or tor_unavailable_reason() is None)]
+    out = tmp_path / "out"
+    rc = run_experiment(scen, out, variants=variants, progress=False)
+    assert rc == 0, (out / "runner.log").read_text()
     assert time.monotonic() - started < 60 * len(variants)
-    assert "errors" not in s, s.get("errors")
+    s = json.loads((out / "client_uplink" / "summary.json").read_text())
     for v in variants:
         e = s["variants"][v]
         assert e["download_solo_bps"] > 1e6 and e["upload_bps"] > 1e6, (v, e)
@@ -118,13 +132,13 @@ def test_short_real_run_keeps_the_client_backlog_small(tmp_path):
     sock = s["variants"]["unsent-limit"]["client_socket"]
     assert sock["notsent_max"] <= 64 * 1024 + 64 * 543, sock
     for v in variants:
-        transfers = json.loads((tmp_path / "runs" / f"{v}-0" / "transfers.json").read_text())
+        transfers = json.loads((out / "runs" / v / "1" / "transfers.json").read_text())
         assert all(c["errors"] == 0 for c in transfers.values()), (v, transfers)
     if "tor" in variants:  # the tor client's streams stayed on their pinned path
-        tor = json.loads((tmp_path / "runs" / "tor-0" / "tor.json").read_text())
+        tor = json.loads((out / "runs" / "tor" / "1" / "tor.json").read_text())
         assert tor["paths"] == {"clientA": ["relayB1,relayB2,relayB3"]} and not tor["path_violations"], tor
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert set(manifest["git"]) == {"revision", "dirty"} and manifest["runs"] == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["git"]) == {"revision", "dirty"} and manifest["repetitions"] == 1
     # (Only this process's namespaces: other runs may come and go meanwhile.)
     assert not {n for n in set(netns.our_namespaces()) - before
                 if n.startswith(f"{netns.PREFIX}{os.getpid()}-")}

@@ -7,6 +7,7 @@ The real run needs root, iproute2 and a built chive binary with `perf`,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from chive_lab import netns
+from chive_lab import cli, netns, ss_sampler
 from chive_lab.errors import LabError
+from chive_lab.experiments import netns_overlay as no
 from chive_lab.experiments import paper002_overlay as po
 from chive_lab.network import default_binary
 
@@ -90,18 +92,19 @@ def test_variant_relay_options_reach_every_relay():
 
     for topology in ("to-b", "through-b"):
         p = po.parse_options({"topology": topology})
+        declared = po.declared_variants()
         for variant, want in (("split-ackprio-kernelbuf", 0), ("split-ackprio", None)):
-            v = po.VARIANTS[variant]
+            v = declared[variant]
             ov = FakeOverlay()
-            po._place_nodes(ov, p, v["split"], v.get("relay"))
+            po._place_nodes(ov, p, v.split, dict(v.relay))
             assert ov.relays, topology
             for nick, o in ov.relays.items():
                 assert o["SplitDirection"] == "always", (topology, nick)
                 assert o.get("LinkUnsentLimit") == want, (topology, variant, nick, o)
         for variant, split in (("one-bbr", "off"), ("split-ackprio-bbr", "always")):
-            v = po.VARIANTS[variant]
+            v = declared[variant]
             ov = FakeOverlay()
-            po._place_nodes(ov, p, v["split"], v.get("relay"))
+            po._place_nodes(ov, p, v.split, dict(v.relay))
             for nick, o in ov.relays.items():
                 assert (o["SplitDirection"], o.get("LinkCongestionControl")) == (split, "bbr"), (variant, nick)
 
@@ -118,7 +121,7 @@ SS_LINKS = """0      0      10.77.0.2:57836 10.77.0.1:9001
 
 
 def test_link_sockets_and_queues_from_ss(tmp_path):
-    socks = po.parse_link_sockets(SS_LINKS, {9001, 9002})
+    socks = ss_sampler.parse_link_sockets(SS_LINKS, {9001, 9002})
     # Relay-to-relay sockets between hosts only: not the one inside B, not port 22.
     assert socks == {
         "10.77.0.2:57836>10.77.0.1:9001": {"rtt_ms": 770.443, "cwnd": 477.0, "unacked": 23.0, "notsent": 65000.0,
@@ -128,12 +131,12 @@ def test_link_sockets_and_queues_from_ss(tmp_path):
     lines = [{"t": t0 + t, "socks": {"10.77.0.2:57836>10.77.0.1:9001": {"notsent": n, "rtt_ms": 700.0}}}
              for t, n in ((50, 1e6), (100, 4e4), (150, 6e4), (260, 1e6))]
     (tmp_path / "links-B.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
-    rows = po.link_queues(tmp_path, t0, (100.0, 250.0))
+    rows = no.link_queues(tmp_path, t0, (100.0, 250.0))
     assert rows == [{"host": "B", "local": "10.77.0.2:57836", "peer": "10.77.0.1:9001", "samples": 2,
                      "notsent_mean": 5e4, "notsent_max": 6e4, "rtt_ms_mean": 700.0}]
-    table = po._link_queue_lines({"extra": {"split": {"evidence": {"1": {"link_queues": rows}}}}})
+    table = po.link_queue_lines({"extra": {"split": {"evidence": {"1": {"link_queues": rows}}}}})
     assert "| split | B->A (opened by B) | 50 | 60 | 700 |" in table
-    assert po._link_queue_lines({"extra": {}}) == []
+    assert po.link_queue_lines({"extra": {}}) == []
 
 
 def test_wire_shares_from_socket_counters(tmp_path):
@@ -147,7 +150,7 @@ def test_wire_shares_from_socket_counters(tmp_path):
             "10.77.0.2:9002>10.77.0.2:40001": {"notsent": 0, "bytes_sent": 10 * t, "data_segs_out": t},
             "10.77.0.2:9001>10.77.0.3:40002": {"notsent": 0}}}
     (tmp_path / "links-B.jsonl").write_text("\n".join(json.dumps(sample(t)) for t in range(90, 260)))
-    rows = po.link_queues(tmp_path, t0, (100.0, 250.0))
+    rows = no.link_queues(tmp_path, t0, (100.0, 250.0))
     to_a = next(r for r in rows if r["peer"] == "10.77.0.1:40000")
     assert to_a["wire_span_s"] == 149.0
     assert to_a["wire_bytes"] == pytest.approx(600e3 * 149 * (mss + 66) / mss, rel=1e-3)
@@ -170,12 +173,12 @@ def test_perf_series_from_progress_and_transfers(tmp_path):
     ]
     f = tmp_path / "perf.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in recs) + "\nnot json\n")
-    s, counts = po.perf_series(f, t0, 5)
+    s, counts = no.perf_series(f, t0, 5)
     # 125000 bytes per second = 1 Mbit/s in seconds 1, 2 and 3; nothing after the last record.
     assert s == pytest.approx([0.0, 1e6, 1e6, 1e6, 0.0])
     assert counts["ok"] == 1 and counts["cut"] == 1 and counts["errors"] == 0
     with pytest.raises(LabError):
-        po.perf_series(tmp_path / "missing.jsonl", t0, 5)
+        no.perf_series(tmp_path / "missing.jsonl", t0, 5)
 
 
 def test_several_circuits_per_flow_are_summed(tmp_path):
@@ -207,7 +210,7 @@ def test_rx_series_counts_upload_connections_only(tmp_path):
              {"t": 102.0, "rx": {"10.77.0.3:5": 500_000, "10.77.0.3:6": 90}},
              {"t": 103.0, "rx": {"10.77.0.3:7": 250_000}}]                     # 5 closed, 7 new
     f.write_text("\n".join(json.dumps(x) for x in lines))
-    assert po.rx_series(f, 100.0, 3) == pytest.approx([2e6, 2e6, 2e6])
+    assert no.rx_series(f, 100.0, 3) == pytest.approx([2e6, 2e6, 2e6])
 
 
 def _synthetic(scale: float, steady: bool):
@@ -228,7 +231,7 @@ def test_analysis_targets_and_files(tmp_path):
     p, shaky = _synthetic(0.2, steady=False)
     _, steady = _synthetic(0.2, steady=True)
     s = po.analyze_raw({"one": shaky, "split-ackprio": steady}, p, tmp_path)
-    assert s["schema"] == 1 and s["kind"] == po.KIND
+    assert s["schema"] == 1 and s["kind"] == po.KIND_NAME
     x = s["variants"]["split-ackprio"]["A->B"]
     assert x["goodput_bps"] == pytest.approx(4.8e6) and x["share_of_link"] == pytest.approx(0.48)
     assert x["variance"] == pytest.approx(0.0)
@@ -263,7 +266,7 @@ def test_targets_by_variant_with_wire_shares(tmp_path):
     sockets' counters) on the wire; a variant without counters just has no wire figure."""
     p, shaky = _synthetic(0.2, steady=False)
     _, steady = _synthetic(0.2, steady=True)
-    p.topology = "through-b"
+    p = dataclasses.replace(p, topology="through-b")
 
     def queues(mbit_by_dir: dict[str, float]) -> list[dict]:
         addr = {h: a for a, h in po.HOST_BY_ADDR.items()}
@@ -303,7 +306,7 @@ def test_ceiling_share_follows_the_shared_bottleneck():
     # What B sends shares B's uplink; under `chive shape` data gets 90% of it: 0.45 each.
     assert po.ceiling_share(to_b, "B->A", False) == pytest.approx(0.5 * eff)
     assert po.ceiling_share(to_b, "B->C", True) == pytest.approx(0.45 * eff)
-    assert po.ceiling_share(to_b, "B->C", True) < po.TARGET_SHARE
+    assert po.ceiling_share(to_b, "B->C", True) < po.declared_targets().share_min
     # A data class that borrows up to the 95% root (`--bulk-ceil 0.95`): 47.5% each on the wire.
     borrow = po.data_ceiling("split-ackprio-bbr-borrow")
     assert borrow == 0.95 and po.data_ceiling("split-ackprio-bbr") == po.SHAPE_DATA
@@ -383,8 +386,8 @@ def test_pool_reads_results_back_and_analyses_them_as_one_batch(tmp_path):
         po.pool([tmp_path / "r1", tmp_path / "r3"], tmp_path / "bad")
     with pytest.raises(LabError, match="not a paper002-overlay result"):
         po.pool([tmp_path / "nothing"], tmp_path / "bad")
-    assert po.main(["pool", "--out", str(tmp_path / "cli"), str(tmp_path / "r1")]) == 0
-    assert po.main(["pool", "--out", str(tmp_path / "cli2"), str(tmp_path / "nothing")]) == 2
+    assert cli.main(["pool", "--out", str(tmp_path / "cli"), str(tmp_path / "r1")]) == 0
+    assert cli.main(["pool", "--out", str(tmp_path / "cli2"), str(tmp_path / "nothing")]) == 2
 
 
 def test_pool_can_leave_out_runs_with_an_extra_channel(tmp_path):
@@ -403,8 +406,8 @@ def test_pool_can_leave_out_runs_with_an_extra_channel(tmp_path):
     text = (tmp_path / "all" / "comparison.md").read_text()
     assert "one run r1#2 (A-B)" in text and "split-ackprio run r1#2 (B-C)" in text
     assert "split-ackprio run r1#1" not in text
-    assert po.main(["pool", "--exclude-extra-channels", "--out", str(tmp_path / "clean"),
-                    str(tmp_path / "r1")]) == 0
+    assert cli.main(["pool", "--exclude-extra-channels", "--out", str(tmp_path / "clean"),
+                     str(tmp_path / "r1")]) == 0
     cleaned = json.loads((tmp_path / "clean" / "summary.json").read_text())
     assert cleaned["extra"]["one"]["runs"] == 1 and cleaned["extra"]["split-ackprio"]["runs"] == 1
     assert json.loads((tmp_path / "clean" / "pool.json").read_text())["excluded_extra_channels"] == [
@@ -428,14 +431,14 @@ def test_only_relay_b_exits_when_asked(tmp_path):
         assert all(n.config["SplitDirection"] == "always" for n in ov.relays())
     with pytest.raises(LabError, match="needs topology"):
         po.parse_options({"exit_relays": "b"})
-    with pytest.raises(LabError, match="exit_relays must be one of"):
+    with pytest.raises(LabError, match="exit_relays: must be one of"):
         po.parse_options({"topology": "to-b", "exit_relays": "none"})
 
 
 def test_registered_kind():
-    from chive_lab import runner
+    from chive_lab import kinds
 
-    assert runner.get_kind("paper002-overlay") is po
+    assert kinds.get_kind("paper002-overlay") is po.KIND
 
 
 # --------------------------------------------------------------- real run
@@ -446,14 +449,21 @@ def test_quick_real_run_off_vs_always(tmp_path):
     relay logs and on the wire for "always" only, nothing left behind."""
     before = set(netns.our_namespaces())
     started = time.monotonic()
-    p = po.Params(scale=0.05, transfer_bytes=2_000_000)
-    s = po.run_all(["one", "split"], 1, p, tmp_path)
+    from chive_lab.runner import run_experiment
+
+    src = Path(__file__).resolve().parents[2] / "scenarios" / "paper002-overlay-split.toml"
+    scen = tmp_path / "po.toml"
+    scen.write_text(src.read_text().replace("scale = 1.0", "scale = 0.05")
+                    .replace("transfer_bytes = 67108864", "transfer_bytes = 2000000"))
+    rc = run_experiment(scen, tmp_path / "out", variants=["one", "split"], repetitions=1, progress=False)
+    assert rc == 0, (tmp_path / "out" / "runner.log").read_text()
     assert time.monotonic() - started < 90
-    assert "errors" not in s, s.get("errors")
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    out = tmp_path / "out" / "paper002_overlay"
     for f in ("throughput_one.png", "throughput_split.csv", "variance.png", "variance.csv",
-              "summary.json", "comparison.md", "manifest.json"):
-        assert (tmp_path / f).is_file(), f
-    summary = json.loads((tmp_path / "summary.json").read_text())
+              "summary.json", "comparison.md"):
+        assert (out / f).is_file(), f
+    summary = json.loads((out / "summary.json").read_text())
     for v in ("one", "split"):
         for d in po.DIRECTIONS:
             assert summary["variants"][v][d]["goodput_bps"] > 5e5, (v, d)
@@ -492,8 +502,8 @@ def test_quick_real_run_off_vs_always(tmp_path):
 
 
 def test_slot_means_average_consecutive_slots():
-    from chive_lab.experiments import paper002 as p2
+    from chive_lab import stats
     series = [float(i) for i in range(30)]
-    assert p2._slot_means(series, 5, 25, 10) == [9.5, 19.5]
-    assert p2._slot_means(series, 5, 24, 10) == [9.5]  # a partial last slot is left out
-    assert p2._slot_means(series, 0, 3, 1) == [0.0, 1.0, 2.0]
+    assert stats.slot_means(series, 5, 25, 10) == [9.5, 19.5]
+    assert stats.slot_means(series, 5, 24, 10) == [9.5]  # a partial last slot is left out
+    assert stats.slot_means(series, 0, 3, 1) == [0.0, 1.0, 2.0]

@@ -8,14 +8,14 @@ import csv
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
-from chive_lab import runner
+from chive_lab import kinds, runner
 from chive_lab.analysis import Analysis, Figure, Series
-from chive_lab.errors import LabError
+from chive_lab.errors import LabError, RunFailed
+from chive_lab.experiments import overlay
 from chive_lab.network import default_binary
 from chive_lab.scenario import load_scenario, parse_scenario
 
@@ -30,7 +30,7 @@ def _client(**kw):
 
 
 def test_perf_argv_new_perf():
-    argv, warns = runner.perf_argv(BIN, _client(pause=2.0, isolate=True, parallel=2, start_delay=1.5),
+    argv, warns = overlay.perf_argv(BIN, _client(pause=2.0, isolate=True, parallel=2, start_delay=1.5),
                                    socks="127.0.0.1:9", http="http://127.0.0.1:8", run_seconds=40, seed=5)
     assert warns == []
     assert argv[:8] == [str(BIN), "perf", "--socks", "127.0.0.1:9", "--url", "http://127.0.0.1:8/bytes/89088",
@@ -42,22 +42,22 @@ def test_perf_argv_new_perf():
 
 
 def test_perf_argv_socks_user_only_without_isolate():
-    argv, _ = runner.perf_argv(BIN, _client(pause=1.0), socks="s", http="http://h", run_seconds=10, seed=1,
+    argv, _ = overlay.perf_argv(BIN, _client(pause=1.0), socks="s", http="http://h", run_seconds=10, seed=1,
                                socks_user="web-0")
     assert "--socks-user web-0" in " ".join(argv)
-    argv, _ = runner.perf_argv(BIN, _client(pause=1.0, isolate=True), socks="s", http="http://h",
+    argv, _ = overlay.perf_argv(BIN, _client(pause=1.0, isolate=True), socks="s", http="http://h",
                                run_seconds=10, seed=1, socks_user="web-0")
     assert "--socks-user" not in argv and "--isolate" in argv
 
 
 def test_perf_argv_think_upload_and_old_perf():
-    argv, _ = runner.perf_argv(BIN, _client(think={"dist": "exp", "mean": 5}, method="post"),
+    argv, _ = overlay.perf_argv(BIN, _client(think={"dist": "exp", "mean": 5}, method="post"),
                                socks="s", http="http://h", run_seconds=10, seed=1)
     s = " ".join(argv)
     assert "--think exp --think-mean 5" in s and "--url http://h/upload" in s
     assert "--method post --upload-bytes 89088" in s
     old = {"--socks", "--url", "--count", "--interval", "--isolate", "--timeout"}
-    argv, warns = runner.perf_argv(BIN, _client(pause=2.0), socks="s", http="http://h", run_seconds=10,
+    argv, warns = overlay.perf_argv(BIN, _client(pause=2.0), socks="s", http="http://h", run_seconds=10,
                                    seed=1, flags=old)
     s = " ".join(argv)
     assert "--pause" not in s and "--interval 2" in s and "--label" not in s and "--seed" not in s
@@ -65,16 +65,16 @@ def test_perf_argv_think_upload_and_old_perf():
 
 
 def test_client_seeds_do_not_depend_on_variant_but_on_rep_and_index():
-    assert runner.client_seed(1, 1, 0) == runner.client_seed(1, 1, 0)
-    assert len({runner.client_seed(1, r, i) for r in range(3) for i in range(3)}) == 9
+    assert kinds.client_seed(1, 1, 0) == kinds.client_seed(1, 1, 0)
+    assert len({kinds.client_seed(1, r, i) for r in range(3) for i in range(3)}) == 9
 
 
 def test_network_spec_merges_variant_overrides():
     s = load_scenario(ROOT / "scenarios" / "paper001-ewma-halflife-sweep.toml")
-    spec = runner.network_spec(s, s.variant("H=10"), BIN)
+    spec = overlay.network_spec(s, s.variant("H=10"), BIN)
     assert spec.relay_overrides == {"Scheduler": "ewma", "QuietReserve": 0, "CircuitPriorityHalflife": 10}
     assert spec.bandwidth_rate == 1_000_000 and spec.relays == 4
-    rr = runner.network_spec(s, s.variant("rr"), BIN)
+    rr = overlay.network_spec(s, s.variant("rr"), BIN)
     assert rr.relay_overrides == {"Scheduler": "rr", "QuietReserve": 0}
 
 
@@ -82,9 +82,17 @@ def test_registries():
     assert isinstance(runner.get_backend("loopback"), runner.LoopbackBackend)
     with pytest.raises(LabError, match="unknown backend"):
         runner.get_backend("nope")
-    assert runner.get_kind("overlay") is runner
+    assert kinds.get_kind("overlay") is overlay.KIND
     with pytest.raises(LabError, match="unknown experiment kind"):
-        runner.get_kind("nope")
+        kinds.get_kind("nope")
+
+
+def _kind(run_repetition, analyze, **methods):
+    """A kind built from functions (a subclass of the one interface)."""
+    attrs = {"name": "", "run_repetition": lambda self, ctx: run_repetition(ctx),
+             "analyze": lambda self, out, s: analyze(out, s)}
+    attrs.update({k: (lambda f: lambda self, *a, **kw: f(*a, **kw))(f) for k, f in methods.items()})
+    return type("FakeKind", (kinds.ExperimentKind,), attrs)()
 
 
 class _NullBackend:
@@ -110,9 +118,8 @@ def test_plugged_in_kind_runs_through_the_same_flow(tmp_path, monkeypatch):
                      series=[Series(label="a", x=[0.0, 1.0], y=[float(n), 2.0])])
         return Analysis(summary={"schema": 1, "variants": {}, "files": n}, figures=[fig])
 
-    mod = types.SimpleNamespace(run_repetition=run_repetition, analyze=analyze,
-                                parse_options=lambda raw: raw)
-    monkeypatch.setitem(runner.KINDS, "fake", mod)
+    mod = _kind(run_repetition, analyze, parse_options=lambda raw: raw)
+    monkeypatch.setitem(kinds.KINDS, "fake", mod)
     monkeypatch.setitem(runner.BACKENDS, "null", _NullBackend)
     scen = tmp_path / "fake.toml"
     scen.write_text('name = "fake"\nkind = "fake"\nbackend = "null"\nrepetitions = 2\n'
@@ -138,9 +145,8 @@ def test_failing_repetition_stops_and_still_reports(tmp_path, monkeypatch):
     def run_repetition(ctx):
         raise LabError("relay1 refused key Bogus")
 
-    mod = types.SimpleNamespace(run_repetition=run_repetition,
-                                analyze=lambda out, s: Analysis(summary={"schema": 1, "variants": {}}))
-    monkeypatch.setitem(runner.KINDS, "failing", mod)
+    mod = _kind(run_repetition, lambda out, s: Analysis(summary={"schema": 1, "variants": {}}))
+    monkeypatch.setitem(kinds.KINDS, "failing", mod)
     scen = tmp_path / "f.toml"
     scen.write_text('name = "f"\nkind = "failing"\n[variants]\nX = [1, 2]\n')
     rc = runner.run_experiment(scen, tmp_path / "o", progress=False)
@@ -148,6 +154,42 @@ def test_failing_repetition_stops_and_still_reports(tmp_path, monkeypatch):
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "Bogus" in manifest["failures"][0]["error"]
     assert (tmp_path / "o" / "report.html").is_file()
+
+
+def test_a_failed_run_fails_only_itself(tmp_path, monkeypatch):
+    """RunFailed in one repetition (a node that would not start): that run is recorded as
+    failed (manifest, failed.json, console), the batch goes on, and the analysis leaves it
+    out and says so."""
+    seen = []
+
+    def run_repetition(ctx):
+        seen.append((ctx.variant.label, ctx.rep))
+        if (ctx.variant.label, ctx.rep) == ("X=2", 1):
+            raise RunFailed("tor relay2 did not bootstrap")
+        (ctx.run_dir / "data.txt").write_text("1")
+
+    def analyze(out, s):
+        from chive_lab.analysis import discover_runs
+
+        runs = discover_runs(Path(out), [v.label for v in s.variants])
+        return Analysis(summary={"schema": 1, "variants": {k: len(v) for k, v in runs.items()}})
+
+    monkeypatch.setitem(kinds.KINDS, "flaky", _kind(run_repetition, analyze))
+    scen = tmp_path / "f.toml"
+    scen.write_text('name = "f"\nkind = "flaky"\nrepetitions = 2\n[variants]\nX = [1, 2]\n')
+    rc = runner.run_experiment(scen, tmp_path / "o", progress=False)
+    assert rc == 1
+    assert seen == [("X=1", 1), ("X=2", 1), ("X=1", 2), ("X=2", 2)]  # the batch went on
+    out = tmp_path / "o"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "partial"
+    assert manifest["failures"] == [{"variant": "X=2", "rep": 1, "error": "tor relay2 did not bootstrap"}]
+    assert json.loads((out / "runs" / "X=2" / "1" / "failed.json").read_text())["error"].startswith("tor relay2")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["variants"] == {"X=1": 2, "X=2": 1}  # the failed run is left out
+    assert [(f["variant"], f["rep"]) for f in summary["failed_runs"]] == [("X=2", 1)]
+    assert "1 repetition(s) failed" in (out / "report.html").read_text()
+    assert "failed; going on" in (out / "runner.log").read_text()
 
 
 def _skip_reason() -> str | None:

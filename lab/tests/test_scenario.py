@@ -154,16 +154,13 @@ def test_paper_entries_validated():
 
 
 def test_other_kind_gets_its_keys_through_the_registry(monkeypatch):
-    import types
+    from chive_lab import kinds
 
-    from chive_lab import runner
+    class FakeKind(kinds.ExperimentKind):
+        def parse_options(self, raw):
+            return {"parsed": raw}
 
-    mod = types.SimpleNamespace(
-        run_repetition=lambda ctx: None,
-        analyze=lambda out, s: None,
-        parse_options=lambda raw: {"parsed": raw},
-    )
-    monkeypatch.setitem(runner.KINDS, "fake-kind", mod)
+    monkeypatch.setitem(kinds.KINDS, "fake-kind", FakeKind())
     s = parse('name = "k"\nkind = "fake-kind"\n[hosts]\nA = 1\n')
     assert s.options == {"parsed": {"hosts": {"A": 1}}}
     with pytest.raises(LabError, match="unknown experiment kind"):
@@ -205,7 +202,7 @@ def test_network_client_keys_reach_the_client_config(tmp_path):
     """[network.client] keys go into the chive client's config (EntryNodes/MiddleNodes pin
     paths so that every variant shares the same relays); lab-managed keys are refused."""
     from chive_lab import config as cfg
-    from chive_lab.runner import network_spec
+    from chive_lab.experiments.overlay import network_spec
 
     s = parse(BASE.replace("[network.params]", '[network.client]\nEntryNodes = ["relay1"]\n'
                                                'MiddleNodes = ["relay2"]\n[network.params]'))

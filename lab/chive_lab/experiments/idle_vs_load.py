@@ -43,6 +43,7 @@ Files of a repetition: ``clients/web_idle.jsonl``, ``clients/web_load.jsonl``,
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import subprocess
 import time
@@ -54,9 +55,14 @@ from typing import Any, Mapping
 from .. import analysis as an
 from .. import scenario as sc
 from ..errors import LabError
+from ..kinds import ExperimentKind
 from ..network import NetworkSpec
+from ..options import option
+from ..options import parse_options as parse_scenario_options
+from ..rundir import collect_tor_step, copy_logs, stop_procs, write_json
+from .overlay_analysis import analyze_runs
 
-__all__ = ["LoadOptions", "Options", "analyze", "chive_vs_tor", "parse_options", "run_repetition"]
+__all__ = ["KIND", "LoadOptions", "Options", "analyze", "chive_vs_tor", "parse_options", "run_repetition"]
 
 CLASSES = ("web_idle", "web_load", "bulk", "goodput_3hop")
 # 10 GiB: chive httpd's largest /bytes body; a bulk download never ends within a phase.
@@ -69,59 +75,43 @@ MAX_BULK_CLIENTS = 32
 PERF_SLACK_S = 30.0
 
 
+_MAX_S = 7 * 24 * 3600.0
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """The ``[load]`` table."""
 
-    fetch_size: int = 51200
-    samples: int = 40
-    fetch_interval: float = 0.5
-    fetch_timeout: float = 60.0
-    bulk_clients: int = 2
-    bulk_ramp: float = 5.0
-    goodput_relays: int = 3
-    goodput_bytes: int = 50_000_000
-    goodput_runs: int = 3
-    goodput_timeout: float = 300.0
+    fetch_size: int = option(51200, lo=1, hi=1 << 30)
+    samples: int = option(40, lo=1, hi=MAX_SAMPLES)
+    fetch_interval: float = option(0.5, positive=True, hi=_MAX_S)
+    fetch_timeout: float = option(60.0, positive=True, hi=_MAX_S)
+    bulk_clients: int = option(2, lo=0, hi=MAX_BULK_CLIENTS)
+    bulk_ramp: float = option(5.0, lo=0.0, hi=_MAX_S)
+    goodput_relays: int = option(3, lo=3, hi=200)
+    goodput_bytes: int = option(50_000_000, lo=0, hi=10 << 30)
+    goodput_runs: int = option(3, lo=1, hi=1000)
+    goodput_timeout: float = option(300.0, positive=True, hi=_MAX_S)
+
+
+def _network(value: Any, path: str) -> sc.NetworkConfig:
+    """``[network]`` as for the overlay kind, with this kind's default rate."""
+    if not isinstance(value, dict):
+        raise LabError(f"{path}: must be a table")
+    return sc.parse_network({"bandwidth_rate": DEFAULT_RATE, **value})
 
 
 @dataclass(frozen=True)
 class Options:
-    """What :func:`parse_options` returns (``scenario.options``)."""
+    """This kind's scenario keys (``scenario.options``)."""
 
-    network: sc.NetworkConfig
-    load: LoadOptions
-
-
-_LOAD_INTS = {"fetch_size": (1, 1 << 30), "samples": (1, MAX_SAMPLES), "bulk_clients": (0, MAX_BULK_CLIENTS),
-              "goodput_relays": (3, 200), "goodput_bytes": (0, 10 << 30), "goodput_runs": (1, 1000)}
-_LOAD_FLOATS = ("fetch_interval", "fetch_timeout", "bulk_ramp", "goodput_timeout")
+    network: sc.NetworkConfig = option(default_factory=lambda: _network({}, "network"), parse=_network)
+    load: LoadOptions = option(default_factory=LoadOptions)
 
 
 def parse_options(raw: Mapping[str, Any]) -> Options:
     """Validate this kind's keys (``network``, ``load``); LabError names a bad one."""
-    unknown = sorted(set(raw) - {"network", "load"})
-    if unknown:
-        raise LabError(f"unknown key {unknown[0]} (kind 'idle-vs-load' takes [network] and [load])")
-    net_raw = dict(raw.get("network", {}) or {})
-    if not isinstance(raw.get("network", {}), dict):
-        raise LabError("network: must be a table")
-    net_raw.setdefault("bandwidth_rate", DEFAULT_RATE)
-    network = sc._parse_network(net_raw)
-    table = raw.get("load", {})
-    if not isinstance(table, dict):
-        raise LabError("load: must be a table")
-    values: dict[str, Any] = {}
-    for key, value in table.items():
-        path = f"load.{key}"
-        if key in _LOAD_INTS:
-            lo, hi = _LOAD_INTS[key]
-            values[key] = sc._int(value, path, lo=lo, hi=hi)
-        elif key in _LOAD_FLOATS:
-            values[key] = sc._float(value, path, positive=key != "bulk_ramp")
-        else:
-            raise LabError(f"{path}: unknown key (known: {', '.join(sorted([*_LOAD_INTS, *_LOAD_FLOATS]))})")
-    return Options(network=network, load=LoadOptions(**values))
+    return parse_scenario_options(Options, raw)
 
 
 def _options(scenario: sc.Scenario) -> Options:
@@ -183,9 +173,7 @@ class _Phases:
             time.sleep(0.5)
 
     def stop(self, procs: list[subprocess.Popen]) -> None:
-        from ..runner import _stop_procs
-
-        codes = _stop_procs(procs)
+        codes = stop_procs(procs)
         for c in self.meta["clients"]:
             if c["pid"] in codes:
                 c["exit"] = codes[c["pid"]]
@@ -201,8 +189,6 @@ class _Phases:
 def _with_network(ctx: Any, spec: NetworkSpec, net_dir: Path, impl: str, phase: str, meta: dict[str, Any], body):
     """Start a network, run ``body(info)``, then always stop it (Tor's metrics
     collected before and after the stop) and copy its logs."""
-    from ..runner import _copy_logs, collect_tor_step
-
     ctx.status(f"{phase}: starting the {impl} network")
     try:
         with open(ctx.run_dir / f"up-{phase}.log", "a", encoding="utf-8") as uplog:
@@ -223,14 +209,12 @@ def _with_network(ctx: Any, spec: NetworkSpec, net_dir: Path, impl: str, phase: 
             collect_tor_step(net_dir, ctx.run_dir, phase, "after_stop")
         target = ctx.run_dir / f"logs-{phase}"
         target.mkdir(exist_ok=True)
-        _copy_logs(net_dir, target)
+        copy_logs(net_dir, target)
 
 
 def run_repetition(ctx: Any) -> None:
     """One repetition (see the module doc); stops everything it started, also
     on errors and KeyboardInterrupt, and writes run.json."""
-    from ..runner import _write_json
-
     s = ctx.scenario
     opts = _options(s)
     load = opts.load
@@ -243,7 +227,7 @@ def run_repetition(ctx: Any) -> None:
         "load": dataclasses.asdict(load), "status": "starting", "t0": None, "t_end": None,
         "phases": {}, "clients": [], "warnings": [], "down": {},
     }
-    _write_json(run_dir / "run.json", meta)
+    write_json(run_dir / "run.json", meta)
     phases = _Phases(run_dir, meta)
     fetch_wait = load.samples * load.fetch_interval + load.fetch_timeout + PERF_SLACK_S
 
@@ -254,7 +238,7 @@ def run_repetition(ctx: Any) -> None:
         t_start = time.time()
         phases.wait(phases.start(label, argv), fetch_wait, ctx.status, label)
         meta["phases"][label] = [t_start, time.time()]
-        _write_json(run_dir / "run.json", meta)
+        write_json(run_dir / "run.json", meta)
 
     def load_network(info) -> None:
         meta["t0"] = time.time()
@@ -306,7 +290,7 @@ def run_repetition(ctx: Any) -> None:
     finally:
         phases.stop_all()
         meta["t_end"] = time.time()
-        _write_json(run_dir / "run.json", meta)
+        write_json(run_dir / "run.json", meta)
 
 
 # ---------------------------------------------------------------------------
@@ -406,7 +390,7 @@ def analyze(out_dir: Path, scenario: sc.Scenario) -> an.Analysis:
     view = SimpleNamespace(name=scenario.name, quick=scenario.quick, variants=scenario.variants, warmup=0.0,
                            duration=scenario.duration, impl=scenario.impl, paper=scenario.paper,
                            classes=list(CLASSES))
-    result = an.analyze_runs(view, runs_by_variant)
+    result = analyze_runs(view, runs_by_variant)
     summary = result.summary
     summary["kind"] = "idle-vs-load"
     summary["impl"] = scenario.impl
@@ -452,3 +436,29 @@ def analyze(out_dir: Path, scenario: sc.Scenario) -> an.Analysis:
                     series.label = name + series.label[len(label):]
                     break
     return result
+
+
+class IdleVsLoad(ExperimentKind):
+    """See the module documentation."""
+
+    name = "idle-vs-load"
+    Options = Options
+    needs_chive_binary = True
+
+    def run_repetition(self, ctx: Any) -> None:
+        run_repetition(ctx)
+
+    def analyze(self, out_dir: Path, scenario: sc.Scenario) -> an.Analysis:
+        return analyze(out_dir, scenario)
+
+    def describe_run(self, scenario: sc.Scenario) -> str:
+        # This kind's phases, not warmup/duration, define the time measured.
+        load = _options(scenario).load
+        return (f"Variants: {html.escape(', '.join(v.label for v in scenario.variants))}; "
+                f"{scenario.repetitions} repetition(s); implementation {html.escape(scenario.impl)}. "
+                f"Phases per repetition: {html.escape(str(load.samples))} fetches idle, the same under "
+                f"{html.escape(str(load.bulk_clients))} bulk downloads, then the 3-hop goodput "
+                f"network{' (--quick)' if scenario.quick else ''}.")
+
+
+KIND = IdleVsLoad()
