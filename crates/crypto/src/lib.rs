@@ -5,6 +5,7 @@
 //! - `relay`: Tor's `tor1` relay cell crypto (AES-128-CTR, running SHA-1 digests).
 //! - [`onion`]: v3 onion addresses (`<base32>.onion`) and the service subcredential.
 //! - [`hs_ntor`]: the onion-service handshake of rend-spec v3 (INTRODUCE / RENDEZVOUS).
+//! - [`replay`]: the bounded INTRODUCE2 replay cache of an onion service.
 #![forbid(unsafe_code)]
 
 pub mod hs_ntor;
@@ -12,6 +13,7 @@ pub mod identity;
 pub mod ntor;
 pub mod onion;
 pub mod relay;
+pub mod replay;
 
 pub use hs_ntor::{
     HsIntroPublic, HsIntroSecret, HsKeyMaterial, HsNtorClientState, IntroduceOpened,
@@ -23,6 +25,7 @@ pub use ntor::{
 };
 pub use onion::{OnionAddress, OnionAddressError};
 pub use relay::{ClientCircuitCrypto, ClientHopCrypto, RelayHopCrypto};
+pub use replay::{IntroReplayCache, Replay};
 
 /// Errors from cryptographic operations.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
