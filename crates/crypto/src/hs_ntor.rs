@@ -160,7 +160,13 @@ pub struct IntroduceOpened {
     pub plaintext: Vec<u8>,
 }
 
-/// `MAC(k, m) = SHA3-256(htonll(len(k)) | k | m)`.
+/// rend-spec's `MAC(k, m) = SHA3-256(htonll(len(k)) | k | m)`. Besides hs-ntor, it is what
+/// ESTABLISH_INTRO's HANDSHAKE_AUTH uses (keyed with the circuit's `KH`).
+pub fn sha3_mac(key: &[u8], msg: &[u8]) -> [u8; 32] {
+    mac(key, &[msg])
+}
+
+/// [`sha3_mac`] over the concatenation of `msg`.
 fn mac(key: &[u8], msg: &[&[u8]]) -> [u8; 32] {
     let mut h = Sha3_256::new();
     Digest::update(&mut h, (key.len() as u64).to_be_bytes());
