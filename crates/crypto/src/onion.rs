@@ -36,8 +36,8 @@ const BASE32_ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 /// front end can say precisely what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OnionAddressError {
-    /// Not 56 characters (before ".onion"); a 16-character v2 address lands here.
-    #[error("onion address must be 56 base32 characters, got {0}")]
+    /// Not 56 bytes (before ".onion"); a 16-character v2 address lands here.
+    #[error("onion address must be 56 base32 characters, got {0} bytes")]
     BadLength(usize),
     /// A character outside the base32 alphabet.
     #[error("onion address is not valid base32")]
@@ -78,7 +78,7 @@ impl OnionAddress {
             _ => s,
         };
         if label.len() != ONION_ADDRESS_CHARS {
-            return Err(OnionAddressError::BadLength(label.chars().count()));
+            return Err(OnionAddressError::BadLength(label.len()));
         }
         let raw = base32_decode_35(label.as_bytes()).ok_or(OnionAddressError::BadBase32)?;
         let version = raw[RAW_LEN - 1];
