@@ -363,6 +363,24 @@ impl RelayCommand {
     pub const EXTEND2: Self = Self(14);
     /// Reply to EXTEND2.
     pub const EXTENDED2: Self = Self(15);
+    /// Onion service to intro point: become an introduction point (rend-spec v3).
+    pub const ESTABLISH_INTRO: Self = Self(32);
+    /// Client to rendezvous point: keep this circuit for a rendezvous cookie.
+    pub const ESTABLISH_RENDEZVOUS: Self = Self(33);
+    /// Client to intro point: an introduction for the service.
+    pub const INTRODUCE1: Self = Self(34);
+    /// Intro point to service: INTRODUCE1 passed on.
+    pub const INTRODUCE2: Self = Self(35);
+    /// Service to rendezvous point: join the client's circuit.
+    pub const RENDEZVOUS1: Self = Self(36);
+    /// Rendezvous point to client: the service joined.
+    pub const RENDEZVOUS2: Self = Self(37);
+    /// Intro point to service: ESTABLISH_INTRO accepted.
+    pub const INTRO_ESTABLISHED: Self = Self(38);
+    /// Rendezvous point to client: ESTABLISH_RENDEZVOUS accepted.
+    pub const RENDEZVOUS_ESTABLISHED: Self = Self(39);
+    /// Intro point to client: INTRODUCE1 passed on, or why not.
+    pub const INTRODUCE_ACK: Self = Self(40);
 
     /// Human-readable name, or `None` for an unknown number.
     pub fn name(self) -> Option<&'static str> {
@@ -382,6 +400,15 @@ impl RelayCommand {
             13 => "BEGIN_DIR",
             14 => "EXTEND2",
             15 => "EXTENDED2",
+            32 => "ESTABLISH_INTRO",
+            33 => "ESTABLISH_RENDEZVOUS",
+            34 => "INTRODUCE1",
+            35 => "INTRODUCE2",
+            36 => "RENDEZVOUS1",
+            37 => "RENDEZVOUS2",
+            38 => "INTRO_ESTABLISHED",
+            39 => "RENDEZVOUS_ESTABLISHED",
+            40 => "INTRODUCE_ACK",
             _ => return None,
         })
     }

@@ -3,18 +3,29 @@
 //! - [`identity`]: Ed25519 identity keys and signatures.
 //! - `ntor`: the ntor circuit handshake exactly as tor-spec defines it.
 //! - `relay`: Tor's `tor1` relay cell crypto (AES-128-CTR, running SHA-1 digests).
+//! - [`onion`]: v3 onion addresses (`<base32>.onion`) and the service subcredential.
+//! - [`hs_ntor`]: the onion-service handshake of rend-spec v3 (INTRODUCE / RENDEZVOUS).
+//! - [`replay`]: the bounded INTRODUCE2 replay cache of an onion service.
 #![forbid(unsafe_code)]
 
+pub mod hs_ntor;
 pub mod identity;
 pub mod ntor;
+pub mod onion;
 pub mod relay;
+pub mod replay;
 
+pub use hs_ntor::{
+    HsIntroPublic, HsIntroSecret, HsKeyMaterial, HsNtorClientState, IntroduceOpened,
+};
 pub use identity::{IdentityKey, IdentityKeypair, Signature};
 pub use ntor::{
     client_create, client_finish, server_handshake, KeyMaterial, NtorClientState, NtorPublicKey,
     NtorSecretKey, KEY_MATERIAL_LEN, NTOR_HTYPE, NTOR_ONIONSKIN_LEN, NTOR_REPLY_LEN,
 };
+pub use onion::{OnionAddress, OnionAddressError};
 pub use relay::{ClientCircuitCrypto, ClientHopCrypto, RelayHopCrypto};
+pub use replay::{IntroReplayCache, Replay};
 
 /// Errors from cryptographic operations.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -76,6 +76,12 @@ impl NtorSecretKey {
     pub fn public(&self) -> NtorPublicKey {
         NtorPublicKey(PublicKey::from(&self.0).to_bytes())
     }
+
+    /// `EXP(X, b)` with a peer's public key; hs-ntor uses an onion key of this type as the
+    /// service's per-intro-point encryption key.
+    pub(crate) fn diffie_hellman(&self, their_public: &[u8; 32]) -> SharedSecret {
+        self.0.diffie_hellman(&PublicKey::from(*their_public))
+    }
 }
 
 impl std::fmt::Debug for NtorSecretKey {

@@ -5,6 +5,7 @@
 //! - [`descriptor`]: signed relay descriptors ([`RelayDescriptor`]).
 //! - [`consensus`]: the signed consensus, relay flags and the pure functions an
 //!   authority uses to build it ([`Consensus`], [`assign_flags`], [`build_consensus`]).
+//! - [`onion`]: onion service descriptors ([`OnionDescriptor`], [`IntroPoint`]).
 //!
 //! Every function that depends on time takes `now` (UNIX seconds) from its caller, so
 //! everything here is deterministic and unit-testable.
@@ -14,6 +15,7 @@
 pub mod consensus;
 pub mod descriptor;
 mod document;
+pub mod onion;
 pub mod params;
 pub mod policy;
 
@@ -22,6 +24,10 @@ pub use consensus::{
     CONSENSUS_CLOCK_SKEW, MAX_CONSENSUS_LEN, MAX_RELAYS,
 };
 pub use descriptor::{valid_nickname, RelayDescriptor, MAX_DESCRIPTOR_LEN};
+pub use onion::{
+    IntroPoint, OnionDescriptor, MAX_INTRO_POINTS, MAX_ONION_DESCRIPTOR_LEN,
+    ONION_DESCRIPTOR_CLOCK_SKEW,
+};
 pub use params::{
     NetParams, ParamSpec, CIRCUIT_PRIORITY_HALFLIFE_MSEC, CIRCWINDOW, KNOWN_PARAMS, OUTBUF_CELLS,
 };
@@ -79,6 +85,40 @@ pub enum DirError {
     /// A network parameter with a bad name or value.
     #[error("bad network parameter: {0}")]
     BadParam(String),
+    /// An onion service descriptor's signature is missing, unreadable, or not by the service's
+    /// identity key.
+    #[error("onion descriptor signature does not verify: tampered or not signed by the service")]
+    BadOnionSignature,
+    /// An onion service descriptor is for another service than the one asked for.
+    #[error("onion descriptor is for {got}, not {expected}")]
+    WrongOnionAddress {
+        /// The address asked for.
+        expected: String,
+        /// The address label the descriptor names (truncated).
+        got: String,
+    },
+    /// An onion service descriptor is past its `valid_until` (beyond the clock skew).
+    #[error(
+        "onion descriptor expired: valid until {valid_until}, now {now} ({} s late)",
+        now.saturating_sub(*valid_until)
+    )]
+    OnionExpired {
+        /// End of validity (UNIX seconds).
+        valid_until: u64,
+        /// The verifier's clock.
+        now: u64,
+    },
+    /// An onion service descriptor starts in the future (beyond the clock skew).
+    #[error(
+        "onion descriptor not yet valid: valid after {valid_after}, now {now} ({} s early); check the clock",
+        valid_after.saturating_sub(*now)
+    )]
+    OnionNotYetValid {
+        /// Start of validity (UNIX seconds).
+        valid_after: u64,
+        /// The verifier's clock.
+        now: u64,
+    },
     /// A relay nickname that is not 1-19 ASCII letters and digits.
     #[error("bad nickname {0:?}: must be 1-19 ASCII letters or digits")]
     BadNickname(String),
