@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bucket;
+pub mod chansched;
 pub mod flow;
 mod idmap;
 mod node;
