@@ -8,8 +8,10 @@
 //! ```
 //!
 //! Time is read once per wake-up and passed to every core call made for it
-//! (the paper's cached-time fix). Cells move to a link's writer only while it
-//! has fewer than `outbuf_cells` unwritten, so the scheduler decides late.
+//! (the paper's cached-time fix). Which channel writes next, how many cells and in which class
+//! is the core-side channel scheduler's decision ([`chive_core::chansched::SendPath`], which
+//! also keeps the output accounting); the driver hands its [`Transmit`]s to the writers and
+//! reports back what they paid and wrote.
 //!
 //! A channel normally has one connection. With split-direction links (split.rs,
 //! docs/protocol.md) a channel between relays may have a second one: the channel's
@@ -17,7 +19,7 @@
 //! notices. Connections are named by ids from the channel-id allocator; a channel's
 //! first connection has the channel's own id.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -27,7 +29,9 @@ use chive_cell::{
     AnyCell, Bind, Cell, CellCommand, EndReason, Handoff, ResolvedAnswer, VarCell, CELL_LEN,
     VAR_CELL_HEADER_LEN,
 };
-use chive_core::{CellSample, ChannelId, Core, Event, SchedulerKind, StreamHandle};
+pub use chive_core::chansched::BatchClass;
+use chive_core::chansched::{ChannelSchedulerKind, SendConfig, SendPath, Transmit};
+use chive_core::{ChannelId, Core, Event, SchedulerKind, StreamHandle};
 use chive_crypto::IdentityKey;
 use chive_dir::ExitPolicy;
 use chive_net::{
@@ -183,17 +187,6 @@ pub enum WriteMsg {
     Var(VarCell),
 }
 
-/// How a batch of cells may draw on the write bucket (see [`Driver::quiet_below`]).
-#[derive(Clone, Copy, Debug)]
-pub enum BatchClass {
-    /// Not classified (no shared write rate): the reserve does not apply.
-    Unranked,
-    /// Bulk under a shared write rate: leaves the reserve alone.
-    Bulk,
-    /// Cells of circuits whose EWMA count is below `below`: may spend the reserve.
-    Quiet { below: f64 },
-}
-
 /// Shared by the driver and one connection's writer: how many quiet batches the writer holds
 /// unpaid, and a wake-up for a batch waiting at the reserve ahead of them.
 #[derive(Default)]
@@ -212,30 +205,16 @@ pub struct ConnHandles {
     hold: watch::Sender<bool>,
 }
 
-/// The driver's side of one connection.
+/// The driver's side of one connection (its output accounting is the send path's).
 struct ConnIo {
     id: ChannelId,
     h: ConnHandles,
-    in_flight: usize,
-    /// Of those, cells still waiting for write-bucket tokens (not yet paid): what the
-    /// cross-channel budget counts, so that a connection blocked on a slow receiver's socket
-    /// does not hold up the others.
-    unpaid: usize,
-    /// Batches handed to the writer, oldest first, with their sampled cells.
-    batches: VecDeque<(usize, Vec<CellSample>)>,
     held: bool,
 }
 
 impl ConnIo {
     fn new(id: ChannelId, h: ConnHandles) -> Self {
-        ConnIo {
-            id,
-            h,
-            in_flight: 0,
-            unpaid: 0,
-            batches: VecDeque::new(),
-            held: false,
-        }
+        ConnIo { id, h, held: false }
     }
 
     /// Stop reading now; the writer task finishes what it was given, then closes (TLS
@@ -278,8 +257,6 @@ struct ChanIo {
     primary: ConnIo,
     /// The peer's (Reader) or our (Writer) one-way second connection.
     secondary: Option<ConnIo>,
-    /// The output buffer is full and cells are waiting (counted once per episode).
-    blocked: bool,
     peer: Option<IdentityKey>,
     initiator: bool,
     /// The core knows the channel (false while an accepted link may still send a BIND).
@@ -299,21 +276,12 @@ impl ChanIo {
         }
     }
 
-    fn in_flight(&self) -> usize {
-        self.primary.in_flight + self.secondary.as_ref().map_or(0, |s| s.in_flight)
-    }
-
-    fn unpaid(&self) -> usize {
-        self.primary.unpaid + self.secondary.as_ref().map_or(0, |s| s.unpaid)
-    }
-
-    /// Cells the connection we write on may still take.
-    fn room(&self, outbuf_cells: usize) -> usize {
-        let conn = match (self.writing_secondary(), &self.secondary) {
-            (true, Some(s)) => s,
-            _ => &self.primary,
-        };
-        outbuf_cells.saturating_sub(conn.in_flight)
+    /// The connection with id `conn`, if it is one of the channel's.
+    fn conn_by_id(&self, conn: ChannelId) -> Option<&ConnIo> {
+        if self.primary.id == conn {
+            return Some(&self.primary);
+        }
+        self.secondary.as_ref().filter(|s| s.id == conn)
     }
 
     /// Whether our cells currently go on the second connection.
@@ -346,6 +314,21 @@ fn hex_peer(peer: Option<IdentityKey>) -> String {
 /// Constant-time equality for bind tokens.
 fn token_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The send path's settings for `cfg`: the write bucket (if any) decides pacing, whether the
+/// write rate is shared (`CrossChannelPriority` under a finite `BandwidthRate`) and the reserve.
+fn send_config(cfg: &DriverConfig) -> SendConfig {
+    let bucket = cfg.limits.write_bucket.as_ref();
+    SendConfig {
+        outbuf_cells: cfg.outbuf_cells,
+        paced: bucket.is_some(),
+        kind: ChannelSchedulerKind::for_rate(
+            cfg.tunables.cross_channel,
+            bucket.map_or(0, |b| b.rate().0),
+        ),
+        quiet_reserve: bucket.map_or(0, |b| b.reserve()),
+    }
 }
 
 /// Settings a node's operator may set locally; unset ones come from the consensus.
@@ -412,15 +395,15 @@ pub struct Driver {
     relay_addrs: HashMap<IdentityKey, SocketAddr>,
     /// Second connections: connection id → channel.
     secondaries: HashMap<ChannelId, ChannelId>,
-    /// Channels with cells waiting for output room while the relay's write rate is shared
-    /// (see [`Driver::dispatch`]), oldest first.
-    waiting: VecDeque<ChannelId>,
+    /// Which channel writes next and how much, and what each connection's writer holds.
+    send: SendPath,
 }
 
 impl Driver {
     /// A driver around `core`.
     pub fn new(core: Core, cfg: DriverConfig) -> Self {
         let (tx, rx) = mpsc::channel(INPUT_QUEUE);
+        let send = SendPath::new(send_config(&cfg));
         Driver {
             core,
             cfg,
@@ -435,7 +418,7 @@ impl Driver {
             split: SplitConfig::default(),
             relay_addrs: HashMap::new(),
             secondaries: HashMap::new(),
-            waiting: VecDeque::new(),
+            send,
         }
     }
 
@@ -449,6 +432,12 @@ impl Driver {
         if outbuf != self.cfg.outbuf_cells {
             info!(outbuf_cells = outbuf, "output buffer bound changed");
             self.cfg.outbuf_cells = outbuf;
+        }
+        // The write bucket's rate and reserve may have changed with the tunables (SIGHUP).
+        let send = send_config(&self.cfg);
+        if send != *self.send.config() {
+            self.send.set_config(send, &mut self.core, now);
+            self.drain_transmits();
         }
     }
 
@@ -507,8 +496,12 @@ impl Driver {
                     self.split_tick(now);
                     if let Some(m) = self.metrics.as_mut() {
                         m.quiet_reserve = self.cfg.limits.write_bucket.as_ref().map_or(0, |b| b.reserve());
+                        let stats = self.send.stats();
+                        m.outbuf_full_events = stats.outbuf_full_events;
+                        m.quiet_cells = stats.quiet_cells;
+                        let send = &self.send;
                         let outbufs: Vec<(u64, usize)> =
-                            self.chans.iter().map(|(c, io)| (c.0, io.in_flight())).collect();
+                            self.chans.keys().map(|c| (c.0, send.in_flight(*c))).collect();
                         m.tick(&self.core, &outbufs, self.cfg.outbuf_cells, now);
                     }
                     self.flush(now);
@@ -551,31 +544,15 @@ impl Driver {
             }
             Input::Cell { chan, cell } => self.on_cell(chan, cell, now),
             Input::Paid { chan: conn, cells } => {
-                let Some((chan, which)) = self.locate(conn) else {
-                    return true;
-                };
-                if let Some(c) = self.chans.get_mut(&chan).and_then(|io| io.conn_mut(which)) {
-                    c.unpaid = c.unpaid.saturating_sub(cells);
-                }
-                // Budget freed: the most deserving waiting channel goes next.
-                if !self.waiting.is_empty() {
-                    self.dispatch(now);
-                }
+                self.send.paid(conn, cells, &mut self.core, now);
+                self.drain_transmits();
             }
             Input::Written { chan: conn, cells } => {
-                let Some((chan, which)) = self.locate(conn) else {
-                    return true;
-                };
-                if let Some(c) = self.chans.get_mut(&chan).and_then(|io| io.conn_mut(which)) {
-                    c.in_flight = c.in_flight.saturating_sub(cells);
-                    // The writer reports whole batches, in order.
-                    if let Some((_, samples)) = c.batches.pop_front() {
-                        if let Some(m) = self.metrics.as_mut() {
-                            m.cells_written(samples, now);
-                        }
-                    }
+                let samples = self.send.written(conn, cells, &mut self.core, now);
+                self.drain_transmits();
+                if let (Some(samples), Some(m)) = (samples, self.metrics.as_mut()) {
+                    m.cells_written(samples, now);
                 }
-                self.transmit(chan, now);
             }
             Input::LinkDown { chan: conn, why } => match self.locate(conn) {
                 Some((chan, Conn::Primary)) => {
@@ -650,16 +627,17 @@ impl Driver {
                     conns.push_str(&format!(
                         "connection chan={} in_flight={} unpaid={} blocked={} secondary={} pending={}\n",
                         chan.0,
-                        io.in_flight(),
-                        io.unpaid(),
-                        io.blocked,
+                        self.send.in_flight(*chan),
+                        self.send.unpaid(*chan),
+                        self.send.blocked(*chan),
                         io.secondary.is_some(),
                         self.core.has_pending(*chan),
                     ));
                 }
                 conns.push_str(&format!(
-                    "waiting for output room: {:?}\n",
-                    self.waiting.iter().map(|c| c.0).collect::<Vec<_>>()
+                    "waiting for output room ({}): {:?}\n",
+                    self.send.policy_name(),
+                    self.send.waiting().iter().map(|c| c.0).collect::<Vec<_>>()
                 ));
                 info!(
                     "state dump (SIGUSR1):\n{}{}",
@@ -691,223 +669,57 @@ impl Driver {
             }
         }
         // Room may have appeared without a Written for a waiting channel (a link went down).
-        if !self.waiting.is_empty() {
-            self.dispatch(now);
-        }
+        self.send.settle(&mut self.core, now);
+        self.drain_transmits();
     }
 
-    /// `chan` may have cells to send. Without a write rate limit they go straight to its
-    /// writer (up to `outbuf_cells` in flight on the connection). With one, all channels share
-    /// the rate, so the channel joins the waiting list and [`Driver::dispatch`] decides.
+    /// `chan` may have cells to send: the channel scheduler decides what goes now.
     fn transmit(&mut self, chan: ChannelId, now: Instant) {
-        if !self.rate_shared() {
-            self.transmit_up_to(chan, usize::MAX, now, BatchClass::Unranked);
-            return;
-        }
-        if !self.waiting.contains(&chan) && self.core.has_pending(chan) {
-            self.waiting.push_back(chan);
-        }
-        self.dispatch(now);
+        self.send.channel_ready(chan, &mut self.core, now);
+        self.drain_transmits();
     }
 
-    /// Whether link writers share a finite write rate (`BandwidthRate`).
-    fn rate_shared(&self) -> bool {
-        self.cfg.tunables.cross_channel
-            && self
-                .cfg
-                .limits
-                .write_bucket
-                .as_ref()
-                .is_some_and(|b| b.rate().0 > 0)
-    }
-
-    /// Cross-channel scheduling under a shared write rate (the papers' future work 8.1; C tor's
-    /// KIST does the same with `circuitmux_compare_muxes`). Every writer draws from one token
-    /// bucket, so cells handed to writers wait there in first-come order whatever their
-    /// circuit. Keep that shared queue short — at most `outbuf_cells` cells in flight over all
-    /// connections — and whenever room appears, give it to the waiting channel whose next
-    /// circuit is most deserving (lowest decayed EWMA count; link-level cells first; ties and
-    /// round-robin in turn), a half-buffer at a time so a newcomer never waits behind more
-    /// than that. A fresh circuit on a quiet channel thus overtakes bulk on other channels too,
-    /// not only on its own.
-    ///
-    /// With a `QuietReserve`, channels whose next circuit is quiet go first, outside that
-    /// bound: see [`Driver::dispatch_quiet`].
-    fn dispatch(&mut self, now: Instant) {
-        self.dispatch_quiet(now);
-        let quantum = (self.cfg.outbuf_cells / 2).max(1);
-        loop {
-            let unpaid: usize = self.chans.values().map(ChanIo::unpaid).sum();
-            let room = self.cfg.outbuf_cells.saturating_sub(unpaid);
-            if room == 0 {
-                return;
-            }
-            let (chans, core) = (&self.chans, &self.core);
-            self.waiting
-                .retain(|c| chans.contains_key(c) && core.has_pending(*c));
-            let best = self
-                .waiting
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| {
-                    chans
-                        .get(c)
-                        .is_some_and(|io| io.room(self.cfg.outbuf_cells) > 0)
-                })
-                .map(|(i, c)| (i, core.channel_priority(*c, now).unwrap_or(0.0)))
-                .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
-                .map(|(i, _)| i);
-            let Some(chan) = best.and_then(|i| self.waiting.remove(i)) else {
-                return;
+    /// Hand the batches the send path decided to their connections' writers, in order.
+    fn drain_transmits(&mut self) {
+        while let Some(Transmit {
+            chan,
+            conn,
+            cells,
+            class,
+        }) = self.send.poll_transmit()
+        {
+            let Some(io) = self.chans.get_mut(&chan) else {
+                // The send path forgets a channel with the driver; never reached.
+                warn!(
+                    ?chan,
+                    cells = cells.len(),
+                    "batch for an unknown channel dropped"
+                );
+                continue;
             };
-            let sent = self.transmit_up_to(chan, quantum.min(room), now, BatchClass::Bulk);
-            if self.core.has_pending(chan) {
-                // Behind the others: equals take turns.
-                self.waiting.push_back(chan);
-            }
-            if sent == 0 {
-                return;
-            }
-        }
-    }
-
-    /// The EWMA count (cells) below which a circuit is quiet and its cells may spend the
-    /// write bucket's reserve: the reserve's size in cells, so a circuit is quiet while it has
-    /// sent less, recently, than the reserve holds (a web page, a handshake, SENDMEs), and a
-    /// bulk circuit stops being quiet within its first reserve's worth of cells. `None` without
-    /// a reserve, without a shared write rate, or under a policy that does not rank circuits
-    /// (round-robin: no priority, no reserve).
-    fn quiet_below(&self) -> Option<f64> {
-        if !self.rate_shared() || !self.core.scheduler().ranks_circuits() {
-            return None;
-        }
-        let reserve = self.cfg.limits.write_bucket.as_ref()?.reserve();
-        (reserve > 0).then(|| reserve as f64 / CELL_LEN as f64)
-    }
-
-    /// Hand quiet circuits' cells to their writers at once, as quiet batches that may spend
-    /// the reserve. They are not held to the `outbuf_cells` bound that bulk shares (bulk cells
-    /// waiting for tokens would otherwise fill it and keep them out); their own bound is twice
-    /// that over all connections and on each, so memory stays bounded whatever a peer does.
-    fn dispatch_quiet(&mut self, now: Instant) {
-        let Some(below) = self.quiet_below() else {
-            return;
-        };
-        let cap = 2 * self.cfg.outbuf_cells;
-        let mut unpaid: usize = self.chans.values().map(ChanIo::unpaid).sum();
-        let mut i = 0;
-        while i < self.waiting.len() && unpaid < cap {
-            let Some(&chan) = self.waiting.get(i) else {
-                return;
-            };
-            i += 1;
-            if self
-                .core
-                .channel_priority(chan, now)
-                .is_some_and(|p| p < below)
-            {
-                unpaid += self.transmit_up_to(chan, cap - unpaid, now, BatchClass::Quiet { below });
-            }
-        }
-    }
-
-    /// Move up to `limit` cells to a link's writer while it has room. A split channel's
-    /// responder writes on its second connection, everyone else on the first. Returns how
-    /// many cells moved.
-    ///
-    /// A [`BatchClass::Quiet`] batch takes cells only while the channel's next circuit is
-    /// quiet, one at a time (the scheduler may turn to a bulk circuit after any cell), and may
-    /// fill the connection to twice `outbuf_cells`.
-    fn transmit_up_to(
-        &mut self,
-        chan: ChannelId,
-        limit: usize,
-        now: Instant,
-        class: BatchClass,
-    ) -> usize {
-        // Paced writers report Paid for every batch (see spawn_conn).
-        let paced = self.cfg.limits.write_bucket.is_some();
-        let Some(io) = self.chans.get_mut(&chan) else {
-            return 0;
-        };
-        let on_secondary = io.writing_secondary();
-        let ChanIo {
-            primary,
-            secondary,
-            blocked,
-            bytes_out,
-            split,
-            ..
-        } = io;
-        let conn = match (on_secondary, secondary.as_mut()) {
-            (true, Some(s)) => s,
-            _ => primary,
-        };
-        let bound = match class {
-            BatchClass::Quiet { .. } => 2 * self.cfg.outbuf_cells,
-            _ => self.cfg.outbuf_cells,
-        };
-        let room = bound.saturating_sub(conn.in_flight);
-        if room == 0 {
-            if !*blocked && self.core.has_pending(chan) {
-                *blocked = true;
-                if let Some(m) = self.metrics.as_mut() {
-                    m.outbuf_full_events += 1;
-                }
-            }
-            return 0;
-        }
-        *blocked = false;
-        let room = room.min(limit);
-        let mut cells = Vec::with_capacity(room.min(64));
-        let n = match class {
-            BatchClass::Quiet { below } => {
-                let mut n = 0;
-                while n < room
-                    && self
-                        .core
-                        .channel_priority(chan, now)
-                        .is_some_and(|p| p < below)
-                    && self.core.poll_transmit(chan, 1, now, &mut cells) == 1
-                {
-                    n += 1;
-                }
-                n
-            }
-            _ => self.core.poll_transmit(chan, room, now, &mut cells),
-        };
-        if n > 0 {
-            conn.in_flight += n;
-            if paced {
-                conn.unpaid += n;
-            }
-            *bytes_out += (n * CELL_LEN) as u64;
-            if let SplitSide::Writer { sender, .. } = split {
+            let n = cells.len();
+            io.bytes_out += (n * CELL_LEN) as u64;
+            if let SplitSide::Writer { sender, .. } = &mut io.split {
                 sender.sent(n);
             }
-            let mut samples = Vec::new();
-            while let Some(s) = self.core.poll_cell_sample() {
-                samples.push(s);
-            }
-            conn.batches.push_back((n, samples));
+            let Some(c) = io.conn_by_id(conn) else {
+                warn!(
+                    ?chan,
+                    ?conn,
+                    cells = n,
+                    "batch for an unknown connection dropped"
+                );
+                continue;
+            };
             if let BatchClass::Quiet { .. } = class {
-                conn.h.quiet.queued.fetch_add(1, Ordering::Relaxed);
-                conn.h.quiet.wake.notify_one();
-                if let Some(m) = self.metrics.as_mut() {
-                    m.quiet_cells += n as u64;
-                }
+                c.h.quiet.queued.fetch_add(1, Ordering::Relaxed);
+                c.h.quiet.wake.notify_one();
             }
-            if conn
-                .h
-                .writer
-                .send(WriteMsg::Cells { cells, class })
-                .is_err()
-            {
+            if c.h.writer.send(WriteMsg::Cells { cells, class }).is_err() {
                 // The writer is gone; its LinkDown is on the way.
                 debug!(?chan, "writer gone");
             }
         }
-        n
     }
 
     fn handle_event(&mut self, ev: Event, now: Instant) {
@@ -1013,6 +825,7 @@ impl Driver {
         if let Some(s) = &io.secondary {
             self.secondaries.remove(&s.id);
         }
+        self.send.remove_channel(chan);
         Some(io)
     }
 
@@ -1050,7 +863,6 @@ impl Driver {
             ChanIo {
                 primary: ConnIo::new(chan, conn),
                 secondary: None,
-                blocked: false,
                 peer,
                 initiator,
                 opened: false,
@@ -1060,6 +872,7 @@ impl Driver {
                 split,
             },
         );
+        self.send.add_channel(chan);
         // An accepted link that negotiated the feature may be another channel's second
         // connection; its first cell (BIND or not) tells, so the core waits for it.
         if !split_ok || initiator {
@@ -1217,6 +1030,8 @@ impl Driver {
         let Some(x) = self.chans.remove(&conn) else {
             return;
         };
+        // Whatever comes of it, the link is no channel of its own: nothing was sent on it.
+        self.send.remove_channel(conn);
         let refuse = |x: ChanIo, why: &str| {
             warn!(?conn, peer = %hex_peer(x.peer), why, "refusing BIND");
             x.close();
@@ -1251,6 +1066,7 @@ impl Driver {
         };
         if let Some(s) = io.secondary.take() {
             self.secondaries.remove(&s.id);
+            self.send.detach_conn(s.id);
             s.close();
         }
         match &mut io.split {
@@ -1302,6 +1118,7 @@ impl Driver {
         io.primary.send_var(CellCommand::HANDOFF, h.encode());
         io.secondary = Some(ConnIo::new(conn_id, conn));
         self.secondaries.insert(conn_id, chan);
+        self.send.attach_conn(chan, conn_id);
         info!(?chan, peer = %hex_peer(io.peer), "channel went split: we write on our own connection");
         self.transmit(chan, now);
     }
@@ -1403,6 +1220,7 @@ impl Driver {
         let h = sender.switch();
         s.send_var(CellCommand::HANDOFF, h.encode());
         self.secondaries.remove(&s.id);
+        self.send.detach_conn(s.id);
         s.close();
         info!(?chan, peer = %hex_peer(io.peer), "channel back to one connection: second connection idle");
         self.transmit(chan, now);
