@@ -13,10 +13,11 @@
 //! also keeps the output accounting); the driver hands its [`Transmit`]s to the writers and
 //! reports back what they paid and wrote.
 //!
-//! A channel normally has one connection. With split-direction links (split.rs,
-//! docs/protocol.md) a channel between relays may have a second one: the channel's
-//! responder writes only there, its initiator only on the first; the core never
-//! notices. Connections are named by ids from the channel-id allocator; a channel's
+//! A channel normally has one connection. With split-direction links
+//! ([`chive_core::split`], docs/protocol.md) a channel between relays may have a second one:
+//! the channel's responder writes only there, its initiator only on the first; the core's
+//! circuits never notice. [`SplitChannel`] decides when a second connection opens, binds,
+//! merges or is retried, and which one the channel writes on; the driver connects and closes. Connections are named by ids from the channel-id allocator; a channel's
 //! first connection has the channel's own id.
 
 use std::collections::HashMap;
@@ -25,10 +26,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chive_cell::{
-    AnyCell, Bind, Cell, CellCommand, EndReason, Handoff, ResolvedAnswer, VarCell, CELL_LEN,
-    VAR_CELL_HEADER_LEN,
-};
+use chive_cell::{AnyCell, Bind, Cell, CellCommand, EndReason, ResolvedAnswer, VarCell};
 pub use chive_core::chansched::BatchClass;
 use chive_core::chansched::{ChannelSchedulerKind, SendConfig, SendPath, Transmit};
 use chive_core::{ChannelId, Core, Event, SchedulerKind, StreamHandle};
@@ -44,9 +42,8 @@ use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
 use crate::client::ClientState;
-use crate::split::{
-    BulkDetector, Conn, Decision, Item, Reorder, Sender as SplitSender, SplitConfig, SplitMode,
-    Violation, HOLD_CELLS,
+use chive_core::split::{
+    Conn, Decision, Refusal, SecondaryDown, SplitChannel, SplitConfig, SplitMode, Violation,
 };
 
 /// Capacity of the driver's input queue: readers wait (and stop reading their
@@ -58,12 +55,6 @@ const STREAM_READ_CHUNK: usize = 16 * 1024;
 const EXIT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Inputs handled before the driver flushes output again.
 const INPUT_BATCH: usize = 256;
-/// How long an accepted link that negotiated split-direction may stay silent before it counts
-/// as a channel of its own (its first cell may be a BIND making it another channel's second
-/// connection; an honest peer sends that, or its first CREATE2, at once).
-const BIND_WAIT: Duration = Duration::from_secs(2);
-/// After a second connection failed or could not be opened, wait this long before another.
-const SPLIT_RETRY: Duration = Duration::from_secs(10);
 
 /// Something for the core, from an IO task.
 // Cells travel inline (no allocation per cell); other inputs are rare.
@@ -234,24 +225,6 @@ impl ConnIo {
     }
 }
 
-/// A channel's split-direction state.
-enum SplitSide {
-    /// One bidirectional connection (feature not negotiated, or a client link).
-    None,
-    /// We opened the first connection: the peer may bind a connection it writes on.
-    Reader { token: [u8; 32], reorder: Reorder },
-    /// We accepted the first connection: we may open our own and write there.
-    Writer {
-        token: [u8; 32],
-        sender: SplitSender,
-        /// A connect task for the second connection is running.
-        opening: bool,
-        /// No new second connection before this.
-        retry_at: Option<Instant>,
-        detector: BulkDetector,
-    },
-}
-
 struct ChanIo {
     /// The channel's first connection (id = the channel's id).
     primary: ConnIo,
@@ -259,13 +232,8 @@ struct ChanIo {
     secondary: Option<ConnIo>,
     peer: Option<IdentityKey>,
     initiator: bool,
-    /// The core knows the channel (false while an accepted link may still send a BIND).
-    opened: bool,
-    up_since: Instant,
-    /// Bytes read and written on the channel (all connections), for "dynamic".
-    bytes_in: u64,
-    bytes_out: u64,
-    split: SplitSide,
+    /// Split-direction state: roles, second connection, which connection we write on.
+    split: SplitChannel,
 }
 
 impl ChanIo {
@@ -284,12 +252,6 @@ impl ChanIo {
         self.secondary.as_ref().filter(|s| s.id == conn)
     }
 
-    /// Whether our cells currently go on the second connection.
-    fn writing_secondary(&self) -> bool {
-        matches!(&self.split, SplitSide::Writer { sender, .. } if sender.current() == Conn::Secondary)
-            && self.secondary.is_some()
-    }
-
     fn close(self) {
         self.primary.close();
         if let Some(s) = self.secondary {
@@ -298,22 +260,9 @@ impl ChanIo {
     }
 }
 
-/// Wire size of a cell, for the byte counters.
-fn cell_len(cell: &AnyCell) -> u64 {
-    match cell {
-        AnyCell::Fixed(_) => CELL_LEN as u64,
-        AnyCell::Var(v) => (VAR_CELL_HEADER_LEN + v.payload.len()) as u64,
-    }
-}
-
 /// A peer identity for the log, in full hex (tests and operators match it against others).
 fn hex_peer(peer: Option<IdentityKey>) -> String {
     peer.map(|p| p.to_hex()).unwrap_or_else(|| "client".into())
-}
-
-/// Constant-time equality for bind tokens.
-fn token_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The send path's settings for `cfg`: the write bucket (if any) decides pacing, whether the
@@ -528,13 +477,7 @@ impl Driver {
             } => self.split_up(chan, conn_id, conn, now),
             Input::SplitFailed { chan, why } => {
                 if let Some(io) = self.chans.get_mut(&chan) {
-                    if let SplitSide::Writer {
-                        opening, retry_at, ..
-                    } = &mut io.split
-                    {
-                        *opening = false;
-                        *retry_at = Some(now + SPLIT_RETRY);
-                    }
+                    io.split.open_failed(now);
                 }
                 warn!(?chan, %why, "could not open a second connection; staying on one");
             }
@@ -698,10 +641,7 @@ impl Driver {
                 continue;
             };
             let n = cells.len();
-            io.bytes_out += (n * CELL_LEN) as u64;
-            if let SplitSide::Writer { sender, .. } = &mut io.split {
-                sender.sent(n);
-            }
+            io.split.sent(n);
             let Some(c) = io.conn_by_id(conn) else {
                 warn!(
                     ?chan,
@@ -841,20 +781,10 @@ impl Driver {
         now: Instant,
     ) {
         let split_ok = features.contains(SPLIT_DIRECTION) && peer.is_some();
-        let split = match (split_ok, initiator) {
-            (false, _) => SplitSide::None,
-            (true, true) => SplitSide::Reader {
-                token: bind_token,
-                reorder: Reorder::default(),
-            },
-            (true, false) => SplitSide::Writer {
-                token: bind_token,
-                sender: SplitSender::default(),
-                opening: false,
-                retry_at: None,
-                detector: BulkDetector::new(self.split.threshold, self.split.idle),
-            },
-        };
+        let split = SplitChannel::new(split_ok, initiator, bind_token, &self.split, now);
+        // An accepted link that negotiated the feature may be another channel's second
+        // connection; its first cell (BIND or not) tells, so the core waits for it.
+        let wait_for_bind = split.may_be_bound();
         if let Some(p) = peer {
             info!(?chan, peer = %p, initiator, split = split_ok, "relay link up");
         }
@@ -865,17 +795,11 @@ impl Driver {
                 secondary: None,
                 peer,
                 initiator,
-                opened: false,
-                up_since: now,
-                bytes_in: 0,
-                bytes_out: 0,
                 split,
             },
         );
         self.send.add_channel(chan);
-        // An accepted link that negotiated the feature may be another channel's second
-        // connection; its first cell (BIND or not) tells, so the core waits for it.
-        if !split_ok || initiator {
+        if !wait_for_bind {
             self.open_channel(chan, now);
         }
     }
@@ -885,10 +809,9 @@ impl Driver {
         let Some(io) = self.chans.get_mut(&chan) else {
             return;
         };
-        if io.opened {
+        if !io.split.open() {
             return;
         }
-        io.opened = true;
         let (peer, initiator) = (io.peer, io.initiator);
         self.core.channel_opened(chan, peer, initiator, now);
         if self.split.mode == SplitMode::Always {
@@ -910,8 +833,7 @@ impl Driver {
         let Some(io) = self.chans.get_mut(&chan) else {
             return;
         };
-        io.bytes_in += cell_len(&cell);
-        if !io.opened {
+        if !io.split.is_open() {
             if let AnyCell::Var(v) = &cell {
                 if v.command == CellCommand::BIND {
                     return self.bind(chan, &v.payload);
@@ -922,67 +844,34 @@ impl Driver {
         let Some(io) = self.chans.get_mut(&chan) else {
             return;
         };
-        match &mut io.split {
-            SplitSide::None => self.deliver(chan, cell, now),
-            SplitSide::Reader { reorder, .. } => {
-                let item = match cell {
-                    AnyCell::Var(v) if v.command == CellCommand::HANDOFF => {
-                        match Handoff::decode(&v.payload) {
-                            Ok(h) => Item::Handoff(h),
-                            Err(_) => {
-                                return self.split_violation(
-                                    chan,
-                                    Violation::Protocol("malformed HANDOFF"),
-                                    now,
-                                )
-                            }
-                        }
-                    }
-                    other => Item::Cell(other),
-                };
-                let before = reorder.current();
-                let mut out = Vec::new();
-                let result = reorder.push(which, item, &mut out);
-                let after = reorder.current();
-                self.after_reorder(chan, before, after, out, result, now);
+        let mut out = Vec::new();
+        let result = match io.split.receive(which, cell, &mut out) {
+            Ok(switched) => Ok(switched),
+            Err(Refusal::Violation(v)) => Err(v),
+            Err(Refusal::OneWay) => {
+                warn!(?chan, "peer wrote on our one-way connection; dropping it");
+                return self.secondary_down(chan, "peer wrote on a one-way connection", now);
             }
-            SplitSide::Writer { .. } => {
-                if which == Conn::Secondary {
-                    // The peer must never write on our write-only connection.
-                    warn!(?chan, "peer wrote on our one-way connection; dropping it");
-                    return self.secondary_down(chan, "peer wrote on a one-way connection", now);
-                }
-                if let AnyCell::Var(v) = &cell {
-                    if v.command == CellCommand::HANDOFF || v.command == CellCommand::BIND {
-                        return self.split_violation(
-                            chan,
-                            Violation::Protocol("HANDOFF or BIND from the channel's initiator"),
-                            now,
-                        );
-                    }
-                }
-                self.deliver(chan, cell, now);
-            }
-        }
+        };
+        self.after_receive(chan, out, result, now);
     }
 
-    /// Deliver what the reorder released, log switches, close on violations, pause readers.
-    fn after_reorder(
+    /// Deliver what the split state released, log switches, close on violations, pause readers.
+    fn after_receive(
         &mut self,
         chan: ChannelId,
-        before: Conn,
-        after: Conn,
         out: Vec<AnyCell>,
-        result: Result<(), Violation>,
+        result: Result<Option<Conn>, Violation>,
         now: Instant,
     ) {
         for cell in out {
             self.deliver(chan, cell, now);
         }
-        if let Err(v) = result {
-            return self.split_violation(chan, v, now);
-        }
-        if before != after {
+        let switched = match result {
+            Ok(switched) => switched,
+            Err(v) => return self.split_violation(chan, v, now),
+        };
+        if let Some(after) = switched {
             let peer = hex_peer(self.chans.get(&chan).and_then(|io| io.peer));
             match after {
                 Conn::Secondary => {
@@ -1002,11 +891,9 @@ impl Driver {
         let Some(io) = self.chans.get_mut(&chan) else {
             return;
         };
-        let SplitSide::Reader { reorder, .. } = &io.split else {
+        let Some(wants) = io.split.holds() else {
             return;
         };
-        let wants = [Conn::Primary, Conn::Secondary]
-            .map(|c| (c, c != reorder.current() && reorder.queued(c) >= HOLD_CELLS));
         for (which, want) in wants {
             if let Some(c) = io.conn_mut(which) {
                 if c.held != want {
@@ -1040,18 +927,12 @@ impl Driver {
             return refuse(x, "malformed BIND");
         };
         let target = self.chans.iter_mut().find(|(_, io)| {
-            io.opened
-                && io.peer == x.peer
-                && io.secondary.is_none()
-                && matches!(&io.split, SplitSide::Reader { token, .. } if token_eq(token, &bind.token))
+            io.peer == x.peer && io.secondary.is_none() && io.split.bind_matches(&bind.token)
         });
         let Some((&chan, io)) = target else {
             return refuse(x, "no channel of ours with that peer and token");
         };
-        let SplitSide::Reader { reorder, .. } = &mut io.split else {
-            return refuse(x, "not a reader");
-        };
-        if !reorder.attach_secondary() {
+        if !io.split.attach_peer_second() {
             return refuse(x, "the previous second connection is not finished");
         }
         io.secondary = Some(x.primary);
@@ -1069,27 +950,18 @@ impl Driver {
             self.send.detach_conn(s.id);
             s.close();
         }
-        match &mut io.split {
-            SplitSide::None => {}
-            SplitSide::Reader { reorder, .. } => {
-                let before = reorder.current();
-                let mut out = Vec::new();
-                let result = reorder.closed(Conn::Secondary, &mut out);
-                let after = reorder.current();
+        let mut out = Vec::new();
+        match io.split.secondary_down(now, &mut out) {
+            SecondaryDown::Nothing => {}
+            SecondaryDown::Released(result) => {
                 debug!(?chan, %why, "peer's second connection closed");
-                self.after_reorder(chan, before, after, out, result, now);
+                self.after_receive(chan, out, result, now);
             }
-            SplitSide::Writer {
-                sender, retry_at, ..
-            } => {
-                if sender.current() == Conn::Secondary {
-                    // Resume on the first connection; the recovery marker tells the peer how
-                    // many cells to expect from the failed one.
-                    let h = sender.recover();
+            SecondaryDown::Resume { recover } => {
+                if let Some(h) = recover {
                     io.primary.send_var(CellCommand::HANDOFF, h.encode());
                     info!(?chan, %why, "channel back to one connection: second connection failed");
                 }
-                *retry_at = Some(now + SPLIT_RETRY);
                 self.transmit(chan, now);
             }
         }
@@ -1101,20 +973,12 @@ impl Driver {
             conn.reader.abort();
             return;
         };
-        let SplitSide::Writer {
-            sender, opening, ..
-        } = &mut io.split
-        else {
+        let Some(h) = io.split.second_up() else {
+            // Not wanted any more (merged, failed, or one is already there).
             conn.reader.abort();
             return;
         };
-        if !*opening || io.secondary.is_some() || sender.current() != Conn::Primary {
-            conn.reader.abort();
-            return;
-        }
-        *opening = false;
         // The marker goes behind every cell already handed to the first connection's writer.
-        let h = sender.switch();
         io.primary.send_var(CellCommand::HANDOFF, h.encode());
         io.secondary = Some(ConnIo::new(conn_id, conn));
         self.secondaries.insert(conn_id, chan);
@@ -1131,30 +995,14 @@ impl Driver {
         let Some(peer) = io.peer else {
             return;
         };
-        let SplitSide::Writer {
-            token,
-            sender,
-            opening,
-            retry_at,
-            ..
-        } = &mut io.split
-        else {
+        let Some(token) = io.split.wants_second(now) else {
             return;
         };
-        if !io.opened
-            || *opening
-            || io.secondary.is_some()
-            || sender.current() != Conn::Primary
-            || retry_at.is_some_and(|t| now < t)
-        {
-            return;
-        }
         // The peer's ORPort comes from the consensus, as for any relay link.
         let Some(addr) = self.relay_addrs.get(&peer).copied() else {
             return;
         };
-        *opening = true;
-        let token = *token;
+        io.split.opening();
         let conn_id = ChannelId(self.next_chan.fetch_add(1, Ordering::Relaxed));
         let cfg = self.cfg.link.clone();
         let limits = self.cfg.limits.clone();
@@ -1208,16 +1056,15 @@ impl Driver {
         let Some(io) = self.chans.get_mut(&chan) else {
             return;
         };
-        let SplitSide::Writer { sender, .. } = &mut io.split else {
-            return;
-        };
-        if sender.current() != Conn::Secondary {
+        if io.secondary.is_none() {
             return;
         }
+        let Some(h) = io.split.merge() else {
+            return;
+        };
         let Some(s) = io.secondary.take() else {
             return;
         };
-        let h = sender.switch();
         s.send_var(CellCommand::HANDOFF, h.encode());
         self.secondaries.remove(&s.id);
         self.send.detach_conn(s.id);
@@ -1232,7 +1079,7 @@ impl Driver {
         let silent: Vec<ChannelId> = self
             .chans
             .iter()
-            .filter(|(_, io)| !io.opened && now.saturating_duration_since(io.up_since) >= BIND_WAIT)
+            .filter(|(_, io)| io.split.bind_wait_over(now))
             .map(|(c, _)| *c)
             .collect();
         for chan in silent {
@@ -1244,20 +1091,10 @@ impl Driver {
         let mut split = Vec::new();
         let mut merge = Vec::new();
         for (chan, io) in self.chans.iter_mut() {
-            let writing_secondary = io.writing_secondary();
-            let SplitSide::Writer { detector, .. } = &mut io.split else {
-                continue;
-            };
-            match self.split.mode {
-                SplitMode::Always => split.push(*chan),
-                SplitMode::Dynamic => {
-                    match detector.observe(now, io.bytes_in, io.bytes_out, writing_secondary) {
-                        Decision::Split => split.push(*chan),
-                        Decision::Merge => merge.push(*chan),
-                        Decision::Stay => {}
-                    }
-                }
-                SplitMode::Off => {}
+            match io.split.tick(self.split.mode, now) {
+                Decision::Split => split.push(*chan),
+                Decision::Merge => merge.push(*chan),
+                Decision::Stay => {}
             }
         }
         for chan in split {

@@ -11,7 +11,6 @@ mod metrics;
 mod perf;
 mod relay;
 mod shape;
-mod split;
 
 use clap::{Parser, Subcommand};
 

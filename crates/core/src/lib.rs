@@ -17,6 +17,7 @@ pub mod flow;
 mod idmap;
 mod node;
 pub mod sched;
+pub mod split;
 
 pub use node::{
     CellSample, CircuitStat, Core, CoreConfig, CoreError, CoreStats, Event, HopSpec, RelayKeys,
