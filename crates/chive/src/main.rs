@@ -1,16 +1,14 @@
-//! The `chive` binary: one executable, one subcommand per role.
+//! The `chive` binary: one executable, one subcommand per role. The node roles live in
+//! chive-node; this is their command line.
 
-mod authority;
-mod client;
-mod common;
 mod delay;
-mod dirclient;
-mod driver;
 mod httpd;
-mod metrics;
 mod perf;
-mod relay;
 mod shape;
+
+// The tools load configs and set up logging as the node roles do (`crate::common::…`).
+use chive_node::common;
+use chive_node::{authority, client, relay};
 
 use clap::{Parser, Subcommand};
 
