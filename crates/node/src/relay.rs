@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use chive_core::{ChannelId, Core, CoreConfig, RelayKeys, SchedulerKind};
+use chive_core::{ChannelId, Core, CoreConfig, RelayKeys};
 use chive_crypto::ntor::NtorSecretKey;
 use chive_crypto::IdentityKey;
 use chive_dir::{valid_nickname, ExitPolicy, RelayDescriptor};
@@ -309,10 +309,10 @@ impl RelayConfig {
                 bail!("CircuitPriorityHalflife must be a number of seconds (<= 0 turns EWMA off)");
             }
         }
-        if let Some(name) = &self.scheduler {
-            SchedulerKind::from_config(name, self.circuit_priority_halflife)
-                .map_err(|e| anyhow::anyhow!("Scheduler: {e}"))?;
-        }
+        // Scheduler and half-life together, as the driver will use them (named in the error).
+        self.tunables()
+            .effective(None)
+            .map_err(anyhow::Error::msg)?;
         if !(0.0..=1.0).contains(&self.read_rate_margin) {
             bail!("ReadRateMargin must be between 0 and 1 (a fraction of BandwidthRate)");
         }
@@ -378,7 +378,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     rand::rngs::OsRng.fill_bytes(&mut seed);
     let is_exit = policy.is_exit();
     let tunables = cfg.tunables();
-    let (scheduler, _) = tunables.effective(None);
+    let (scheduler, outbuf_cells) = tunables.effective(None).map_err(anyhow::Error::msg)?;
     let core = Core::new(
         CoreConfig {
             relay: Some(RelayKeys {
@@ -407,7 +407,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         DriverConfig {
             link,
             limits: limits.clone(),
-            outbuf_cells: tunables.effective(None).1,
+            outbuf_cells,
             exit_policy: is_exit.then(|| policy.clone()),
             tunables: tunables.clone(),
         },

@@ -26,6 +26,8 @@
 
 mod links;
 mod tasks;
+#[cfg(test)]
+mod tests;
 mod tunables;
 
 use std::collections::HashMap;
@@ -37,7 +39,7 @@ use std::time::{Duration, Instant};
 use chive_cell::{AnyCell, CellCommand, EndReason, ResolvedAnswer, VarCell};
 pub use chive_core::chansched::BatchClass;
 use chive_core::chansched::{ChannelSchedulerKind, SendConfig, SendPath, Transmit};
-use chive_core::{ChannelId, Core, Event, StreamHandle};
+use chive_core::{ChannelId, Core, Event, SchedulerKind, StreamHandle};
 use chive_crypto::IdentityKey;
 use chive_dir::ExitPolicy;
 use chive_net::{FeatureSet, LinkConfig, LinkLimits};
@@ -271,9 +273,30 @@ impl Driver {
         }
     }
 
-    /// Apply the tunables and consensus parameters now in force.
-    pub fn apply_policy(&mut self, now: Instant) {
-        let (kind, outbuf) = self.cfg.tunables.effective(self.params.as_ref());
+    /// Apply the tunables and consensus parameters now in force. Returns false, leaving the
+    /// circuit policy and output bound as they were, if they name a value the policy cannot use
+    /// (logged with the option's name).
+    pub fn apply_policy(&mut self, now: Instant) -> bool {
+        let applied = match self.cfg.tunables.effective(self.params.as_ref()) {
+            Ok((kind, outbuf)) => {
+                self.set_policy(kind, outbuf, now);
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "scheduler settings not applied; keeping the old policy");
+                false
+            }
+        };
+        // The write bucket's rate and reserve may have changed with the tunables (SIGHUP).
+        let send = send_config(&self.cfg);
+        if send != *self.send.config() {
+            self.send.set_config(send, &mut self.core, now);
+            self.drain_transmits();
+        }
+        applied
+    }
+
+    fn set_policy(&mut self, kind: SchedulerKind, outbuf: usize, now: Instant) {
         if kind != self.core.scheduler() {
             info!(scheduler = %kind.label(), "circuit scheduler changed");
             self.core.set_scheduler(kind, now);
@@ -281,12 +304,6 @@ impl Driver {
         if outbuf != self.cfg.outbuf_cells {
             info!(outbuf_cells = outbuf, "output buffer bound changed");
             self.cfg.outbuf_cells = outbuf;
-        }
-        // The write bucket's rate and reserve may have changed with the tunables (SIGHUP).
-        let send = send_config(&self.cfg);
-        if send != *self.send.config() {
-            self.send.set_config(send, &mut self.core, now);
-            self.drain_transmits();
         }
     }
 
@@ -441,8 +458,10 @@ impl Driver {
                 self.core.exit_resolved(stream, answers, now)
             }
             Input::Reconfigure(t) => {
-                self.cfg.tunables = t;
-                self.apply_policy(now);
+                let old = std::mem::replace(&mut self.cfg.tunables, t);
+                if !self.apply_policy(now) {
+                    self.cfg.tunables = old;
+                }
             }
             Input::Consensus(consensus) => {
                 self.relay_addrs = consensus
