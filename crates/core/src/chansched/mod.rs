@@ -70,6 +70,18 @@ pub enum BatchClass {
     },
 }
 
+impl BatchClass {
+    /// Whether a batch of this class may spend the write bucket's reserve while `quiet_queued`
+    /// quiet batches wait unpaid on its connection (itself included, if quiet). Quiet and
+    /// unranked batches may. A bulk batch is *promoted* while a quiet batch waits behind it:
+    /// the quiet one cannot leave before it, so it would otherwise wait for tokens above the
+    /// reserve after all. The writer re-asks at every re-check, so promotion applies to a batch
+    /// already waiting.
+    pub fn may_spend_reserve(self, quiet_queued: usize) -> bool {
+        !matches!(self, BatchClass::Bulk) || quiet_queued > 0
+    }
+}
+
 /// Which channel scheduler a node uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ChannelSchedulerKind {

@@ -325,6 +325,31 @@ fn a_quiet_batch_ends_where_the_channel_turns_to_bulk() {
 }
 
 #[test]
+fn a_bulk_batch_is_promoted_while_a_quiet_one_waits_behind_it() {
+    let quiet = BatchClass::Quiet { below: 20.0 };
+    assert!(quiet.may_spend_reserve(1));
+    assert!(BatchClass::Unranked.may_spend_reserve(0));
+    assert!(!BatchClass::Bulk.may_spend_reserve(0));
+    assert!(BatchClass::Bulk.may_spend_reserve(1));
+    // On one connection: bulk, then a quiet batch; the writer counts the quiet one as queued
+    // from the moment it is handed over, so the bulk batch ahead of it is promoted.
+    let now = Instant::now();
+    let mut core = FakeCore::ranking();
+    let mut p = path(shared(20 * CELL_LEN as u64), &[A]);
+    core.push(A, 4, Some(300.0));
+    p.channel_ready(A, &mut core, now);
+    core.push(A, 2, Some(1.0));
+    p.channel_ready(A, &mut core, now);
+    let classes: Vec<BatchClass> = drain(&mut p).iter().map(|b| b.3).collect();
+    assert_eq!(classes, vec![BatchClass::Bulk, quiet]);
+    let queued = classes
+        .iter()
+        .filter(|c| matches!(c, BatchClass::Quiet { .. }))
+        .count();
+    assert!(classes[0].may_spend_reserve(queued));
+}
+
+#[test]
 fn round_robin_circuits_get_no_quiet_batches() {
     let now = Instant::now();
     let mut core = FakeCore::default();

@@ -169,10 +169,7 @@ pub(super) fn spawn_conn(
                     writer
                         .pay_for_cells(
                             cells.len(),
-                            || {
-                                !matches!(class, BatchClass::Bulk)
-                                    || signal.queued.load(Ordering::Relaxed) > 0
-                            },
+                            || class.may_spend_reserve(signal.queued.load(Ordering::Relaxed)),
                             Some(&signal.wake),
                         )
                         .await;
