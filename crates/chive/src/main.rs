@@ -1,13 +1,7 @@
-//! The `chive` binary: one executable, one subcommand per role.
+//! The `chive` binary: one executable, one subcommand per role. The node roles live in
+//! chive-node; this is their command line.
 
-mod authority;
-mod client;
-mod common;
-mod dirclient;
-mod driver;
-mod metrics;
-mod relay;
-mod split;
+use chive_node::{authority, client, relay};
 
 use clap::{Parser, Subcommand};
 

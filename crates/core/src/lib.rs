@@ -11,10 +11,13 @@
 //! client (origin circuits it builds, SOCKS streams), as one process of Tor can.
 #![forbid(unsafe_code)]
 
+pub mod bucket;
+pub mod chansched;
 pub mod flow;
 mod idmap;
 mod node;
 pub mod sched;
+pub mod split;
 
 pub use node::{
     CellSample, CircuitStat, Core, CoreConfig, CoreError, CoreStats, Event, HopSpec, RelayKeys,

@@ -9,59 +9,26 @@
 //! bulk traffic then leaves the bucket at the reserve instead of empty, and a quiet circuit's
 //! burst (a web page, a circuit handshake) leaves at once instead of waiting for tokens to
 //! accrue behind bulk. The long-run rate is unchanged; the reserve is part of the burst.
+//!
+//! The bucket's rules are sans-IO ([`chive_core::bucket::TokenBucketState`], time passed in);
+//! this is the tokio wrapper that shares one between tasks and sleeps for its waits.
 
 use std::sync::Mutex;
-use std::time::Duration;
 
+use chive_core::bucket::{Draw, TokenBucketState};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Do not refill more often than this: avoids taking time stamps and doing float work on every
-/// small consume, without letting the bucket lag measurably behind real time.
-const REFILL_GRANULARITY: Duration = Duration::from_millis(1);
-/// A waiter re-checks the bucket at least this often, so that a rate increase (`set_rate`) or a
-/// competitor's consumption is noticed quickly and no long stall appears.
-const MAX_WAIT: Duration = Duration::from_millis(10);
-/// A request held back by the reserve re-checks whether it has become quiet this often.
-const QUIET_RECHECK: Duration = Duration::from_millis(2);
-
-/// A token bucket limiting a byte rate with a burst allowance.
+/// A token bucket limiting a byte rate with a burst allowance, shared by the tasks of a relay.
 ///
 /// `consume(n)` waits while the bucket is in debt and then takes `n`, going into debt by what was
 /// missing; the debt is repaid (by later callers waiting) at the configured rate. Waiting for the
-/// whole `n` instead would let a stream of small requests starve a large one forever.
+/// whole `n` instead would let a stream of small requests starve a large one forever. The rules
+/// (refill, floor, debt, re-check intervals) are [`TokenBucketState`]'s; this type adds the
+/// lock, tokio's clock and the sleeping.
 #[derive(Debug)]
 pub struct TokenBucket {
-    inner: Mutex<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
-    /// Bytes per second; 0 means unlimited.
-    rate: u64,
-    /// Maximum number of tokens the bucket holds.
-    burst: u64,
-    /// Tokens only quiet consumers may take (at most half the burst).
-    reserve: u64,
-    /// Current tokens; negative while in debt.
-    tokens: f64,
-    /// When tokens were last added.
-    last_refill: Instant,
-}
-
-impl Inner {
-    fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.last_refill);
-        if elapsed < REFILL_GRANULARITY {
-            return;
-        }
-        self.last_refill = now;
-        if self.rate == 0 {
-            return;
-        }
-        let added = self.rate as f64 * elapsed.as_secs_f64();
-        self.tokens = (self.tokens + added).min(self.burst as f64);
-    }
+    inner: Mutex<TokenBucketState>,
 }
 
 impl TokenBucket {
@@ -69,13 +36,11 @@ impl TokenBucket {
     /// It starts full, as in Tor.
     pub fn new(rate_bytes_per_sec: u64, burst_bytes: u64) -> Self {
         TokenBucket {
-            inner: Mutex::new(Inner {
-                rate: rate_bytes_per_sec,
-                burst: burst_bytes,
-                reserve: 0,
-                tokens: burst_bytes as f64,
-                last_refill: Instant::now(),
-            }),
+            inner: Mutex::new(TokenBucketState::new(
+                rate_bytes_per_sec,
+                burst_bytes,
+                now(),
+            )),
         }
     }
 
@@ -96,45 +61,27 @@ impl TokenBucket {
 
     /// Like [`TokenBucket::consume`], but while `quiet()` is false the request waits until the
     /// bucket holds more than the reserve, and then takes `n` (going below the reserve by at
-    /// most one request). `quiet` is re-evaluated at every re-check (at most [`MAX_WAIT`] apart,
-    /// [`QUIET_RECHECK`] while a reserve holds the request back, and at once when `wake` is
-    /// notified), so a request can be promoted while it waits: a writer whose queue gains a
-    /// quiet batch behind this one.
+    /// most one request). `quiet` is re-evaluated at every re-check (at most
+    /// [`chive_core::bucket::MAX_WAIT`] apart, [`chive_core::bucket::QUIET_RECHECK`] while a
+    /// reserve holds the request back, and at once when `wake` is notified), so a request can
+    /// be promoted while it waits: a writer whose queue gains a quiet batch behind this one.
     pub async fn consume_classed(&self, n: usize, quiet: impl Fn() -> bool, wake: Option<&Notify>) {
-        if n == 0 {
-            return;
-        }
         loop {
             let wait = {
                 let mut inner = self.lock();
-                if inner.rate == 0 {
-                    return;
-                }
-                inner.refill(Instant::now());
-                let floor = if inner.reserve > 0 && !quiet() {
-                    inner.reserve as f64
+                // Asked only when it matters (limited, with a reserve), as the caller's test
+                // may be a shared counter.
+                let draw = if !inner.is_unlimited() && inner.reserve() > 0 && !quiet() {
+                    Draw::Bulk
                 } else {
-                    0.0
+                    Draw::Quiet
                 };
-                // Take as soon as the bucket is above the floor (out of debt for quiet
-                // requests), going below it by the rest: the rate holds on average, and a large
-                // request never waits for a full `n` to accrue while small requests keep
-                // draining the bucket (that starved big writers forever).
-                if inner.tokens > floor {
-                    inner.tokens -= n as f64;
-                    return;
-                }
-                let deficit = floor + 1.0 - inner.tokens;
-                let wait = Duration::from_secs_f64(deficit / inner.rate as f64);
-                if floor > 0.0 {
-                    wait.min(QUIET_RECHECK)
-                } else {
-                    wait
+                match inner.try_take(n, draw, now()) {
+                    Ok(()) => return,
+                    Err(wait) => wait,
                 }
             };
-            // Wait for the deficit to accrue, but re-check at least every MAX_WAIT and never spin
-            // faster than the refill granularity.
-            let sleep = tokio::time::sleep(wait.clamp(REFILL_GRANULARITY, MAX_WAIT));
+            let sleep = tokio::time::sleep(wait);
             match wake {
                 Some(w) => {
                     tokio::select! {
@@ -150,73 +97,54 @@ impl TokenBucket {
     /// Take up to `n` tokens without waiting; returns how many were taken (0 if the bucket is
     /// empty or in debt). Unlimited buckets always grant `n`.
     pub fn try_consume(&self, n: usize) -> usize {
-        let mut inner = self.lock();
-        if inner.rate == 0 {
-            return n;
-        }
-        inner.refill(Instant::now());
-        if inner.tokens < 1.0 {
-            return 0;
-        }
-        let granted = (inner.tokens.floor() as u64).min(n as u64) as usize;
-        inner.tokens -= granted as f64;
-        granted
+        self.lock().try_take_up_to(n, now())
     }
 
     /// Change rate and burst at runtime (SIGHUP). Tokens accrued so far at the old rate are kept,
     /// capped at the new burst; switching from unlimited to limited starts with a full bucket.
     pub fn set_rate(&self, rate: u64, burst: u64) {
-        let mut inner = self.lock();
-        let now = Instant::now();
-        let was_unlimited = inner.rate == 0;
-        inner.refill(now);
-        inner.last_refill = now;
-        inner.rate = rate;
-        inner.burst = burst;
-        inner.reserve = inner.reserve.min(burst / 2);
-        inner.tokens = if was_unlimited {
-            burst as f64
-        } else {
-            inner.tokens.min(burst as f64)
-        };
+        self.lock().set_rate(rate, burst, now());
     }
 
     /// Hold back `reserve` bytes for quiet consumers; 0 turns it off. Capped at half the
     /// burst, so that ordinary consumers always have tokens above it to take.
     pub fn set_reserve(&self, reserve: u64) {
-        let mut inner = self.lock();
-        inner.reserve = reserve.min(inner.burst / 2);
+        self.lock().set_reserve(reserve);
     }
 
     /// The reserve in force (bytes).
     pub fn reserve(&self) -> u64 {
-        self.lock().reserve
+        self.lock().reserve()
     }
 
     /// The configured `(rate, burst)`.
     pub fn rate(&self) -> (u64, u64) {
-        let inner = self.lock();
-        (inner.rate, inner.burst)
+        self.lock().rate()
     }
 
     /// Tokens currently available (negative while in debt), after refilling. For monitoring.
     pub fn available(&self) -> i64 {
-        let mut inner = self.lock();
-        inner.refill(Instant::now());
-        inner.tokens as i64
+        self.lock().available(now())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TokenBucketState> {
         // The lock is never held across an await or a panic-prone call, but recover from
         // poisoning anyway rather than propagating a panic into every link.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
+/// tokio's clock (paused in tests) as the std instant the sans-IO bucket takes.
+fn now() -> std::time::Instant {
+    Instant::now().into_std()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chive_core::bucket::QUIET_RECHECK;
     use std::sync::Arc;
+    use std::time::Duration;
 
     const MB: u64 = 1_000_000;
 

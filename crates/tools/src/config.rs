@@ -1,5 +1,5 @@
-//! Config files and logging for the tools, as the node's subcommands do them. A copy of the
-//! two helpers in the node's `common.rs`, so the tools do not depend on the relay's crates.
+//! Config files and logging for every chive subcommand: the tools here and the node roles
+//! (chive-node re-exports these from its `common` module).
 
 use std::path::Path;
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use chive_core::{ChannelId, Core, CoreConfig, RelayKeys, SchedulerKind};
+use chive_core::{ChannelId, Core, CoreConfig, RelayKeys};
 use chive_crypto::ntor::NtorSecretKey;
 use chive_crypto::IdentityKey;
 use chive_dir::{valid_nickname, ExitPolicy, RelayDescriptor};
@@ -187,10 +187,10 @@ fn default_split_mode() -> String {
     "off".to_string()
 }
 fn default_split_threshold() -> u64 {
-    crate::split::SplitConfig::default().threshold
+    chive_core::split::SplitConfig::default().threshold
 }
 fn default_split_idle() -> u64 {
-    crate::split::SplitConfig::default().idle.as_secs()
+    chive_core::split::SplitConfig::default().idle.as_secs()
 }
 pub(crate) fn default_log() -> String {
     "info".to_string()
@@ -267,8 +267,8 @@ impl RelayConfig {
     }
 
     /// The split-direction settings, with the option named in any error.
-    fn split_config(&self) -> anyhow::Result<crate::split::SplitConfig> {
-        let mode = crate::split::SplitMode::parse(&self.split_direction)
+    fn split_config(&self) -> anyhow::Result<chive_core::split::SplitConfig> {
+        let mode = chive_core::split::SplitMode::parse(&self.split_direction)
             .map_err(|e| anyhow::anyhow!("SplitDirection: {e}"))?;
         if self.split_threshold == 0 {
             bail!("SplitThreshold must be at least 1 byte/s");
@@ -276,7 +276,7 @@ impl RelayConfig {
         if !(1..=86_400).contains(&self.split_idle) {
             bail!("SplitIdle must be between 1 and 86400 seconds");
         }
-        Ok(crate::split::SplitConfig {
+        Ok(chive_core::split::SplitConfig {
             mode,
             threshold: self.split_threshold,
             idle: Duration::from_secs(self.split_idle),
@@ -286,7 +286,7 @@ impl RelayConfig {
     /// Link features this relay announces.
     fn features(&self) -> FeatureSet {
         match self.split_config().map(|c| c.mode) {
-            Ok(crate::split::SplitMode::Off) | Err(_) => FeatureSet::EMPTY,
+            Ok(chive_core::split::SplitMode::Off) | Err(_) => FeatureSet::EMPTY,
             Ok(_) => FeatureSet(chive_net::SPLIT_DIRECTION),
         }
     }
@@ -309,10 +309,10 @@ impl RelayConfig {
                 bail!("CircuitPriorityHalflife must be a number of seconds (<= 0 turns EWMA off)");
             }
         }
-        if let Some(name) = &self.scheduler {
-            SchedulerKind::from_config(name, self.circuit_priority_halflife)
-                .map_err(|e| anyhow::anyhow!("Scheduler: {e}"))?;
-        }
+        // Scheduler and half-life together, as the driver will use them (named in the error).
+        self.tunables()
+            .effective(None)
+            .map_err(anyhow::Error::msg)?;
         if !(0.0..=1.0).contains(&self.read_rate_margin) {
             bail!("ReadRateMargin must be between 0 and 1 (a fraction of BandwidthRate)");
         }
@@ -378,7 +378,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     rand::rngs::OsRng.fill_bytes(&mut seed);
     let is_exit = policy.is_exit();
     let tunables = cfg.tunables();
-    let (scheduler, _) = tunables.effective(None);
+    let (scheduler, outbuf_cells) = tunables.effective(None).map_err(anyhow::Error::msg)?;
     let core = Core::new(
         CoreConfig {
             relay: Some(RelayKeys {
@@ -407,7 +407,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         DriverConfig {
             link,
             limits: limits.clone(),
-            outbuf_cells: tunables.effective(None).1,
+            outbuf_cells,
             exit_policy: is_exit.then(|| policy.clone()),
             tunables: tunables.clone(),
         },

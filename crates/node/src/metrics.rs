@@ -30,7 +30,14 @@ pub struct Clock {
     base_unix: f64,
 }
 
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Clock {
+    /// A clock anchored at the current instant and wall-clock time.
     pub fn new() -> Self {
         let base_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -42,6 +49,7 @@ impl Clock {
         }
     }
 
+    /// `t` in UNIX seconds.
     pub fn unix(&self, t: Instant) -> f64 {
         if t >= self.base_instant {
             self.base_unix + (t - self.base_instant).as_secs_f64()

@@ -201,7 +201,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         DriverConfig {
             link: Arc::new(cfg.link_config()),
             limits: LinkLimits::default(),
-            outbuf_cells: tunables.effective(None).1,
+            outbuf_cells: tunables.effective(None).map_err(anyhow::Error::msg)?.1,
             tunables,
             exit_policy: None,
         },

@@ -12,13 +12,20 @@
 //! - [`Reorder`]: A's side; merges the two connections' cells back into B's order.
 //! - [`Sender`]: B's side; which connection it writes on and the HANDOFF markers.
 //! - [`BulkDetector`]: B's "dynamic" policy (split under bidirectional bulk, merge when idle).
+//! - [`SplitChannel`] (assign.rs): the assignment policy over those, per channel: when to open a
+//!   second connection, binding, merging, retrying, and which connection the channel writes on.
 //!
-//! The driver (driver.rs) owns the sockets and applies these.
+//! The IO driver (chive-node) owns the sockets, reports what happened with `now`, and carries out
+//! what these return (markers to write, connections to open or close, readers to pause).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use chive_cell::{AnyCell, Handoff};
+
+mod assign;
+
+pub use assign::{Refusal, SecondaryDown, SplitChannel, BIND_WAIT, SPLIT_RETRY};
 
 /// How long both directions must carry bulk traffic before "dynamic" splits a channel.
 pub const SPLIT_SUSTAIN: Duration = Duration::from_secs(3);

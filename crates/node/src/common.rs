@@ -4,28 +4,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context};
 use rand::RngCore;
-use serde::de::DeserializeOwned;
 
-/// Read and parse a TOML config file. Unknown keys and bad values are errors
-/// that name the file and the offending option (structs use `deny_unknown_fields`).
-pub fn load_config<T: DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    toml::from_str(&text).map_err(|e| anyhow!("bad config file {}: {}", path.display(), e))
-}
-
-/// Start logging to stderr. `level` is a tracing filter such as `info` or
-/// `chive_core=debug,info`; the environment variable `CHIVE_LOG` overrides it.
-pub fn init_logging(level: &str) {
-    let filter = std::env::var("CHIVE_LOG").unwrap_or_else(|_| level.to_string());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
-}
+// Config files and logging work the same for every chive subcommand, node roles and tools
+// alike; one copy lives with the command-line tools.
+pub use chive_tools::config::{init_logging, load_config};
 
 /// Load a 32-byte secret stored as hex in `path`, creating it (mode 0600) if absent.
 pub fn load_or_create_secret(path: &Path) -> anyhow::Result<[u8; 32]> {

@@ -1,0 +1,296 @@
+//! Output accounting: what each connection's writer holds, and the one place cells leave the
+//! core for a writer ([`SendCtx::transmit_up_to`]).
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use chive_cell::Cell;
+
+use super::{BatchClass, CellSource, ConnId, SendConfig};
+use crate::idmap::LocalMap;
+use crate::{CellSample, ChannelId};
+
+/// A batch of cells for one connection's writer.
+#[derive(Debug)]
+pub struct Transmit {
+    /// The channel the cells belong to.
+    pub chan: ChannelId,
+    /// The connection to write them on.
+    pub conn: ConnId,
+    /// The cells, in order.
+    pub cells: Vec<Cell>,
+    /// How the batch may draw on the write bucket.
+    pub class: BatchClass,
+}
+
+/// Counters of the send path, since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendStats {
+    /// Episodes in which a channel had cells waiting while its connection was full
+    /// (counted once per episode, not per attempt).
+    pub outbuf_full_events: u64,
+    /// Cells sent in quiet batches.
+    pub quiet_cells: u64,
+}
+
+/// One connection's writer, as the send path sees it.
+#[derive(Debug)]
+pub(super) struct ConnOutput {
+    /// The channel it carries.
+    chan: ChannelId,
+    /// Cells handed to the writer and not yet written.
+    pub(super) in_flight: usize,
+    /// Of those, cells still waiting for write-bucket tokens: what a shared bound counts, so
+    /// that a connection blocked on a slow receiver's socket does not hold up the others.
+    pub(super) unpaid: usize,
+    /// Batches handed to the writer, oldest first: their size and sampled cells.
+    batches: VecDeque<(usize, Vec<CellSample>)>,
+}
+
+impl ConnOutput {
+    fn new(chan: ChannelId) -> Self {
+        ConnOutput {
+            chan,
+            in_flight: 0,
+            unpaid: 0,
+            batches: VecDeque::new(),
+        }
+    }
+}
+
+/// One channel, as the send path sees it.
+#[derive(Debug)]
+struct ChanOutput {
+    /// The connection its cells go on.
+    writes_on: ConnId,
+    /// Its connection is full and cells are waiting (an episode, counted once).
+    blocked: bool,
+}
+
+/// Per-connection and per-channel output state, the batches decided and not yet taken by the
+/// driver, and the counters.
+#[derive(Default)]
+pub(super) struct OutputAccounts {
+    conns: LocalMap<ConnId, ConnOutput>,
+    chans: LocalMap<ChannelId, ChanOutput>,
+    pub(super) transmits: VecDeque<Transmit>,
+    pub(super) stats: SendStats,
+}
+
+impl OutputAccounts {
+    pub(super) fn add_channel(&mut self, chan: ChannelId) {
+        self.conns.insert(chan, ConnOutput::new(chan));
+        self.chans.insert(
+            chan,
+            ChanOutput {
+                writes_on: chan,
+                blocked: false,
+            },
+        );
+    }
+
+    pub(super) fn remove_channel(&mut self, chan: ChannelId) {
+        self.chans.remove(&chan);
+        self.conns.retain(|_, c| c.chan != chan);
+    }
+
+    pub(super) fn attach_conn(&mut self, chan: ChannelId, conn: ConnId) {
+        let Some(ch) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        ch.writes_on = conn;
+        self.conns.insert(conn, ConnOutput::new(chan));
+    }
+
+    pub(super) fn detach_conn(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        let chan = c.chan;
+        if conn == chan {
+            // A channel's first connection goes only with the channel.
+            return;
+        }
+        self.conns.remove(&conn);
+        if let Some(ch) = self.chans.get_mut(&chan) {
+            if ch.writes_on == conn {
+                ch.writes_on = chan;
+            }
+        }
+    }
+
+    pub(super) fn channel_of(&self, conn: ConnId) -> Option<ChannelId> {
+        self.conns.get(&conn).map(|c| c.chan)
+    }
+
+    /// Returns false if `conn` is unknown.
+    pub(super) fn paid(&mut self, conn: ConnId, cells: usize) -> bool {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return false;
+        };
+        c.unpaid = c.unpaid.saturating_sub(cells);
+        true
+    }
+
+    /// The connection's channel and the written batch's samples; `None` if `conn` is unknown.
+    pub(super) fn written(
+        &mut self,
+        conn: ConnId,
+        cells: usize,
+    ) -> Option<(ChannelId, Vec<CellSample>)> {
+        let c = self.conns.get_mut(&conn)?;
+        c.in_flight = c.in_flight.saturating_sub(cells);
+        // The writer reports whole batches, in order.
+        let samples = c.batches.pop_front().map(|(_, s)| s).unwrap_or_default();
+        Some((c.chan, samples))
+    }
+
+    pub(super) fn chan_total(&self, chan: ChannelId, f: impl Fn(&ConnOutput) -> usize) -> usize {
+        self.conns.values().filter(|c| c.chan == chan).map(f).sum()
+    }
+
+    pub(super) fn blocked(&self, chan: ChannelId) -> bool {
+        self.chans.get(&chan).is_some_and(|c| c.blocked)
+    }
+}
+
+/// What a [`super::ChannelScheduler`] hook sees: the settings, the output accounts, the core's
+/// cells and the time of the call.
+pub struct SendCtx<'a> {
+    cfg: &'a SendConfig,
+    accounts: &'a mut OutputAccounts,
+    src: &'a mut dyn CellSource,
+    now: Instant,
+}
+
+impl<'a> SendCtx<'a> {
+    pub(super) fn new(
+        cfg: &'a SendConfig,
+        accounts: &'a mut OutputAccounts,
+        src: &'a mut dyn CellSource,
+        now: Instant,
+    ) -> Self {
+        SendCtx {
+            cfg,
+            accounts,
+            src,
+            now,
+        }
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &SendConfig {
+        self.cfg
+    }
+
+    /// The time of this call.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// Whether `chan` is a channel of the send path (not closed).
+    pub fn knows(&self, chan: ChannelId) -> bool {
+        self.accounts.chans.contains_key(&chan)
+    }
+
+    /// Whether `chan` has cells waiting in the core.
+    pub fn has_pending(&self, chan: ChannelId) -> bool {
+        self.src.has_pending(chan)
+    }
+
+    /// How deserving `chan`'s next cell is (lower first); `None` if nothing waits or the
+    /// circuit scheduler does not rank.
+    pub fn priority(&self, chan: ChannelId) -> Option<f64> {
+        self.src.channel_priority(chan, self.now)
+    }
+
+    /// Whether the circuit scheduler ranks circuits.
+    pub fn ranks_circuits(&self) -> bool {
+        self.src.ranks_circuits()
+    }
+
+    /// Unpaid cells over all connections.
+    pub fn unpaid_total(&self) -> usize {
+        self.accounts.conns.values().map(|c| c.unpaid).sum()
+    }
+
+    /// Cells the connection `chan` writes on may still take under `OutbufCells`; 0 for an
+    /// unknown channel.
+    pub fn room(&self, chan: ChannelId) -> usize {
+        self.write_conn(chan)
+            .map_or(0, |c| self.cfg.outbuf_cells.saturating_sub(c.in_flight))
+    }
+
+    fn write_conn(&self, chan: ChannelId) -> Option<&ConnOutput> {
+        let ch = self.accounts.chans.get(&chan)?;
+        self.accounts.conns.get(&ch.writes_on)
+    }
+
+    /// Move up to `limit` of `chan`'s cells to the connection it writes on, as one batch of
+    /// `class`, while that connection has room: `OutbufCells` in flight, twice that for a
+    /// [`BatchClass::Quiet`] batch. Returns how many cells moved.
+    ///
+    /// A quiet batch takes cells only while the channel's next circuit is quiet, one at a time
+    /// (the circuit scheduler may turn to a bulk circuit after any cell). A full connection
+    /// with cells waiting starts a blocked episode (counted once, until room appears).
+    pub fn transmit_up_to(&mut self, chan: ChannelId, limit: usize, class: BatchClass) -> usize {
+        let (src, now) = (&mut *self.src, self.now);
+        let Some(ch) = self.accounts.chans.get_mut(&chan) else {
+            return 0;
+        };
+        let conn_id = ch.writes_on;
+        let Some(conn) = self.accounts.conns.get_mut(&conn_id) else {
+            return 0;
+        };
+        let bound = match class {
+            BatchClass::Quiet { .. } => 2 * self.cfg.outbuf_cells,
+            _ => self.cfg.outbuf_cells,
+        };
+        let room = bound.saturating_sub(conn.in_flight);
+        if room == 0 {
+            if !ch.blocked && src.has_pending(chan) {
+                ch.blocked = true;
+                self.accounts.stats.outbuf_full_events += 1;
+            }
+            return 0;
+        }
+        ch.blocked = false;
+        let room = room.min(limit);
+        let mut cells = Vec::with_capacity(room.min(64));
+        let n = match class {
+            BatchClass::Quiet { below } => {
+                let mut n = 0;
+                while n < room
+                    && src.channel_priority(chan, now).is_some_and(|p| p < below)
+                    && src.poll_transmit(chan, 1, now, &mut cells) == 1
+                {
+                    n += 1;
+                }
+                n
+            }
+            _ => src.poll_transmit(chan, room, now, &mut cells),
+        };
+        if n == 0 {
+            return 0;
+        }
+        conn.in_flight += n;
+        if self.cfg.paced {
+            conn.unpaid += n;
+        }
+        let mut samples = Vec::new();
+        while let Some(s) = src.poll_cell_sample() {
+            samples.push(s);
+        }
+        conn.batches.push_back((n, samples));
+        if let BatchClass::Quiet { .. } = class {
+            self.accounts.stats.quiet_cells += n as u64;
+        }
+        self.accounts.transmits.push_back(Transmit {
+            chan,
+            conn: conn_id,
+            cells,
+            class,
+        });
+        n
+    }
+}

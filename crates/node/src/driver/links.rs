@@ -1,0 +1,383 @@
+//! Connections and split-direction channels: which connections make up a channel, binding a
+//! peer's second connection, opening and merging ours. The policy is
+//! [`chive_core::split::SplitChannel`]'s; this is its IO.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use chive_cell::{AnyCell, Bind, CellCommand, VarCell};
+use chive_core::split::{
+    Conn, Decision, Refusal, SecondaryDown, SplitChannel, SplitMode, Violation,
+};
+use chive_core::ChannelId;
+use chive_crypto::IdentityKey;
+use chive_net::{FeatureSet, SPLIT_DIRECTION};
+use tracing::{debug, info, warn};
+
+use super::tasks::spawn_conn;
+use super::{hex_peer, ChanIo, ConnHandles, ConnIo, Driver, Input};
+
+/// Connections and split-direction channels (the policy; the ordering rules are in split.rs).
+impl Driver {
+    /// Which channel a connection belongs to, and as which of its connections.
+    pub(super) fn locate(&self, conn: ChannelId) -> Option<(ChannelId, Conn)> {
+        if self.chans.contains_key(&conn) {
+            return Some((conn, Conn::Primary));
+        }
+        self.secondaries
+            .get(&conn)
+            .map(|chan| (*chan, Conn::Secondary))
+    }
+
+    /// Forget a channel's connections (the caller closes them and tells the core).
+    pub(super) fn remove_channel(&mut self, chan: ChannelId) -> Option<ChanIo> {
+        let io = self.chans.remove(&chan)?;
+        if let Some(s) = &io.secondary {
+            self.secondaries.remove(&s.id);
+        }
+        self.send.remove_channel(chan);
+        Some(io)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn link_up(
+        &mut self,
+        chan: ChannelId,
+        peer: Option<IdentityKey>,
+        initiator: bool,
+        features: FeatureSet,
+        bind_token: [u8; 32],
+        conn: ConnHandles,
+        now: Instant,
+    ) {
+        let split_ok = features.contains(SPLIT_DIRECTION) && peer.is_some();
+        let split = SplitChannel::new(split_ok, initiator, bind_token, &self.split, now);
+        // An accepted link that negotiated the feature may be another channel's second
+        // connection; its first cell (BIND or not) tells, so the core waits for it.
+        let wait_for_bind = split.may_be_bound();
+        if let Some(p) = peer {
+            info!(?chan, peer = %p, initiator, split = split_ok, "relay link up");
+        }
+        self.chans.insert(
+            chan,
+            ChanIo {
+                primary: ConnIo::new(chan, conn),
+                secondary: None,
+                peer,
+                initiator,
+                split,
+            },
+        );
+        self.send.add_channel(chan);
+        if !wait_for_bind {
+            self.open_channel(chan, now);
+        }
+    }
+
+    /// Tell the core about a channel.
+    fn open_channel(&mut self, chan: ChannelId, now: Instant) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        if !io.split.open() {
+            return;
+        }
+        let (peer, initiator) = (io.peer, io.initiator);
+        self.core.channel_opened(chan, peer, initiator, now);
+        if self.split.mode == SplitMode::Always {
+            self.start_split(chan, now);
+        }
+    }
+
+    fn deliver(&mut self, chan: ChannelId, cell: AnyCell, now: Instant) {
+        match cell {
+            AnyCell::Fixed(cell) => self.core.handle_cell(chan, cell, now),
+            AnyCell::Var(cell) => self.core.handle_var_cell(chan, cell, now),
+        }
+    }
+
+    pub(super) fn on_cell(&mut self, conn: ChannelId, cell: AnyCell, now: Instant) {
+        let Some((chan, which)) = self.locate(conn) else {
+            return;
+        };
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        if !io.split.is_open() {
+            if let AnyCell::Var(v) = &cell {
+                if v.command == CellCommand::BIND {
+                    return self.bind(chan, &v.payload);
+                }
+            }
+            self.open_channel(chan, now);
+        }
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        let mut out = Vec::new();
+        let result = match io.split.receive(which, cell, &mut out) {
+            Ok(switched) => Ok(switched),
+            Err(Refusal::Violation(v)) => Err(v),
+            Err(Refusal::OneWay) => {
+                warn!(?chan, "peer wrote on our one-way connection; dropping it");
+                return self.secondary_down(chan, "peer wrote on a one-way connection", now);
+            }
+        };
+        self.after_receive(chan, out, result, now);
+    }
+
+    /// Deliver what the split state released, log switches, close on violations, pause readers.
+    fn after_receive(
+        &mut self,
+        chan: ChannelId,
+        out: Vec<AnyCell>,
+        result: Result<Option<Conn>, Violation>,
+        now: Instant,
+    ) {
+        for cell in out {
+            self.deliver(chan, cell, now);
+        }
+        let switched = match result {
+            Ok(switched) => switched,
+            Err(v) => return self.split_violation(chan, v, now),
+        };
+        if let Some(after) = switched {
+            let peer = hex_peer(self.chans.get(&chan).and_then(|io| io.peer));
+            match after {
+                Conn::Secondary => {
+                    info!(?chan, %peer, "channel went split: peer writes on its own connection")
+                }
+                Conn::Primary => {
+                    info!(?chan, %peer, "channel back to one connection: peer writes on ours again")
+                }
+            }
+        }
+        self.update_holds(chan);
+    }
+
+    /// Pause reading a connection whose cells pile up waiting for a HANDOFF on the other;
+    /// resume once they can flow.
+    fn update_holds(&mut self, chan: ChannelId) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        let Some(wants) = io.split.holds() else {
+            return;
+        };
+        for (which, want) in wants {
+            if let Some(c) = io.conn_mut(which) {
+                if c.held != want {
+                    c.held = want;
+                    let _ = c.h.hold.send(want);
+                }
+            }
+        }
+    }
+
+    fn split_violation(&mut self, chan: ChannelId, v: Violation, now: Instant) {
+        warn!(?chan, reason = %v, "closing split channel: peer broke the hand-off rules");
+        if let Some(io) = self.remove_channel(chan) {
+            io.close();
+        }
+        self.core.channel_closed(chan, now);
+    }
+
+    /// The first cell of accepted link `conn` was a BIND: attach it to the channel it names.
+    fn bind(&mut self, conn: ChannelId, payload: &[u8]) {
+        let Some(x) = self.chans.remove(&conn) else {
+            return;
+        };
+        // Whatever comes of it, the link is no channel of its own: nothing was sent on it.
+        self.send.remove_channel(conn);
+        let refuse = |x: ChanIo, why: &str| {
+            warn!(?conn, peer = %hex_peer(x.peer), why, "refusing BIND");
+            x.close();
+        };
+        let Ok(bind) = Bind::decode(payload) else {
+            return refuse(x, "malformed BIND");
+        };
+        let target = self.chans.iter_mut().find(|(_, io)| {
+            io.peer == x.peer && io.secondary.is_none() && io.split.bind_matches(&bind.token)
+        });
+        let Some((&chan, io)) = target else {
+            return refuse(x, "no channel of ours with that peer and token");
+        };
+        if !io.split.attach_peer_second() {
+            return refuse(x, "the previous second connection is not finished");
+        }
+        io.secondary = Some(x.primary);
+        self.secondaries.insert(conn, chan);
+        info!(?chan, ?conn, peer = %hex_peer(io.peer), "second connection bound to channel");
+    }
+
+    /// A channel's second connection closed or failed.
+    pub(super) fn secondary_down(&mut self, chan: ChannelId, why: &str, now: Instant) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        if let Some(s) = io.secondary.take() {
+            self.secondaries.remove(&s.id);
+            self.send.detach_conn(s.id);
+            s.close();
+        }
+        let mut out = Vec::new();
+        match io.split.secondary_down(now, &mut out) {
+            SecondaryDown::Nothing => {}
+            SecondaryDown::Released(result) => {
+                debug!(?chan, %why, "peer's second connection closed");
+                self.after_receive(chan, out, result, now);
+            }
+            SecondaryDown::Resume { recover } => {
+                if let Some(h) = recover {
+                    io.primary.send_var(CellCommand::HANDOFF, h.encode());
+                    info!(?chan, %why, "channel back to one connection: second connection failed");
+                }
+                self.transmit(chan, now);
+            }
+        }
+    }
+
+    /// Our second connection for `chan` is ready: switch our writing to it.
+    pub(super) fn split_up(
+        &mut self,
+        chan: ChannelId,
+        conn_id: ChannelId,
+        conn: ConnHandles,
+        now: Instant,
+    ) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            conn.reader.abort();
+            return;
+        };
+        let Some(h) = io.split.second_up() else {
+            // Not wanted any more (merged, failed, or one is already there).
+            conn.reader.abort();
+            return;
+        };
+        // The marker goes behind every cell already handed to the first connection's writer.
+        io.primary.send_var(CellCommand::HANDOFF, h.encode());
+        io.secondary = Some(ConnIo::new(conn_id, conn));
+        self.secondaries.insert(conn_id, chan);
+        self.send.attach_conn(chan, conn_id);
+        info!(?chan, peer = %hex_peer(io.peer), "channel went split: we write on our own connection");
+        self.transmit(chan, now);
+    }
+
+    /// Open our second connection for `chan` if it is eligible and none is open or opening.
+    fn start_split(&mut self, chan: ChannelId, now: Instant) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        let Some(peer) = io.peer else {
+            return;
+        };
+        let Some(token) = io.split.wants_second(now) else {
+            return;
+        };
+        // The peer's ORPort comes from the consensus, as for any relay link.
+        let Some(addr) = self.relay_addrs.get(&peer).copied() else {
+            return;
+        };
+        io.split.opening();
+        let conn_id = ChannelId(self.next_chan.fetch_add(1, Ordering::Relaxed));
+        let cfg = self.cfg.link.clone();
+        let limits = self.cfg.limits.clone();
+        let tx = self.tx.clone();
+        debug!(?chan, %addr, "opening second connection");
+        tokio::spawn(async move {
+            let opened = async {
+                let link = chive_net::connect(addr, Some(peer), &cfg)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !link.features.contains(SPLIT_DIRECTION) {
+                    return Err("peer did not offer split-direction on it".to_string());
+                }
+                let (reader, mut writer) = link.split(limits);
+                let bind = VarCell {
+                    circ_id: 0,
+                    command: CellCommand::BIND,
+                    payload: Bind { token }.encode(),
+                };
+                writer
+                    .write_var_cell(&bind)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok((reader, writer))
+            }
+            .await;
+            match opened {
+                Ok((reader, writer)) => {
+                    let (conn, gate) = spawn_conn(conn_id, reader, writer, tx.clone());
+                    if tx
+                        .send(Input::SplitUp {
+                            chan,
+                            conn_id,
+                            conn,
+                        })
+                        .await
+                        .is_ok()
+                    {
+                        let _ = gate.send(());
+                    }
+                }
+                Err(why) => {
+                    let _ = tx.send(Input::SplitFailed { chan, why }).await;
+                }
+            }
+        });
+    }
+
+    /// "dynamic": go back to one connection (marker on the second, which then closes).
+    fn merge(&mut self, chan: ChannelId, now: Instant) {
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        if io.secondary.is_none() {
+            return;
+        }
+        let Some(h) = io.split.merge() else {
+            return;
+        };
+        let Some(s) = io.secondary.take() else {
+            return;
+        };
+        s.send_var(CellCommand::HANDOFF, h.encode());
+        self.secondaries.remove(&s.id);
+        self.send.detach_conn(s.id);
+        s.close();
+        info!(?chan, peer = %hex_peer(io.peer), "channel back to one connection: second connection idle");
+        self.transmit(chan, now);
+    }
+
+    /// Periodic split-direction work: silent accepted links become channels; "always" retries;
+    /// "dynamic" measures and decides.
+    pub(super) fn split_tick(&mut self, now: Instant) {
+        let silent: Vec<ChannelId> = self
+            .chans
+            .iter()
+            .filter(|(_, io)| io.split.bind_wait_over(now))
+            .map(|(c, _)| *c)
+            .collect();
+        for chan in silent {
+            self.open_channel(chan, now);
+        }
+        if self.split.mode == SplitMode::Off {
+            return;
+        }
+        let mut split = Vec::new();
+        let mut merge = Vec::new();
+        for (chan, io) in self.chans.iter_mut() {
+            match io.split.tick(self.split.mode, now) {
+                Decision::Split => split.push(*chan),
+                Decision::Merge => merge.push(*chan),
+                Decision::Stay => {}
+            }
+        }
+        for chan in split {
+            self.start_split(chan, now);
+        }
+        for chan in merge {
+            self.merge(chan, now);
+        }
+    }
+}

@@ -1,0 +1,667 @@
+//! The IO driver around a sans-IO [`Core`]: one task owns the core; link,
+//! stream and connect tasks talk to it through one bounded input queue.
+//!
+//! ```text
+//!  link reader tasks ─┐                         ┌─▶ link writer tasks (≤ OutbufCells in flight)
+//!  stream reader tasks├─▶ input queue ─▶ Core ──┼─▶ stream writer tasks
+//!  connect/exit tasks ┘   (bounded)             └─▶ connect / exit-connect tasks
+//! ```
+//!
+//! Time is read once per wake-up and passed to every core call made for it
+//! (the paper's cached-time fix). Which channel writes next, how many cells and in which class
+//! is the core-side channel scheduler's decision ([`chive_core::chansched::SendPath`], which
+//! also keeps the output accounting); the driver hands its [`Transmit`]s to the writers and
+//! reports back what they paid and wrote.
+//!
+//! A channel normally has one connection. With split-direction links
+//! ([`chive_core::split`], docs/protocol.md) a channel between relays may have a second one:
+//! the channel's responder writes only there, its initiator only on the first; the core's
+//! circuits never notice. [`SplitChannel`] decides when a second connection opens, binds,
+//! merges or is retried, and which one the channel writes on; the driver connects and closes.
+//! Connections are named by ids from the channel-id allocator; a channel's first connection has
+//! the channel's own id.
+//!
+//! Files: this one holds the inputs, the loop and the send side; `links.rs` the connections
+//! and split-direction channels; `tasks.rs` the IO tasks; `tunables.rs` the runtime settings.
+
+mod links;
+mod tasks;
+#[cfg(test)]
+mod tests;
+mod tunables;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chive_cell::{AnyCell, CellCommand, EndReason, ResolvedAnswer, VarCell};
+pub use chive_core::chansched::BatchClass;
+use chive_core::chansched::{ChannelSchedulerKind, SendConfig, SendPath, Transmit};
+use chive_core::{ChannelId, Core, Event, SchedulerKind, StreamHandle};
+use chive_crypto::IdentityKey;
+use chive_dir::ExitPolicy;
+use chive_net::{FeatureSet, LinkConfig, LinkLimits};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use chive_core::split::{Conn, SplitChannel, SplitConfig};
+
+use crate::client::ClientState;
+
+pub use tasks::WriteMsg;
+use tasks::{exit_connect, EXIT_CONNECT_TIMEOUT};
+pub use tasks::{spawn_stream_io, start_link, stop_on_signal, ConnHandles, StreamCmd, StreamIo};
+pub use tunables::Tunables;
+
+/// Capacity of the driver's input queue: readers wait (and stop reading their
+/// sockets) when the core falls behind.
+const INPUT_QUEUE: usize = 4096;
+/// Inputs handled before the driver flushes output again.
+const INPUT_BATCH: usize = 256;
+
+/// Something for the core, from an IO task.
+// Cells travel inline (no allocation per cell); other inputs are rare.
+#[allow(clippy::large_enum_variant)]
+pub enum Input {
+    /// A link finished its handshake and has reader/writer tasks.
+    LinkUp {
+        chan: ChannelId,
+        peer: Option<IdentityKey>,
+        initiator: bool,
+        /// Negotiated link features.
+        features: FeatureSet,
+        /// The link's split-direction bind token.
+        bind_token: [u8; 32],
+        conn: ConnHandles,
+    },
+    /// Our second connection for `chan` is up and its BIND was sent.
+    SplitUp {
+        chan: ChannelId,
+        conn_id: ChannelId,
+        conn: ConnHandles,
+    },
+    /// Opening a second connection for `chan` failed.
+    SplitFailed { chan: ChannelId, why: String },
+    /// Opening a link to `identity` failed.
+    ConnectFailed { identity: IdentityKey, why: String },
+    /// A cell arrived on connection `chan`.
+    Cell { chan: ChannelId, cell: AnyCell },
+    /// Connection `chan`'s writer finished writing a batch of `cells` cells.
+    Written { chan: ChannelId, cells: usize },
+    /// Connection `chan`'s writer took the write-bucket tokens for a batch of `cells` cells
+    /// (sent only by rate-limited writers, before the batch's `Written`).
+    Paid { chan: ChannelId, cells: usize },
+    /// Connection `chan` closed or failed.
+    LinkDown { chan: ChannelId, why: String },
+    /// Bytes read from a stream's socket.
+    StreamData { stream: StreamHandle, data: Vec<u8> },
+    /// A stream's socket reached EOF.
+    StreamEof { stream: StreamHandle },
+    /// A stream's socket failed.
+    StreamError { stream: StreamHandle, why: String },
+    /// `writes` stream writes were written to the socket.
+    StreamFlushed { stream: StreamHandle, writes: u32 },
+    /// Exit: connected.
+    ExitConnected {
+        stream: StreamHandle,
+        addr: SocketAddr,
+        tcp: TcpStream,
+    },
+    /// Exit: could not connect.
+    ExitFailed {
+        stream: StreamHandle,
+        reason: EndReason,
+        why: String,
+    },
+    /// Exit: resolved.
+    ExitResolved {
+        stream: StreamHandle,
+        answers: Vec<ResolvedAnswer>,
+    },
+    /// A fresh, verified consensus.
+    Consensus(Arc<chive_dir::Consensus>),
+    /// New local settings (SIGHUP).
+    Reconfigure(Tunables),
+    /// Client-only inputs (SOCKS requests).
+    Client(crate::client::ClientInput),
+    /// Stop.
+    Shutdown,
+    /// Log a snapshot of the core and the connections (SIGUSR1).
+    Dump,
+}
+
+/// The driver's side of one connection (its output accounting is the send path's).
+struct ConnIo {
+    id: ChannelId,
+    h: ConnHandles,
+    held: bool,
+}
+
+impl ConnIo {
+    fn new(id: ChannelId, h: ConnHandles) -> Self {
+        ConnIo { id, h, held: false }
+    }
+
+    /// Stop reading now; the writer task finishes what it was given, then closes (TLS
+    /// close_notify + FIN) once this handle's sender is dropped.
+    fn close(self) {
+        self.h.reader.abort();
+    }
+
+    fn send_var(&self, command: CellCommand, payload: Vec<u8>) {
+        let cell = VarCell {
+            circ_id: 0,
+            command,
+            payload,
+        };
+        // A gone writer has its LinkDown on the way.
+        let _ = self.h.writer.send(WriteMsg::Var(cell));
+    }
+}
+
+struct ChanIo {
+    /// The channel's first connection (id = the channel's id).
+    primary: ConnIo,
+    /// The peer's (Reader) or our (Writer) one-way second connection.
+    secondary: Option<ConnIo>,
+    peer: Option<IdentityKey>,
+    initiator: bool,
+    /// Split-direction state: roles, second connection, which connection we write on.
+    split: SplitChannel,
+}
+
+impl ChanIo {
+    fn conn_mut(&mut self, which: Conn) -> Option<&mut ConnIo> {
+        match which {
+            Conn::Primary => Some(&mut self.primary),
+            Conn::Secondary => self.secondary.as_mut(),
+        }
+    }
+
+    /// The connection with id `conn`, if it is one of the channel's.
+    fn conn_by_id(&self, conn: ChannelId) -> Option<&ConnIo> {
+        if self.primary.id == conn {
+            return Some(&self.primary);
+        }
+        self.secondary.as_ref().filter(|s| s.id == conn)
+    }
+
+    fn close(self) {
+        self.primary.close();
+        if let Some(s) = self.secondary {
+            s.close();
+        }
+    }
+}
+
+/// A peer identity for the log, in full hex (tests and operators match it against others).
+fn hex_peer(peer: Option<IdentityKey>) -> String {
+    peer.map(|p| p.to_hex()).unwrap_or_else(|| "client".into())
+}
+
+/// The send path's settings for `cfg`: the write bucket (if any) decides pacing, whether the
+/// write rate is shared (`CrossChannelPriority` under a finite `BandwidthRate`) and the reserve.
+fn send_config(cfg: &DriverConfig) -> SendConfig {
+    let bucket = cfg.limits.write_bucket.as_ref();
+    SendConfig {
+        outbuf_cells: cfg.outbuf_cells,
+        paced: bucket.is_some(),
+        kind: ChannelSchedulerKind::for_rate(
+            cfg.tunables.cross_channel,
+            bucket.map_or(0, |b| b.rate().0),
+        ),
+        quiet_reserve: bucket.map_or(0, |b| b.reserve()),
+    }
+}
+
+/// Driver settings.
+pub struct DriverConfig {
+    pub link: Arc<LinkConfig>,
+    pub limits: LinkLimits,
+    pub outbuf_cells: usize,
+    /// Exit policy applied to resolved addresses; None = not an exit.
+    pub exit_policy: Option<Arc<ExitPolicy>>,
+    /// Local settings (scheduler, half-life, output bound).
+    pub tunables: Tunables,
+}
+
+/// Owns the core and the IO tasks' handles.
+pub struct Driver {
+    pub core: Core,
+    pub cfg: DriverConfig,
+    tx: mpsc::Sender<Input>,
+    rx: mpsc::Receiver<Input>,
+    next_chan: Arc<AtomicU64>,
+    chans: HashMap<ChannelId, ChanIo>,
+    pub streams: HashMap<StreamHandle, StreamIo>,
+    pub client: Option<ClientState>,
+    pub metrics: Option<crate::metrics::Metrics>,
+    params: Option<chive_dir::NetParams>,
+    /// Split-direction settings (relays; clients keep the default, off).
+    pub split: SplitConfig,
+    /// Relays' ORPorts from the latest consensus (where second connections go).
+    relay_addrs: HashMap<IdentityKey, SocketAddr>,
+    /// Second connections: connection id → channel.
+    secondaries: HashMap<ChannelId, ChannelId>,
+    /// Which channel writes next and how much, and what each connection's writer holds.
+    send: SendPath,
+}
+
+impl Driver {
+    /// A driver around `core`.
+    pub fn new(core: Core, cfg: DriverConfig) -> Self {
+        let (tx, rx) = mpsc::channel(INPUT_QUEUE);
+        let send = SendPath::new(send_config(&cfg));
+        Driver {
+            core,
+            cfg,
+            tx,
+            rx,
+            next_chan: Arc::new(AtomicU64::new(1)),
+            chans: HashMap::new(),
+            streams: HashMap::new(),
+            client: None,
+            metrics: None,
+            params: None,
+            split: SplitConfig::default(),
+            relay_addrs: HashMap::new(),
+            secondaries: HashMap::new(),
+            send,
+        }
+    }
+
+    /// Apply the tunables and consensus parameters now in force. Returns false, leaving the
+    /// circuit policy and output bound as they were, if they name a value the policy cannot use
+    /// (logged with the option's name).
+    pub fn apply_policy(&mut self, now: Instant) -> bool {
+        let applied = match self.cfg.tunables.effective(self.params.as_ref()) {
+            Ok((kind, outbuf)) => {
+                self.set_policy(kind, outbuf, now);
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "scheduler settings not applied; keeping the old policy");
+                false
+            }
+        };
+        // The write bucket's rate and reserve may have changed with the tunables (SIGHUP).
+        let send = send_config(&self.cfg);
+        if send != *self.send.config() {
+            self.send.set_config(send, &mut self.core, now);
+            self.drain_transmits();
+        }
+        applied
+    }
+
+    fn set_policy(&mut self, kind: SchedulerKind, outbuf: usize, now: Instant) {
+        if kind != self.core.scheduler() {
+            info!(scheduler = %kind.label(), "circuit scheduler changed");
+            self.core.set_scheduler(kind, now);
+        }
+        if outbuf != self.cfg.outbuf_cells {
+            info!(outbuf_cells = outbuf, "output buffer bound changed");
+            self.cfg.outbuf_cells = outbuf;
+        }
+    }
+
+    /// A sender for inputs (for listener, SOCKS and directory tasks).
+    pub fn sender(&self) -> mpsc::Sender<Input> {
+        self.tx.clone()
+    }
+
+    /// Channel id allocator shared with the accept loop.
+    pub fn chan_ids(&self) -> Arc<AtomicU64> {
+        self.next_chan.clone()
+    }
+
+    /// Run until [`Input::Shutdown`].
+    pub async fn run(mut self) {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let deadline = self.core.next_deadline();
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                input = self.rx.recv() => {
+                    let Some(input) = input else { return };
+                    let now = Instant::now();
+                    if !self.handle_input(input, now) {
+                        return;
+                    }
+                    // Take what else is ready before flushing, so output is batched.
+                    for _ in 0..INPUT_BATCH {
+                        match self.rx.try_recv() {
+                            Ok(input) => {
+                                if !self.handle_input(input, now) {
+                                    return;
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    self.flush(now);
+                }
+                _ = sleep => {
+                    let now = Instant::now();
+                    self.core.handle_timeout(now);
+                    self.flush(now);
+                }
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    if let Some(client) = self.client.as_mut() {
+                        client.tick(&mut self.core, now);
+                    }
+                    self.split_tick(now);
+                    if let Some(m) = self.metrics.as_mut() {
+                        m.quiet_reserve = self.cfg.limits.write_bucket.as_ref().map_or(0, |b| b.reserve());
+                        let stats = self.send.stats();
+                        m.outbuf_full_events = stats.outbuf_full_events;
+                        m.quiet_cells = stats.quiet_cells;
+                        let send = &self.send;
+                        let outbufs: Vec<(u64, usize)> =
+                            self.chans.keys().map(|c| (c.0, send.in_flight(*c))).collect();
+                        m.tick(&self.core, &outbufs, self.cfg.outbuf_cells, now);
+                    }
+                    self.flush(now);
+                }
+            }
+        }
+    }
+
+    /// Apply one input to the core. Returns false on shutdown.
+    fn handle_input(&mut self, input: Input, now: Instant) -> bool {
+        match input {
+            Input::LinkUp {
+                chan,
+                peer,
+                initiator,
+                features,
+                bind_token,
+                conn,
+            } => self.link_up(chan, peer, initiator, features, bind_token, conn, now),
+            Input::SplitUp {
+                chan,
+                conn_id,
+                conn,
+            } => self.split_up(chan, conn_id, conn, now),
+            Input::SplitFailed { chan, why } => {
+                if let Some(io) = self.chans.get_mut(&chan) {
+                    io.split.open_failed(now);
+                }
+                warn!(?chan, %why, "could not open a second connection; staying on one");
+            }
+            Input::ConnectFailed { identity, why } => {
+                warn!(peer = %identity, %why, "connect failed");
+                self.core.connect_failed(identity, now);
+            }
+            Input::Cell { chan, cell } => self.on_cell(chan, cell, now),
+            Input::Paid { chan: conn, cells } => {
+                self.send.paid(conn, cells, &mut self.core, now);
+                self.drain_transmits();
+            }
+            Input::Written { chan: conn, cells } => {
+                let samples = self.send.written(conn, cells, &mut self.core, now);
+                self.drain_transmits();
+                if let (Some(samples), Some(m)) = (samples, self.metrics.as_mut()) {
+                    m.cells_written(samples, now);
+                }
+            }
+            Input::LinkDown { chan: conn, why } => match self.locate(conn) {
+                Some((chan, Conn::Primary)) => {
+                    if let Some(io) = self.remove_channel(chan) {
+                        info!(?chan, %why, "link closed");
+                        io.close();
+                    }
+                    self.core.channel_closed(chan, now);
+                }
+                Some((chan, Conn::Secondary)) => self.secondary_down(chan, &why, now),
+                // Already forgotten (a second connection we closed).
+                None => {}
+            },
+            Input::StreamData { stream, data } => self.core.stream_data(stream, &data, now),
+            Input::StreamEof { stream } => self.core.stream_eof(stream, now),
+            Input::StreamError { stream, why } => {
+                debug!(?stream, %why, "stream socket error");
+                self.streams.remove(&stream);
+                self.core.stream_error(stream, now);
+            }
+            Input::StreamFlushed { stream, writes } => {
+                self.core.stream_flushed(stream, writes, now)
+            }
+            Input::ExitConnected { stream, addr, tcp } => {
+                match self.streams.get_mut(&stream).and_then(|s| s.unpark()) {
+                    Some((write_rx, credit_rx)) => {
+                        spawn_stream_io(stream, tcp, write_rx, credit_rx, self.tx.clone());
+                        self.core.exit_connected(stream, addr, now);
+                    }
+                    None => drop(tcp), // the stream was closed meanwhile
+                }
+            }
+            Input::ExitFailed {
+                stream,
+                reason,
+                why,
+            } => {
+                debug!(?stream, %why, "exit connect failed");
+                self.streams.remove(&stream);
+                self.core.exit_failed(stream, reason, now);
+            }
+            Input::ExitResolved { stream, answers } => {
+                self.core.exit_resolved(stream, answers, now)
+            }
+            Input::Reconfigure(t) => {
+                let old = std::mem::replace(&mut self.cfg.tunables, t);
+                if !self.apply_policy(now) {
+                    self.cfg.tunables = old;
+                }
+            }
+            Input::Consensus(consensus) => {
+                self.relay_addrs = consensus
+                    .relays
+                    .iter()
+                    .map(|r| (r.identity, r.address))
+                    .collect();
+                self.core
+                    .set_circwindow(u32::from(consensus.params.circwindow()));
+                self.params = Some(consensus.params.clone());
+                self.apply_policy(now);
+                if let Some(client) = self.client.as_mut() {
+                    client.set_consensus(&mut self.core, consensus, now);
+                }
+            }
+            Input::Client(ci) => {
+                if let Some(client) = self.client.as_mut() {
+                    client.on_input(&mut self.core, &mut self.streams, ci, now);
+                }
+            }
+            Input::Shutdown => return false,
+            Input::Dump => {
+                let mut conns = String::new();
+                for (chan, io) in &self.chans {
+                    conns.push_str(&format!(
+                        "connection chan={} in_flight={} unpaid={} blocked={} secondary={} pending={}\n",
+                        chan.0,
+                        self.send.in_flight(*chan),
+                        self.send.unpaid(*chan),
+                        self.send.blocked(*chan),
+                        io.secondary.is_some(),
+                        self.core.has_pending(*chan),
+                    ));
+                }
+                conns.push_str(&format!(
+                    "waiting for output room ({}): {:?}\n",
+                    self.send.policy_name(),
+                    self.send.waiting().iter().map(|c| c.0).collect::<Vec<_>>()
+                ));
+                info!(
+                    "state dump (SIGUSR1):\n{}{}",
+                    conns,
+                    self.core.debug_dump(now)
+                );
+            }
+        }
+        true
+    }
+
+    /// Act on everything the core produced, until it is quiet.
+    fn flush(&mut self, now: Instant) {
+        loop {
+            let mut progressed = false;
+            while let Some(ev) = self.core.poll_event() {
+                progressed = true;
+                self.handle_event(ev, now);
+            }
+            if let Some(client) = self.client.as_mut() {
+                progressed |= client.poll(&mut self.core, &mut self.streams, now);
+            }
+            while let Some(chan) = self.core.poll_ready_channel() {
+                progressed = true;
+                self.transmit(chan, now);
+            }
+            if !progressed {
+                break;
+            }
+        }
+        // Room may have appeared without a Written for a waiting channel (a link went down).
+        self.send.settle(&mut self.core, now);
+        self.drain_transmits();
+    }
+
+    /// `chan` may have cells to send: the channel scheduler decides what goes now.
+    fn transmit(&mut self, chan: ChannelId, now: Instant) {
+        self.send.channel_ready(chan, &mut self.core, now);
+        self.drain_transmits();
+    }
+
+    /// Hand the batches the send path decided to their connections' writers, in order.
+    fn drain_transmits(&mut self) {
+        while let Some(Transmit {
+            chan,
+            conn,
+            cells,
+            class,
+        }) = self.send.poll_transmit()
+        {
+            let Some(io) = self.chans.get_mut(&chan) else {
+                // The send path forgets a channel with the driver; never reached.
+                warn!(
+                    ?chan,
+                    cells = cells.len(),
+                    "batch for an unknown channel dropped"
+                );
+                continue;
+            };
+            let n = cells.len();
+            io.split.sent(n);
+            let Some(c) = io.conn_by_id(conn) else {
+                warn!(
+                    ?chan,
+                    ?conn,
+                    cells = n,
+                    "batch for an unknown connection dropped"
+                );
+                continue;
+            };
+            if let BatchClass::Quiet { .. } = class {
+                c.h.quiet.queued.fetch_add(1, Ordering::Relaxed);
+                c.h.quiet.wake.notify_one();
+            }
+            if c.h.writer.send(WriteMsg::Cells { cells, class }).is_err() {
+                // The writer is gone; its LinkDown is on the way.
+                debug!(?chan, "writer gone");
+            }
+        }
+    }
+
+    fn handle_event(&mut self, ev: Event, now: Instant) {
+        match ev {
+            Event::Connect { addr, identity } => {
+                let chan = ChannelId(self.next_chan.fetch_add(1, Ordering::Relaxed));
+                let cfg = self.cfg.link.clone();
+                let limits = self.cfg.limits.clone();
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    match chive_net::connect(addr, Some(identity), &cfg).await {
+                        Ok(link) => start_link(chan, link, true, limits, tx).await,
+                        Err(e) => {
+                            let _ = tx
+                                .send(Input::ConnectFailed {
+                                    identity,
+                                    why: e.to_string(),
+                                })
+                                .await;
+                        }
+                    }
+                });
+            }
+            Event::CloseChannel { chan, reason } => {
+                info!(?chan, %reason, "closing channel");
+                if let Some(io) = self.remove_channel(chan) {
+                    io.close();
+                }
+                self.core.channel_closed(chan, now);
+            }
+            Event::ExitConnect { stream, host, port } => {
+                self.streams.insert(stream, StreamIo::parked());
+                let policy = self.cfg.exit_policy.clone();
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let input = exit_connect(stream, &host, port, policy).await;
+                    let _ = tx.send(input).await;
+                });
+            }
+            Event::ExitResolve { stream, host } => {
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let answers = match tokio::time::timeout(
+                        EXIT_CONNECT_TIMEOUT,
+                        tokio::net::lookup_host((host.as_str(), 0)),
+                    )
+                    .await
+                    {
+                        Ok(Ok(addrs)) => addrs.map(|a| ResolvedAnswer::Ip(a.ip(), 60)).collect(),
+                        _ => vec![ResolvedAnswer::NontransientError(0)],
+                    };
+                    let _ = tx.send(Input::ExitResolved { stream, answers }).await;
+                });
+            }
+            Event::StreamWrite { stream, data } => {
+                if let Some(io) = self.streams.get(&stream) {
+                    let _ = io.write_tx.send(StreamCmd::Write(data));
+                }
+            }
+            Event::StreamReadCredit { stream, bytes } => {
+                if let Some(io) = self.streams.get(&stream) {
+                    let _ = io.credit_tx.send(bytes);
+                }
+            }
+            Event::StreamClosed { stream, reason } => {
+                let handled = self
+                    .client
+                    .as_mut()
+                    .is_some_and(|c| c.on_stream_closed(&mut self.streams, stream, reason));
+                if !handled {
+                    if let Some(io) = self.streams.remove(&stream) {
+                        let _ = io.write_tx.send(StreamCmd::Close);
+                    }
+                }
+            }
+            ev @ (Event::StreamConnected { .. }
+            | Event::Resolved { .. }
+            | Event::CircuitBuilt { .. }
+            | Event::CircuitClosed { .. }) => {
+                if let Some(client) = self.client.as_mut() {
+                    client.on_event(&mut self.core, &mut self.streams, ev, now);
+                }
+            }
+        }
+    }
+}

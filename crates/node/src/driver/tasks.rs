@@ -1,0 +1,389 @@
+//! The driver's IO tasks: a connection's reader and writer, a stream's socket, an exit's
+//! connect, the signal handlers. They talk to the driver only through its input queue.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chive_cell::{Cell, EndReason, VarCell};
+use chive_core::chansched::BatchClass;
+use chive_core::{ChannelId, StreamHandle};
+use chive_dir::ExitPolicy;
+use chive_net::{Link, LinkLimits, LinkReader, LinkWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::AbortHandle;
+use tracing::{info, warn};
+
+use super::Input;
+
+/// Largest read from a stream socket.
+const STREAM_READ_CHUNK: usize = 16 * 1024;
+/// Time allowed for an exit's DNS lookup and TCP connect.
+pub(super) const EXIT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Commands for a stream's writer task.
+pub enum StreamCmd {
+    Write(Vec<u8>),
+    Close,
+}
+
+/// The driver's side of one stream's socket.
+pub struct StreamIo {
+    pub(super) write_tx: mpsc::UnboundedSender<StreamCmd>,
+    pub(super) credit_tx: mpsc::UnboundedSender<usize>,
+    /// Receivers handed to the IO tasks once the socket is ready.
+    parked: Option<(
+        mpsc::UnboundedReceiver<StreamCmd>,
+        mpsc::UnboundedReceiver<usize>,
+    )>,
+}
+
+impl StreamIo {
+    /// Channels for a stream whose socket is not ready yet.
+    pub fn parked() -> Self {
+        let (write_tx, write_rx) = mpsc::unbounded_channel();
+        let (credit_tx, credit_rx) = mpsc::unbounded_channel();
+        StreamIo {
+            write_tx,
+            credit_tx,
+            parked: Some((write_rx, credit_rx)),
+        }
+    }
+
+    /// Take the receivers for the IO tasks.
+    pub fn unpark(
+        &mut self,
+    ) -> Option<(
+        mpsc::UnboundedReceiver<StreamCmd>,
+        mpsc::UnboundedReceiver<usize>,
+    )> {
+        self.parked.take()
+    }
+}
+
+/// What a connection's writer task is given.
+pub enum WriteMsg {
+    /// A batch of cells, acknowledged with [`Input::Paid`] and [`Input::Written`]. A
+    /// [`BatchClass::Quiet`] batch may spend the write bucket's reserve (`QuietReserve`), and
+    /// so may every batch queued before it on the same connection (it cannot leave before
+    /// them); a [`BatchClass::Bulk`] one may not.
+    Cells { cells: Vec<Cell>, class: BatchClass },
+    /// A variable-length link cell (HANDOFF), not acknowledged.
+    Var(VarCell),
+}
+
+/// Shared by the driver and one connection's writer: how many quiet batches the writer holds
+/// unpaid, and a wake-up for a batch waiting at the reserve ahead of them.
+#[derive(Default)]
+pub(super) struct QuietSignal {
+    pub(super) queued: AtomicUsize,
+    pub(super) wake: tokio::sync::Notify,
+}
+
+/// Handles of one connection's IO tasks (see [`start_link`]).
+pub struct ConnHandles {
+    pub(super) writer: mpsc::UnboundedSender<WriteMsg>,
+    /// Quiet batches handed to the writer and not yet paid.
+    pub(super) quiet: Arc<QuietSignal>,
+    pub(super) reader: AbortHandle,
+    /// `true` pauses the reader (its cells would only be held back).
+    pub(super) hold: watch::Sender<bool>,
+}
+
+/// Split a finished link into reader and writer tasks and announce it.
+pub async fn start_link(
+    chan: ChannelId,
+    link: Link,
+    initiator: bool,
+    limits: LinkLimits,
+    tx: mpsc::Sender<Input>,
+) {
+    let peer = link.peer_identity;
+    let features = link.features;
+    let bind_token = link.bind_token();
+    let (reader, writer) = link.split(limits);
+    let (conn, gate) = spawn_conn(chan, reader, writer, tx.clone());
+    if tx
+        .send(Input::LinkUp {
+            chan,
+            peer,
+            initiator,
+            features,
+            bind_token,
+            conn,
+        })
+        .await
+        .is_ok()
+    {
+        let _ = gate.send(());
+    }
+}
+
+/// Start connection `id`'s reader and writer tasks. The reader waits for the returned gate,
+/// fired once the driver has been told about the connection, so that no cell can overtake
+/// that announcement in the input queue.
+pub(super) fn spawn_conn(
+    id: ChannelId,
+    mut reader: LinkReader,
+    mut writer: LinkWriter,
+    tx: mpsc::Sender<Input>,
+) -> (ConnHandles, oneshot::Sender<()>) {
+    let (gate_tx, gate_rx) = oneshot::channel::<()>();
+    let (hold_tx, mut hold_rx) = watch::channel(false);
+    let (wtx, mut wrx) = mpsc::unbounded_channel::<WriteMsg>();
+    let quiet = Arc::new(QuietSignal::default());
+    let signal = quiet.clone();
+    let rtx = tx.clone();
+    let reader_task = tokio::spawn(async move {
+        if gate_rx.await.is_err() {
+            return;
+        }
+        let why = loop {
+            // Paused while the driver holds this connection's cells back (split channels).
+            if hold_rx.wait_for(|held| !*held).await.is_err() {
+                return;
+            }
+            match reader.read_cell().await {
+                Ok(Some(cell)) => {
+                    if rtx.send(Input::Cell { chan: id, cell }).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => break "closed by peer".to_string(),
+                Err(e) => break e.to_string(),
+            }
+        };
+        let _ = rtx.send(Input::LinkDown { chan: id, why }).await;
+    });
+    tokio::spawn(async move {
+        while let Some(msg) = wrx.recv().await {
+            let (result, n) = match msg {
+                WriteMsg::Cells { cells, class } if writer.is_paced() => {
+                    let quiet = matches!(class, BatchClass::Quiet { .. });
+                    // Pay first and say so: from here on the batch waits only for the socket.
+                    // A batch ahead of a quiet one may use the reserve too, or the quiet one
+                    // would wait behind it for tokens above the reserve.
+                    writer
+                        .pay_for_cells(
+                            cells.len(),
+                            || class.may_spend_reserve(signal.queued.load(Ordering::Relaxed)),
+                            Some(&signal.wake),
+                        )
+                        .await;
+                    if quiet {
+                        signal.queued.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    let paid = Input::Paid {
+                        chan: id,
+                        cells: cells.len(),
+                    };
+                    if tx.send(paid).await.is_err() {
+                        return;
+                    }
+                    (writer.write_paid_cells(&cells).await, Some(cells.len()))
+                }
+                WriteMsg::Cells { cells, class } => {
+                    if let BatchClass::Quiet { .. } = class {
+                        // Unpaced: nothing to pay, but keep the count exact.
+                        signal.queued.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    (writer.write_cells(&cells).await, Some(cells.len()))
+                }
+                WriteMsg::Var(cell) => (writer.write_var_cell(&cell).await, None),
+            };
+            if let Err(e) = result {
+                let _ = tx
+                    .send(Input::LinkDown {
+                        chan: id,
+                        why: format!("write failed: {e}"),
+                    })
+                    .await;
+                return;
+            }
+            if let Some(cells) = n {
+                if tx.send(Input::Written { chan: id, cells }).await.is_err() {
+                    return;
+                }
+            }
+        }
+        let _ = writer.shutdown().await;
+    });
+    (
+        ConnHandles {
+            writer: wtx,
+            quiet,
+            reader: reader_task.abort_handle(),
+            hold: hold_tx,
+        },
+        gate_tx,
+    )
+}
+
+/// Resolve, check the exit policy, connect.
+pub(super) async fn exit_connect(
+    stream: StreamHandle,
+    host: &str,
+    port: u16,
+    policy: Option<Arc<ExitPolicy>>,
+) -> Input {
+    let fail = |reason, why: String| Input::ExitFailed {
+        stream,
+        reason,
+        why,
+    };
+    let Some(policy) = policy else {
+        return fail(EndReason::EXITPOLICY, "not an exit".into());
+    };
+    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => {
+            match tokio::time::timeout(EXIT_CONNECT_TIMEOUT, tokio::net::lookup_host((host, port)))
+                .await
+            {
+                Ok(Ok(a)) => a.collect(),
+                Ok(Err(e)) => {
+                    return fail(EndReason::RESOLVEFAILED, format!("resolve {host}: {e}"))
+                }
+                Err(_) => return fail(EndReason::TIMEOUT, format!("resolve {host}: timeout")),
+            }
+        }
+    };
+    let Some(addr) = addrs.into_iter().find(|a| policy.allows(a.ip(), a.port())) else {
+        return fail(
+            EndReason::EXITPOLICY,
+            format!("{host}:{port} rejected by exit policy"),
+        );
+    };
+    match tokio::time::timeout(EXIT_CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+        Ok(Ok(tcp)) => {
+            let _ = tcp.set_nodelay(true);
+            Input::ExitConnected { stream, addr, tcp }
+        }
+        Ok(Err(e)) => fail(EndReason::CONNECTREFUSED, format!("connect {addr}: {e}")),
+        Err(_) => fail(EndReason::TIMEOUT, format!("connect {addr}: timeout")),
+    }
+}
+
+/// Run a stream's socket: a reader that reads only as far as its credit, and a
+/// writer that reports each batch of writes back.
+pub fn spawn_stream_io(
+    stream: StreamHandle,
+    tcp: TcpStream,
+    mut write_rx: mpsc::UnboundedReceiver<StreamCmd>,
+    mut credit_rx: mpsc::UnboundedReceiver<usize>,
+    tx: mpsc::Sender<Input>,
+) {
+    let (mut rd, mut wr) = tcp.into_split();
+    let rtx = tx.clone();
+    tokio::spawn(async move {
+        let mut credit = 0usize;
+        let mut buf = vec![0u8; STREAM_READ_CHUNK];
+        loop {
+            if credit == 0 {
+                match credit_rx.recv().await {
+                    Some(n) => credit += n,
+                    None => return, // stream closed by the core
+                }
+                continue;
+            }
+            let want = credit.min(buf.len());
+            tokio::select! {
+                more = credit_rx.recv() => match more {
+                    Some(n) => credit += n,
+                    None => return,
+                },
+                r = rd.read(&mut buf[..want]) => match r {
+                    Ok(0) => {
+                        let _ = rtx.send(Input::StreamEof { stream }).await;
+                        return;
+                    }
+                    Ok(n) => {
+                        credit -= n;
+                        if rtx.send(Input::StreamData { stream, data: buf[..n].to_vec() }).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = rtx.send(Input::StreamError { stream, why: e.to_string() }).await;
+                        return;
+                    }
+                },
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Some(cmd) = write_rx.recv().await {
+            let mut writes = 0u32;
+            let mut close = false;
+            let mut batch = Vec::new();
+            let mut next = Some(cmd);
+            while let Some(cmd) = next.take() {
+                match cmd {
+                    StreamCmd::Write(data) => {
+                        batch.extend_from_slice(&data);
+                        writes += 1;
+                    }
+                    StreamCmd::Close => {
+                        close = true;
+                        break;
+                    }
+                }
+                if writes < 128 {
+                    next = write_rx.try_recv().ok();
+                }
+            }
+            if !batch.is_empty() {
+                if let Err(e) = wr.write_all(&batch).await {
+                    let _ = tx
+                        .send(Input::StreamError {
+                            stream,
+                            why: e.to_string(),
+                        })
+                        .await;
+                    return;
+                }
+                let _ = tx.send(Input::StreamFlushed { stream, writes }).await;
+            }
+            if close {
+                let _ = wr.shutdown().await;
+                return;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+}
+
+/// SIGTERM or SIGINT stops the driver (and so the process) cleanly; SIGUSR1
+/// logs a snapshot of circuits, queues, windows and streams.
+pub fn stop_on_signal(tx: mpsc::Sender<Input>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let dump_tx = tx.clone();
+    tokio::spawn(async move {
+        let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
+            return;
+        };
+        while usr1.recv().await.is_some() {
+            if dump_tx.send(Input::Dump).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            warn!("cannot install signal handlers; stop with SIGKILL");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        info!("stopping on signal");
+        let _ = tx.send(Input::Shutdown).await;
+    });
+}

@@ -1,0 +1,107 @@
+//! The driver's policy plumbing, without sockets, on tokio's paused clock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chive_core::chansched::ChannelSchedulerKind;
+use chive_core::{Core, CoreConfig, SchedulerKind};
+use chive_net::{FeatureSet, LinkConfig, LinkLimits, TokenBucket};
+
+use super::{Driver, DriverConfig, Input, Tunables};
+
+fn driver(write_bucket: Option<Arc<TokenBucket>>, tunables: Tunables) -> Driver {
+    let core = Core::new(CoreConfig::default(), [3; 32]);
+    Driver::new(
+        core,
+        DriverConfig {
+            link: Arc::new(LinkConfig {
+                identity: None,
+                features: FeatureSet::EMPTY,
+                socket_buffer: None,
+                unsent_limit: None,
+                congestion_control: None,
+            }),
+            limits: LinkLimits {
+                read_bucket: None,
+                write_bucket,
+            },
+            outbuf_cells: 32,
+            exit_policy: None,
+            tunables,
+        },
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_reload_keeps_the_old_policy() {
+    let now = Instant::now();
+    let mut d = driver(None, Tunables::default());
+    assert!(d.apply_policy(now));
+    let ewma = d.core.scheduler();
+    assert!(matches!(ewma, SchedulerKind::Ewma { .. }), "{ewma:?}");
+    let outbuf = d.cfg.outbuf_cells;
+    assert_eq!(outbuf, chive_dir::OUTBUF_CELLS.default as usize);
+    // A reload naming a scheduler that does not exist changes nothing (and is logged).
+    let bad = Tunables {
+        scheduler: Some("fifo".into()),
+        outbuf_cells: Some(7),
+        ..Tunables::default()
+    };
+    assert!(d.handle_input(Input::Reconfigure(bad), now));
+    assert_eq!(d.core.scheduler(), ewma);
+    assert_eq!(d.cfg.outbuf_cells, outbuf);
+    assert_eq!(d.cfg.tunables.scheduler, None);
+    // A good one applies.
+    let rr = Tunables {
+        scheduler: Some("rr".into()),
+        outbuf_cells: Some(7),
+        ..Tunables::default()
+    };
+    d.handle_input(Input::Reconfigure(rr), now);
+    assert_eq!(d.core.scheduler(), SchedulerKind::RoundRobin);
+    assert_eq!(d.cfg.outbuf_cells, 7);
+    assert_eq!(d.send.config().outbuf_cells, 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_channel_scheduler_follows_the_write_bucket() {
+    let now = Instant::now();
+    let bucket = Arc::new(TokenBucket::new(1_000_000, 1_000_000));
+    bucket.set_reserve(100_000);
+    let shared = Tunables {
+        cross_channel: true,
+        ..Tunables::default()
+    };
+    let mut d = driver(Some(bucket.clone()), shared.clone());
+    let cfg = d.send.config().clone();
+    assert_eq!(cfg.kind, ChannelSchedulerKind::SharedRate);
+    assert!(cfg.paced);
+    assert_eq!(cfg.quiet_reserve, 100_000);
+    // SIGHUP lifts the rate limit: the relay's writers no longer share a rate.
+    bucket.set_rate(0, 0);
+    d.handle_input(Input::Reconfigure(shared), now);
+    assert_eq!(d.send.config().kind, ChannelSchedulerKind::Direct);
+    assert_eq!(d.send.policy_name(), "direct");
+    // Without CrossChannelPriority a rate limit is not shared either.
+    let mut d = driver(
+        Some(Arc::new(TokenBucket::new(1_000_000, 1_000_000))),
+        Tunables::default(),
+    );
+    d.apply_policy(now);
+    assert_eq!(d.send.config().kind, ChannelSchedulerKind::Direct);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_loop_ticks_on_virtual_time_and_stops_on_shutdown() {
+    let d = driver(None, Tunables::default());
+    let tx = d.sender();
+    let run = tokio::spawn(d.run());
+    // Ten seconds of ticks (client, split and metrics work) pass at once on the paused clock.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    tx.send(Input::Dump).await.unwrap();
+    tx.send(Input::Shutdown).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), run)
+        .await
+        .expect("driver stopped")
+        .unwrap();
+}

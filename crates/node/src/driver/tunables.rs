@@ -1,0 +1,98 @@
+//! The settings a node's operator may change at runtime (SIGHUP), merged with the consensus.
+
+use chive_core::SchedulerKind;
+
+/// Settings a node's operator may set locally; unset ones come from the consensus.
+#[derive(Clone, Debug, Default)]
+pub struct Tunables {
+    /// `Scheduler`: "rr", "ewma" or "ewma-direct" (default "ewma", as Tor).
+    pub scheduler: Option<String>,
+    /// `CircuitPriorityHalflife` in seconds (≤ 0: round-robin).
+    pub halflife: Option<f64>,
+    /// `OutbufCells`.
+    pub outbuf_cells: Option<usize>,
+    /// `CrossChannelPriority`: under a write rate, share OutbufCells among all connections
+    /// and give room to the channel with the most deserving circuit (default off).
+    pub cross_channel: bool,
+}
+
+impl Tunables {
+    /// The circuit policy and output bound in force, given the latest consensus parameters.
+    ///
+    /// A value the policy cannot use is an error naming the option (`Scheduler`,
+    /// `CircuitPriorityHalflife`, or the consensus's `CircuitPriorityHalflifeMsec`), never a
+    /// silent fallback: config loading refuses it, and a running driver keeps its old policy.
+    /// A half-life ≤ 0 is no error: as in C tor it turns EWMA off (round-robin).
+    pub fn effective(
+        &self,
+        params: Option<&chive_dir::NetParams>,
+    ) -> Result<(SchedulerKind, usize), String> {
+        let name = self.scheduler.as_deref().unwrap_or("ewma");
+        // The name alone first, so that a bad one is reported as `Scheduler`.
+        SchedulerKind::from_config(name, None).map_err(|e| format!("Scheduler: {e}"))?;
+        let (halflife, option) = match self.halflife {
+            Some(h) => (h, "CircuitPriorityHalflife"),
+            None => {
+                let msec = params
+                    .map(|p| p.get_spec(&chive_dir::CIRCUIT_PRIORITY_HALFLIFE_MSEC))
+                    .unwrap_or(chive_dir::CIRCUIT_PRIORITY_HALFLIFE_MSEC.default);
+                (
+                    msec as f64 / 1000.0,
+                    "consensus CircuitPriorityHalflifeMsec",
+                )
+            }
+        };
+        let kind = SchedulerKind::from_config(name, Some(halflife))
+            .map_err(|e| format!("{option}: {e}"))?;
+        let outbuf = self.outbuf_cells.unwrap_or_else(|| {
+            params
+                .map(|p| p.get_spec(&chive_dir::OUTBUF_CELLS))
+                .unwrap_or(chive_dir::OUTBUF_CELLS.default) as usize
+        });
+        Ok((kind, outbuf))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tunables(scheduler: Option<&str>, halflife: Option<f64>) -> Tunables {
+        Tunables {
+            scheduler: scheduler.map(str::to_string),
+            halflife,
+            ..Tunables::default()
+        }
+    }
+
+    #[test]
+    fn defaults_come_from_the_consensus_defaults() {
+        let (kind, outbuf) = Tunables::default().effective(None).unwrap();
+        let halflife = chive_dir::CIRCUIT_PRIORITY_HALFLIFE_MSEC.default as f64 / 1000.0;
+        assert_eq!(kind, SchedulerKind::Ewma { halflife });
+        assert_eq!(outbuf, chive_dir::OUTBUF_CELLS.default as usize);
+        let (kind, outbuf) = Tunables {
+            outbuf_cells: Some(9),
+            ..tunables(Some("rr"), None)
+        }
+        .effective(None)
+        .unwrap();
+        assert_eq!((kind, outbuf), (SchedulerKind::RoundRobin, 9));
+    }
+
+    #[test]
+    fn bad_values_are_errors_naming_the_option() {
+        let err = tunables(Some("fifo"), None).effective(None).unwrap_err();
+        assert!(err.starts_with("Scheduler: "), "{err}");
+        // Too short a half-life for EWMA: refused, not round-robin in disguise.
+        let err = tunables(None, Some(1e-4)).effective(None).unwrap_err();
+        assert!(err.starts_with("CircuitPriorityHalflife: "), "{err}");
+        let err = tunables(Some("ewma-direct"), Some(f64::NAN))
+            .effective(None)
+            .unwrap_err();
+        assert!(err.starts_with("CircuitPriorityHalflife: "), "{err}");
+        // Tor's rule, not an error: a half-life <= 0 turns EWMA off.
+        let (kind, _) = tunables(Some("ewma"), Some(0.0)).effective(None).unwrap();
+        assert_eq!(kind, SchedulerKind::RoundRobin);
+    }
+}
