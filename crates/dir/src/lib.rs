@@ -14,6 +14,8 @@
 pub mod consensus;
 pub mod descriptor;
 mod document;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod params;
 pub mod policy;
 
