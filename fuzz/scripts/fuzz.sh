@@ -5,7 +5,8 @@
 # features (ft) and corpus size per target from libFuzzer's final "DONE" line. Exits non-zero if
 # a target crashed, hung or ran out of memory, naming the artifact (fuzz/artifacts/<t>/...).
 #
-# Environment: FUZZ_SECONDS (default 600), FUZZ_TARGETS (default: all), FUZZ_SANITIZER
+# Environment: FUZZ_SECONDS (default 600), FUZZ_RUNS (stop a target after this many executions,
+# whichever comes first; default: no limit), FUZZ_TARGETS (default: all), FUZZ_SANITIZER
 # (address, the default, or none: about twice the speed, no ASan checks), FUZZ_NICE (19).
 # Logs: fuzz/logs/<t>.log. Run from the repository root (make fuzz does).
 set -euo pipefail
@@ -16,6 +17,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 seconds=${FUZZ_SECONDS:-600}
 sanitizer=${FUZZ_SANITIZER:-address}
 niceness=${FUZZ_NICE:-19}
+runs=${FUZZ_RUNS:+-runs=$FUZZ_RUNS}
 all_targets=$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^chive-fuzz$')
 targets=${FUZZ_TARGETS:-$all_targets}
 
@@ -40,7 +42,7 @@ for t in $targets; do
     echo "fuzz: $t for ${seconds}s (log: $log)"
     status=0
     nice -n "$niceness" cargo +nightly fuzz run -s "$sanitizer" "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
-        -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+        -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 $runs \
         >"$log" 2>&1 || status=$?
     # The final stats line: "#N DONE cov: C ft: F corp: K/Sb ... exec/s: E rss: R".
     done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1 || true)

@@ -1,14 +1,16 @@
 //! Targets `consensus`, `descriptor` and `exit_policy`: chive-dir's documents as a client or the
 //! authority reads them.
 //!
-//! Signed documents: a fuzzer cannot forge an Ed25519 signature, so in "signed" mode the target
-//! signs the input itself (with a fixed key) and the parser gets past the signature check to the
-//! body; "raw" mode hands the input over as it is, for the framing and signature checks.
+//! Signed documents: a fuzzer cannot forge an Ed25519 signature, so most inputs are the signed
+//! part of a document (`header\nbody`) and go through chive-dir's `fuzzing` entry points, which
+//! run every check after the signature; the rest ("raw" mode) go through the real `verify` as
+//! they are, for the framing and signature checks. Round trips sign with fixed keys.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::OnceLock;
 
 use chive_crypto::IdentityKeypair;
+use chive_dir::fuzzing::{consensus_unsigned, descriptor_unsigned};
 use chive_dir::{Consensus, ExitPolicy, RelayDescriptor};
 
 /// Secret seed of the authority key that signs consensus inputs.
@@ -35,7 +37,9 @@ pub(crate) fn relay_key() -> &'static IdentityKeypair {
     key(&RELAY_SEED, &K)
 }
 
-/// `signed` (header line, body; no trailing newline) framed and signed as chive-dir does.
+/// `signed` (header line, body; no trailing newline) framed and signed as chive-dir does (for
+/// checking that the seeds are what chive-dir's `sign` produces).
+#[cfg(test)]
 pub(crate) fn sign_document(signed: &str, key: &IdentityKeypair) -> String {
     let mut doc = String::with_capacity(signed.len() + 140);
     doc.push_str(signed);
@@ -47,54 +51,74 @@ pub(crate) fn sign_document(signed: &str, key: &IdentityKeypair) -> String {
     doc
 }
 
-/// Split the mode byte off and turn the rest into the document to parse: in mode 1 the rest
-/// (header line and body) signed by `key`, in mode 0 the rest as it is. `None` for non-UTF-8.
-fn document(data: &[u8], key: &IdentityKeypair) -> Option<String> {
+/// An input: the first byte selects raw mode (low two bits zero: the rest is a whole document
+/// for the real `verify`) or unsigned mode (the rest is the signed part without its final
+/// newline); the rest must be UTF-8.
+enum Input {
+    Raw(String),
+    Unsigned(String),
+}
+
+fn input(data: &[u8]) -> Option<Input> {
     let (&mode, rest) = data.split_first()?;
-    let text = std::str::from_utf8(rest).ok()?;
-    Some(if mode & 1 == 1 {
-        sign_document(text, key)
+    let text = std::str::from_utf8(rest).ok()?.to_owned();
+    Some(if mode & 3 == 0 {
+        Input::Raw(text)
     } else {
-        text.to_owned()
+        Input::Unsigned(text + "\n")
     })
 }
 
-/// First byte: mode (bit 0: the target signs the rest with the authority key); the rest: a
-/// consensus document. Property: a consensus that verifies, signed again by the authority,
-/// verifies to the same value, and that text is a fixed point (signing the result again gives
-/// the same text).
+/// The signed part of a document made by chive-dir's `sign` (everything before the signature
+/// line).
+fn signed_part(doc: &str) -> &str {
+    let without_nl = doc.strip_suffix('\n').unwrap_or(doc);
+    let cut = without_nl.rfind('\n').map_or(0, |i| i + 1);
+    &doc[..cut]
+}
+
+/// See [`Input`]; the clock is [`NOW`]. Property: a consensus that parses, signed again by the
+/// authority, verifies to the same value, and that text is a fixed point (parsing and signing
+/// it again gives the same text).
 pub fn consensus(data: &[u8]) {
-    let Some(doc) = document(data, authority()) else {
-        return;
+    let parsed = match input(data) {
+        Some(Input::Raw(doc)) => Consensus::verify(&doc, &authority().public(), NOW),
+        Some(Input::Unsigned(signed)) => consensus_unsigned(&signed, NOW),
+        None => return,
     };
-    let Ok(c) = Consensus::verify(&doc, &authority().public(), NOW) else {
+    let Ok(c) = parsed else {
         return;
     };
     let text = c.sign(authority());
-    let again = Consensus::verify(&text, &authority().public(), NOW)
-        .expect("a re-signed consensus must verify");
+    let again =
+        consensus_unsigned(signed_part(&text), NOW).expect("a re-signed consensus must parse");
     assert_eq!(again, c);
     assert_eq!(again.sign(authority()), text);
+    assert_eq!(
+        Consensus::verify(&text, &authority().public(), NOW).as_ref(),
+        Ok(&c)
+    );
 }
 
-/// First byte: mode (bit 0: the target signs the rest with the relay key named in the seeds'
-/// header); the rest: a descriptor. Property as for [`consensus`].
+/// See [`Input`]. Property as for [`consensus`], for descriptors that name the relay key the
+/// seeds use (a round trip needs the identity's secret key to sign).
 pub fn descriptor(data: &[u8]) {
-    let Some(doc) = document(data, relay_key()) else {
+    let parsed = match input(data) {
+        Some(Input::Raw(doc)) => RelayDescriptor::verify(&doc),
+        Some(Input::Unsigned(signed)) => descriptor_unsigned(&signed),
+        None => return,
+    };
+    let Ok(d) = parsed else {
         return;
     };
-    let Ok(d) = RelayDescriptor::verify(&doc) else {
+    if d.identity != relay_key().public() {
         return;
-    };
-    assert_eq!(
-        d.identity,
-        relay_key().public(),
-        "verified under a key we did not sign with"
-    );
+    }
     let text = d.sign(relay_key());
-    let again = RelayDescriptor::verify(&text).expect("a re-signed descriptor must verify");
+    let again = descriptor_unsigned(signed_part(&text)).expect("a re-signed descriptor must parse");
     assert_eq!(again, d);
     assert_eq!(again.sign(relay_key()), text);
+    assert_eq!(RelayDescriptor::verify(&text).as_ref(), Ok(&d));
 }
 
 /// First byte: bit 0 is `reject_private`; the rest: torrc policy lines. Properties: the parsed
