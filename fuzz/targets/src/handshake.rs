@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use chive_crypto::IdentityKeypair;
+use chive_crypto::{IdentityKey, IdentityKeypair};
 use chive_net::fuzzing::{handshake, handshake_cells};
 use chive_net::{FeatureSet, LinkConfig, LINK_VERSIONS, SPLIT_DIRECTION};
 
@@ -18,6 +18,13 @@ const CHUNKS: [usize; 4] = [1, 7, 512, 1 << 20];
 const OUR_SEED: [u8; 32] = [1; 32];
 /// Secret seed of the peer's identity in the seed inputs.
 pub(crate) const PEER_SEED: [u8; 32] = [2; 32];
+
+/// The seed peer's identity (derived once: a scalar multiplication per execution would
+/// dominate the target's cost).
+pub(crate) fn peer_identity() -> IdentityKey {
+    static KEY: OnceLock<IdentityKey> = OnceLock::new();
+    *KEY.get_or_init(|| IdentityKeypair::from_secret_bytes(&PEER_SEED).public())
+}
 
 /// Our side's configuration: a relay (responder) or an anonymous client (initiator), both
 /// offering split-direction.
@@ -48,7 +55,7 @@ pub fn link_handshake(data: &[u8]) {
         return;
     };
     let responder = mode & 1 != 0;
-    let expected = (mode & 2 != 0).then(|| IdentityKeypair::from_secret_bytes(&PEER_SEED).public());
+    let expected = (mode & 2 != 0).then(peer_identity);
     let chunk = CHUNKS[usize::from(mode >> 2) % CHUNKS.len()];
     let cfg = config(responder);
     let mut io = FuzzStream::new(peer_bytes, chunk);

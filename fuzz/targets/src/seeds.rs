@@ -469,8 +469,7 @@ mod tests {
         for s in seeds_of("link_handshake") {
             let (mode, peer) = s.split_first().expect("mode byte");
             let responder = mode & 1 != 0;
-            let expected = (mode & 2 != 0)
-                .then(|| IdentityKeypair::from_secret_bytes(&crate::handshake::PEER_SEED).public());
+            let expected = (mode & 2 != 0).then(crate::handshake::peer_identity);
             let mut io = FuzzStream::new(peer, 7);
             let cfg = crate::handshake::config(responder);
             let fut = chive_net::fuzzing::handshake(
