@@ -78,8 +78,9 @@ fn signed_part(doc: &str) -> &str {
 }
 
 /// See [`Input`]; the clock is [`NOW`]. Property: a consensus that parses, signed again by the
-/// authority, verifies to the same value, and that text is a fixed point (parsing and signing
-/// it again gives the same text).
+/// authority, parses to the same value, and that text is a fixed point (parsing and signing
+/// it again gives the same text). (That a signed document verifies is chive-dir's unit tests'
+/// business; verifying here too would cost a third of the executions per second.)
 pub fn consensus(data: &[u8]) {
     let parsed = match input(data) {
         Some(Input::Raw(doc)) => Consensus::verify(&doc, &authority().public(), NOW),
@@ -94,10 +95,6 @@ pub fn consensus(data: &[u8]) {
         consensus_unsigned(signed_part(&text), NOW).expect("a re-signed consensus must parse");
     assert_eq!(again, c);
     assert_eq!(again.sign(authority()), text);
-    assert_eq!(
-        Consensus::verify(&text, &authority().public(), NOW).as_ref(),
-        Ok(&c)
-    );
 }
 
 /// See [`Input`]. Property as for [`consensus`], for descriptors that name the relay key the
@@ -118,7 +115,6 @@ pub fn descriptor(data: &[u8]) {
     let again = descriptor_unsigned(signed_part(&text)).expect("a re-signed descriptor must parse");
     assert_eq!(again, d);
     assert_eq!(again.sign(relay_key()), text);
-    assert_eq!(RelayDescriptor::verify(&text).as_ref(), Ok(&d));
 }
 
 /// First byte: bit 0 is `reject_private`; the rest: torrc policy lines. Properties: the parsed
