@@ -23,7 +23,7 @@ help:
 	@echo "make test    build, cargo test --release --workspace, pytest lab/tests"
 	@echo "make demo    build, start a 3-relay network, curl 1 MiB and 10 MiB through it, stop it"
 	@echo "make bench   cargo bench (crypto per cell, scheduler per cell) and the 3-hop 50 MB goodput benchmark"
-	@echo "make fuzz    every cargo-fuzz target for FUZZ_SECONDS each (nightly; installs cargo-fuzz), table of execs/cov"
+	@echo "make fuzz    every cargo-fuzz target, 10M executions each (nightly; installs cargo-fuzz); table of execs/cov"
 	@echo "make lint    cargo fmt --check, clippy -D warnings, Python compile (+ pyflakes if present)"
 	@echo "make clean   remove build products (target/, .venv, caches); keeps runs/"
 
@@ -58,11 +58,15 @@ bench: build
 	bash lab/scripts/bench_goodput.sh
 
 # Long fuzzing runs (docs/fuzzing.md). `make test` only replays the checked-in seeds and
-# regression inputs (on stable, in chive-fuzz-targets' tests). FUZZ_SECONDS is per target;
-# the default gives every target at least 10 million executions on one core.
-FUZZ_SECONDS ?= 1200
+# regression inputs (on stable, in chive-fuzz-targets' tests). Each target stops after
+# FUZZ_RUNS executions or FUZZ_SECONDS, whichever comes first; FUZZ_SANITIZER=address for an
+# AddressSanitizer build (several times slower: the signature-heavy targets then need hours).
+FUZZ_RUNS ?= 10000000
+FUZZ_SECONDS ?= 3600
+FUZZ_SANITIZER ?= none
 fuzz:
-	FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/scripts/fuzz.sh
+	FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SANITIZER=$(FUZZ_SANITIZER) \
+		bash fuzz/scripts/fuzz.sh
 
 lint: deps
 	$(CARGO) fmt --all -- --check
