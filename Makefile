@@ -16,13 +16,14 @@ PYTHON ?= python3
 VENV := .venv
 VENV_STAMP := $(VENV)/.chive-lab-installed
 
-.PHONY: help deps venv build test demo bench lint clean
+.PHONY: help deps venv build test demo bench fuzz lint clean
 
 help:
 	@echo "make build   cargo build --release and the lab's Python environment (.venv)"
 	@echo "make test    build, cargo test --release --workspace, pytest lab/tests"
 	@echo "make demo    build, start a 3-relay network, curl 1 MiB and 10 MiB through it, stop it"
 	@echo "make bench   cargo bench (crypto per cell, scheduler per cell) and the 3-hop 50 MB goodput benchmark"
+	@echo "make fuzz    every cargo-fuzz target, 10M executions each (nightly; installs cargo-fuzz); table of execs/cov"
 	@echo "make lint    cargo fmt --check, clippy -D warnings, Python compile (+ pyflakes if present)"
 	@echo "make clean   remove build products (target/, .venv, caches); keeps runs/"
 
@@ -55,6 +56,17 @@ bench: build
 	$(CARGO) bench -p chive-core --bench sched
 	$(CARGO) bench -p chive-core --bench forward
 	bash lab/scripts/bench_goodput.sh
+
+# Long fuzzing runs (docs/fuzzing.md). `make test` only replays the checked-in seeds and
+# regression inputs (on stable, in chive-fuzz-targets' tests). Each target stops after
+# FUZZ_RUNS executions or FUZZ_SECONDS, whichever comes first; FUZZ_SANITIZER=address for an
+# AddressSanitizer build (several times slower: the signature-heavy targets then need hours).
+FUZZ_RUNS ?= 10000000
+FUZZ_SECONDS ?= 3600
+FUZZ_SANITIZER ?= none
+fuzz:
+	FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SANITIZER=$(FUZZ_SANITIZER) \
+		bash fuzz/scripts/fuzz.sh
 
 lint: deps
 	$(CARGO) fmt --all -- --check

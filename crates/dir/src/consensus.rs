@@ -222,6 +222,11 @@ impl Consensus {
             });
         }
         let (header, body) = document::verify(doc, authority).ok_or(DirError::BadSignature)?;
+        Self::parse_signed(header, body, now)
+    }
+
+    /// The checks of [`Consensus::verify`] after the signature: header, body, validity at `now`.
+    pub(crate) fn parse_signed(header: &str, body: &str, now: u64) -> Result<Consensus, DirError> {
         if header != HEADER {
             // Signed by the authority, but not a consensus (or a newer format).
             return Err(DirError::Malformed(format!(

@@ -120,6 +120,16 @@ impl RelayDescriptor {
         }
         let (signed, sig) = document::split(doc).ok_or(DirError::BadDescriptorSignature)?;
         let (header, body) = document::parts(signed).ok_or(DirError::BadDescriptorSignature)?;
+        let (id_hex, identity) = Self::header_identity(header)?;
+        identity
+            .verify(signed.as_bytes(), &sig)
+            .map_err(|_| DirError::BadDescriptorSignature)?;
+        Self::parse_signed(id_hex, identity, body)
+    }
+
+    /// The identity a descriptor's header line names (and its hex form), before anything
+    /// else is believed: the signature is checked against it.
+    pub(crate) fn header_identity(header: &str) -> Result<(&str, IdentityKey), DirError> {
         let id_hex = header
             .strip_prefix(HEADER)
             .and_then(|r| r.strip_prefix(' '))
@@ -129,10 +139,16 @@ impl RelayDescriptor {
         }
         let identity =
             IdentityKey::from_hex(id_hex).map_err(|_| DirError::BadDescriptorSignature)?;
-        identity
-            .verify(signed.as_bytes(), &sig)
-            .map_err(|_| DirError::BadDescriptorSignature)?;
+        Ok((id_hex, identity))
+    }
 
+    /// The checks of [`RelayDescriptor::verify`] after the signature by `identity` (whose hex
+    /// form is `id_hex`, from the header): the body and its fields.
+    pub(crate) fn parse_signed(
+        id_hex: &str,
+        identity: IdentityKey,
+        body: &str,
+    ) -> Result<RelayDescriptor, DirError> {
         let b: Body = serde_json::from_str(body)
             .map_err(|e| DirError::Malformed(format!("descriptor body: {e}")))?;
         if b.identity != id_hex {

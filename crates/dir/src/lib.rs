@@ -15,6 +15,8 @@
 pub mod consensus;
 pub mod descriptor;
 mod document;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod onion;
 pub mod params;
 pub mod policy;

@@ -15,6 +15,8 @@ use chive_crypto::{IdentityKey, IdentityKeypair};
 
 mod bucket;
 mod framing;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod handshake;
 mod link;
 mod tls;

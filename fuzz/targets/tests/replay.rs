@@ -1,0 +1,81 @@
+//! Replays every checked-in seed (`fuzz/seeds/<target>/`) and regression input
+//! (`fuzz/regressions/<target>/`) through its target, on stable, as part of `make test`.
+
+use std::path::{Path, PathBuf};
+
+use chive_fuzz_targets::TARGETS;
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Files directly in `dir` (none if it does not exist), sorted for a stable order.
+fn inputs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries
+        .map(|e| e.expect("readable directory entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn every_seed_and_regression_input_passes_its_target() {
+    let mut replayed = 0;
+    for (name, target) in TARGETS {
+        let seeds = inputs(&fuzz_dir().join("seeds").join(name));
+        assert!(
+            !seeds.is_empty(),
+            "target {name} has no seeds in fuzz/seeds/{name}"
+        );
+        for file in seeds
+            .iter()
+            .chain(&inputs(&fuzz_dir().join("regressions").join(name)))
+        {
+            let data = std::fs::read(file).expect("readable input");
+            // A panic names the target; the file is printed first so a failure is easy to rerun.
+            eprintln!("replay {name} {}", file.display());
+            target(&data);
+            replayed += 1;
+        }
+    }
+    eprintln!("replayed {replayed} inputs");
+}
+
+#[test]
+fn regression_directories_name_real_targets() {
+    if let Some(file) = inputs(&fuzz_dir().join("regressions")).first() {
+        panic!(
+            "stray file {} (inputs go in regressions/<target>/)",
+            file.display()
+        );
+    }
+    let Ok(dirs) = std::fs::read_dir(fuzz_dir().join("regressions")) else {
+        return;
+    };
+    for d in dirs {
+        let name = d.expect("readable directory entry").file_name();
+        assert!(
+            TARGETS.iter().any(|(t, _)| *t == name.to_string_lossy()),
+            "fuzz/regressions/{name:?} is not a target"
+        );
+    }
+}
+
+#[test]
+fn checked_in_seeds_match_the_generator() {
+    // Seeds are made by the crates' own encoders; if a format changes, regenerate them
+    // (`cargo run --release -p chive-fuzz-targets --bin gen-seeds`) rather than let them rot.
+    for (target, name, bytes) in chive_fuzz_targets::seeds::all() {
+        let path = fuzz_dir().join("seeds").join(target).join(&name);
+        let on_disk = std::fs::read(&path).unwrap_or_default();
+        assert!(
+            on_disk == bytes,
+            "{} is stale: regenerate the seeds",
+            path.display()
+        );
+    }
+}
