@@ -23,7 +23,10 @@ pub use consensus::{
 };
 pub use descriptor::{valid_nickname, RelayDescriptor, MAX_DESCRIPTOR_LEN};
 pub use params::{
-    NetParams, ParamSpec, CIRCUIT_PRIORITY_HALFLIFE_MSEC, CIRCWINDOW, KNOWN_PARAMS, OUTBUF_CELLS,
+    NetParams, ParamSpec, SwitchingMode, SwitchingParams, CIRCUIT_PRIORITY_HALFLIFE_MSEC,
+    CIRCUIT_SWITCHING, CIRCWINDOW, KNOWN_PARAMS, OUTBUF_CELLS, SWITCH_ALPHA_MILLI,
+    SWITCH_BETA_MILLI, SWITCH_BUFFER_BYTES, SWITCH_GAMMA_MILLI, SWITCH_SAMPLE_INTERVAL_MSEC,
+    SWITCH_TIMEOUT_MSEC,
 };
 pub use policy::{AddrPattern, ExitPolicy, PolicyRule, PortRange};
 
