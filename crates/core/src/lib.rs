@@ -15,6 +15,7 @@ pub mod flow;
 mod idmap;
 mod node;
 pub mod sched;
+pub mod switching;
 
 pub use node::{
     CellSample, CircuitStat, Core, CoreConfig, CoreError, CoreStats, Event, HopSpec, RelayKeys,
