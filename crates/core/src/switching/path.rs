@@ -275,7 +275,9 @@ impl<T: Clone> PathSender<T> {
     pub fn send(&mut self, now: Instant, cell: &T) -> Result<Outgoing, SendError> {
         let leg = self.current.ok_or(SendError::NoLeg)?;
         if let Some(p) = &self.pending {
-            if p.kept.len() >= self.limits.max_unconfirmed {
+            // At least one cell may go: it carries the SWITCH that starts the confirmation
+            // timer, so a limit of 0 cannot stall a switch forever.
+            if p.kept.len() >= self.limits.max_unconfirmed.max(1) {
                 return Err(SendError::Blocked);
             }
         }

@@ -279,6 +279,23 @@ fn sending_blocks_at_the_unconfirmed_limit() {
 }
 
 #[test]
+fn a_zero_limit_still_announces_and_times_out() {
+    let limits = PathLimits {
+        max_unconfirmed: 0,
+        ..PathLimits::default()
+    };
+    let mut net = Net::new(limits);
+    net.tx.switch_to(B, net.now).unwrap();
+    net.send(1);
+    assert_eq!(net.tx.send(net.now, &2), Err(SendError::Blocked));
+    let deadline = net.tx.next_deadline().expect("announced");
+    let f = net.tx.handle_timeout(deadline).unwrap();
+    net.resend(f);
+    net.deliver(A, 10);
+    net.expect_out(1);
+}
+
+#[test]
 fn hostile_switches_are_violations() {
     let limits = PathLimits {
         max_out_of_order: 100,
