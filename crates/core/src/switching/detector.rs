@@ -505,6 +505,33 @@ mod tests {
     }
 
     #[test]
+    fn the_ewma_schedulers_counts_name_the_bulk_circuit() {
+        use crate::sched::{QueueId, SchedulerKind};
+        // One bulk circuit (queue 1) sending every 10 ms and two light ones sending every
+        // 500 ms share a connection, as in the paper's testbed; the counts come from the
+        // channel's real EWMA scheduler, the way the driver will take them.
+        let mut sched = SchedulerKind::Ewma { halflife: 1.0 }.build();
+        let t0 = Instant::now();
+        for q in 1..=3 {
+            sched.activate(QueueId(q), t0);
+        }
+        for i in 0..300u32 {
+            let t = t0 + 10 * MS * i;
+            sched.cell_sent(QueueId(1), t);
+            if i % 50 == 0 {
+                sched.cell_sent(QueueId(2), t);
+                sched.cell_sent(QueueId(3), t);
+            }
+        }
+        let t = t0 + 3000 * MS;
+        let counts = (1..=3).map(|q| {
+            let count = sched.ewma_count(QueueId(q), t).expect("EWMA ranks");
+            (CircKey(q), count)
+        });
+        assert_eq!(heaviest_circuit(counts), Some(CircKey(1)));
+    }
+
+    #[test]
     fn heaviest_circuit_picks_the_bulk_one() {
         let c = CircKey;
         assert_eq!(
