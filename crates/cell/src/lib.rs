@@ -85,6 +85,14 @@ impl CellCommand {
     /// chive's own: the sender's last cell on one connection of a split channel before it
     /// continues on the other (body [`Handoff`]).
     pub const HANDOFF: Self = Self(135);
+    /// chive's own: on a new connection, prepare to carry a circuit moved from the sender's
+    /// other connection to the same relay (circuit switching; body [`SwitchConn`]).
+    pub const SWITCH_CONN: Self = Self(136);
+    /// chive's own: the answer to SWITCH_CONN (body [`SwitchAck`]).
+    pub const SWITCH_ACK: Self = Self(137);
+    /// chive's own: the sender's last cell for a circuit on the connection it leaves (body
+    /// [`SwitchMarker`]).
+    pub const SWITCH: Self = Self(138);
 
     /// True for commands carried in variable-length cells: VERSIONS and every command >= 128
     /// (tor-spec's rule, so the framing never depends on knowing the command).
@@ -116,6 +124,9 @@ impl CellCommand {
             133 => "LINK_FEATURES",
             134 => "BIND",
             135 => "HANDOFF",
+            136 => "SWITCH_CONN",
+            137 => "SWITCH_ACK",
+            138 => "SWITCH",
             _ => return None,
         })
     }
@@ -363,6 +374,15 @@ impl RelayCommand {
     pub const EXTEND2: Self = Self(14);
     /// Reply to EXTEND2.
     pub const EXTENDED2: Self = Self(15);
+    /// Link this circuit into a conflux set (prop 329's number and body, [`ConfluxLink`]).
+    pub const CONFLUX_LINK: Self = Self(19);
+    /// The exit's answer to CONFLUX_LINK (same body).
+    pub const CONFLUX_LINKED: Self = Self(20);
+    /// The client's acknowledgement of CONFLUX_LINKED (empty body; prop 329 measures RTT with
+    /// it, chive accepts and ignores it).
+    pub const CONFLUX_LINKED_ACK: Self = Self(21);
+    /// The sender moved to this leg (prop 329's number and body, [`ConfluxSwitch`]).
+    pub const CONFLUX_SWITCH: Self = Self(22);
     /// Onion service to intro point: become an introduction point (rend-spec v3).
     pub const ESTABLISH_INTRO: Self = Self(32);
     /// Client to rendezvous point: keep this circuit for a rendezvous cookie.
@@ -381,6 +401,10 @@ impl RelayCommand {
     pub const RENDEZVOUS_ESTABLISHED: Self = Self(39);
     /// Intro point to client: INTRODUCE1 passed on, or why not.
     pub const INTRODUCE_ACK: Self = Self(40);
+    /// chive's own: the receiver saw the CONFLUX_SWITCH on this leg ([`SwitchConfirm`]).
+    pub const SWITCH_CONFIRM: Self = Self(200);
+    /// chive's own: the first hop reports its connection congested ([`Congested`]).
+    pub const CONGESTED: Self = Self(201);
 
     /// Human-readable name, or `None` for an unknown number.
     pub fn name(self) -> Option<&'static str> {
@@ -400,6 +424,10 @@ impl RelayCommand {
             13 => "BEGIN_DIR",
             14 => "EXTEND2",
             15 => "EXTENDED2",
+            19 => "CONFLUX_LINK",
+            20 => "CONFLUX_LINKED",
+            21 => "CONFLUX_LINKED_ACK",
+            22 => "CONFLUX_SWITCH",
             32 => "ESTABLISH_INTRO",
             33 => "ESTABLISH_RENDEZVOUS",
             34 => "INTRODUCE1",
@@ -409,6 +437,8 @@ impl RelayCommand {
             38 => "INTRO_ESTABLISHED",
             39 => "RENDEZVOUS_ESTABLISHED",
             40 => "INTRODUCE_ACK",
+            200 => "SWITCH_CONFIRM",
+            201 => "CONGESTED",
             _ => return None,
         })
     }

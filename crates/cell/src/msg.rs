@@ -4,7 +4,8 @@
 //! This file holds the messages that build and tear down circuits (CREATE2, CREATED2,
 //! EXTEND2 with its link specifiers, EXTENDED2, DESTROY); `stream` the relay messages of
 //! streams (BEGIN … RESOLVED); `link` the messages of a connection's handshake; `onion` the
-//! relay messages of onion services (ESTABLISH_INTRO … RENDEZVOUS2). All are re-exported here.
+//! relay messages of onion services (ESTABLISH_INTRO … RENDEZVOUS2); `switching` those of
+//! circuit switching (SWITCH_CONN … CONGESTED). All are re-exported here.
 //!
 //! Formats follow tor-spec. Every `decode` takes the body (a fixed cell's 509-byte payload or a
 //! relay cell's data) and ignores trailing zero padding where tor-spec's format is
@@ -18,10 +19,12 @@ use crate::CellError;
 mod link;
 mod onion;
 mod stream;
+mod switching;
 
 pub use link::*;
 pub use onion::*;
 pub use stream::*;
+pub use switching::*;
 
 /// Write a 16-bit length prefix, failing if `len` does not fit.
 fn put_len16(out: &mut Vec<u8>, what: &'static str, len: usize) -> Result<(), CellError> {

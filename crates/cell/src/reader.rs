@@ -47,4 +47,8 @@ impl<'a> Reader<'a> {
     pub(crate) fn u32(&mut self) -> Result<u32, CellError> {
         Ok(u32::from_be_bytes(self.array()?))
     }
+
+    pub(crate) fn u64(&mut self) -> Result<u64, CellError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
 }

@@ -18,6 +18,7 @@ mod idmap;
 mod node;
 pub mod sched;
 pub mod split;
+pub mod switching;
 
 pub use node::{
     CellSample, CircuitStat, Core, CoreConfig, CoreError, CoreStats, Event, HopSpec, RelayKeys,

@@ -38,7 +38,18 @@ pub const CIRCWINDOW: ParamSpec = ParamSpec {
 /// Every parameter this version knows, with its range. [`NetParams::check_known`]
 /// refuses values outside these ranges (the authority uses it on its config, so an
 /// operator's typo stops it instead of being silently clamped by every reader).
-pub const KNOWN_PARAMS: &[ParamSpec] = &[CIRCWINDOW, CIRCUIT_PRIORITY_HALFLIFE_MSEC, OUTBUF_CELLS];
+pub const KNOWN_PARAMS: &[ParamSpec] = &[
+    CIRCWINDOW,
+    CIRCUIT_PRIORITY_HALFLIFE_MSEC,
+    OUTBUF_CELLS,
+    CIRCUIT_SWITCHING,
+    SWITCH_GAMMA_MILLI,
+    SWITCH_ALPHA_MILLI,
+    SWITCH_BETA_MILLI,
+    SWITCH_SAMPLE_INTERVAL_MSEC,
+    SWITCH_BUFFER_BYTES,
+    SWITCH_TIMEOUT_MSEC,
+];
 
 /// EWMA half-life in milliseconds (Tor's name); 0 or less turns EWMA off (round-robin).
 /// A relay's own `CircuitPriorityHalflife` (seconds) overrides it.
@@ -57,6 +68,138 @@ pub const OUTBUF_CELLS: ParamSpec = ParamSpec {
     min: 1,
     max: 10_000,
 };
+
+// Congestion-triggered circuit switching (paper 003, issue 16). The fractions γ, α and β are
+// carried in thousandths because consensus parameters are integers (Tor does the same with its
+// `cc_*` percentages). Semantics: docs/protocol.md, "Circuit switching".
+
+/// `CircuitSwitching`: 0 = off, 1 = connection (the entry moves a circuit to a new TCP connection
+/// to the same next hop), 2 = path (the client moves its stream to a spare circuit). A relay's
+/// own `CircuitSwitching` option overrides it. See [`SwitchingMode`].
+pub const CIRCUIT_SWITCHING: ParamSpec = ParamSpec {
+    name: "CircuitSwitching",
+    default: 0,
+    min: 0,
+    max: 2,
+};
+
+/// γ of the output-buffer EWMA, B_t = γ·B_{t−1} + (1−γ)·B_sample, in thousandths (paper: 0.7).
+/// 0 and 1000 are excluded: the paper requires 0 < γ < 1 (γ = 1 would never move).
+pub const SWITCH_GAMMA_MILLI: ParamSpec = ParamSpec {
+    name: "SwitchGammaMilli",
+    default: 700,
+    min: 1,
+    max: 999,
+};
+
+/// α in thousandths of the output buffer (paper: 0.1): below α·buffer the connection is
+/// underfull and the detector re-arms after a switch.
+pub const SWITCH_ALPHA_MILLI: ParamSpec = ParamSpec {
+    name: "SwitchAlphaMilli",
+    default: 100,
+    min: 0,
+    max: 1000,
+};
+
+/// β in thousandths of the output buffer (paper: 0.5): above β·buffer the connection is
+/// congested. A consensus with α > β is read with α lowered to β.
+pub const SWITCH_BETA_MILLI: ParamSpec = ParamSpec {
+    name: "SwitchBetaMilli",
+    default: 500,
+    min: 1,
+    max: 1000,
+};
+
+/// `SwitchSampleInterval` in milliseconds: how often an entry samples each connection's
+/// output-buffer occupancy.
+pub const SWITCH_SAMPLE_INTERVAL_MSEC: ParamSpec = ParamSpec {
+    name: "SwitchSampleIntervalMsec",
+    default: 100,
+    min: 10,
+    max: 60_000,
+};
+
+/// The output buffer α and β are fractions of, in bytes (paper: 32 KB per connection).
+pub const SWITCH_BUFFER_BYTES: ParamSpec = ParamSpec {
+    name: "SwitchBufferBytes",
+    default: 32_768,
+    min: 1024,
+    max: 16 << 20,
+};
+
+/// How long a switch may wait for its acknowledgement before it is abandoned (the circuit or
+/// stream stays on, or returns to, the old connection or circuit), in milliseconds.
+pub const SWITCH_TIMEOUT_MSEC: ParamSpec = ParamSpec {
+    name: "SwitchTimeoutMsec",
+    default: 2_000,
+    min: 100,
+    max: 120_000,
+};
+
+/// The `CircuitSwitching` setting: which of paper 003's two mechanisms a node uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SwitchingMode {
+    /// No switching (the default until measured).
+    #[default]
+    Off,
+    /// The entry moves the heaviest circuit to a new TCP connection to the same next hop.
+    Connection,
+    /// The client moves its stream to a spare circuit through another entry and middle to the
+    /// same exit; the exit restores order by sequence numbers.
+    Path,
+}
+
+impl SwitchingMode {
+    /// Parse the relay option's value: "off", "connection" or "path".
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(SwitchingMode::Off),
+            "connection" => Ok(SwitchingMode::Connection),
+            "path" => Ok(SwitchingMode::Path),
+            other => Err(format!(
+                "{other:?} is not one of \"off\", \"connection\", \"path\""
+            )),
+        }
+    }
+
+    /// The consensus number of this mode (see [`CIRCUIT_SWITCHING`]).
+    pub fn number(self) -> i64 {
+        match self {
+            SwitchingMode::Off => 0,
+            SwitchingMode::Connection => 1,
+            SwitchingMode::Path => 2,
+        }
+    }
+
+    /// The mode with this consensus number (already clamped to 0..=2).
+    fn from_number(n: i64) -> Self {
+        match n {
+            1 => SwitchingMode::Connection,
+            2 => SwitchingMode::Path,
+            _ => SwitchingMode::Off,
+        }
+    }
+}
+
+/// The switching parameters a consensus sets, clamped to their ranges (see the `SWITCH_*`
+/// specs). Fractions stay in thousandths; the core's detector converts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwitchingParams {
+    /// `CircuitSwitching`.
+    pub mode: SwitchingMode,
+    /// γ in thousandths.
+    pub gamma_milli: u32,
+    /// α in thousandths of the buffer; never above `beta_milli`.
+    pub alpha_milli: u32,
+    /// β in thousandths of the buffer.
+    pub beta_milli: u32,
+    /// Sample interval in milliseconds.
+    pub sample_interval_ms: u32,
+    /// The buffer α and β refer to, in bytes.
+    pub buffer_bytes: u32,
+    /// Acknowledgement timeout in milliseconds.
+    pub timeout_ms: u32,
+}
 
 /// Network parameters: name to integer. Unknown names are kept and passed on (a newer
 /// authority may set parameters this version does not know).
@@ -150,6 +293,23 @@ impl NetParams {
         u16::try_from(self.get_spec(&CIRCWINDOW)).unwrap_or(1000)
     }
 
+    /// The circuit-switching parameters (defaults: off, γ 0.7, α 0.1, β 0.5, 100 ms, 32 KB,
+    /// 2 s). α above β is read as β, so the "no action" band is never inverted.
+    pub fn switching(&self) -> SwitchingParams {
+        // Every spec's range lies within 0..=i32::MAX, so the conversions cannot fail.
+        let get = |spec: &ParamSpec| u32::try_from(self.get_spec(spec)).unwrap_or(0);
+        let beta_milli = get(&SWITCH_BETA_MILLI);
+        SwitchingParams {
+            mode: SwitchingMode::from_number(self.get_spec(&CIRCUIT_SWITCHING)),
+            gamma_milli: get(&SWITCH_GAMMA_MILLI),
+            alpha_milli: get(&SWITCH_ALPHA_MILLI).min(beta_milli),
+            beta_milli,
+            sample_interval_ms: get(&SWITCH_SAMPLE_INTERVAL_MSEC),
+            buffer_bytes: get(&SWITCH_BUFFER_BYTES),
+            timeout_ms: get(&SWITCH_TIMEOUT_MSEC),
+        }
+    }
+
     /// All parameters, sorted by name.
     pub fn iter(&self) -> impl Iterator<Item = (&str, i64)> {
         self.map.iter().map(|(k, v)| (k.as_str(), *v))
@@ -231,5 +391,89 @@ mod tests {
         assert!(q.set(&"a".repeat(65), 1).is_err());
         q.set("ok_1", 1).unwrap();
         assert_eq!(q.iter().collect::<Vec<_>>(), vec![("ok_1", 1)]);
+    }
+
+    #[test]
+    fn switching_defaults_and_ranges() {
+        let d = NetParams::new().switching();
+        assert_eq!(
+            d,
+            SwitchingParams {
+                mode: SwitchingMode::Off,
+                gamma_milli: 700,
+                alpha_milli: 100,
+                beta_milli: 500,
+                sample_interval_ms: 100,
+                buffer_bytes: 32_768,
+                timeout_ms: 2_000,
+            }
+        );
+        let p = params(&[
+            ("CircuitSwitching", 2),
+            ("SwitchGammaMilli", 1000),
+            ("SwitchAlphaMilli", -5),
+            ("SwitchBetaMilli", 2000),
+            ("SwitchSampleIntervalMsec", 1),
+            ("SwitchBufferBytes", 1 << 40),
+            ("SwitchTimeoutMsec", 0),
+        ]);
+        let s = p.switching();
+        assert_eq!(s.mode, SwitchingMode::Path);
+        assert_eq!(s.gamma_milli, 999, "γ = 1 is excluded");
+        assert_eq!(s.alpha_milli, 0);
+        assert_eq!(s.beta_milli, 1000);
+        assert_eq!(s.sample_interval_ms, 10);
+        assert_eq!(s.buffer_bytes, 16 << 20);
+        assert_eq!(s.timeout_ms, 100);
+        assert_eq!(
+            params(&[("CircuitSwitching", 9)]).switching().mode,
+            SwitchingMode::Path
+        );
+        assert_eq!(
+            params(&[("CircuitSwitching", -1)]).switching().mode,
+            SwitchingMode::Off
+        );
+        assert_eq!(
+            params(&[("CircuitSwitching", 1)]).switching().mode,
+            SwitchingMode::Connection
+        );
+        // An inverted band is read with α lowered to β.
+        let inv = params(&[("SwitchAlphaMilli", 800), ("SwitchBetaMilli", 300)]).switching();
+        assert_eq!((inv.alpha_milli, inv.beta_milli), (300, 300));
+        // The authority refuses out-of-range values, naming them.
+        for (name, bad) in [
+            ("CircuitSwitching", 3),
+            ("SwitchGammaMilli", 0),
+            ("SwitchGammaMilli", 1000),
+            ("SwitchAlphaMilli", 1001),
+            ("SwitchBetaMilli", 0),
+            ("SwitchSampleIntervalMsec", 9),
+            ("SwitchBufferBytes", 1023),
+            ("SwitchTimeoutMsec", 120_001),
+        ] {
+            let err = params(&[(name, bad)]).check_known().unwrap_err();
+            assert!(err.to_string().contains(name), "{err}");
+        }
+        assert!(
+            params(&[("CircuitSwitching", 1), ("SwitchGammaMilli", 999)])
+                .check_known()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn switching_mode_names() {
+        for m in [
+            SwitchingMode::Off,
+            SwitchingMode::Connection,
+            SwitchingMode::Path,
+        ] {
+            let name = format!("{m:?}").to_lowercase();
+            assert_eq!(SwitchingMode::parse(&name), Ok(m));
+            assert_eq!(SwitchingMode::from_number(m.number()), m);
+        }
+        assert!(SwitchingMode::parse("Path").is_err());
+        assert!(SwitchingMode::parse("").is_err());
+        assert_eq!(SwitchingMode::default(), SwitchingMode::Off);
     }
 }

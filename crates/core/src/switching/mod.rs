@@ -1,0 +1,32 @@
+//! Congestion-triggered circuit switching (paper 003; issue 16): the sans-IO parts.
+//!
+//! - [`detector`]: the entry relay's per-connection congestion detector (EWMA of output-buffer
+//!   occupancy against α and β, refused writes) and the choice of the circuit to move.
+//! - [`conn`]: the connection variant's per-circuit hand-over: the mover waits for SWITCH_ACK
+//!   (timeout), cuts over with a SWITCH marker on the old connection; each receiving end holds
+//!   the new connection's cells until the marker, checks it, and releases them in order.
+//! - [`path`]: the path variant's sequencing (conflux-style numbers across a client's linked
+//!   circuits): the sender's switch with confirmation and timeout fallback, the receiver's
+//!   bounded out-of-order buffer with exactly-once, in-order delivery.
+//!
+//! The wire formats are in chive-cell (`SwitchConn`, `SwitchAck`, `SwitchMarker`,
+//! `ConfluxLink`, `ConfluxSwitch`, `SwitchConfirm`, `Congested`); the protocol is described in
+//! docs/protocol.md, "Circuit switching". Not here: wiring these into `Core`'s circuits, the
+//! driver's sampling of sockets, metrics (see the crate README, "Not here").
+
+pub mod conn;
+pub mod detector;
+pub mod path;
+
+pub use conn::{
+    AckOutcome, ConnViolation, HoldBack, MoverState, MoverSwitch, PeerDrop, PeerState, PeerSwitch,
+    MAX_PENDING_PER_PEER,
+};
+pub use detector::{
+    heaviest_circuit, CongestionDetector, DetectorConfig, DetectorConfigError, Level, Occupancy,
+    Sample, Trigger, TriggerReason,
+};
+pub use path::{
+    Arrival, ConfirmOutcome, Fallback, LegError, Outgoing, PathLimits, PathReceiver, PathSender,
+    SendError, SeqViolation, SwitchError, SwitchMsg,
+};

@@ -1,0 +1,608 @@
+//! Path-variant switching: sequencing across the legs of a linked set (paper 003 section 4.3.2,
+//! with conflux's sequence numbers from Tor's proposal 329).
+//!
+//! A client links two circuits to the same exit (through different entries and middles); both
+//! ends then number the *multiplexed* relay cells (those with a stream id: BEGIN, DATA, END,
+//! CONNECTED, RESOLVE, RESOLVED) with one absolute sequence number per direction, starting at 1.
+//! Numbers never travel with the cells: a circuit delivers in order, so each end counts the
+//! cells per leg, and a CONFLUX_SWITCH message, sent first on the leg a sender moves to,
+//! carries the relative jump `(highest number sent on any leg) − (last number sent on this
+//! leg)` (prop 329, 2.6).
+//!
+//! - [`PathSender`]: assigns numbers, produces the SWITCH, and keeps a copy of every cell sent
+//!   on the new leg until the receiver confirms the switch (SWITCH_CONFIRM, chive's own). If no
+//!   confirmation arrives within the timeout, or the new leg closes first, it falls back: the
+//!   old leg gets a SWITCH and the kept cells again, under their original numbers. If the old
+//!   leg is gone too, the stream fails (the caller gives the SOCKS application a clean error).
+//! - [`PathReceiver`]: per-leg counters, an out-of-order buffer with a hard window, in-order
+//!   delivery, and exactly-once delivery: a number already delivered or buffered is dropped (a
+//!   fallback re-sends cells that may have arrived on the abandoned leg as well).
+//!
+//! Against a hostile peer: the receiver accepts numbers only inside
+//! `[next to deliver, next to deliver + max_out_of_order)`, so the buffer never holds more than
+//! `max_out_of_order` cells; a SWITCH that jumps a leg beyond the window, two SWITCHes in a row
+//! on one leg, a cell or SWITCH on a leg that is not linked, or a counter overflow is a
+//! [`SeqViolation`] (the caller closes the set with a logged protocol error). The sender refuses
+//! a confirmation for a number it never sent. Both sides are pure state: no IO, time passed in.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::CircKey;
+
+/// Most legs a linked set may have (the paper uses two: the circuit and one spare).
+pub const MAX_LEGS: usize = 4;
+
+/// Limits of one linked set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathLimits {
+    /// Width of the receiver's window: numbers at or beyond `next + max_out_of_order` are a
+    /// violation. Default 2048: two legs' full circuit windows (1000 cells each) plus slack,
+    /// so an honest sender that respects SENDME windows never reaches it.
+    pub max_out_of_order: u64,
+    /// Cells the sender keeps for a possible fallback before it stops sending (default 1000,
+    /// one circuit window: the circuit would block there anyway).
+    pub max_unconfirmed: usize,
+    /// How long a switch waits for its confirmation (consensus `SwitchTimeoutMsec`).
+    pub confirm_timeout: Duration,
+}
+
+impl Default for PathLimits {
+    fn default() -> Self {
+        PathLimits {
+            max_out_of_order: 2048,
+            max_unconfirmed: 1000,
+            confirm_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The peer broke the sequencing rules; the caller closes the linked set (every leg) with a
+/// logged protocol error.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SeqViolation {
+    /// A cell, SWITCH or confirmation on a circuit that is not a leg of this set.
+    #[error("sequencing message on circuit {0:?}, which is not a linked leg")]
+    NotALeg(CircKey),
+    /// A number at or beyond the out-of-order window.
+    #[error("sequence number {seq} beyond the window (next expected {next}, window {window})")]
+    BeyondWindow {
+        /// The offending absolute number.
+        seq: u64,
+        /// The next number to deliver.
+        next: u64,
+        /// The window.
+        window: u64,
+    },
+    /// Two SWITCHes on one leg without a multiplexed cell between them.
+    #[error("two SWITCH messages in a row on one leg")]
+    RepeatedSwitch,
+    /// A leg's counter would overflow.
+    #[error("sequence number overflow")]
+    Overflow,
+    /// A confirmation names a number never sent.
+    #[error("confirmation of sequence number {seq}, but only {sent} were sent")]
+    ConfirmsUnsent {
+        /// Confirmed number.
+        seq: u64,
+        /// Highest number sent.
+        sent: u64,
+    },
+}
+
+/// A leg could not be added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LegError {
+    /// Already a leg.
+    #[error("circuit is already a leg of this set")]
+    Duplicate,
+    /// [`MAX_LEGS`] reached.
+    #[error("a linked set has at most {MAX_LEGS} legs")]
+    TooMany,
+}
+
+/// A CONFLUX_SWITCH to send on `leg`, right before the cell it comes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwitchMsg {
+    /// The leg switched to.
+    pub leg: CircKey,
+    /// CONFLUX_SWITCH's `SeqNum`.
+    pub relative_seq: u32,
+}
+
+/// A switch the sender cannot make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SwitchError {
+    /// Not a leg of this set.
+    #[error("not a leg of this set")]
+    NotALeg,
+    /// Already the current leg.
+    #[error("already sending on that leg")]
+    AlreadyCurrent,
+    /// An earlier switch is announced and not confirmed yet (one at a time keeps the kept
+    /// cells in one run of numbers).
+    #[error("the previous switch is not confirmed yet")]
+    Unconfirmed,
+}
+
+/// Where to send the next multiplexed cell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The leg.
+    pub leg: CircKey,
+    /// Its absolute number (for metrics and tests; it is not sent).
+    pub seq: u64,
+    /// Send this CONFLUX_SWITCH on `leg` first: the first cell after a switch.
+    pub switch: Option<SwitchMsg>,
+}
+
+/// The sender cannot send now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// `max_unconfirmed` cells are kept waiting for a confirmation: stop reading the stream
+    /// until [`PathSender::on_confirm`] or the fallback.
+    #[error("waiting for the switch to be confirmed")]
+    Blocked,
+    /// No leg is left (the stream has failed).
+    #[error("no leg left")]
+    NoLeg,
+    /// The relative number would not fit in 32 bits (2^32 cells since the leg last sent); the
+    /// caller closes the set.
+    #[error("relative sequence number does not fit in 32 bits")]
+    TooFar,
+}
+
+/// What a confirmation meant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfirmOutcome {
+    /// The pending switch is confirmed; the kept cells are released.
+    Confirmed {
+        /// When [`PathSender::switch_to`] was called (the trigger), for the switch-time metric.
+        triggered_at: Instant,
+    },
+    /// For a switch already confirmed or abandoned (a fallback raced with it): ignored.
+    Stale,
+}
+
+/// The pending switch failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fallback<T> {
+    /// Back to the old leg: send `switch` there (if any), then `cells` in order. Their numbers
+    /// are the original ones; the receiver drops whichever copy comes second. With no kept
+    /// cells there is nothing to resend and the next [`PathSender::send`] announces the leg.
+    Resend {
+        /// The SWITCH to send first, when there are cells to resend.
+        switch: Option<SwitchMsg>,
+        /// The kept cells, oldest first, with their numbers.
+        cells: Vec<(u64, T)>,
+        /// The leg given up (the caller may close it).
+        abandoned: CircKey,
+    },
+    /// No leg to fall back to: the stream fails (the SOCKS application gets a clean error);
+    /// `unconfirmed` cells may not have arrived.
+    Failed {
+        /// Cells whose arrival is unknown.
+        unconfirmed: usize,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Pending<T> {
+    to: CircKey,
+    from: CircKey,
+    triggered_at: Instant,
+    /// Set when the SWITCH went out (with the first cell on `to`): the new leg's counter
+    /// after the SWITCH, and the confirmation deadline.
+    announced: Option<(u64, Instant)>,
+    /// Cells sent on `to` since the switch, consecutive numbers, oldest first.
+    kept: VecDeque<(u64, T)>,
+}
+
+/// The sending end of a linked set (the client for uploads; the exit for downloads). `T` is
+/// whatever the caller needs to send a cell again (e.g. the relay message).
+///
+/// A switch is announced lazily: [`PathSender::switch_to`] only changes the leg, and the
+/// CONFLUX_SWITCH goes out with the first cell on it ([`Outgoing::switch`]). So every SWITCH
+/// is followed by a cell, which lets the receiver treat two in a row as a violation, and an
+/// idle stream never waits for a confirmation.
+#[derive(Clone, Debug)]
+pub struct PathSender<T> {
+    limits: PathLimits,
+    /// Each leg with the last number sent on it.
+    legs: Vec<(CircKey, u64)>,
+    current: Option<CircKey>,
+    /// The current leg needs a SWITCH before its next cell.
+    announce: bool,
+    /// Highest number sent on any leg.
+    sent: u64,
+    pending: Option<Pending<T>>,
+}
+
+impl<T: Clone> PathSender<T> {
+    /// A set whose first leg is `first`, sending there (no SWITCH needed: both ends start
+    /// every leg at 0).
+    pub fn new(first: CircKey, limits: PathLimits) -> Self {
+        PathSender {
+            limits,
+            legs: vec![(first, 0)],
+            current: Some(first),
+            announce: false,
+            sent: 0,
+            pending: None,
+        }
+    }
+
+    /// Link another leg (after its LINKED arrived).
+    pub fn add_leg(&mut self, circ: CircKey) -> Result<(), LegError> {
+        if self.legs.iter().any(|(c, _)| *c == circ) {
+            return Err(LegError::Duplicate);
+        }
+        if self.legs.len() >= MAX_LEGS {
+            return Err(LegError::TooMany);
+        }
+        self.legs.push((circ, 0));
+        Ok(())
+    }
+
+    /// The leg cells go on now.
+    pub fn current(&self) -> Option<CircKey> {
+        self.current
+    }
+
+    /// Whether a switch waits for its confirmation.
+    pub fn is_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Highest number sent.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    /// When [`PathSender::handle_timeout`] must run next.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.pending
+            .as_ref()
+            .and_then(|p| p.announced.map(|(_, deadline)| deadline))
+    }
+
+    fn leg_mut(&mut self, circ: CircKey) -> Option<&mut (CircKey, u64)> {
+        self.legs.iter_mut().find(|(c, _)| *c == circ)
+    }
+
+    /// Number the next multiplexed cell and say where it goes (and whether a SWITCH must
+    /// precede it); keeps a copy while a switch is unconfirmed.
+    pub fn send(&mut self, now: Instant, cell: &T) -> Result<Outgoing, SendError> {
+        let leg = self.current.ok_or(SendError::NoLeg)?;
+        if let Some(p) = &self.pending {
+            // At least one cell may go: it carries the SWITCH that starts the confirmation
+            // timer, so a limit of 0 cannot stall a switch forever.
+            if p.kept.len() >= self.limits.max_unconfirmed.max(1) {
+                return Err(SendError::Blocked);
+            }
+        }
+        let sent = self.sent;
+        let mut switch = None;
+        if self.announce {
+            let entry = self.leg_mut(leg).ok_or(SendError::NoLeg)?;
+            let gap = sent.checked_sub(entry.1).ok_or(SendError::TooFar)?;
+            let relative_seq = u32::try_from(gap).map_err(|_| SendError::TooFar)?;
+            entry.1 = sent;
+            switch = Some(SwitchMsg { leg, relative_seq });
+            self.announce = false;
+            let deadline = now + self.limits.confirm_timeout;
+            if let Some(p) = &mut self.pending {
+                if p.to == leg {
+                    p.announced = Some((sent, deadline));
+                }
+            }
+        }
+        // 2^64 cells cannot be sent in practice; saturating keeps this panic-free.
+        let seq = sent.saturating_add(1);
+        self.sent = seq;
+        if let Some(entry) = self.leg_mut(leg) {
+            entry.1 = seq;
+        }
+        if let Some(p) = &mut self.pending {
+            p.kept.push_back((seq, cell.clone()));
+        }
+        Ok(Outgoing { leg, seq, switch })
+    }
+
+    /// Move to `to` (the entry reported congestion). The SWITCH goes out with the next cell.
+    /// A switch not announced yet (no cell since) may be redirected; an announced one must be
+    /// confirmed or fall back first.
+    pub fn switch_to(&mut self, to: CircKey, now: Instant) -> Result<(), SwitchError> {
+        let from = match &self.pending {
+            Some(p) if p.announced.is_some() => return Err(SwitchError::Unconfirmed),
+            Some(p) => p.from,
+            None => self.current.ok_or(SwitchError::NotALeg)?,
+        };
+        if !self.legs.iter().any(|(c, _)| *c == to) {
+            return Err(SwitchError::NotALeg);
+        }
+        if Some(to) == self.current {
+            return Err(SwitchError::AlreadyCurrent);
+        }
+        self.current = Some(to);
+        if to == from {
+            // Redirected back before anything was announced: nothing changed on the wire.
+            self.pending = None;
+            self.announce = false;
+            return Ok(());
+        }
+        self.announce = true;
+        self.pending = Some(Pending {
+            to,
+            from,
+            triggered_at: now,
+            announced: None,
+            kept: VecDeque::new(),
+        });
+        Ok(())
+    }
+
+    /// A SWITCH_CONFIRM arrived on `leg`, naming the number the receiver's counter for that
+    /// leg reached with the SWITCH.
+    pub fn on_confirm(&mut self, leg: CircKey, seq: u64) -> Result<ConfirmOutcome, SeqViolation> {
+        if !self.legs.iter().any(|(c, _)| *c == leg) {
+            return Err(SeqViolation::NotALeg(leg));
+        }
+        if seq > self.sent {
+            return Err(SeqViolation::ConfirmsUnsent {
+                seq,
+                sent: self.sent,
+            });
+        }
+        match &self.pending {
+            Some(p) if p.to == leg && p.announced.map(|(base, _)| base) == Some(seq) => {
+                let triggered_at = p.triggered_at;
+                self.pending = None;
+                Ok(ConfirmOutcome::Confirmed { triggered_at })
+            }
+            _ => Ok(ConfirmOutcome::Stale),
+        }
+    }
+
+    /// Time passed: a switch unconfirmed past its deadline falls back.
+    pub fn handle_timeout(&mut self, now: Instant) -> Option<Fallback<T>> {
+        match self.next_deadline() {
+            Some(deadline) if now >= deadline => self.fall_back(),
+            _ => None,
+        }
+    }
+
+    /// A leg closed. Returns the fallback if it was the unconfirmed new leg, or
+    /// [`Fallback::Failed`] if it was the leg cells were going on with nothing to fall back to.
+    pub fn leg_closed(&mut self, circ: CircKey) -> Option<Fallback<T>> {
+        if !self.legs.iter().any(|(c, _)| *c == circ) {
+            return None;
+        }
+        let outcome = match &self.pending {
+            Some(p) if p.to == circ => self.fall_back(),
+            Some(p) if p.from == circ && p.announced.is_none() => {
+                // The old leg went before the new one carried anything: simply stay switched.
+                self.pending = None;
+                None
+            }
+            _ if self.current == Some(circ) => {
+                let unconfirmed = self.pending.take().map_or(0, |p| p.kept.len());
+                self.current = None;
+                Some(Fallback::Failed { unconfirmed })
+            }
+            _ => None,
+        };
+        self.legs.retain(|(c, _)| *c != circ);
+        outcome
+    }
+
+    fn fall_back(&mut self) -> Option<Fallback<T>> {
+        let p = self.pending.take()?;
+        let sent = self.sent;
+        let Some(from) = self.legs.iter_mut().find(|(c, _)| *c == p.from) else {
+            self.current = None;
+            self.announce = false;
+            return Some(Fallback::Failed {
+                unconfirmed: p.kept.len(),
+            });
+        };
+        self.current = Some(p.from);
+        let Some(&(first, _)) = p.kept.front() else {
+            // Nothing went on the new leg: announce the old one lazily, like any switch.
+            self.announce = true;
+            return Some(Fallback::Resend {
+                switch: None,
+                cells: Vec::new(),
+                abandoned: p.to,
+            });
+        };
+        // The kept cells are first..=sent; the old leg last sent before `first`.
+        let gap = first.checked_sub(1).and_then(|f| f.checked_sub(from.1));
+        let Some(relative_seq) = gap.and_then(|g| u32::try_from(g).ok()) else {
+            self.current = None;
+            self.announce = false;
+            return Some(Fallback::Failed {
+                unconfirmed: p.kept.len(),
+            });
+        };
+        from.1 = sent;
+        self.announce = false;
+        Some(Fallback::Resend {
+            switch: Some(SwitchMsg {
+                leg: p.from,
+                relative_seq,
+            }),
+            cells: p.kept.into_iter().collect(),
+            abandoned: p.to,
+        })
+    }
+}
+
+/// The receiving end of a linked set (the exit for uploads).
+#[derive(Clone, Debug)]
+pub struct PathReceiver<T> {
+    limits: PathLimits,
+    /// Each leg: last number received on it, and whether its last message was a SWITCH.
+    legs: Vec<RecvLeg>,
+    /// The next number to deliver.
+    next: u64,
+    out_of_order: BTreeMap<u64, T>,
+    ready: VecDeque<T>,
+    /// Confirmations to send: (leg, number), at most one per leg (the newest).
+    confirms: Vec<(CircKey, u64)>,
+    duplicates: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RecvLeg {
+    circ: CircKey,
+    last: u64,
+    just_switched: bool,
+}
+
+/// What happened to a received cell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// Delivered or buffered; poll [`PathReceiver::poll_deliver`].
+    Accepted,
+    /// Its number was delivered or buffered already: dropped.
+    Duplicate,
+}
+
+impl<T> PathReceiver<T> {
+    /// A set whose first leg is `first`.
+    pub fn new(first: CircKey, limits: PathLimits) -> Self {
+        PathReceiver {
+            limits,
+            legs: vec![RecvLeg {
+                circ: first,
+                last: 0,
+                just_switched: false,
+            }],
+            next: 1,
+            out_of_order: BTreeMap::new(),
+            ready: VecDeque::new(),
+            confirms: Vec::new(),
+            duplicates: 0,
+        }
+    }
+
+    /// Link another leg (on LINK).
+    pub fn add_leg(&mut self, circ: CircKey) -> Result<(), LegError> {
+        if self.legs.iter().any(|l| l.circ == circ) {
+            return Err(LegError::Duplicate);
+        }
+        if self.legs.len() >= MAX_LEGS {
+            return Err(LegError::TooMany);
+        }
+        self.legs.push(RecvLeg {
+            circ,
+            last: 0,
+            just_switched: false,
+        });
+        Ok(())
+    }
+
+    /// A leg closed. Cells it had delivered stay delivered; a gap it leaves is filled by the
+    /// sender's fallback or the set fails when the caller's timers say so.
+    pub fn leg_closed(&mut self, circ: CircKey) {
+        self.legs.retain(|l| l.circ != circ);
+        self.confirms.retain(|(c, _)| *c != circ);
+    }
+
+    /// Number of legs.
+    pub fn legs(&self) -> usize {
+        self.legs.len()
+    }
+
+    /// Cells buffered out of order.
+    pub fn buffered(&self) -> usize {
+        self.out_of_order.len()
+    }
+
+    /// Duplicates dropped so far.
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates
+    }
+
+    /// The next number to deliver.
+    pub fn next_expected(&self) -> u64 {
+        self.next
+    }
+
+    fn window_end(&self) -> u64 {
+        self.next.saturating_add(self.limits.max_out_of_order)
+    }
+
+    fn leg_mut(&mut self, circ: CircKey) -> Result<&mut RecvLeg, SeqViolation> {
+        self.legs
+            .iter_mut()
+            .find(|l| l.circ == circ)
+            .ok_or(SeqViolation::NotALeg(circ))
+    }
+
+    /// A CONFLUX_SWITCH arrived on `circ`.
+    pub fn on_switch(&mut self, circ: CircKey, relative_seq: u32) -> Result<(), SeqViolation> {
+        let (next, window, end) = (self.next, self.limits.max_out_of_order, self.window_end());
+        let leg = self.leg_mut(circ)?;
+        if leg.just_switched {
+            return Err(SeqViolation::RepeatedSwitch);
+        }
+        let last = leg
+            .last
+            .checked_add(u64::from(relative_seq))
+            .ok_or(SeqViolation::Overflow)?;
+        // The leg's next cell would be last + 1: it must fit the window.
+        if last.saturating_add(1) >= end {
+            return Err(SeqViolation::BeyondWindow {
+                seq: last.saturating_add(1),
+                next,
+                window,
+            });
+        }
+        leg.last = last;
+        leg.just_switched = true;
+        self.confirms.retain(|(c, _)| *c != circ);
+        self.confirms.push((circ, last));
+        Ok(())
+    }
+
+    /// A multiplexed cell arrived on `circ`.
+    pub fn on_cell(&mut self, circ: CircKey, cell: T) -> Result<Arrival, SeqViolation> {
+        let (next, window, end) = (self.next, self.limits.max_out_of_order, self.window_end());
+        let leg = self.leg_mut(circ)?;
+        let seq = leg.last.checked_add(1).ok_or(SeqViolation::Overflow)?;
+        if seq >= end {
+            return Err(SeqViolation::BeyondWindow { seq, next, window });
+        }
+        leg.last = seq;
+        leg.just_switched = false;
+        if seq < self.next || self.out_of_order.contains_key(&seq) {
+            self.duplicates += 1;
+            return Ok(Arrival::Duplicate);
+        }
+        self.out_of_order.insert(seq, cell);
+        while let Some(c) = self.out_of_order.remove(&self.next) {
+            self.ready.push_back(c);
+            self.next += 1;
+        }
+        Ok(Arrival::Accepted)
+    }
+
+    /// The next cell in order, if it is here.
+    pub fn poll_deliver(&mut self) -> Option<T> {
+        self.ready.pop_front()
+    }
+
+    /// A SWITCH_CONFIRM to send: (leg, number).
+    pub fn poll_confirm(&mut self) -> Option<(CircKey, u64)> {
+        if self.confirms.is_empty() {
+            None
+        } else {
+            Some(self.confirms.remove(0))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

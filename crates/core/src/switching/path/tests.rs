@@ -1,0 +1,481 @@
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+const A: CircKey = CircKey(1);
+const B: CircKey = CircKey(2);
+const C: CircKey = CircKey(3);
+
+/// What travels on a leg: a SWITCH or a numbered cell (the number is the payload, so the
+/// receiver's output can be checked against the sender's numbering).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Msg {
+    Switch(u32),
+    Cell(u64),
+}
+
+/// A sender, a receiver and one FIFO per leg (circuits deliver in order), delivered when the
+/// test says so.
+struct Net {
+    tx: PathSender<u64>,
+    rx: PathReceiver<u64>,
+    wires: Vec<(CircKey, VecDeque<Msg>)>,
+    out: Vec<u64>,
+    now: Instant,
+}
+
+impl Net {
+    fn new(limits: PathLimits) -> Net {
+        let mut tx = PathSender::new(A, limits);
+        let mut rx = PathReceiver::new(A, limits);
+        tx.add_leg(B).unwrap();
+        rx.add_leg(B).unwrap();
+        Net {
+            tx,
+            rx,
+            wires: vec![(A, VecDeque::new()), (B, VecDeque::new())],
+            out: Vec::new(),
+            now: Instant::now(),
+        }
+    }
+
+    fn wire(&mut self, leg: CircKey) -> &mut VecDeque<Msg> {
+        &mut self.wires.iter_mut().find(|(c, _)| *c == leg).unwrap().1
+    }
+
+    /// Send `n` cells; the payload is the number the sender gave each.
+    fn send(&mut self, n: usize) {
+        for _ in 0..n {
+            let next = self.tx.sent() + 1;
+            let o = self.tx.send(self.now, &next).unwrap();
+            assert_eq!(o.seq, next);
+            if let Some(sw) = o.switch {
+                assert_eq!(sw.leg, o.leg);
+                self.wire(o.leg).push_back(Msg::Switch(sw.relative_seq));
+            }
+            self.wire(o.leg).push_back(Msg::Cell(o.seq));
+        }
+    }
+
+    fn resend(&mut self, f: Fallback<u64>) -> CircKey {
+        match f {
+            Fallback::Resend {
+                switch,
+                cells,
+                abandoned,
+            } => {
+                let leg = self.tx.current().unwrap();
+                if let Some(sw) = switch {
+                    assert_eq!(sw.leg, leg);
+                    self.wire(leg).push_back(Msg::Switch(sw.relative_seq));
+                }
+                for (seq, payload) in cells {
+                    assert_eq!(seq, payload);
+                    self.wire(leg).push_back(Msg::Cell(seq));
+                }
+                abandoned
+            }
+            Fallback::Failed { .. } => panic!("expected a resend"),
+        }
+    }
+
+    /// Deliver up to `n` messages of `leg` to the receiver; returns confirmations produced.
+    fn deliver(&mut self, leg: CircKey, n: usize) -> Vec<(CircKey, u64)> {
+        let mut confirms = Vec::new();
+        for _ in 0..n {
+            let Some(m) = self.wire(leg).pop_front() else {
+                break;
+            };
+            match m {
+                Msg::Switch(rel) => self.rx.on_switch(leg, rel).unwrap(),
+                Msg::Cell(seq) => {
+                    self.rx.on_cell(leg, seq).unwrap();
+                }
+            }
+            while let Some(c) = self.rx.poll_confirm() {
+                confirms.push(c);
+            }
+            while let Some(v) = self.rx.poll_deliver() {
+                self.out.push(v);
+            }
+        }
+        confirms
+    }
+
+    fn expect_out(&self, n: u64) {
+        assert_eq!(self.out, (1..=n).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn one_leg_delivers_in_order_without_switch() {
+    let mut net = Net::new(PathLimits::default());
+    net.send(5);
+    assert_eq!(net.wire(A).len(), 5, "no SWITCH on the first leg");
+    assert!(net.deliver(A, 10).is_empty());
+    net.expect_out(5);
+    assert!(!net.tx.is_pending());
+}
+
+#[test]
+fn a_switch_reorders_cells_that_overtake_the_old_leg() {
+    let mut net = Net::new(PathLimits::default());
+    net.send(10);
+    let t_switch = net.now;
+    net.tx.switch_to(B, net.now).unwrap();
+    assert!(net.tx.next_deadline().is_none(), "not announced yet");
+    net.send(10);
+    assert_eq!(net.wire(B).front(), Some(&Msg::Switch(10)));
+    // The new leg is faster: everything on B arrives first and waits.
+    let confirms = net.deliver(B, 100);
+    assert_eq!(confirms, vec![(B, 10)]);
+    assert!(net.out.is_empty());
+    assert_eq!(net.rx.buffered(), 10);
+    net.deliver(A, 100);
+    net.expect_out(20);
+    assert_eq!(net.rx.buffered(), 0);
+    assert_eq!(
+        net.tx.on_confirm(B, 10),
+        Ok(ConfirmOutcome::Confirmed {
+            triggered_at: t_switch
+        })
+    );
+    assert!(!net.tx.is_pending());
+    assert_eq!(net.tx.on_confirm(B, 10), Ok(ConfirmOutcome::Stale));
+    // Switching back: the relative number covers what B carried.
+    net.tx.switch_to(A, net.now).unwrap();
+    net.send(3);
+    assert_eq!(net.wire(A).front(), Some(&Msg::Switch(10)));
+    net.deliver(A, 100);
+    net.expect_out(23);
+}
+
+#[test]
+fn missing_confirmation_falls_back_and_the_late_copies_are_dropped() {
+    let limits = PathLimits::default();
+    let mut net = Net::new(limits);
+    net.send(5);
+    net.deliver(A, 100);
+    net.tx.switch_to(B, net.now).unwrap();
+    net.send(3); // 6..8 on B, which stalls
+    let deadline = net.tx.next_deadline().unwrap();
+    assert_eq!(deadline, net.now + limits.confirm_timeout);
+    assert!(net
+        .tx
+        .handle_timeout(deadline - Duration::from_millis(1))
+        .is_none());
+    let f = net
+        .tx
+        .handle_timeout(deadline)
+        .expect("fallback at the deadline");
+    assert_eq!(net.resend(f), B);
+    assert_eq!(net.tx.current(), Some(A));
+    assert_eq!(net.wire(A).front(), Some(&Msg::Switch(0)), "A resumes at 6");
+    net.deliver(A, 100);
+    net.expect_out(8);
+    // B's stalled copies arrive after all: dropped, never delivered twice.
+    let confirms = net.deliver(B, 100);
+    assert_eq!(confirms, vec![(B, 5)]);
+    assert_eq!(net.rx.duplicates(), 3);
+    net.expect_out(8);
+    // A late confirmation for the abandoned switch is stale, not an error.
+    assert_eq!(net.tx.on_confirm(B, 5), Ok(ConfirmOutcome::Stale));
+    // The stream goes on, on A; and B can be used again with consistent numbers.
+    net.send(2);
+    net.tx.switch_to(B, net.now).unwrap();
+    net.send(2);
+    net.deliver(A, 100);
+    net.deliver(B, 100);
+    net.expect_out(12);
+}
+
+#[test]
+fn new_leg_closing_falls_back_at_once() {
+    let mut net = Net::new(PathLimits::default());
+    net.send(2);
+    net.tx.switch_to(B, net.now).unwrap();
+    net.send(2);
+    net.wire(B).clear(); // lost with the circuit
+    let f = net.tx.leg_closed(B).expect("fallback");
+    net.rx.leg_closed(B);
+    net.resend(f);
+    net.deliver(A, 100);
+    net.expect_out(4);
+    assert_eq!(net.tx.switch_to(B, net.now), Err(SwitchError::NotALeg));
+}
+
+#[test]
+fn fallback_without_the_old_leg_fails_cleanly() {
+    let mut net = Net::new(PathLimits::default());
+    net.send(2);
+    net.tx.switch_to(B, net.now).unwrap();
+    net.send(3);
+    // The old leg closes while the switch is unconfirmed: nothing to do yet.
+    assert_eq!(net.tx.leg_closed(A), None);
+    let deadline = net.tx.next_deadline().unwrap();
+    assert_eq!(
+        net.tx.handle_timeout(deadline),
+        Some(Fallback::Failed { unconfirmed: 3 })
+    );
+    assert_eq!(net.tx.send(net.now, &0), Err(SendError::NoLeg));
+    assert_eq!(net.tx.current(), None);
+}
+
+#[test]
+fn the_current_leg_closing_without_a_switch_fails() {
+    let mut net = Net::new(PathLimits::default());
+    net.send(2);
+    assert_eq!(
+        net.tx.leg_closed(A),
+        Some(Fallback::Failed { unconfirmed: 0 })
+    );
+    assert_eq!(net.tx.leg_closed(A), None, "already gone");
+    assert_eq!(net.tx.leg_closed(C), None, "never a leg");
+}
+
+#[test]
+fn idle_switches_announce_nothing_and_may_be_redirected() {
+    let mut net = Net::new(PathLimits::default());
+    net.send(1);
+    net.tx.switch_to(B, net.now).unwrap();
+    // Back to A before any cell: nothing was announced, no SWITCH is needed.
+    net.tx.switch_to(A, net.now).unwrap();
+    assert!(!net.tx.is_pending());
+    net.send(1);
+    assert_eq!(net.wire(A).len(), 2);
+    assert_eq!(
+        net.tx.switch_to(A, net.now),
+        Err(SwitchError::AlreadyCurrent)
+    );
+    assert_eq!(net.tx.switch_to(C, net.now), Err(SwitchError::NotALeg));
+    net.tx.switch_to(B, net.now).unwrap();
+    net.send(1);
+    assert_eq!(net.tx.switch_to(A, net.now), Err(SwitchError::Unconfirmed));
+    net.deliver(A, 10);
+    net.deliver(B, 10);
+    net.expect_out(3);
+}
+
+#[test]
+fn sending_blocks_at_the_unconfirmed_limit() {
+    let limits = PathLimits {
+        max_unconfirmed: 4,
+        ..PathLimits::default()
+    };
+    let mut net = Net::new(limits);
+    net.tx.switch_to(B, net.now).unwrap();
+    net.send(4);
+    assert_eq!(net.tx.send(net.now, &5), Err(SendError::Blocked));
+    let confirms = net.deliver(B, 100);
+    assert_eq!(confirms, vec![(B, 0)]);
+    assert!(matches!(
+        net.tx.on_confirm(B, 0),
+        Ok(ConfirmOutcome::Confirmed { .. })
+    ));
+    net.send(1);
+    net.deliver(B, 100);
+    net.expect_out(5);
+}
+
+#[test]
+fn a_zero_limit_still_announces_and_times_out() {
+    let limits = PathLimits {
+        max_unconfirmed: 0,
+        ..PathLimits::default()
+    };
+    let mut net = Net::new(limits);
+    net.tx.switch_to(B, net.now).unwrap();
+    net.send(1);
+    assert_eq!(net.tx.send(net.now, &2), Err(SendError::Blocked));
+    let deadline = net.tx.next_deadline().expect("announced");
+    let f = net.tx.handle_timeout(deadline).unwrap();
+    net.resend(f);
+    net.deliver(A, 10);
+    net.expect_out(1);
+}
+
+#[test]
+fn hostile_switches_are_violations() {
+    let limits = PathLimits {
+        max_out_of_order: 100,
+        ..PathLimits::default()
+    };
+    let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
+    rx.add_leg(B).unwrap();
+    assert_eq!(rx.add_leg(B), Err(LegError::Duplicate));
+    // A jump past the window.
+    assert!(matches!(
+        rx.on_switch(B, 100),
+        Err(SeqViolation::BeyondWindow { seq: 101, .. })
+    ));
+    assert!(matches!(
+        rx.on_switch(B, u32::MAX),
+        Err(SeqViolation::BeyondWindow { .. })
+    ));
+    // The largest jump inside it is fine; a second SWITCH in a row is not.
+    rx.on_switch(B, 99).unwrap();
+    assert_eq!(rx.on_switch(B, 0), Err(SeqViolation::RepeatedSwitch));
+    // A SWITCH or cell on a circuit that is not a leg.
+    assert_eq!(rx.on_switch(C, 0), Err(SeqViolation::NotALeg(C)));
+    assert_eq!(rx.on_cell(C, 0), Err(SeqViolation::NotALeg(C)));
+    // The window is [1, 101): B's cell 100 is buffered, cell 101 is beyond it.
+    assert_eq!(rx.on_cell(B, 100), Ok(Arrival::Accepted));
+    assert!(matches!(
+        rx.on_cell(B, 101),
+        Err(SeqViolation::BeyondWindow {
+            seq: 101,
+            next: 1,
+            ..
+        })
+    ));
+    assert_eq!(rx.buffered(), 1);
+    assert_eq!(rx.poll_deliver(), None);
+}
+
+#[test]
+fn a_hostile_peer_cannot_grow_the_buffer_or_deliver_twice() {
+    let limits = PathLimits {
+        max_out_of_order: 64,
+        ..PathLimits::default()
+    };
+    let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
+    rx.add_leg(B).unwrap();
+    // Leg B claims numbers 2.. while 1 never comes on A: the buffer stops at the window.
+    rx.on_switch(B, 1).unwrap();
+    let mut accepted = 0;
+    for i in 0..1000u64 {
+        match rx.on_cell(B, i) {
+            Ok(Arrival::Accepted) => accepted += 1,
+            Ok(Arrival::Duplicate) => panic!("no duplicate here"),
+            Err(SeqViolation::BeyondWindow { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(accepted, 63, "numbers 2..=64: the window is [1, 65)");
+    assert!(rx.buffered() <= 64);
+    // Replays: B re-announces numbers A already delivered.
+    let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
+    rx.add_leg(B).unwrap();
+    for i in 1..=3 {
+        rx.on_cell(A, i).unwrap();
+    }
+    rx.on_switch(B, 0).unwrap();
+    for i in 1..=3 {
+        assert_eq!(rx.on_cell(B, i), Ok(Arrival::Duplicate));
+    }
+    let out: Vec<u64> = std::iter::from_fn(|| rx.poll_deliver()).collect();
+    assert_eq!(out, vec![1, 2, 3]);
+    assert_eq!(rx.duplicates(), 3);
+}
+
+#[test]
+fn hostile_confirmations() {
+    let mut tx: PathSender<u64> = PathSender::new(A, PathLimits::default());
+    tx.add_leg(B).unwrap();
+    assert_eq!(tx.add_leg(A), Err(LegError::Duplicate));
+    tx.add_leg(C).unwrap();
+    tx.add_leg(CircKey(4)).unwrap();
+    assert_eq!(tx.add_leg(CircKey(5)), Err(LegError::TooMany));
+    let now = Instant::now();
+    tx.send(now, &1).unwrap();
+    assert_eq!(
+        tx.on_confirm(B, 2),
+        Err(SeqViolation::ConfirmsUnsent { seq: 2, sent: 1 })
+    );
+    assert_eq!(
+        tx.on_confirm(CircKey(9), 0),
+        Err(SeqViolation::NotALeg(CircKey(9)))
+    );
+    assert_eq!(
+        tx.on_confirm(B, 1),
+        Ok(ConfirmOutcome::Stale),
+        "nothing pending"
+    );
+    tx.switch_to(B, now).unwrap();
+    tx.send(now, &2).unwrap();
+    // The right leg with the wrong number, or the wrong leg: stale, the switch stays pending.
+    assert_eq!(tx.on_confirm(B, 0), Ok(ConfirmOutcome::Stale));
+    assert_eq!(tx.on_confirm(C, 1), Ok(ConfirmOutcome::Stale));
+    assert!(tx.is_pending());
+    assert!(matches!(
+        tx.on_confirm(B, 1),
+        Ok(ConfirmOutcome::Confirmed { .. })
+    ));
+}
+
+/// A small deterministic generator (no dependency, same sequence on every run).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[test]
+fn random_switches_and_deliveries_are_exactly_once_in_order() {
+    let (mut fallbacks, mut confirmed, mut duplicates) = (0, 0, 0);
+    for seed in 0..200 {
+        let mut rng = Lcg(seed);
+        let mut net = Net::new(PathLimits::default());
+        let mut t = net.now;
+        for _ in 0..300 {
+            match rng.next(10) {
+                0 => {
+                    let other = if net.tx.current() == Some(A) { B } else { A };
+                    let _ = net.tx.switch_to(other, t);
+                }
+                1 => {
+                    // Time passes: an unconfirmed switch may time out.
+                    t += Duration::from_millis(700);
+                    if let Some(f) = net.tx.handle_timeout(t) {
+                        net.resend(f);
+                        fallbacks += 1;
+                    }
+                }
+                2 | 3 => {
+                    let leg = if rng.next(2) == 0 { A } else { B };
+                    let n = rng.next(5) as usize;
+                    for (l, s) in net.deliver(leg, n) {
+                        if let ConfirmOutcome::Confirmed { .. } = net.tx.on_confirm(l, s).unwrap() {
+                            confirmed += 1;
+                        }
+                    }
+                }
+                _ => {
+                    net.now = t;
+                    match net.tx.send(t, &(net.tx.sent() + 1)) {
+                        Ok(o) => {
+                            if let Some(sw) = o.switch {
+                                net.wire(o.leg).push_back(Msg::Switch(sw.relative_seq));
+                            }
+                            net.wire(o.leg).push_back(Msg::Cell(o.seq));
+                        }
+                        Err(SendError::Blocked) => {}
+                        Err(e) => panic!("seed {seed}: {e}"),
+                    }
+                }
+            }
+        }
+        // Drain everything.
+        net.deliver(A, usize::MAX);
+        net.deliver(B, usize::MAX);
+        let sent = net.tx.sent();
+        assert_eq!(
+            net.out,
+            (1..=sent).collect::<Vec<_>>(),
+            "seed {seed}: every number once, in order"
+        );
+        assert!(net.rx.buffered() == 0, "seed {seed}");
+        duplicates += net.rx.duplicates();
+    }
+    // The runs exercised what they are meant to.
+    assert!(
+        fallbacks > 50 && confirmed > 50 && duplicates > 50,
+        "{fallbacks} {confirmed} {duplicates}"
+    );
+}
