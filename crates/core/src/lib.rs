@@ -11,13 +11,15 @@
 //! client (origin circuits it builds, SOCKS streams), as one process of Tor can.
 #![forbid(unsafe_code)]
 
+pub mod dos;
 pub mod flow;
 mod idmap;
 mod node;
 pub mod sched;
 
 pub use node::{
-    CellSample, CircuitStat, Core, CoreConfig, CoreError, CoreStats, Event, HopSpec, RelayKeys,
+    max_mem_in_queues_auto, CellSample, CircuitStat, Core, CoreConfig, CoreError, CoreStats, Event,
+    HopSpec, RelayKeys, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
 pub use sched::{CircuitScheduler, QueueId, SchedulerKind};
 
