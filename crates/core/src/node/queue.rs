@@ -33,7 +33,7 @@ pub(super) struct QueuedCell {
 
 /// What one queued cell costs against `MaxMemInQueues`: the cell and its enqueue time as the
 /// queue stores them (Tor charges `packed_cell_mem_cost()`, the same idea).
-pub(crate) const CELL_MEM_COST: usize = std::mem::size_of::<QueuedCell>();
+pub const CELL_MEM_COST: usize = std::mem::size_of::<QueuedCell>();
 
 /// One direction of a circuit's cells waiting for their channel, oldest first.
 #[derive(Default)]
@@ -201,5 +201,37 @@ impl Core {
         if self.ready_set.insert(chan) {
             self.ready.push_back(chan);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use chive_cell::CellCommand;
+
+    use super::*;
+
+    /// Every cell keeps its enqueue time: the head's is the queue's oldest, and sampled cells
+    /// report theirs when they leave.
+    #[test]
+    fn cells_carry_their_enqueue_time() {
+        let t0 = Instant::now();
+        let cell = || Cell::new(1, CellCommand::RELAY, &[]).unwrap();
+        let mut q = CellQueue::default();
+        assert_eq!(q.oldest(), None);
+        q.push(cell(), t0, false);
+        q.push(cell(), t0 + Duration::from_secs(1), true);
+        q.push(cell(), t0 + Duration::from_secs(2), false);
+        assert_eq!(q.oldest(), Some(t0));
+        assert_eq!(q.pop().map(|(_, s)| s), Some(None));
+        assert_eq!(q.oldest(), Some(t0 + Duration::from_secs(1)));
+        assert_eq!(
+            q.pop().map(|(_, s)| s),
+            Some(Some(t0 + Duration::from_secs(1)))
+        );
+        q.clear();
+        assert_eq!((q.len(), q.oldest()), (0, None));
+        assert!(CELL_MEM_COST >= std::mem::size_of::<Cell>() + std::mem::size_of::<Instant>());
     }
 }
