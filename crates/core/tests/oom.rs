@@ -186,7 +186,10 @@ fn a_young_driver_buffer_is_kept_and_leaves_with_its_channel() {
     p.r.core
         .channel_buffered(R_TO_X, 60 * CELL_MEM_COST, None, p.now);
     let stats = p.r.core.stats();
-    assert_eq!((stats.oom_circuits_killed, stats.oom_channels_closed), (1, 0));
+    assert_eq!(
+        (stats.oom_circuits_killed, stats.oom_channels_closed),
+        (1, 0)
+    );
     assert_eq!(
         destroys(&p.cells_for_client()),
         [(a.id, DestroyReason::RESOURCELIMIT)]

@@ -54,10 +54,10 @@ mod teardown;
 pub use config::{CoreConfig, HopSpec, RelayKeys};
 pub use event::{CoreError, Event};
 pub use inspect::{CellSample, CircuitStat, CoreStats};
-pub use queue::CELL_MEM_COST;
 pub use oom::{
     max_mem_in_queues_auto, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
+pub use queue::CELL_MEM_COST;
 
 use channel::Channel;
 use circuit::{queue_id, Circuit, Role, Side};

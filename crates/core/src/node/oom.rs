@@ -156,8 +156,7 @@ impl Core {
                         continue;
                     }
                     closed_channels += 1;
-                    let reason =
-                        "out of memory (MaxMemInQueues): its buffered data was the oldest";
+                    let reason = "out of memory (MaxMemInQueues): its buffered data was the oldest";
                     self.channel_closed(chan, now);
                     self.events.push_back(Event::CloseChannel {
                         chan,
