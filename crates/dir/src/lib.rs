@@ -14,6 +14,7 @@
 pub mod consensus;
 pub mod descriptor;
 mod document;
+pub mod dos_params;
 pub mod params;
 pub mod policy;
 

@@ -141,7 +141,7 @@ impl Core {
         let circuits_before = self.circuits.len();
         let mut closed_channels = 0u64;
         for (_, _, _, victim) in victims {
-            if before - self.mem_in_queues() >= before - target {
+            if before.saturating_sub(self.mem_in_queues()) >= before - target {
                 break;
             }
             match victim {
@@ -165,7 +165,7 @@ impl Core {
                 }
             }
         }
-        let after = self.mem_in_queues();
+        let after = self.mem_in_queues().min(before);
         let killed = (circuits_before - self.circuits.len()) as u64;
         self.stats.oom_circuits_killed += killed;
         self.stats.oom_channels_closed += closed_channels;
