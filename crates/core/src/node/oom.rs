@@ -181,3 +181,21 @@ impl Core {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tor's automatic rule: 3/4 of the RAM below 8 GiB, 2/5 from 8 GiB, within 256 MiB..=8 GiB.
+    #[test]
+    fn automatic_limit_follows_tors_rule() {
+        const MIB: u64 = 1 << 20;
+        const GIB: u64 = 1 << 30;
+        assert_eq!(max_mem_in_queues_auto(None), 8 * GIB);
+        assert_eq!(max_mem_in_queues_auto(Some(GIB)), 768 * MIB);
+        assert_eq!(max_mem_in_queues_auto(Some(256 * MIB)), 256 * MIB, "floor");
+        assert_eq!(max_mem_in_queues_auto(Some(4 * GIB)), 3 * GIB);
+        assert_eq!(max_mem_in_queues_auto(Some(16 * GIB)), 16 * GIB / 5 * 2);
+        assert_eq!(max_mem_in_queues_auto(Some(64 * GIB)), 8 * GIB, "cap");
+    }
+}
