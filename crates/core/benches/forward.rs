@@ -25,7 +25,7 @@
 //! cannot be chosen to rule it out, because the bench does not know M's keystream. If it ever
 //! happened the circuit would most likely be killed; each run checks that M killed no circuit and
 //! that every circuit got cells out (no stall: a middle relay has no circuit window, the queues
-//! stay far below `max_circuit_queue` and `max_queued_cells`, and no SENDME is involved).
+//! stay far below `max_circuit_queue` and `max_mem_in_queues`, and no SENDME is involved).
 //!
 //! Compare with `benches/sched.rs`, group `sched-cached-time` (same queue depth, batch and clock
 //! policy, the scheduler alone on a mock channel): the scheduler is the difference between the

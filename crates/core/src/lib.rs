@@ -13,6 +13,7 @@
 
 pub mod bucket;
 pub mod chansched;
+pub mod dos;
 pub mod flow;
 mod idmap;
 mod node;
@@ -21,7 +22,9 @@ pub mod split;
 pub mod switching;
 
 pub use node::{
-    CellSample, CircuitStat, Core, CoreConfig, CoreError, CoreStats, Event, HopSpec, RelayKeys,
+    max_mem_in_queues_auto, CellSample, CircuitStat, Core, CoreConfig, CoreError, CoreStats, Event,
+    HopSpec, RelayKeys, CELL_MEM_COST, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES,
+    OOM_RETAIN_PERCENT,
 };
 pub use sched::{CircuitScheduler, QueueId, SchedulerKind};
 

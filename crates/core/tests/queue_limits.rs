@@ -1,7 +1,7 @@
 //! Every queue in the core has a bound: one circuit's queue (`max_circuit_queue`), the
-//! circuits on one channel (`max_circuits_per_channel`), all queues together
-//! (`max_queued_cells`), and what an edge packages into its circuit's queue (high-water 256,
-//! resume at low-water 64).
+//! circuits on one channel (`max_circuits_per_channel`), and what an edge packages into its
+//! circuit's queue (high-water 256, resume at low-water 64). All queues together are bounded by
+//! `MaxMemInQueues`: `oom.rs`.
 
 mod common;
 
@@ -101,49 +101,6 @@ fn circuits_per_channel_limit_refuses_create2_with_resourcelimit() {
     assert_eq!(p.r.core.stats().circuits, 2);
     p.create();
     assert_eq!(p.r.core.stats().circuits, 3);
-}
-
-/// Over `max_queued_cells` the circuit with the longest queue dies, exactly that one, even when
-/// the cell that crossed the cap belongs to another; the rest keep their cells and work.
-#[test]
-fn global_queue_cap_kills_exactly_the_longest_circuit() {
-    let mut p = Path::new(CoreConfig {
-        max_queued_cells: 100,
-        ..CoreConfig::default()
-    });
-    let mut a = p.create2();
-    let mut b = p.create2();
-    let mut c = p.create2();
-    flood(&mut p, &mut a, 20);
-    flood(&mut p, &mut b, 50);
-    flood(&mut p, &mut c, 30);
-    assert_eq!(p.r.core.stats().queued_cells, 100);
-    assert_eq!(
-        p.r.core.stats().circuits_killed,
-        0,
-        "at the cap nothing dies"
-    );
-
-    flood(&mut p, &mut c, 1);
-    let stats = p.r.core.stats();
-    assert_eq!((stats.circuits, stats.circuits_killed), (2, 1));
-    assert_eq!(stats.queued_cells, 20 + 31);
-    assert_eq!(
-        destroys(&p.cells_for_client()),
-        [(b.id, DestroyReason::PROTOCOL)]
-    );
-
-    // X gets the DESTROY for b and every cell of a and c.
-    let to_x = drain(&mut p.r.core, R_TO_X, p.now);
-    assert_eq!(destroys(&to_x).len(), 1);
-    assert_eq!(to_x.len(), 1 + 20 + 31);
-    for cell in to_x {
-        p.x.core.handle_cell(X_FROM_R, cell, p.now);
-    }
-    assert_eq!(p.x.core.stats().circuits, 2);
-    assert!(x_answers(&mut p, &mut a, 1));
-    assert!(x_answers(&mut p, &mut c, 1));
-    assert_eq!(p.x.core.stats().circuits_killed, 0);
 }
 
 /// Feed a stream's socket bytes the way a driver does: only as much as the core granted.

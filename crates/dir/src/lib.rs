@@ -15,6 +15,7 @@
 pub mod consensus;
 pub mod descriptor;
 mod document;
+pub mod dos_params;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod onion;

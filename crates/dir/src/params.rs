@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::dos_params as dos;
 use crate::DirError;
 
 /// Most parameters one consensus may carry.
@@ -49,6 +50,19 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
     SWITCH_SAMPLE_INTERVAL_MSEC,
     SWITCH_BUFFER_BYTES,
     SWITCH_TIMEOUT_MSEC,
+    // The DoS defences (crate::dos_params).
+    dos::DOS_CC_ENABLED,
+    dos::DOS_CC_MIN_CONNECTIONS,
+    dos::DOS_CC_RATE,
+    dos::DOS_CC_BURST,
+    dos::DOS_CC_DEFENSE_TYPE,
+    dos::DOS_CC_DEFENSE_TIME_PERIOD,
+    dos::DOS_CONN_ENABLED,
+    dos::DOS_CONN_MAX_CONCURRENT_COUNT,
+    dos::DOS_CONN_DEFENSE_TYPE,
+    dos::DOS_CONN_CONNECT_RATE,
+    dos::DOS_CONN_CONNECT_BURST,
+    dos::DOS_CONN_CONNECT_DEFENSE_TIME_PERIOD,
 ];
 
 /// EWMA half-life in milliseconds (Tor's name); 0 or less turns EWMA off (round-robin).

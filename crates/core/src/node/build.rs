@@ -24,10 +24,12 @@ use super::Core;
 impl Core {
     pub(super) fn on_create2(&mut self, chan: ChannelId, cell: Cell, now: Instant) {
         let circ_id = cell.circ_id;
-        let Some(keys) = self.cfg.relay.as_ref() else {
+        if self.cfg.relay.is_none() {
             warn!(?chan, "CREATE2 sent to a client: refusing");
             return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
-        };
+        }
+        // Counted before any check, as in Tor; refused after the checks that drop the cell.
+        let dos_refused = self.dos_create_refused(chan, now);
         let Some(ch) = self.channels.get(&chan) else {
             return;
         };
@@ -43,6 +45,9 @@ impl Core {
         if ch.circ_ids.contains_key(&circ_id) {
             warn!(?chan, circ_id, "CREATE2 for a circuit id in use: refusing");
             return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
+        }
+        if dos_refused {
+            return self.send_destroy(chan, circ_id, DestroyReason::RESOURCELIMIT);
         }
         if ch.circ_ids.len() >= self.cfg.max_circuits_per_channel {
             warn!(?chan, "too many circuits on channel: refusing CREATE2");
@@ -62,6 +67,9 @@ impl Core {
                 warn!(?chan, error = %e, "malformed CREATE2");
                 return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
             }
+        };
+        let Some(keys) = self.cfg.relay.as_ref() else {
+            return;
         };
         let id20 = keys.identity.ntor_id();
         let (reply, km) =

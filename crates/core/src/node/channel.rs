@@ -2,7 +2,7 @@
 //! circuits to a peer go on, circuits waiting for a channel, circuit ids, DESTROY cells.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
 use chive_cell::{Cell, CellCommand, CircId, Destroy, DestroyReason};
@@ -23,6 +23,13 @@ pub(super) struct Channel {
     pub(super) sched: Box<dyn CircuitScheduler>,
     /// DESTROY cells: they bypass circuit queues because their circuit is gone.
     pub(super) urgent: VecDeque<Cell>,
+    /// Bytes the driver holds for this channel ([`Core::channel_buffered`]), and since when.
+    pub(super) buffered: usize,
+    pub(super) buffered_since: Option<Instant>,
+    /// The peer's address, if the driver told it ([`Core::set_channel_addr`]).
+    pub(super) addr: Option<IpAddr>,
+    /// Whether the DoS defences count this channel as a client connection of `addr`.
+    pub(super) dos_tracked: bool,
 }
 
 impl Core {
@@ -43,6 +50,10 @@ impl Core {
                 circ_ids: HashMap::new(),
                 sched: self.cfg.scheduler.build(),
                 urgent: VecDeque::new(),
+                buffered: 0,
+                buffered_since: None,
+                addr: None,
+                dos_tracked: false,
             },
         );
         if let Some(id) = peer {
@@ -98,6 +109,12 @@ impl Core {
             }
         }
         self.ready_set.remove(&chan);
+        self.driver_bytes -= ch.buffered;
+        if ch.dos_tracked {
+            if let Some(addr) = ch.addr {
+                self.dos.client_disconnected(addr, now);
+            }
+        }
         let ends: Vec<(CircId, CircKey)> =
             ch.circ_ids.iter().map(|(&id, &key)| (id, key)).collect();
         for (id, key) in ends {

@@ -7,7 +7,12 @@ use std::time::Duration;
 use chive_crypto::ntor::{NtorPublicKey, NtorSecretKey};
 use chive_crypto::IdentityKey;
 
+use crate::dos::DosConfig;
 use crate::sched::SchedulerKind;
+
+use super::oom::DEFAULT_MAX_MEM_IN_QUEUES;
+#[cfg(doc)]
+use super::{oom::max_mem_in_queues_auto, Core};
 
 /// The keys that make a node a relay.
 pub struct RelayKeys {
@@ -28,9 +33,15 @@ pub struct CoreConfig {
     pub max_circuit_queue: usize,
     /// Circuits a single channel may carry.
     pub max_circuits_per_channel: usize,
-    /// All circuit queues together may hold at most this many cells (Tor's
-    /// MaxMemInQueues); above it the circuit with the longest queue is killed.
-    pub max_queued_cells: usize,
+    /// `MaxMemInQueues`, in bytes: what circuit queues and the buffers the driver reports
+    /// ([`Core::channel_buffered`]) may hold together. When reached, the OOM handler kills the
+    /// circuits whose oldest queued cell is oldest until at most 90 % is in use (`node/oom.rs`).
+    /// Default [`DEFAULT_MAX_MEM_IN_QUEUES`] (256 MiB); [`max_mem_in_queues_auto`] is Tor's
+    /// rule from the machine's RAM.
+    pub max_mem_in_queues: usize,
+    /// The DoS defences (`DoSCircuitCreation*`, `DoSConnection*`); all off by default, as in
+    /// Tor, where the consensus turns them on.
+    pub dos: DosConfig,
     /// Origin circuits not built within this time are closed.
     pub circuit_build_timeout: Duration,
     /// Relay keys; `None` for a pure client.
@@ -48,7 +59,8 @@ impl Default for CoreConfig {
             scheduler: SchedulerKind::default(),
             max_circuit_queue: 2500,
             max_circuits_per_channel: 20_000,
-            max_queued_cells: 4_000_000,
+            max_mem_in_queues: DEFAULT_MAX_MEM_IN_QUEUES,
+            dos: DosConfig::default(),
             circuit_build_timeout: Duration::from_secs(30),
             relay: None,
             exit: false,

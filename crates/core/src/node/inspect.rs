@@ -25,8 +25,16 @@ pub struct CoreStats {
     pub cells_transmitted: u64,
     /// Cells received since start.
     pub cells_received: u64,
-    /// Circuits closed for a protocol violation or resource limit.
+    /// Circuits closed for a protocol violation or resource limit (OOM kills included).
     pub circuits_killed: u64,
+    /// Bytes counted against `MaxMemInQueues` now: queued cells and driver-reported buffers.
+    pub mem_in_queues: usize,
+    /// Circuits the OOM handler killed (directly, or with a channel it closed).
+    pub oom_circuits_killed: u64,
+    /// Channels the OOM handler closed because their buffered data was the oldest.
+    pub oom_channels_closed: u64,
+    /// Bytes the OOM handler freed, counted as for `mem_in_queues`.
+    pub oom_bytes_freed: u64,
 }
 
 /// Samples waiting for the driver beyond this are dropped (bounded memory).

@@ -7,7 +7,10 @@
 //!   DESTROY cells (which bypass circuit queues), circuit ids;
 //! - `circuit`: a circuit's state: its two ends, its two queues, its role (relay or origin);
 //! - `queue`: the send path: circuit queues, the per-channel scheduler, `poll_transmit`, and the
-//!   limits on queues (per circuit, global memory pressure, the packaging high-water mark);
+//!   limits on queues (per circuit, the packaging high-water mark);
+//! - `oom`: `MaxMemInQueues` and the OOM handler (kill the circuits with the oldest cells);
+//! - `dos`: the DoS defences at the core's inputs (circuit creation per address, client
+//!   connections per address); the per-address state is `crate::dos`;
 //! - `build`: CREATE2 / CREATED2, EXTEND2 / EXTENDED2 and TRUNCATE at a relay, and building
 //!   origin circuits hop by hop;
 //! - `relay`: relay cells: RELAY_EARLY accounting, the crypto layer, dispatch of cells
@@ -28,6 +31,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tracing::debug;
 
+use crate::dos::DosGuard;
 use crate::idmap::{LocalMap, LocalSet};
 use crate::sched::SchedulerKind;
 use crate::{ChannelId, CircKey, StreamHandle};
@@ -37,9 +41,11 @@ mod channel;
 mod circuit;
 mod client;
 mod config;
+mod dos;
 mod event;
 mod exit;
 mod inspect;
+mod oom;
 mod queue;
 mod relay;
 mod stream;
@@ -48,6 +54,10 @@ mod teardown;
 pub use config::{CoreConfig, HopSpec, RelayKeys};
 pub use event::{CoreError, Event};
 pub use inspect::{CellSample, CircuitStat, CoreStats};
+pub use oom::{
+    max_mem_in_queues_auto, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
+};
+pub use queue::CELL_MEM_COST;
 
 use channel::Channel;
 use circuit::{queue_id, Circuit, Role, Side};
@@ -71,12 +81,17 @@ pub struct Core {
     stats: CoreStats,
     sample_counter: u64,
     cell_samples: VecDeque<CellSample>,
+    /// Bytes the driver reported holding for all channels (counted against `MaxMemInQueues`).
+    driver_bytes: usize,
+    /// Per-address state of the DoS defences.
+    dos: DosGuard,
 }
 
 impl Core {
     /// A new node. `seed` feeds the core's CSPRNG (handshakes, circuit ids); pass
     /// fresh OS randomness in production and a fixed seed in tests.
     pub fn new(cfg: CoreConfig, seed: [u8; 32]) -> Self {
+        let dos = DosGuard::new(cfg.dos);
         Core {
             cfg,
             rng: StdRng::from_seed(seed),
@@ -93,6 +108,8 @@ impl Core {
             stats: CoreStats::default(),
             sample_counter: 0,
             cell_samples: VecDeque::new(),
+            driver_bytes: 0,
+            dos,
         }
     }
 
@@ -101,6 +118,7 @@ impl Core {
         CoreStats {
             circuits: self.circuits.len(),
             streams: self.streams.len(),
+            mem_in_queues: self.mem_in_queues(),
             ..self.stats
         }
     }

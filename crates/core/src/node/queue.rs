@@ -1,14 +1,13 @@
 //! The send path: circuit cell queues, their channel's scheduler, and `poll_transmit`, which
 //! moves cells out as late as possible. Every queue is bounded: a circuit whose queue passes
-//! `max_circuit_queue` is killed, all queues together are capped by `max_queued_cells` (the
-//! circuit with the longest queue is killed), and edges stop packaging above
-//! [`QUEUE_HIGHWATER`] and resume at [`QUEUE_LOWWATER`].
+//! `max_circuit_queue` is killed, all queues together count against `MaxMemInQueues` (the OOM
+//! handler in `oom.rs` kills the circuits holding the oldest cells), and edges stop packaging
+//! above [`QUEUE_HIGHWATER`] and resume at [`QUEUE_LOWWATER`].
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use chive_cell::Cell;
-use tracing::warn;
 
 use crate::{ChannelId, CircKey};
 
@@ -22,49 +21,52 @@ pub(super) const QUEUE_HIGHWATER: usize = 256;
 /// Resume packaging once the queue has drained below this.
 const QUEUE_LOWWATER: usize = 64;
 
-/// One direction of a circuit's cells waiting for their channel, with the
-/// enqueue time of sampled cells (instrumentation: per-cell queue delay).
+/// A cell waiting in a circuit queue, with when it was queued: the OOM handler kills the
+/// circuits whose oldest cell is oldest (`node/oom.rs`), and sampled cells report their
+/// queueing delay.
+pub(super) struct QueuedCell {
+    cell: Cell,
+    queued: Instant,
+    /// Whether this cell is one of the instrumentation samples (`cell_sample_every`).
+    sampled: bool,
+}
+
+/// What one queued cell costs against `MaxMemInQueues`: the cell and its enqueue time as the
+/// queue stores them (Tor charges `packed_cell_mem_cost()`, the same idea).
+pub const CELL_MEM_COST: usize = std::mem::size_of::<QueuedCell>();
+
+/// One direction of a circuit's cells waiting for their channel, oldest first.
 #[derive(Default)]
 pub(super) struct CellQueue {
-    pub(super) cells: VecDeque<Cell>,
-    pushed: u64,
-    popped: u64,
-    /// (sequence number of the cell, when it was queued), oldest first.
-    pub(super) samples: VecDeque<(u64, Instant)>,
+    cells: VecDeque<QueuedCell>,
 }
 
 impl CellQueue {
-    pub(super) fn push(&mut self, cell: Cell, sampled_at: Option<Instant>) {
-        if let Some(t) = sampled_at {
-            self.samples.push_back((self.pushed, t));
-        }
-        self.pushed += 1;
-        self.cells.push_back(cell);
+    pub(super) fn push(&mut self, cell: Cell, now: Instant, sampled: bool) {
+        self.cells.push_back(QueuedCell {
+            cell,
+            queued: now,
+            sampled,
+        });
     }
 
     /// The next cell, and its enqueue time if it was sampled.
     fn pop(&mut self) -> Option<(Cell, Option<Instant>)> {
-        let cell = self.cells.pop_front()?;
-        let seq = self.popped;
-        self.popped += 1;
-        let sampled = match self.samples.front() {
-            Some(&(s, t)) if s == seq => {
-                self.samples.pop_front();
-                Some(t)
-            }
-            _ => None,
-        };
-        Some((cell, sampled))
+        let q = self.cells.pop_front()?;
+        Some((q.cell, q.sampled.then_some(q.queued)))
     }
 
     pub(super) fn len(&self) -> usize {
         self.cells.len()
     }
 
+    /// When the oldest cell still queued was queued.
+    pub(super) fn oldest(&self) -> Option<Instant> {
+        self.cells.front().map(|q| q.queued)
+    }
+
     pub(super) fn clear(&mut self) {
-        self.popped += self.cells.len() as u64;
         self.cells.clear();
-        self.samples.clear();
     }
 }
 
@@ -168,15 +170,15 @@ impl Core {
         let Some((chan, _)) = circ.endpoint(side) else {
             return;
         };
-        let sampled_at = match self.cfg.cell_sample_every {
-            0 => None,
+        let sampled = match self.cfg.cell_sample_every {
+            0 => false,
             every => {
                 self.sample_counter = self.sample_counter.wrapping_add(1);
-                self.sample_counter.is_multiple_of(every).then_some(now)
+                self.sample_counter.is_multiple_of(every)
             }
         };
         let queue = circ.queue(side);
-        queue.push(cell, sampled_at);
+        queue.push(cell, now, sampled);
         let len = queue.len();
         self.stats.queued_cells += 1;
         if len > self.cfg.max_circuit_queue {
@@ -192,9 +194,7 @@ impl Core {
             }
         }
         self.mark_ready(chan);
-        if self.stats.queued_cells > self.cfg.max_queued_cells {
-            self.relieve_memory_pressure(now);
-        }
+        self.check_mem_in_queues(now);
     }
 
     pub(super) fn mark_ready(&mut self, chan: ChannelId) {
@@ -202,21 +202,36 @@ impl Core {
             self.ready.push_back(chan);
         }
     }
+}
 
-    /// Over the global queue cap: kill the circuit holding the most queued cells.
-    fn relieve_memory_pressure(&mut self, now: Instant) {
-        let victim = self
-            .circuits
-            .iter()
-            .max_by_key(|(_, c)| c.q_prev.len() + c.q_next.len())
-            .map(|(k, _)| *k);
-        if let Some(key) = victim {
-            warn!(
-                ?key,
-                queued = self.stats.queued_cells,
-                "queue memory cap reached: killing the largest circuit"
-            );
-            self.kill(key, "queue memory cap reached", now);
-        }
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use chive_cell::CellCommand;
+
+    use super::*;
+
+    /// Every cell keeps its enqueue time: the head's is the queue's oldest, and sampled cells
+    /// report theirs when they leave.
+    #[test]
+    fn cells_carry_their_enqueue_time() {
+        let t0 = Instant::now();
+        let cell = || Cell::new(1, CellCommand::RELAY, &[]).unwrap();
+        let mut q = CellQueue::default();
+        assert_eq!(q.oldest(), None);
+        q.push(cell(), t0, false);
+        q.push(cell(), t0 + Duration::from_secs(1), true);
+        q.push(cell(), t0 + Duration::from_secs(2), false);
+        assert_eq!(q.oldest(), Some(t0));
+        assert_eq!(q.pop().map(|(_, s)| s), Some(None));
+        assert_eq!(q.oldest(), Some(t0 + Duration::from_secs(1)));
+        assert_eq!(
+            q.pop().map(|(_, s)| s),
+            Some(Some(t0 + Duration::from_secs(1)))
+        );
+        q.clear();
+        assert_eq!((q.len(), q.oldest()), (0, None));
+        assert!(CELL_MEM_COST >= std::mem::size_of::<Cell>() + std::mem::size_of::<Instant>());
     }
 }

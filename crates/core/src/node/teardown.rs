@@ -32,9 +32,23 @@ impl Core {
 
     /// Close a circuit for a protocol violation or resource limit, with a log line.
     pub(super) fn kill(&mut self, key: CircKey, why: &str, now: Instant) {
+        self.kill_with(key, DestroyReason::PROTOCOL, why, now);
+    }
+
+    /// [`Core::kill`] with the DESTROY reason given (RESOURCELIMIT for the OOM handler).
+    pub(super) fn kill_with(
+        &mut self,
+        key: CircKey,
+        reason: DestroyReason,
+        why: &str,
+        now: Instant,
+    ) {
+        if !self.circuits.contains_key(&key) {
+            return;
+        }
         warn!(?key, reason = why, "closing circuit");
         self.stats.circuits_killed += 1;
-        self.close_circuit_inner(key, DestroyReason::PROTOCOL, None, now, why);
+        self.close_circuit_inner(key, reason, None, now, why);
     }
 
     /// Remove a circuit, send DESTROY on every end except `except` (the channel and id a
