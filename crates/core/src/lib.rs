@@ -11,6 +11,7 @@
 //! client (origin circuits it builds, SOCKS streams), as one process of Tor can.
 #![forbid(unsafe_code)]
 
+pub mod cc;
 pub mod flow;
 mod idmap;
 mod node;

@@ -261,6 +261,7 @@ impl Core {
     pub fn launch_circuit(&mut self, path: Vec<HopSpec>, now: Instant) -> CircKey {
         let key = self.alloc_key();
         let first = path.first().cloned();
+        let window = self.new_circuit_window();
         self.circuits.insert(
             key,
             Circuit {
@@ -274,7 +275,7 @@ impl Core {
                     path,
                     handshake: None,
                     built: false,
-                    edge: Edge::new(self.cfg.circwindow),
+                    edge: Edge::new(window),
                     deadline: now + self.cfg.circuit_build_timeout,
                 },
                 relay_early_seen: 0,
