@@ -1,0 +1,106 @@
+//! The circuit window an exit packages with: the consensus `circwindow`, unless the relay
+//! sets its own (`CircuitWindow`, `CoreConfig::circwindow_override`), as paper 004 changed
+//! one exit's window and not the network's. And `cc_alg=2` (Vegas) opens the window
+//! beyond the fixed one when the path allows.
+
+mod common;
+
+use chive_cell::RelayCommand;
+use chive_core::cc::{CcKind, VegasParams};
+use chive_core::{CoreConfig, Event};
+use common::{Circ, Path};
+
+/// A one-hop circuit to R (an exit configured with `cfg`) with one open stream, R holding
+/// far more data for it than any window allows. Returns how many DATA cells R sends before
+/// it needs a SENDME.
+fn cells_before_first_sendme(cfg: CoreConfig, consensus_window: Option<u32>) -> usize {
+    let mut p = Path::new(CoreConfig { exit: true, ..cfg });
+    if let Some(w) = consensus_window {
+        p.r.core.set_circwindow(w);
+    }
+    let mut circ = p.create();
+    open_stream(&mut p, &mut circ);
+    let data = vec![7u8; 1200 * 498];
+    let mut sent = 0;
+    let mut cells = 0;
+    // Feed what R grants and drain what it sends until it stops: only a window stops it.
+    for _ in 0..1000 {
+        let before = sent;
+        while let Some(ev) = p.r.core.poll_event() {
+            if let Event::StreamReadCredit { stream, bytes } = ev {
+                let end = (sent + bytes).min(data.len());
+                p.r.core.stream_data(stream, &data[sent..end], p.now);
+                sent = end;
+            }
+        }
+        let msgs = p.read(&mut circ);
+        assert!(msgs.iter().all(|m| m.cmd == RelayCommand::DATA));
+        cells += msgs.len();
+        if msgs.is_empty() && sent == before {
+            break;
+        }
+    }
+    cells
+}
+
+fn open_stream(p: &mut Path, circ: &mut Circ) {
+    p.send(circ, 0, RelayCommand::BEGIN, 1, b"127.0.0.1:80\0", false);
+    let Some(Event::ExitConnect { stream, .. }) = p.r.core.poll_event() else {
+        panic!("no ExitConnect");
+    };
+    p.r.core
+        .exit_connected(stream, ([127, 0, 0, 1], 80).into(), p.now);
+    assert_eq!(p.read(circ)[0].cmd, RelayCommand::CONNECTED);
+}
+
+#[test]
+fn exit_packages_with_the_consensus_window() {
+    let cfg = CoreConfig {
+        circwindow: 101,
+        ..CoreConfig::default()
+    };
+    assert_eq!(cells_before_first_sendme(cfg, None), 101);
+    assert_eq!(
+        cells_before_first_sendme(CoreConfig::default(), Some(200)),
+        200
+    );
+}
+
+/// The relay's own window wins over the consensus in both directions, and survives a new
+/// consensus (`set_circwindow`).
+#[test]
+fn relay_window_overrides_the_consensus() {
+    let small = CoreConfig {
+        circwindow: 1000,
+        circwindow_override: Some(101),
+        ..CoreConfig::default()
+    };
+    assert_eq!(cells_before_first_sendme(small, Some(400)), 101);
+    let large = CoreConfig {
+        circwindow: 100,
+        circwindow_override: Some(300),
+        ..CoreConfig::default()
+    };
+    assert_eq!(cells_before_first_sendme(large, Some(100)), 300);
+    // Out-of-range values are clamped like the consensus's.
+    let tiny = CoreConfig {
+        circwindow_override: Some(5),
+        ..CoreConfig::default()
+    };
+    assert_eq!(cells_before_first_sendme(tiny, None), 100);
+}
+
+/// Vegas starts at `cc_cwnd_init`, whatever the fixed window says.
+#[test]
+fn vegas_starts_at_its_initial_window() {
+    let params = VegasParams {
+        cwnd_init: 300,
+        ..VegasParams::default()
+    };
+    let cfg = CoreConfig {
+        circwindow: 101,
+        congestion_control: CcKind::Vegas(params),
+        ..CoreConfig::default()
+    };
+    assert_eq!(cells_before_first_sendme(cfg, None), 300);
+}
