@@ -38,7 +38,23 @@ pub const CIRCWINDOW: ParamSpec = ParamSpec {
 /// Every parameter this version knows, with its range. [`NetParams::check_known`]
 /// refuses values outside these ranges (the authority uses it on its config, so an
 /// operator's typo stops it instead of being silently clamped by every reader).
-pub const KNOWN_PARAMS: &[ParamSpec] = &[CIRCWINDOW, CIRCUIT_PRIORITY_HALFLIFE_MSEC, OUTBUF_CELLS];
+pub const KNOWN_PARAMS: &[ParamSpec] = &[
+    CIRCWINDOW,
+    CIRCUIT_PRIORITY_HALFLIFE_MSEC,
+    OUTBUF_CELLS,
+    crate::cc_params::CC_ALG,
+    crate::cc_params::CC_CWND_INIT,
+    crate::cc_params::CC_CWND_MIN,
+    crate::cc_params::CC_CWND_MAX,
+    crate::cc_params::CC_CWND_INC,
+    crate::cc_params::CC_CWND_INC_PCT_SS,
+    crate::cc_params::CC_SS_MAX,
+    crate::cc_params::CC_VEGAS_ALPHA_EXIT,
+    crate::cc_params::CC_VEGAS_BETA_EXIT,
+    crate::cc_params::CC_VEGAS_GAMMA_EXIT,
+    crate::cc_params::CC_VEGAS_DELTA_EXIT,
+    crate::cc_params::CC_EWMA_CWND_PCT,
+];
 
 /// EWMA half-life in milliseconds (Tor's name); 0 or less turns EWMA off (round-robin).
 /// A relay's own `CircuitPriorityHalflife` (seconds) overrides it.
