@@ -40,6 +40,12 @@ fn cells_before_first_sendme(cfg: CoreConfig, consensus_window: Option<u32>) -> 
             break;
         }
     }
+    // The metrics see the same window: every cell sent is in flight, none acknowledged.
+    let stats = p.r.core.circuit_stats(p.now);
+    assert_eq!(
+        stats[0].window.map(|(_, inflight)| inflight),
+        Some(cells as u32)
+    );
     cells
 }
 

@@ -256,7 +256,7 @@ fn fixed_window_matches_the_old_package_window() {
             seed ^= seed >> 7;
             seed ^= seed << 17;
             let can_ack = (acked + 1) * 100 <= sent;
-            if can_ack && seed % 3 == 0 {
+            if can_ack && seed.is_multiple_of(3) {
                 acked += 1;
                 w.on_sendme(Some(digest(acked * 100)), base).unwrap();
                 old_package = (old_package + 100).min(1000);
