@@ -7,17 +7,24 @@ mod common;
 
 use chive_cell::RelayCommand;
 use chive_core::cc::{CcKind, VegasParams};
-use chive_core::{CoreConfig, Event};
+use chive_core::{Core, CoreConfig, Event};
 use common::{Circ, Path};
 
 /// A one-hop circuit to R (an exit configured with `cfg`) with one open stream, R holding
 /// far more data for it than any window allows. Returns how many DATA cells R sends before
 /// it needs a SENDME.
 fn cells_before_first_sendme(cfg: CoreConfig, consensus_window: Option<u32>) -> usize {
+    cells_before_first_sendme_with(cfg, |core| {
+        if let Some(w) = consensus_window {
+            core.set_circwindow(w);
+        }
+    })
+}
+
+/// As above, with `setup` applied to R's core before the circuit is created.
+fn cells_before_first_sendme_with(cfg: CoreConfig, setup: impl FnOnce(&mut Core)) -> usize {
     let mut p = Path::new(CoreConfig { exit: true, ..cfg });
-    if let Some(w) = consensus_window {
-        p.r.core.set_circwindow(w);
-    }
+    setup(&mut p.r.core);
     let mut circ = p.create();
     open_stream(&mut p, &mut circ);
     let data = vec![7u8; 1200 * 498];
@@ -94,6 +101,23 @@ fn relay_window_overrides_the_consensus() {
         ..CoreConfig::default()
     };
     assert_eq!(cells_before_first_sendme(tiny, None), 100);
+}
+
+/// The override can be set and cleared at runtime, for circuits created afterwards.
+#[test]
+fn relay_window_set_at_runtime() {
+    let set = cells_before_first_sendme_with(CoreConfig::default(), |core| {
+        core.set_circwindow(200);
+        core.set_circwindow_override(Some(150));
+    });
+    assert_eq!(set, 150);
+    let cleared = cells_before_first_sendme_with(CoreConfig::default(), |core| {
+        core.set_circwindow_override(Some(150));
+        core.set_circwindow(200);
+        core.set_circwindow_override(None);
+        assert_eq!(core.effective_circwindow(), 200);
+    });
+    assert_eq!(cleared, 200);
 }
 
 /// Vegas starts at `cc_cwnd_init`, whatever the fixed window says.
