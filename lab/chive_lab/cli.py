@@ -171,6 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
                            "connections than the variant opens, i.e. on two channels (listed in pool.json)")
     pool.add_argument("sources", type=Path, nargs="+", metavar="SRC", help="result directories to pool")
 
+    export = sub.add_parser("export", help="write a run's transfers in another tool's format",
+                            description="Write every transfer of DIR (a `chive-lab run` output directory) "
+                                        "as OnionPerf analysis JSON (version 4.0; chive_lab.onionperf), "
+                                        "readable by OnionPerf's and Tor Metrics' tooling.")
+    export.add_argument("--onionperf", type=Path, required=True, metavar="DIR",
+                        help="the run directory to export")
+    export.add_argument("--out", type=Path, default=None,
+                        help="output file (default: DIR/onionperf.analysis.json)")
+
     # netns backend leftovers (chive_lab.netns, brief K).
     clean = sub.add_parser("netns-clean", help="remove namespaces and processes left by crashed netns runs",
                            description="Delete chv-* network namespaces (and the processes inside them) "
@@ -308,6 +317,22 @@ def cmd_pool(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """``chive-lab export --onionperf DIR``."""
+    from .onionperf import export_dir
+
+    try:
+        path = export_dir(args.onionperf, args.out)
+    except LabError as e:
+        _print_error(e)
+        return 1
+    except OSError as e:
+        print(f"chive-lab: error: cannot write the export: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
 def _raise_interrupt(signum, _frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -333,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_compare(args)
     if args.command == "pool":
         return cmd_pool(args)
+    if args.command == "export":
+        return cmd_export(args)
     if args.command == "netns-clean":
         from .netns import cmd_netns_clean
 

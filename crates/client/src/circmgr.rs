@@ -160,6 +160,7 @@ impl CircuitManager {
     /// Use a newly fetched (and verified) consensus; serve parked requests.
     pub fn set_consensus(&mut self, core: &mut Core, consensus: Arc<Consensus>, now: Instant) {
         core.set_circwindow(u32::from(consensus.params.circwindow()));
+        core.set_congestion_control(crate::cc::congestion_control(&consensus.params));
         if let Some(g) = self.guard {
             if consensus.relay_by_identity(&g).is_none() {
                 info!("guard left the consensus; choosing another");

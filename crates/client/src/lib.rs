@@ -4,8 +4,10 @@
 //! - [`path`]: bandwidth-weighted guard / middle / exit selection from a consensus.
 //! - [`circmgr`]: which circuit a stream goes on (reuse, isolation, dirtiness,
 //!   preemptive circuits), driving a sans-IO [`chive_core::Core`].
+//! - [`cc`]: the consensus's congestion-control parameters as the core's policy choice.
 #![forbid(unsafe_code)]
 
+pub mod cc;
 pub mod circmgr;
 pub mod path;
 pub mod socks;

@@ -10,6 +10,9 @@
 //! cells. The window's start value plays no part in which cell is acknowledged.
 
 use std::collections::VecDeque;
+use std::time::Instant;
+
+use crate::cc::{CongestionControl, FixedWindow, SendmeAck, CC_CWND_LIMIT};
 
 /// Cells acknowledged by one circuit-level SENDME.
 pub const CIRCUIT_SENDME_INCREMENT: u32 = 100;
@@ -21,8 +24,9 @@ pub const CIRCUIT_WINDOW_MIN: u32 = 100;
 pub const STREAM_WINDOW: u32 = 500;
 /// Cells acknowledged by one stream-level SENDME.
 pub const STREAM_SENDME_INCREMENT: u32 = 50;
-/// How many unacknowledged digests a sender may hold (window max / increment, plus slack).
-const MAX_PENDING_DIGESTS: usize = (CIRCUIT_WINDOW_MAX / CIRCUIT_SENDME_INCREMENT) as usize + 2;
+/// How many unacknowledged digests a sender may hold (the largest congestion window / increment,
+/// plus slack).
+const MAX_PENDING_DIGESTS: usize = (CC_CWND_LIMIT / CIRCUIT_SENDME_INCREMENT) as usize + 2;
 
 /// Why a flow-control message was refused: the peer violated the protocol.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,60 +43,106 @@ pub enum FlowError {
 }
 
 /// Circuit-level window state at one end of a circuit (client or exit).
-#[derive(Debug, Clone)]
+///
+/// The protocol part lives here (cells in flight, the digests authenticated SENDMEs must
+/// echo, when each acknowledged cell left); how large the window is, is the congestion
+/// control policy's ([`crate::cc`]).
+#[derive(Debug)]
 pub struct CircuitWindow {
-    package: u32,
+    cc: Box<dyn CongestionControl>,
+    /// DATA cells sent and not yet acknowledged.
+    inflight: u32,
     sent_data_cells: u64,
-    pending_digests: VecDeque<[u8; 20]>,
+    /// For each cell a SENDME will acknowledge: its running digest and when it was sent.
+    pending: VecDeque<([u8; 20], Instant)>,
     delivered_data_cells: u64,
+    /// Whether the window stopped the sender since the previous SENDME.
+    blocked_since_sendme: bool,
 }
 
 impl CircuitWindow {
-    /// A window starting at `start` cells (clamped into 100..=1000).
+    /// A fixed window of `start` cells (clamped into 100..=1000): Tor's window before
+    /// congestion control.
     pub fn new(start: u32) -> Self {
+        Self::with_policy(Box::new(FixedWindow::new(start)))
+    }
+
+    /// A window sized by `cc`.
+    pub fn with_policy(cc: Box<dyn CongestionControl>) -> Self {
         CircuitWindow {
-            package: start.clamp(CIRCUIT_WINDOW_MIN, CIRCUIT_WINDOW_MAX),
+            cc,
+            inflight: 0,
             sent_data_cells: 0,
-            pending_digests: VecDeque::new(),
+            pending: VecDeque::new(),
             delivered_data_cells: 0,
+            blocked_since_sendme: false,
         }
     }
 
     /// May another DATA cell be sent now?
     pub fn can_package(&self) -> bool {
-        self.package > 0
+        self.inflight < self.cc.cwnd()
     }
 
     /// Cells that may still be sent before a SENDME is needed.
     pub fn package_window(&self) -> u32 {
-        self.package
+        self.cc.cwnd().saturating_sub(self.inflight)
     }
 
-    /// Record that one DATA cell with running digest `digest` was sent.
-    pub fn on_data_sent(&mut self, digest: [u8; 20]) {
-        self.package = self.package.saturating_sub(1);
+    /// The congestion window now.
+    pub fn cwnd(&self) -> u32 {
+        self.cc.cwnd()
+    }
+
+    /// DATA cells sent and not yet acknowledged.
+    pub fn inflight(&self) -> u32 {
+        self.inflight
+    }
+
+    /// The congestion-control policy (for stats).
+    pub fn policy(&self) -> &dyn CongestionControl {
+        self.cc.as_ref()
+    }
+
+    /// Record that one DATA cell with running digest `digest` was sent at `now`.
+    pub fn on_data_sent(&mut self, digest: [u8; 20], now: Instant) {
+        self.inflight = self.inflight.saturating_add(1);
         self.sent_data_cells += 1;
         if self
             .sent_data_cells
             .is_multiple_of(u64::from(CIRCUIT_SENDME_INCREMENT))
-            && self.pending_digests.len() < MAX_PENDING_DIGESTS
+            && self.pending.len() < MAX_PENDING_DIGESTS
         {
-            self.pending_digests.push_back(digest);
+            self.pending.push_back((digest, now));
         }
+        if self.inflight >= self.cc.cwnd() {
+            self.blocked_since_sendme = true;
+        }
+        self.cc.on_data_sent(self.inflight, now);
     }
 
-    /// A circuit SENDME arrived (with its v1 digest, if any).
-    pub fn on_sendme(&mut self, digest: Option<[u8; 20]>) -> Result<(), FlowError> {
-        let expected = self
-            .pending_digests
-            .pop_front()
+    /// A circuit SENDME arrived at `now` (with its v1 digest, if any).
+    pub fn on_sendme(&mut self, digest: Option<[u8; 20]>, now: Instant) -> Result<(), FlowError> {
+        let &(expected, sent_at) = self
+            .pending
+            .front()
             .ok_or(FlowError::UnexpectedSendme("circuit"))?;
         if let Some(d) = digest {
             if d != expected {
                 return Err(FlowError::BadSendmeDigest);
             }
         }
-        self.package = (self.package + CIRCUIT_SENDME_INCREMENT).min(CIRCUIT_WINDOW_MAX);
+        self.pending.pop_front();
+        let ack = SendmeAck {
+            inflight: self.inflight,
+            acked: CIRCUIT_SENDME_INCREMENT,
+            rtt: now.saturating_duration_since(sent_at),
+            cwnd_full: self.blocked_since_sendme,
+            now,
+        };
+        self.inflight = self.inflight.saturating_sub(CIRCUIT_SENDME_INCREMENT);
+        self.blocked_since_sendme = false;
+        self.cc.on_sendme(&ack);
         Ok(())
     }
 
@@ -176,6 +226,13 @@ impl StreamWindow {
 mod tests {
     use super::*;
 
+    fn t0() -> Instant {
+        // One instant for tests where time plays no part.
+        use std::sync::OnceLock;
+        static T0: OnceLock<Instant> = OnceLock::new();
+        *T0.get_or_init(Instant::now)
+    }
+
     fn digest(n: u64) -> [u8; 20] {
         let mut d = [0u8; 20];
         d[..8].copy_from_slice(&n.to_be_bytes());
@@ -194,7 +251,7 @@ mod tests {
             while sent < 5_000 {
                 while sender.can_package() && sent < 5_000 {
                     sent += 1;
-                    sender.on_data_sent(digest(sent));
+                    sender.on_data_sent(digest(sent), t0());
                     in_flight.push(sent);
                 }
                 assert!(
@@ -203,7 +260,7 @@ mod tests {
                 );
                 for n in in_flight.drain(..) {
                     if let Some(d) = receiver.on_data_received(digest(n)) {
-                        sender.on_sendme(Some(d)).unwrap();
+                        sender.on_sendme(Some(d), t0()).unwrap();
                     }
                 }
             }
@@ -215,7 +272,7 @@ mod tests {
         let mut w = CircuitWindow::new(101);
         for n in 0..101 {
             assert!(w.can_package());
-            w.on_data_sent(digest(n));
+            w.on_data_sent(digest(n), t0());
         }
         assert!(!w.can_package());
         assert_eq!(CircuitWindow::new(5).package_window(), 100);
@@ -226,14 +283,14 @@ mod tests {
     fn bad_or_unexpected_sendme_is_refused() {
         let mut w = CircuitWindow::new(1000);
         assert_eq!(
-            w.on_sendme(None),
+            w.on_sendme(None, t0()),
             Err(FlowError::UnexpectedSendme("circuit"))
         );
         for n in 1..=100 {
-            w.on_data_sent(digest(n));
+            w.on_data_sent(digest(n), t0());
         }
         assert_eq!(
-            w.on_sendme(Some(digest(99))),
+            w.on_sendme(Some(digest(99)), t0()),
             Err(FlowError::BadSendmeDigest)
         );
     }

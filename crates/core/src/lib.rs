@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bucket;
+pub mod cc;
 pub mod chansched;
 pub mod dos;
 pub mod flow;

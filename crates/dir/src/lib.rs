@@ -1,7 +1,8 @@
 //! chive-dir: the directory documents of chive, with no IO and no clock.
 //!
 //! - [`policy`]: exit policies in torrc syntax ([`ExitPolicy`]).
-//! - [`params`]: consensus network parameters ([`NetParams`]).
+//! - [`params`]: consensus network parameters ([`NetParams`]); [`cc_params`]: those of
+//!   circuit congestion control ([`CongestionParams`]).
 //! - [`descriptor`]: signed relay descriptors ([`RelayDescriptor`]).
 //! - [`consensus`]: the signed consensus, relay flags and the pure functions an
 //!   authority uses to build it ([`Consensus`], [`assign_flags`], [`build_consensus`]).
@@ -12,6 +13,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cc_params;
 pub mod consensus;
 pub mod descriptor;
 mod document;
@@ -22,6 +24,7 @@ pub mod onion;
 pub mod params;
 pub mod policy;
 
+pub use cc_params::CongestionParams;
 pub use consensus::{
     assign_flags, build_consensus, Consensus, ConsensusRelay, FlagPolicy, RelayFlags,
     CONSENSUS_CLOCK_SKEW, MAX_CONSENSUS_LEN, MAX_RELAYS,

@@ -63,6 +63,18 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
     dos::DOS_CONN_CONNECT_RATE,
     dos::DOS_CONN_CONNECT_BURST,
     dos::DOS_CONN_CONNECT_DEFENSE_TIME_PERIOD,
+    crate::cc_params::CC_ALG,
+    crate::cc_params::CC_CWND_INIT,
+    crate::cc_params::CC_CWND_MIN,
+    crate::cc_params::CC_CWND_MAX,
+    crate::cc_params::CC_CWND_INC,
+    crate::cc_params::CC_CWND_INC_PCT_SS,
+    crate::cc_params::CC_SS_MAX,
+    crate::cc_params::CC_VEGAS_ALPHA_EXIT,
+    crate::cc_params::CC_VEGAS_BETA_EXIT,
+    crate::cc_params::CC_VEGAS_GAMMA_EXIT,
+    crate::cc_params::CC_VEGAS_DELTA_EXIT,
+    crate::cc_params::CC_EWMA_CWND_PCT,
 ];
 
 /// EWMA half-life in milliseconds (Tor's name); 0 or less turns EWMA off (round-robin).

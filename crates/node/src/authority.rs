@@ -57,7 +57,10 @@ Config file options (TOML):
   StableUptime = 0                 seconds of uptime a relay needs for the Stable flag
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
   [NetworkParameters]              integers published in the consensus, e.g.
-  circwindow = 1000                initial circuit window (100-1000)";
+  circwindow = 1000                initial circuit window (100-1000)
+  cc_alg = 0                       circuit congestion control: 0 fixed window, 2 Vegas
+                                   (tunables cc_cwnd_init, cc_vegas_alpha_exit, ...:
+                                   docs/protocol.md)";
 
 /// Clock skew tolerated on a descriptor's `published` time (seconds into the future).
 const DESCRIPTOR_FUTURE_SKEW: u64 = 300;

@@ -69,6 +69,9 @@ Config file options (TOML):
   OutbufCells = 64                 cells handed to a connection but not yet written, at most
                                    (default: 10 ms of BandwidthRate, at least 8, when set;
                                    else the consensus OutbufCells, else 64)
+  CircuitWindow = 101              circuit window for the circuits this relay packages (its
+                                   exit streams), 100..1000, overriding the consensus
+                                   circwindow (paper 004); applies with cc_alg=0. Read at start
   ConstrainedSockets = true        limit link sockets' kernel buffers (SO_SNDBUF/SO_RCVBUF)...
   ConstrainedSockSize = 20000      ...to this many bytes (2048..262144), as Tor's options do, so
                                    queued cells wait where the scheduler can reorder them.
@@ -141,6 +144,8 @@ pub struct RelayConfig {
     pub scheduler: Option<String>,
     #[serde(rename = "CircuitPriorityHalflife", default)]
     pub circuit_priority_halflife: Option<f64>,
+    #[serde(rename = "CircuitWindow", default)]
+    pub circuit_window: Option<u32>,
     #[serde(rename = "ConstrainedSockets", default)]
     pub constrained_sockets: Option<bool>,
     #[serde(rename = "ConstrainedSockSize", default)]
@@ -304,6 +309,11 @@ impl RelayConfig {
                 bail!("OutbufCells must be between 1 and 10000");
             }
         }
+        if let Some(w) = self.circuit_window {
+            if !(100..=1000).contains(&w) {
+                bail!("CircuitWindow must be between 100 and 1000 cells");
+            }
+        }
         if let Some(h) = self.circuit_priority_halflife {
             if !h.is_finite() || h > 1e6 {
                 bail!("CircuitPriorityHalflife must be a number of seconds (<= 0 turns EWMA off)");
@@ -387,6 +397,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }),
             exit: is_exit,
             scheduler,
+            circwindow_override: cfg.circuit_window,
             cell_sample_every: if cfg
                 .metrics_file
                 .as_ref()
@@ -588,6 +599,17 @@ mod tests {
         for bad in ["LinkUnsentLimit = 100", "LinkUnsentLimit = 20000000"] {
             let err = config(bad).validate().expect_err(bad);
             assert!(format!("{err:#}").contains("LinkUnsentLimit"), "{err:#}");
+        }
+    }
+
+    #[test]
+    fn circuit_window_is_checked() {
+        assert_eq!(config("CircuitWindow = 101").circuit_window, Some(101));
+        assert!(config("CircuitWindow = 101").validate().is_ok());
+        assert_eq!(config("").circuit_window, None);
+        for bad in ["CircuitWindow = 99", "CircuitWindow = 1001"] {
+            let err = config(bad).validate().expect_err(bad);
+            assert!(format!("{err:#}").contains("CircuitWindow"), "{err:#}");
         }
     }
 

@@ -269,6 +269,7 @@ impl Core {
     pub fn launch_circuit(&mut self, path: Vec<HopSpec>, now: Instant) -> CircKey {
         let key = self.alloc_key();
         let first = path.first().cloned();
+        let window = self.new_circuit_window();
         self.circuits.insert(
             key,
             Circuit {
@@ -282,7 +283,7 @@ impl Core {
                     path,
                     handshake: None,
                     built: false,
-                    edge: Edge::new(self.cfg.circwindow),
+                    edge: Edge::new(window),
                     deadline: now + self.cfg.circuit_build_timeout,
                 },
                 relay_early_seen: 0,

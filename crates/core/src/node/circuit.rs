@@ -83,6 +83,12 @@ impl Circuit {
             Side::Next => self.next,
         }
     }
+    pub(super) fn edge(&self) -> Option<&Edge> {
+        match &self.role {
+            Role::Relay { edge, .. } => edge.as_ref(),
+            Role::Origin { edge, .. } => Some(edge),
+        }
+    }
     pub(super) fn edge_mut(&mut self) -> Option<&mut Edge> {
         match &mut self.role {
             Role::Relay { edge, .. } => edge.as_mut(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use chive_crypto::ntor::{NtorPublicKey, NtorSecretKey};
 use chive_crypto::IdentityKey;
 
+use crate::cc::CcKind;
 use crate::dos::DosConfig;
 use crate::sched::SchedulerKind;
 
@@ -24,8 +25,15 @@ pub struct RelayKeys {
 
 /// Core configuration. Everything a policy may vary lives here, chosen per node.
 pub struct CoreConfig {
-    /// Initial circuit package window (`circwindow`, 100..=1000).
+    /// Initial circuit package window (`circwindow`, 100..=1000), from the consensus.
     pub circwindow: u32,
+    /// This node's own circuit window (a relay's `CircuitWindow`), overriding `circwindow`
+    /// for the circuits it packages (its exit streams; a client's uploads). `None` = follow
+    /// the consensus. Clamped to 100..=1000 when used.
+    pub circwindow_override: Option<u32>,
+    /// Congestion-control policy for the circuits this node packages (consensus `cc_alg`).
+    /// [`CcKind::Fixed`] uses the circuit window above.
+    pub congestion_control: CcKind,
     /// Scheduling policy for every channel.
     pub scheduler: SchedulerKind,
     /// A circuit whose queue in one direction grows past this is destroyed (the
@@ -56,6 +64,8 @@ impl Default for CoreConfig {
     fn default() -> Self {
         CoreConfig {
             circwindow: 1000,
+            circwindow_override: None,
+            congestion_control: CcKind::Fixed,
             scheduler: SchedulerKind::default(),
             max_circuit_queue: 2500,
             max_circuits_per_channel: 20_000,

@@ -16,14 +16,14 @@ use super::Core;
 
 impl Core {
     fn exit_edge(&mut self, key: CircKey) -> Option<&mut Edge> {
-        let circwindow = self.cfg.circwindow;
+        let window = self.new_circuit_window();
         match &mut self.circuits.get_mut(&key)?.role {
             Role::Relay {
                 edge,
                 extending: false,
                 pending_extend: None,
                 crypto: _,
-            } => Some(edge.get_or_insert_with(|| Edge::new(circwindow))),
+            } => Some(edge.get_or_insert_with(|| Edge::new(window))),
             _ => None,
         }
     }

@@ -67,6 +67,8 @@ pub struct CircuitStat {
     pub queued: usize,
     /// The scheduler's priority value for its busiest queue, if the policy has one (EWMA count).
     pub priority: Option<f64>,
+    /// At an edge (exit or client): the congestion window and the cells in flight under it.
+    pub window: Option<(u32, u32)>,
 }
 
 impl Core {
@@ -97,6 +99,7 @@ impl Core {
                     cells_sent: c.cells_sent,
                     queued: c.q_prev.len() + c.q_next.len(),
                     priority,
+                    window: c.edge().map(|e| (e.window.cwnd(), e.window.inflight())),
                 }
             })
             .collect();
@@ -175,8 +178,11 @@ impl Core {
             if let Some(edge) = edge {
                 let _ = writeln!(
                     out,
-                    "  edge package_window={}",
-                    edge.window.package_window()
+                    "  edge package_window={} cwnd={} inflight={} slow_start={}",
+                    edge.window.package_window(),
+                    edge.window.cwnd(),
+                    edge.window.inflight(),
+                    edge.window.policy().in_slow_start()
                 );
                 for (sid, st) in &edge.streams {
                     let _ = writeln!(

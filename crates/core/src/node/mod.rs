@@ -31,6 +31,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tracing::debug;
 
+use crate::cc::CcKind;
 use crate::dos::DosGuard;
 use crate::idmap::{LocalMap, LocalSet};
 use crate::sched::SchedulerKind;
@@ -156,6 +157,23 @@ impl Core {
     /// Change the circuit window for circuits created from now on (a new consensus).
     pub fn set_circwindow(&mut self, circwindow: u32) {
         self.cfg.circwindow = circwindow.clamp(100, 1000);
+    }
+
+    /// This node's own circuit window (a relay's `CircuitWindow` option), overriding the
+    /// consensus `circwindow` for circuits created from now on; `None` follows the consensus.
+    pub fn set_circwindow_override(&mut self, window: Option<u32>) {
+        self.cfg.circwindow_override = window.map(|w| w.clamp(100, 1000));
+    }
+
+    /// The congestion-control policy for circuits created from now on (a new consensus's
+    /// `cc_alg`). Circuits already open keep theirs, as with `set_circwindow`.
+    pub fn set_congestion_control(&mut self, kind: CcKind) {
+        self.cfg.congestion_control = kind;
+    }
+
+    /// The congestion-control policy new circuits get.
+    pub fn congestion_control(&self) -> CcKind {
+        self.cfg.congestion_control
     }
 
     /// Next event for the driver.

@@ -176,7 +176,7 @@ impl Core {
         let digest = crypto.originate_backward(&mut payload);
         if cmd == RelayCommand::DATA {
             if let Some(edge) = edge {
-                edge.window.on_data_sent(digest);
+                edge.window.on_data_sent(digest, now);
             }
         }
         let cell = Cell::from_payload(prev_id, CellCommand::RELAY, payload);
@@ -210,7 +210,7 @@ impl Core {
             Err(_) => return self.kill(key, "no such hop", now),
         };
         if cmd == RelayCommand::DATA {
-            edge.window.on_data_sent(digest);
+            edge.window.on_data_sent(digest, now);
         }
         let command = if early {
             CellCommand::RELAY_EARLY

@@ -8,7 +8,7 @@ use std::time::Instant;
 use chive_cell::{End, EndReason, RelayCommand, Sendme, RELAY_DATA_LEN};
 use tracing::warn;
 
-use crate::flow::{CircuitWindow, StreamWindow};
+use crate::flow::{CircuitWindow, StreamWindow, CIRCUIT_WINDOW_MAX, CIRCUIT_WINDOW_MIN};
 use crate::{CircKey, StreamHandle};
 
 use super::circuit::Role;
@@ -61,9 +61,9 @@ pub(super) struct Edge {
 }
 
 impl Edge {
-    pub(super) fn new(circwindow: u32) -> Self {
+    pub(super) fn new(window: CircuitWindow) -> Self {
         Edge {
-            window: CircuitWindow::new(circwindow),
+            window,
             streams: HashMap::new(),
             next_stream_id: 1,
         }
@@ -71,6 +71,24 @@ impl Edge {
 }
 
 impl Core {
+    /// The fixed circuit window this node packages with: its own override if set, else the
+    /// consensus `circwindow`.
+    pub fn effective_circwindow(&self) -> u32 {
+        self.cfg
+            .circwindow_override
+            .unwrap_or(self.cfg.circwindow)
+            .clamp(CIRCUIT_WINDOW_MIN, CIRCUIT_WINDOW_MAX)
+    }
+
+    /// A circuit window for a new edge, sized by the configured congestion control.
+    pub(super) fn new_circuit_window(&self) -> CircuitWindow {
+        CircuitWindow::with_policy(
+            self.cfg
+                .congestion_control
+                .build(self.effective_circwindow()),
+        )
+    }
+
     /// Number of streams open on a circuit.
     pub fn circuit_streams(&self, circ: CircKey) -> usize {
         match self.circuits.get(&circ).map(|c| &c.role) {
@@ -224,7 +242,7 @@ impl Core {
                 Ok(s) => s.digest,
                 Err(e) => return self.kill(key, &format!("malformed SENDME: {e}"), now),
             };
-            if let Err(e) = edge.window.on_sendme(digest) {
+            if let Err(e) = edge.window.on_sendme(digest, now) {
                 return self.kill(key, &e.to_string(), now);
             }
             self.package_all(key, now);

@@ -471,6 +471,10 @@ impl Driver {
                     .collect();
                 self.core
                     .set_circwindow(u32::from(consensus.params.circwindow()));
+                self.core
+                    .set_congestion_control(chive_client::cc::congestion_control(
+                        &consensus.params,
+                    ));
                 self.params = Some(consensus.params.clone());
                 self.apply_policy(now);
                 if let Some(client) = self.client.as_mut() {
