@@ -207,7 +207,7 @@ def document(runs_by_variant: Mapping[str, Sequence[an.RunData]]) -> dict[str, A
 def export_dir(out: Path, dest: Path | None = None) -> Path:
     """``chive-lab export --onionperf OUT``: read OUT's runs (as ``chive-lab analyze``
     does) and write the document to ``dest`` (default ``OUT/onionperf.analysis.json``)."""
-    from .runner import scenario_of
+    from .manifest import scenario_of
 
     out = Path(out)
     scenario = scenario_of(out)

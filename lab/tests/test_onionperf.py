@@ -9,7 +9,8 @@ import re
 import pytest
 
 from chive_lab import stats
-from chive_lab.analysis import ProgressSample, RunData, Transfer, analyze_runs
+from chive_lab.analysis import ProgressSample, RunData, Transfer
+from chive_lab.experiments.overlay_analysis import analyze_runs
 from chive_lab.cli import main
 from chive_lab.onionperf import DECILES, document, source_name
 from chive_lab.scenario import parse_scenario
