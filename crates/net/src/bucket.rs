@@ -148,6 +148,15 @@ mod tests {
 
     const MB: u64 = 1_000_000;
 
+    /// Panic unless the (paused) clock moved between `min_ms` and `max_ms` since `since`.
+    fn assert_waited(since: Instant, min_ms: u64, max_ms: u64) {
+        let waited = since.elapsed();
+        assert!(
+            waited >= Duration::from_millis(min_ms) && waited <= Duration::from_millis(max_ms),
+            "waited {waited:?}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn rate_over_two_seconds() {
         let burst = 100_000u64;
@@ -177,13 +186,10 @@ mod tests {
         // 500 kB more: taken as soon as the bucket is out of debt (one refill step), leaving
         // ~500 kB of debt; the next request waits for that debt to be repaid (0.5 s).
         bucket.consume(500_000).await;
-        let waited = start.elapsed();
-        assert!(waited <= Duration::from_millis(2), "waited {waited:?}");
+        assert_waited(start, 0, 2);
         assert!(bucket.available() <= -497_000);
         bucket.consume(1).await;
-        let waited = start.elapsed();
-        assert!(waited >= Duration::from_millis(497), "waited {waited:?}");
-        assert!(waited <= Duration::from_millis(512), "waited {waited:?}");
+        assert_waited(start, 497, 512);
     }
 
     /// A large request is not starved by a stream of small ones (the old rule, "wait until
@@ -221,9 +227,7 @@ mod tests {
         assert!(bucket.available() <= -899_000);
         // The next byte waits until the debt is repaid: ~0.9 s.
         bucket.consume(1).await;
-        let waited = start.elapsed();
-        assert!(waited >= Duration::from_millis(899), "waited {waited:?}");
-        assert!(waited <= Duration::from_millis(912), "waited {waited:?}");
+        assert_waited(start, 899, 912);
     }
 
     #[tokio::test(start_paused = true)]
@@ -244,11 +248,7 @@ mod tests {
         let t = Instant::now();
         bucket.consume(10_000).await; // taken after one refill step, into 10 kB of debt
         bucket.consume(1).await; // waits for the debt: 0.1 s at 100 kB/s
-        let waited = t.elapsed();
-        assert!(
-            waited >= Duration::from_millis(99) && waited <= Duration::from_millis(112),
-            "{waited:?}"
-        );
+        assert_waited(t, 99, 112);
 
         // Raising the rate takes effect for waiters within the 10 ms re-check interval.
         bucket.set_rate(10 * MB, 10_000);
