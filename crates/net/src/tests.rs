@@ -469,20 +469,24 @@ async fn fake_responder(
     addr
 }
 
+/// A responder that authenticates as `id`, signing with `role`'s role byte.
+async fn responder_signing_as(id: &Arc<IdentityKeypair>, role: Role) -> SocketAddr {
+    let id = id.clone();
+    fake_responder(move |exp| {
+        Authenticate {
+            identity: *id.public().as_bytes(),
+            signature: id.sign(&auth_message(role, exp)).0,
+        }
+        .encode()
+    })
+    .await
+}
+
 #[tokio::test]
 async fn initiator_rejects_bad_responders() {
     // Signed with the initiator's role byte: a reflected initiator signature must not pass.
     let id = keypair();
-    let id2 = id.clone();
-    let addr = fake_responder(move |exp| {
-        let sig = id2.sign(&auth_message(Role::Initiator, exp)).0;
-        Authenticate {
-            identity: *id2.public().as_bytes(),
-            signature: sig,
-        }
-        .encode()
-    })
-    .await;
+    let addr = responder_signing_as(&id, Role::Initiator).await;
     let err = connect(addr, None, &client_cfg(0)).await.unwrap_err();
     assert!(matches!(err, LinkError::BadAuthentication), "{err}");
 
@@ -500,16 +504,7 @@ async fn initiator_rejects_bad_responders() {
     );
 
     // Control: the correct role byte is accepted.
-    let id2 = id.clone();
-    let addr = fake_responder(move |exp| {
-        let sig = id2.sign(&auth_message(Role::Responder, exp)).0;
-        Authenticate {
-            identity: *id2.public().as_bytes(),
-            signature: sig,
-        }
-        .encode()
-    })
-    .await;
+    let addr = responder_signing_as(&id, Role::Responder).await;
     let link = connect(addr, Some(id.public()), &client_cfg(0))
         .await
         .unwrap();
