@@ -219,22 +219,24 @@ impl Path {
 
     /// Move every cell R has for X to X; returns how many.
     pub fn r_to_x(&mut self) -> usize {
-        let cells = drain(&mut self.r.core, R_TO_X, self.now);
-        let n = cells.len();
-        for cell in cells {
-            self.x.core.handle_cell(X_FROM_R, cell, self.now);
-        }
-        n
+        carry(
+            &mut self.r.core,
+            R_TO_X,
+            &mut self.x.core,
+            X_FROM_R,
+            self.now,
+        )
     }
 
     /// Move every cell X has for R to R; returns how many.
     pub fn x_to_r(&mut self) -> usize {
-        let cells = drain(&mut self.x.core, X_FROM_R, self.now);
-        let n = cells.len();
-        for cell in cells {
-            self.r.core.handle_cell(R_TO_X, cell, self.now);
-        }
-        n
+        carry(
+            &mut self.x.core,
+            X_FROM_R,
+            &mut self.r.core,
+            R_TO_X,
+            self.now,
+        )
     }
 
     /// Send X (hop 1 of `circ`) a BEGIN to 127.0.0.1:80 on stream `sid` and carry R's cells to
@@ -281,6 +283,17 @@ impl Path {
             .map(|c| open(circ, c))
             .collect()
     }
+}
+
+/// Move every cell `from` has on its channel `out` to `to`, arriving on `to`'s channel `inp`;
+/// returns how many.
+fn carry(from: &mut Core, out: ChannelId, to: &mut Core, inp: ChannelId, now: Instant) -> usize {
+    let cells = drain(from, out, now);
+    let n = cells.len();
+    for cell in cells {
+        to.handle_cell(inp, cell, now);
+    }
+    n
 }
 
 /// A CREATE2 cell for circuit `id` with a fresh ntor onionskin for `relay`, and the client's
