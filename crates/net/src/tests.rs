@@ -91,6 +91,21 @@ fn var(command: CellCommand, payload: Vec<u8>) -> Vec<u8> {
     out
 }
 
+/// What an initiator sends after TLS: VERSIONS (1), LINK_FEATURES (none) and an AUTHENTICATE
+/// carrying `authenticate`.
+fn handshake_wire(authenticate: Vec<u8>) -> Vec<u8> {
+    let mut wire = var(
+        CellCommand::VERSIONS,
+        Versions { versions: vec![1] }.encode(),
+    );
+    wire.extend(var(
+        CellCommand::LINK_FEATURES,
+        LinkFeatures { features: 0 }.encode(),
+    ));
+    wire.extend(var(CellCommand::AUTHENTICATE, authenticate));
+    wire
+}
+
 /// A TLS session to `addr` with no link handshake yet, plus its exporter value.
 async fn raw_tls(
     addr: SocketAddr,
@@ -382,15 +397,7 @@ async fn bad_peers_fail_and_listener_keeps_accepting() {
             .encode(),
             _ => vec![1; 50],
         };
-        let mut wire = var(
-            CellCommand::VERSIONS,
-            Versions { versions: vec![1] }.encode(),
-        );
-        wire.extend(var(
-            CellCommand::LINK_FEATURES,
-            LinkFeatures { features: 0 }.encode(),
-        ));
-        wire.extend(var(CellCommand::AUTHENTICATE, payload));
+        let wire = handshake_wire(payload);
         tls.write_all(&wire).await.unwrap();
         tls.flush().await.unwrap();
         let err = next(&mut rx).await.unwrap_err();
@@ -404,22 +411,13 @@ async fn bad_peers_fail_and_listener_keeps_accepting() {
     //    for the reason tested, and the listener still serves honest peers.
     let (mut tls, exporter) = raw_tls(addr).await;
     let sig = id.sign(&auth_message(Role::Initiator, &exporter)).0;
-    let mut wire = var(
-        CellCommand::VERSIONS,
-        Versions { versions: vec![1] }.encode(),
-    );
-    wire.extend(var(
-        CellCommand::LINK_FEATURES,
-        LinkFeatures { features: 0 }.encode(),
-    ));
-    wire.extend(var(
-        CellCommand::AUTHENTICATE,
+    let wire = handshake_wire(
         Authenticate {
             identity: *id.public().as_bytes(),
             signature: sig,
         }
         .encode(),
-    ));
+    );
     tls.write_all(&wire).await.unwrap();
     tls.flush().await.unwrap();
     assert_eq!(
@@ -447,15 +445,7 @@ async fn fake_responder(
             .1
             .export_keying_material([0u8; EXPORTER_LEN], EXPORTER_LABEL, None)
             .unwrap();
-        let mut wire = var(
-            CellCommand::VERSIONS,
-            Versions { versions: vec![1] }.encode(),
-        );
-        wire.extend(var(
-            CellCommand::LINK_FEATURES,
-            LinkFeatures { features: 0 }.encode(),
-        ));
-        wire.extend(var(CellCommand::AUTHENTICATE, auth(&exporter)));
+        let wire = handshake_wire(auth(&exporter));
         let _ = tls.write_all(&wire).await;
         let _ = tls.flush().await;
         // Keep the connection open until the initiator gives up.

@@ -219,24 +219,14 @@ impl Path {
 
     /// Move every cell R has for X to X; returns how many.
     pub fn r_to_x(&mut self) -> usize {
-        carry(
-            &mut self.r.core,
-            R_TO_X,
-            &mut self.x.core,
-            X_FROM_R,
-            self.now,
-        )
+        let now = self.now;
+        carry(&mut self.r.core, R_TO_X, &mut self.x.core, X_FROM_R, now)
     }
 
     /// Move every cell X has for R to R; returns how many.
     pub fn x_to_r(&mut self) -> usize {
-        carry(
-            &mut self.x.core,
-            X_FROM_R,
-            &mut self.r.core,
-            R_TO_X,
-            self.now,
-        )
+        let now = self.now;
+        carry(&mut self.x.core, X_FROM_R, &mut self.r.core, R_TO_X, now)
     }
 
     /// Send X (hop 1 of `circ`) a BEGIN to 127.0.0.1:80 on stream `sid` and carry R's cells to
