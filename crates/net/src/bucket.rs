@@ -294,6 +294,22 @@ mod tests {
 
     /// A waiting request that becomes quiet (its writer got a quiet batch behind it) stops
     /// respecting the reserve within the re-check interval.
+    /// A task taking `n` tokens, as quiet once `promoted` is set (re-checked when `wake` is
+    /// notified, if given); it returns when it got them.
+    fn spawn_promotable(
+        bucket: &Arc<TokenBucket>,
+        n: usize,
+        promoted: &Arc<std::sync::atomic::AtomicBool>,
+        wake: Option<Arc<Notify>>,
+    ) -> tokio::task::JoinHandle<Instant> {
+        let (b, p) = (bucket.clone(), promoted.clone());
+        tokio::spawn(async move {
+            let quiet = || p.load(std::sync::atomic::Ordering::Relaxed);
+            b.consume_classed(n, quiet, wake.as_deref()).await;
+            Instant::now()
+        })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_waiting_request_can_be_promoted() {
         use std::sync::atomic::{AtomicBool, Ordering};
@@ -303,14 +319,7 @@ mod tests {
         assert_eq!(bucket.reserve(), 50_000, "capped at half the burst");
         bucket.consume_classed(60_000, || false, None).await;
         let promoted = Arc::new(AtomicBool::new(false));
-        let waiter = {
-            let (b, p) = (bucket.clone(), promoted.clone());
-            tokio::spawn(async move {
-                b.consume_classed(10_000, || p.load(Ordering::Relaxed), None)
-                    .await;
-                Instant::now()
-            })
-        };
+        let waiter = spawn_promotable(&bucket, 10_000, &promoted, None);
         // 40 kB left, all of it reserve: the bulk request waits.
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiter.is_finished());
@@ -321,14 +330,7 @@ mod tests {
         // With a wake-up, promotion takes effect at once.
         promoted.store(false, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
-        let waiter = {
-            let (b, p, w) = (bucket.clone(), promoted.clone(), wake.clone());
-            tokio::spawn(async move {
-                b.consume_classed(1_000, || p.load(Ordering::Relaxed), Some(&w))
-                    .await;
-                Instant::now()
-            })
-        };
+        let waiter = spawn_promotable(&bucket, 1_000, &promoted, Some(wake.clone()));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiter.is_finished());
         let t = Instant::now();
