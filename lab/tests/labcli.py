@@ -20,17 +20,28 @@ def run_lab(*args: str, env: dict | None = None, timeout: float = 90) -> subproc
     )
 
 
-def binary_or_curl_missing(hint: str) -> str | None:
-    """Why an end-to-end test cannot run: no chive binary (`hint` says how to get one) or no
-    curl; None when both are there."""
+def chive_cli_missing(hint: str, subcommand: str | None = None) -> str | None:
+    """Why the chive binary cannot serve a test: it does not exist (`hint` says how to build
+    it) or, with `subcommand`, `chive SUBCOMMAND --help` fails; None when it can."""
     from chive_lab.network import default_binary
 
     binary = default_binary()
     if not binary.is_file():
         return f"{binary} does not exist ({hint})"
-    if shutil.which("curl") is None:
-        return "curl is not installed (make deps installs it)"
+    if subcommand is None:
+        return None
+    try:
+        out = subprocess.run([str(binary), subcommand, "--help"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"`{binary} {subcommand} --help` failed: {e}"
+    if out.returncode != 0:
+        return f"`{binary} {subcommand} --help` exited with {out.returncode}"
     return None
+
+
+def curl_missing() -> str | None:
+    """Why curl cannot be used; None when it is installed."""
+    return None if shutil.which("curl") else "curl is not installed (make deps installs it)"
 
 
 def e2e_marks(reason: str | None) -> list:

@@ -11,14 +11,12 @@ here both must simply work.)
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-from labcli import binary_or_curl_missing, curl_file, e2e_marks, run_lab  # tests/ is on sys.path (conftest)
+from labcli import chive_cli_missing, curl_file, curl_missing, e2e_marks, run_lab  # tests/ is on sys.path (conftest)
 
 from chive_lab import socks
 from chive_lab.content import check_body
-from chive_lab.network import default_binary
 from chive_lab.process import is_running
 from chive_lab.state import load_state
 
@@ -26,16 +24,7 @@ TEN_MIB = 10 * 1024 * 1024
 
 
 def _skip_reason() -> str | None:
-    binary = default_binary()
-    if not binary.is_file():
-        return f"{binary} does not exist (run `cargo build --release` or `make build`)"
-    try:
-        out = subprocess.run([str(binary), "relay", "--help"], capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"`{binary} relay --help` failed: {e}"
-    if out.returncode != 0:
-        return f"`{binary} relay --help` exited with {out.returncode}"
-    return binary_or_curl_missing("run `cargo build --release` or `make build`")
+    return chive_cli_missing("run `cargo build --release` or `make build`", "relay") or curl_missing()
 
 
 pytestmark = e2e_marks(_skip_reason())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from labcli import binary_or_curl_missing, curl_file, e2e_marks, run_lab  # tests/ is on sys.path (conftest)
+from labcli import chive_cli_missing, curl_file, curl_missing, e2e_marks, run_lab  # tests/ is on sys.path (conftest)
 
 from chive_lab.process import is_running
 from chive_lab.state import load_state
@@ -25,7 +25,7 @@ def _skip_reason() -> str | None:
     reason = tor_unavailable_reason()
     if reason is not None:
         return reason
-    return binary_or_curl_missing("chive httpd serves the test files; run `make build`")
+    return chive_cli_missing("chive httpd serves the test files; run `make build`") or curl_missing()
 
 
 pytestmark = e2e_marks(_skip_reason())
