@@ -11,17 +11,12 @@ here both must simply work.)
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
-
-from labcli import run_lab  # tests/ is on sys.path (conftest)
+from labcli import chive_cli_missing, curl_file, curl_missing, e2e_marks, run_lab  # tests/ is on sys.path (conftest)
 
 from chive_lab import socks
-from chive_lab.content import check_body, check_file
-from chive_lab.network import default_binary
+from chive_lab.content import check_body
 from chive_lab.process import is_running
 from chive_lab.state import load_state
 
@@ -29,22 +24,10 @@ TEN_MIB = 10 * 1024 * 1024
 
 
 def _skip_reason() -> str | None:
-    binary = default_binary()
-    if not binary.is_file():
-        return f"{binary} does not exist (run `cargo build --release` or `make build`)"
-    try:
-        out = subprocess.run([str(binary), "relay", "--help"], capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"`{binary} relay --help` failed: {e}"
-    if out.returncode != 0:
-        return f"`{binary} relay --help` exited with {out.returncode}"
-    if shutil.which("curl") is None:
-        return "curl is not installed (make deps installs it)"
-    return None
+    return chive_cli_missing("run `cargo build --release` or `make build`", "relay") or curl_missing()
 
 
-_REASON = _skip_reason()
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
+pytestmark = e2e_marks(_skip_reason())
 
 
 _lab = run_lab
@@ -60,15 +43,7 @@ def test_three_relay_network_end_to_end(tmp_path: Path):
 
         # 10 MiB with curl, the hostname resolved by the exit (--socks5-hostname).
         out = tmp_path / "10MiB.bin"
-        curl = subprocess.run(
-            ["curl", "--silent", "--show-error", "--fail", "--max-time", "300",
-             "--socks5-hostname", info["socks"], "-o", str(out),
-             f"{info['http']}/bytes/{TEN_MIB}"],
-            capture_output=True, text=True, timeout=320,
-        )
-        assert curl.returncode == 0, f"curl failed ({curl.returncode}): {curl.stderr}"
-        assert out.stat().st_size == TEN_MIB
-        assert check_file(out, TEN_MIB) is None
+        curl_file(info, TEN_MIB, out, max_time=300, timeout=320)
 
         # Two SOCKS usernames (stream isolation in the client): both work.
         for user in ("alice", "bob"):

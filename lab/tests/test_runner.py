@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from labcli import chive_cli_missing  # tests/ is on sys.path (conftest)
+
 from chive_lab import kinds, runner
 from chive_lab.analysis import Analysis, Figure, Series
 from chive_lab.errors import LabError, RunFailed
 from chive_lab.experiments import overlay
-from chive_lab.network import default_binary
 from chive_lab.scenario import load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,14 +194,7 @@ def test_a_failed_run_fails_only_itself(tmp_path, monkeypatch):
 
 
 def _skip_reason() -> str | None:
-    binary = default_binary()
-    if not binary.is_file():
-        return f"{binary} does not exist (cargo build --release)"
-    try:
-        out = subprocess.run([str(binary), "perf", "--help"], capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"chive perf --help failed: {e}"
-    return None if out.returncode == 0 else "chive perf --help failed"
+    return chive_cli_missing("cargo build --release", "perf")
 
 
 @pytest.mark.e2e

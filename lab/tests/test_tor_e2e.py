@@ -10,16 +10,10 @@ for `chive httpd`) is not built, or when curl is missing.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
+from labcli import chive_cli_missing, curl_file, curl_missing, e2e_marks, run_lab  # tests/ is on sys.path (conftest)
 
-from labcli import run_lab  # tests/ is on sys.path (conftest)
-
-from chive_lab.content import check_file
-from chive_lab.network import default_binary
 from chive_lab.process import is_running
 from chive_lab.state import load_state
 from chive_lab.tor import collect_tor_metrics, tor_unavailable_reason
@@ -31,16 +25,10 @@ def _skip_reason() -> str | None:
     reason = tor_unavailable_reason()
     if reason is not None:
         return reason
-    binary = default_binary()
-    if not binary.is_file():
-        return f"{binary} does not exist (chive httpd serves the test files; run `make build`)"
-    if shutil.which("curl") is None:
-        return "curl is not installed (make deps installs it)"
-    return None
+    return chive_cli_missing("chive httpd serves the test files; run `make build`") or curl_missing()
 
 
-_REASON = _skip_reason()
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
+pytestmark = e2e_marks(_skip_reason())
 
 
 _lab = run_lab
@@ -63,13 +51,7 @@ def test_tor_network_end_to_end(tmp_path: Path):
                 assert Path(rec.argv[0]).name == "tor" and rec.config.endswith("/torrc")
 
         out = tmp_path / "10MiB.bin"
-        curl = subprocess.run(
-            ["curl", "--silent", "--show-error", "--fail", "--max-time", "120",
-             "--socks5-hostname", info["socks"], "-o", str(out), f"{info['http']}/bytes/{TEN_MIB}"],
-            capture_output=True, text=True, timeout=150,
-        )
-        assert curl.returncode == 0, f"curl failed ({curl.returncode}): {curl.stderr}"
-        assert check_file(out, TEN_MIB) is None
+        curl_file(info, TEN_MIB, out, max_time=120, timeout=150)
 
         # Tor's own view: the 10 MiB crossed the relays (counted by the
         # MetricsPort and the control port), and the client lists its circuits.

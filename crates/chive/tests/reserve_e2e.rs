@@ -1,7 +1,7 @@
 //! `QuietReserve` end to end, in its own test binary (cargo runs test binaries one after
 //! another, so nothing else competes for the CPU while it measures; see sched_e2e.rs).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 use common::*;
@@ -25,21 +25,12 @@ fn quiet_cells(net: &Network) -> u64 {
 /// bulk), quiet batches must appear only while it is on, and bulk must keep moving.
 #[test]
 fn quiet_reserve_lets_fresh_circuits_past_bulk_on_a_saturated_relay() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     const RESERVE: u64 = 131_072;
     let net = Network::start(
         "reserve",
         ["BandwidthRate = 1000000\nCrossChannelPriority = true\nScheduler = \"ewma\""; 3],
     );
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let bulks: Vec<_> = ["bulk1", "bulk2"]
-        .into_iter()
-        .map(|u| {
-            let stop = stop.clone();
-            let (socks, http) = (net.socks, net.http);
-            std::thread::spawn(move || bulk_loop(socks, http, u, stop))
-        })
-        .collect();
+    let bulk = BulkLoad::start(&net, &["bulk1", "bulk2"]);
     std::thread::sleep(Duration::from_secs(5));
     let mut times = [Vec::new(), Vec::new()]; // [off, on]
     let mut n = 0;
@@ -49,35 +40,18 @@ fn quiet_reserve_lets_fresh_circuits_past_bulk_on_a_saturated_relay() {
         let want = if on { RESERVE } else { 0 };
         net.reconfigure_relays(&format!("QuietReserve = {want}"));
         let gauge = format!("chive_quiet_reserve_bytes {want}");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !(0..3).all(|i| net.scrape(i).lines().any(|l| l == gauge)) {
-            assert!(
-                Instant::now() < deadline,
-                "relays did not report QuietReserve = {want} after SIGHUP"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        net.wait_relays_report(
+            &format!("relays did not report QuietReserve = {want} after SIGHUP"),
+            |m| m.lines().any(|l| l == gauge),
+        );
         // Let the bulk downloads drain what they may of the bucket under the new setting.
         std::thread::sleep(Duration::from_secs(1));
         let quiet_before = quiet_cells(&net);
-        let mut block_times = Vec::new();
-        for _ in 0..6 {
-            n += 1;
-            let user = format!("fresh{n}");
-            let t0 = Instant::now();
-            let body = fetch(net.socks, net.http, 51_200, Some((&user, "x")))
-                .expect("50 KiB fetch failed");
-            assert_eq!(body.len(), 51_200);
-            block_times.push(t0.elapsed().as_secs_f64());
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        let block_times = timed_fresh_fetches(&net, &mut n);
         let quiet = quiet_cells(&net) - quiet_before;
         eprintln!(
             "block {block} QuietReserve={want}: quiet cells {quiet}, 50 KiB times {:?}",
-            block_times
-                .iter()
-                .map(|t| format!("{t:.3}"))
-                .collect::<Vec<_>>()
+            fmt_times(&block_times)
         );
         if on {
             // Six 50 KiB responses alone are over 600 cells at the exit.
@@ -87,8 +61,7 @@ fn quiet_reserve_lets_fresh_circuits_past_bulk_on_a_saturated_relay() {
         }
         times[on as usize].extend(block_times);
     }
-    stop.store(true, Ordering::Relaxed);
-    let moved: u64 = bulks.into_iter().map(|h| h.join().unwrap()).sum();
+    let moved = bulk.stop();
     let (off, on) = (&times[0], &times[1]);
     let p = mann_whitney_less(on, off);
     eprintln!(

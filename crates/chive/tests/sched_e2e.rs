@@ -4,7 +4,7 @@
 //! and cells queue in kernel socket buffers, where no circuit scheduler can
 //! reorder them; running beside the other e2e tests made this test flaky.)
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 use common::*;
@@ -25,7 +25,6 @@ fn mann_whitney_sanity() {
 /// shows runtime reconfiguration); EWMA's fetch times must be smaller.
 #[test]
 fn ewma_beats_round_robin_under_load_and_sighup_switches_policy() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     // Cross-channel priority lets EWMA act across the relay's connections, which share one
     // write bucket; without it a fresh circuit's cells also wait behind other channels' cells
     // in the bucket, first come first served, and the difference to round-robin shrinks to
@@ -34,15 +33,7 @@ fn ewma_beats_round_robin_under_load_and_sighup_switches_policy() {
         "ewma",
         ["BandwidthRate = 1000000\nCrossChannelPriority = true"; 3],
     );
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let bulks: Vec<_> = ["bulk1", "bulk2"]
-        .into_iter()
-        .map(|u| {
-            let stop = stop.clone();
-            let (socks, http) = (net.socks, net.http);
-            std::thread::spawn(move || bulk_loop(socks, http, u, stop))
-        })
-        .collect();
+    let bulk = BulkLoad::start(&net, &["bulk1", "bulk2"]);
     std::thread::sleep(Duration::from_secs(5));
     let mut times = [Vec::new(), Vec::new()]; // [rr, ewma]
     let mut n = 0;
@@ -51,7 +42,6 @@ fn ewma_beats_round_robin_under_load_and_sighup_switches_policy() {
     // load (other tests, the bulk transfers ramping up) cancels out.
     for block in 0..12 {
         let ewma = matches!(block % 4, 1 | 2);
-        let mut block_times = Vec::new();
         net.reconfigure_relays(if ewma {
             "Scheduler = \"ewma\"\nCircuitPriorityHalflife = 3"
         } else {
@@ -59,36 +49,18 @@ fn ewma_beats_round_robin_under_load_and_sighup_switches_policy() {
         });
         // Wait until every relay reports the policy (live switch, circuits kept).
         let want = if ewma { "Ewma" } else { "RoundRobin" };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !(0..3).all(|i| net.scrape(i).contains(&format!("policy=\"{want}"))) {
-            assert!(
-                Instant::now() < deadline,
-                "relays did not switch to {want} on SIGHUP"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        net.wait_relays_report(&format!("relays did not switch to {want} on SIGHUP"), |m| {
+            m.contains(&format!("policy=\"{want}"))
+        });
         std::thread::sleep(Duration::from_secs(1));
-        for _ in 0..6 {
-            n += 1;
-            let user = format!("fresh{n}");
-            let t0 = Instant::now();
-            let body = fetch(net.socks, net.http, 51_200, Some((&user, "x")))
-                .expect("50 KiB fetch failed");
-            assert_eq!(body.len(), 51_200);
-            block_times.push(t0.elapsed().as_secs_f64());
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        let block_times = timed_fresh_fetches(&net, &mut n);
         eprintln!(
             "block {block} {want}: 50 KiB times {:?}",
-            block_times
-                .iter()
-                .map(|t| format!("{t:.3}"))
-                .collect::<Vec<_>>()
+            fmt_times(&block_times)
         );
         times[ewma as usize].extend(block_times);
     }
-    stop.store(true, Ordering::Relaxed);
-    let moved: u64 = bulks.into_iter().map(|h| h.join().unwrap()).sum();
+    let moved = bulk.stop();
     let (rr, ewma) = (&times[0], &times[1]);
     let p = mann_whitney_less(ewma, rr);
     eprintln!(

@@ -58,6 +58,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod common;
+
 /// Cells per circuit queue at M (as in sched.rs).
 const DEPTH: usize = 4;
 /// Cells per write batch (as in sched.rs and the driver's write tick).
@@ -250,15 +252,12 @@ impl Forward {
         rng.fill(&mut payload[..]);
         let now = overlay.now;
         let m = &mut overlay.nodes[MIDDLE];
+        let relay = |id| Cell::from_payload(id, CellCommand::RELAY, payload);
         // Probe: one cell per circuit, alone, tells which id M forwards it on.
         let mut back = IdMap::default();
         let mut out = Vec::with_capacity(WRITE_BATCH);
         for &id in &client_ids {
-            m.handle_cell(
-                from_c,
-                Cell::from_payload(id, CellCommand::RELAY, payload),
-                now,
-            );
+            m.handle_cell(from_c, relay(id), now);
             while m.poll_ready_channel().is_some() {}
             out.clear();
             m.poll_transmit(to_x, WRITE_BATCH, now, &mut out);
@@ -271,11 +270,7 @@ impl Forward {
         // Fill: DEPTH cells queued per circuit.
         for _ in 0..DEPTH {
             for &id in &client_ids {
-                m.handle_cell(
-                    from_c,
-                    Cell::from_payload(id, CellCommand::RELAY, payload),
-                    now,
-                );
+                m.handle_cell(from_c, relay(id), now);
             }
         }
         while m.poll_ready_channel().is_some() {}
@@ -417,10 +412,7 @@ fn bench_forward(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    config = common::criterion();
     targets = bench_forward
 }
 criterion_main!(benches);

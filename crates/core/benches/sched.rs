@@ -22,6 +22,8 @@ use chive_cell::{Cell, CellCommand, PAYLOAD_LEN};
 use chive_core::sched::{CircuitScheduler, QueueId, SchedulerKind};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
+mod common;
+
 /// Cells per circuit queue at the start.
 const DEPTH: usize = 4;
 /// Cells per write event.
@@ -150,10 +152,7 @@ fn bench_sched(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    config = common::criterion();
     targets = bench_sched
 }
 criterion_main!(benches);

@@ -8,11 +8,10 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use chive_cell::{Cell, CellCommand, Create2, DestroyReason};
+use chive_cell::{CellCommand, DestroyReason};
 use chive_core::dos::{CircuitCreationConfig, ConnectionConfig, DosConfig};
 use chive_core::{ChannelId, CoreConfig};
-use chive_crypto::ntor::{self, NTOR_HTYPE};
-use common::{destroys, drain, relay, Relay};
+use common::{create2_cell, destroys, drain, relay, Relay};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -61,18 +60,7 @@ impl Bench {
     fn create(&mut self, chan: ChannelId) -> Answer {
         let id = 0x8000_0000 | self.next_id;
         self.next_id += 1;
-        let (_, onionskin) = ntor::client_create(
-            &mut self.rng,
-            &self.r.hop.identity.ntor_id(),
-            &self.r.hop.ntor_key,
-        );
-        let body = Create2 {
-            handshake_type: NTOR_HTYPE,
-            handshake: onionskin.to_vec(),
-        }
-        .encode()
-        .unwrap();
-        let cell = Cell::new(id, CellCommand::CREATE2, &body).unwrap();
+        let (cell, _) = create2_cell(&mut self.rng, &self.r, id);
         self.r.core.handle_cell(chan, cell, self.now);
         let out = drain(&mut self.r.core, chan, self.now);
         match (out.as_slice(), destroys(&out).as_slice()) {

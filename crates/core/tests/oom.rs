@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use chive_cell::{DestroyReason, RelayCommand};
+use chive_cell::DestroyReason;
 use chive_core::{CoreConfig, Event, CELL_MEM_COST};
 use common::{destroys, drain, Circ, Path, R_CLIENT, R_TO_X, X_FROM_R};
 
@@ -24,16 +24,7 @@ fn limit(cells: usize) -> CoreConfig {
 /// toward X, whose channel does not drain.
 fn flood_at(p: &mut Path, start: Instant, at: u64, circ: &mut Circ, n: usize) {
     p.now = start + Duration::from_secs(at);
-    for _ in 0..n {
-        p.send(circ, 1, RelayCommand::DROP, 0, &[], false);
-    }
-}
-
-/// Whether X still carries a circuit that answers: a BEGIN through it opens a stream.
-fn x_answers(p: &mut Path, circ: &mut Circ, sid: u16) -> bool {
-    p.send(circ, 1, RelayCommand::BEGIN, sid, b"127.0.0.1:80\0", false);
-    p.r_to_x();
-    matches!(p.x.core.poll_event(), Some(Event::ExitConnect { .. }))
+    p.flood_x(circ, n);
 }
 
 /// Hand everything R has for X to X; returns the DESTROYs among it and how many cells.
@@ -84,8 +75,8 @@ fn oom_kills_the_circuit_whose_oldest_cell_is_oldest() {
     assert_eq!(d[0].1, DestroyReason::RESOURCELIMIT);
     assert_eq!(n, 1 + 50 + 20);
     assert_eq!(p.x.core.stats().circuits, 2);
-    assert!(x_answers(&mut p, &mut a, 1));
-    assert!(x_answers(&mut p, &mut c, 1));
+    assert!(p.x_answers(&mut a, 1));
+    assert!(p.x_answers(&mut c, 1));
     assert_eq!(p.r.core.stats().oom_circuits_killed, 1, "no further kill");
 }
 
@@ -138,7 +129,7 @@ fn a_draining_circuit_is_younger_than_a_stuck_one() {
     );
     assert_eq!(stats.queued_cells, 60);
     deliver_to_x(&mut p);
-    assert!(x_answers(&mut p, &mut busy, 1));
+    assert!(p.x_answers(&mut busy, 1));
 }
 
 /// Bytes the driver holds for a channel count against the limit, leave the count when the

@@ -7,25 +7,11 @@ mod common;
 
 use chive_cell::{Cell, CellCommand, Destroy, DestroyReason, RelayCommand};
 use chive_core::{CoreConfig, Event, StreamHandle};
-use common::{destroys, drain, open, Circ, Path, R_CLIENT, R_TO_X, X_FROM_R};
+use common::{destroys, drain, open, Path, R_CLIENT, R_TO_X, X_FROM_R};
 
 /// The edge's packaging high-water and low-water marks (`node/queue.rs`).
 const HIGHWATER: usize = 256;
 const LOWWATER: usize = 64;
-
-/// Send `n` DROP cells for X on `circ`; R queues them toward X, whose channel does not drain.
-fn flood(p: &mut Path, circ: &mut Circ, n: usize) {
-    for _ in 0..n {
-        p.send(circ, 1, RelayCommand::DROP, 0, &[], false);
-    }
-}
-
-/// Whether X still carries a circuit that answers: a BEGIN through it opens a stream.
-fn x_answers(p: &mut Path, circ: &mut Circ, sid: u16) -> bool {
-    p.send(circ, 1, RelayCommand::BEGIN, sid, b"127.0.0.1:80\0", false);
-    p.r_to_x();
-    matches!(p.x.core.poll_event(), Some(Event::ExitConnect { .. }))
-}
 
 /// A middle relay whose next channel does not drain: the client sends faster than it can go
 /// on, as a client that ignores SENDMEs would (a middle sees no windows). The circuit is
@@ -39,7 +25,7 @@ fn circuit_queue_limit_destroys_the_circuit_of_a_peer_ignoring_flow_control() {
     });
     let mut bad = p.create2();
     let mut good = p.create2();
-    flood(&mut p, &mut bad, limit);
+    p.flood_x(&mut bad, limit);
     assert_eq!(
         p.r.core.stats().circuits,
         2,
@@ -47,7 +33,7 @@ fn circuit_queue_limit_destroys_the_circuit_of_a_peer_ignoring_flow_control() {
     );
     assert_eq!(p.r.core.stats().queued_cells, limit);
 
-    flood(&mut p, &mut bad, 1);
+    p.flood_x(&mut bad, 1);
     let stats = p.r.core.stats();
     assert_eq!((stats.circuits, stats.circuits_killed), (1, 1));
     assert_eq!(
@@ -67,10 +53,10 @@ fn circuit_queue_limit_destroys_the_circuit_of_a_peer_ignoring_flow_control() {
     assert_eq!(p.x.core.stats().circuits, 1);
 
     // The other circuit may queue up to the limit too, and works.
-    flood(&mut p, &mut good, limit);
+    p.flood_x(&mut good, limit);
     assert_eq!(p.r.core.stats().circuits, 1);
     assert_eq!(p.r_to_x(), limit);
-    assert!(x_answers(&mut p, &mut good, 1));
+    assert!(p.x_answers(&mut good, 1));
     assert_eq!(p.x.core.stats().circuits_killed, 0);
 }
 

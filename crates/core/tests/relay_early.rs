@@ -20,15 +20,7 @@ fn extend2_in_relay_early_builds_the_next_hop() {
     assert_eq!(p.r.core.stats().circuits, 1);
     assert_eq!(p.x.core.stats().circuits, 1);
     // The two hops work: X answers a BEGIN through R.
-    p.send(
-        &mut circ,
-        1,
-        RelayCommand::BEGIN,
-        1,
-        b"127.0.0.1:80\0",
-        false,
-    );
-    p.r_to_x();
+    p.send_begin_to_x(&mut circ, 1, false);
     assert!(matches!(
         p.x.core.poll_event(),
         Some(Event::ExitConnect { port: 80, .. })
@@ -108,23 +100,8 @@ fn other_messages_in_relay_early_are_handled_like_relay() {
     let mut p = Path::new(CoreConfig::default());
     let mut circ = p.create2();
     // A BEGIN in RELAY_EARLY reaches X and opens a stream there.
-    p.send(
-        &mut circ,
-        1,
-        RelayCommand::BEGIN,
-        1,
-        b"127.0.0.1:80\0",
-        true,
-    );
-    assert_eq!(p.r_to_x(), 1);
-    let stream = match p.x.core.poll_event() {
-        Some(Event::ExitConnect {
-            stream, port: 80, ..
-        }) => stream,
-        other => panic!("expected ExitConnect, got {other:?}"),
-    };
-    p.x.core
-        .exit_connected(stream, ([127, 0, 0, 1], 80).into(), p.now);
+    assert_eq!(p.send_begin_to_x(&mut circ, 1, true), 1);
+    p.connect_at_x();
     p.x_to_r();
     let msgs = p.read(&mut circ);
     assert_eq!(msgs[0].cmd, RelayCommand::CONNECTED);
@@ -139,20 +116,8 @@ fn other_messages_in_relay_early_are_handled_like_relay() {
 fn relay_early_from_the_next_hop_closes_the_circuit_at_a_relay() {
     let mut p = Path::new(CoreConfig::default());
     let mut circ = p.create2();
-    p.send(
-        &mut circ,
-        1,
-        RelayCommand::BEGIN,
-        1,
-        b"127.0.0.1:80\0",
-        false,
-    );
-    p.r_to_x();
-    let Some(Event::ExitConnect { stream, .. }) = p.x.core.poll_event() else {
-        panic!("X did not open the stream");
-    };
-    p.x.core
-        .exit_connected(stream, ([127, 0, 0, 1], 80).into(), p.now);
+    p.send_begin_to_x(&mut circ, 1, false);
+    p.connect_at_x();
     let mut back = common::drain(&mut p.x.core, common::X_FROM_R, p.now);
     assert_eq!(back.len(), 1, "X sends CONNECTED");
     back[0].command = CellCommand::RELAY_EARLY;

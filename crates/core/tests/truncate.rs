@@ -46,15 +46,7 @@ fn truncate_destroys_the_next_hop_and_answers_truncated() {
     circ.crypto.truncate(1);
     let state = p.send_extend2(&mut circ, true);
     p.finish_extend(&mut circ, state);
-    p.send(
-        &mut circ,
-        1,
-        RelayCommand::BEGIN,
-        1,
-        b"127.0.0.1:80\0",
-        false,
-    );
-    p.r_to_x();
+    p.send_begin_to_x(&mut circ, 1, false);
     assert!(matches!(
         p.x.core.poll_event(),
         Some(chive_core::Event::ExitConnect { port: 80, .. })
@@ -79,20 +71,8 @@ fn cells_from_the_old_next_hop_are_not_passed_back() {
     let mut p = Path::new(CoreConfig::default());
     let mut circ = p.create2();
     // X answers a BEGIN, but R truncates before the answer arrives.
-    p.send(
-        &mut circ,
-        1,
-        RelayCommand::BEGIN,
-        1,
-        b"127.0.0.1:80\0",
-        false,
-    );
-    p.r_to_x();
-    let Some(chive_core::Event::ExitConnect { stream, .. }) = p.x.core.poll_event() else {
-        panic!("X did not open the stream");
-    };
-    p.x.core
-        .exit_connected(stream, ([127, 0, 0, 1], 80).into(), p.now);
+    p.send_begin_to_x(&mut circ, 1, false);
+    p.connect_at_x();
     p.send(&mut circ, 0, RelayCommand::TRUNCATE, 0, &[], false);
     assert_eq!(p.x_to_r(), 1, "X's CONNECTED is in flight");
     let msgs = p.read(&mut circ);

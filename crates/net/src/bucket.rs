@@ -148,6 +148,15 @@ mod tests {
 
     const MB: u64 = 1_000_000;
 
+    /// Panic unless the (paused) clock moved between `min_ms` and `max_ms` since `since`.
+    fn assert_waited(since: Instant, min_ms: u64, max_ms: u64) {
+        let waited = since.elapsed();
+        assert!(
+            waited >= Duration::from_millis(min_ms) && waited <= Duration::from_millis(max_ms),
+            "waited {waited:?}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn rate_over_two_seconds() {
         let burst = 100_000u64;
@@ -177,13 +186,10 @@ mod tests {
         // 500 kB more: taken as soon as the bucket is out of debt (one refill step), leaving
         // ~500 kB of debt; the next request waits for that debt to be repaid (0.5 s).
         bucket.consume(500_000).await;
-        let waited = start.elapsed();
-        assert!(waited <= Duration::from_millis(2), "waited {waited:?}");
+        assert_waited(start, 0, 2);
         assert!(bucket.available() <= -497_000);
         bucket.consume(1).await;
-        let waited = start.elapsed();
-        assert!(waited >= Duration::from_millis(497), "waited {waited:?}");
-        assert!(waited <= Duration::from_millis(512), "waited {waited:?}");
+        assert_waited(start, 497, 512);
     }
 
     /// A large request is not starved by a stream of small ones (the old rule, "wait until
@@ -204,11 +210,7 @@ mod tests {
         let done = tokio::time::timeout(Duration::from_secs(1), bucket.consume(64 * 1024)).await;
         small.abort();
         assert!(done.is_ok(), "large request starved for 1 s");
-        assert!(
-            t.elapsed() <= Duration::from_millis(100),
-            "large request starved: {:?}",
-            t.elapsed()
-        );
+        assert_waited(t, 0, 100);
     }
 
     #[tokio::test(start_paused = true)]
@@ -221,9 +223,7 @@ mod tests {
         assert!(bucket.available() <= -899_000);
         // The next byte waits until the debt is repaid: ~0.9 s.
         bucket.consume(1).await;
-        let waited = start.elapsed();
-        assert!(waited >= Duration::from_millis(899), "waited {waited:?}");
-        assert!(waited <= Duration::from_millis(912), "waited {waited:?}");
+        assert_waited(start, 899, 912);
     }
 
     #[tokio::test(start_paused = true)]
@@ -244,21 +244,13 @@ mod tests {
         let t = Instant::now();
         bucket.consume(10_000).await; // taken after one refill step, into 10 kB of debt
         bucket.consume(1).await; // waits for the debt: 0.1 s at 100 kB/s
-        let waited = t.elapsed();
-        assert!(
-            waited >= Duration::from_millis(99) && waited <= Duration::from_millis(112),
-            "{waited:?}"
-        );
+        assert_waited(t, 99, 112);
 
         // Raising the rate takes effect for waiters within the 10 ms re-check interval.
         bucket.set_rate(10 * MB, 10_000);
         let t = Instant::now();
         bucket.consume(10_000).await; // 1 ms at 10 MB/s
-        assert!(
-            t.elapsed() <= Duration::from_millis(11),
-            "{:?}",
-            t.elapsed()
-        );
+        assert_waited(t, 0, 11);
     }
 
     /// Bulk consumers leave the reserve in the bucket; a quiet consumer takes it at once, and
@@ -302,6 +294,22 @@ mod tests {
 
     /// A waiting request that becomes quiet (its writer got a quiet batch behind it) stops
     /// respecting the reserve within the re-check interval.
+    /// A task taking `n` tokens, as quiet once `promoted` is set (re-checked when `wake` is
+    /// notified, if given); it returns when it got them.
+    fn spawn_promotable(
+        bucket: &Arc<TokenBucket>,
+        n: usize,
+        promoted: &Arc<std::sync::atomic::AtomicBool>,
+        wake: Option<Arc<Notify>>,
+    ) -> tokio::task::JoinHandle<Instant> {
+        let (b, p) = (bucket.clone(), promoted.clone());
+        tokio::spawn(async move {
+            let quiet = || p.load(std::sync::atomic::Ordering::Relaxed);
+            b.consume_classed(n, quiet, wake.as_deref()).await;
+            Instant::now()
+        })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_waiting_request_can_be_promoted() {
         use std::sync::atomic::{AtomicBool, Ordering};
@@ -311,14 +319,7 @@ mod tests {
         assert_eq!(bucket.reserve(), 50_000, "capped at half the burst");
         bucket.consume_classed(60_000, || false, None).await;
         let promoted = Arc::new(AtomicBool::new(false));
-        let waiter = {
-            let (b, p) = (bucket.clone(), promoted.clone());
-            tokio::spawn(async move {
-                b.consume_classed(10_000, || p.load(Ordering::Relaxed), None)
-                    .await;
-                Instant::now()
-            })
-        };
+        let waiter = spawn_promotable(&bucket, 10_000, &promoted, None);
         // 40 kB left, all of it reserve: the bulk request waits.
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiter.is_finished());
@@ -329,14 +330,7 @@ mod tests {
         // With a wake-up, promotion takes effect at once.
         promoted.store(false, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
-        let waiter = {
-            let (b, p, w) = (bucket.clone(), promoted.clone(), wake.clone());
-            tokio::spawn(async move {
-                b.consume_classed(1_000, || p.load(Ordering::Relaxed), Some(&w))
-                    .await;
-                Instant::now()
-            })
-        };
+        let waiter = spawn_promotable(&bucket, 1_000, &promoted, Some(wake.clone()));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiter.is_finished());
         let t = Instant::now();

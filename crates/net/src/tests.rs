@@ -91,6 +91,21 @@ fn var(command: CellCommand, payload: Vec<u8>) -> Vec<u8> {
     out
 }
 
+/// What an initiator sends after TLS: VERSIONS (1), LINK_FEATURES (none) and an AUTHENTICATE
+/// carrying `authenticate`.
+fn handshake_wire(authenticate: Vec<u8>) -> Vec<u8> {
+    let mut wire = var(
+        CellCommand::VERSIONS,
+        Versions { versions: vec![1] }.encode(),
+    );
+    wire.extend(var(
+        CellCommand::LINK_FEATURES,
+        LinkFeatures { features: 0 }.encode(),
+    ));
+    wire.extend(var(CellCommand::AUTHENTICATE, authenticate));
+    wire
+}
+
 /// A TLS session to `addr` with no link handshake yet, plus its exporter value.
 async fn raw_tls(
     addr: SocketAddr,
@@ -382,15 +397,7 @@ async fn bad_peers_fail_and_listener_keeps_accepting() {
             .encode(),
             _ => vec![1; 50],
         };
-        let mut wire = var(
-            CellCommand::VERSIONS,
-            Versions { versions: vec![1] }.encode(),
-        );
-        wire.extend(var(
-            CellCommand::LINK_FEATURES,
-            LinkFeatures { features: 0 }.encode(),
-        ));
-        wire.extend(var(CellCommand::AUTHENTICATE, payload));
+        let wire = handshake_wire(payload);
         tls.write_all(&wire).await.unwrap();
         tls.flush().await.unwrap();
         let err = next(&mut rx).await.unwrap_err();
@@ -404,22 +411,13 @@ async fn bad_peers_fail_and_listener_keeps_accepting() {
     //    for the reason tested, and the listener still serves honest peers.
     let (mut tls, exporter) = raw_tls(addr).await;
     let sig = id.sign(&auth_message(Role::Initiator, &exporter)).0;
-    let mut wire = var(
-        CellCommand::VERSIONS,
-        Versions { versions: vec![1] }.encode(),
-    );
-    wire.extend(var(
-        CellCommand::LINK_FEATURES,
-        LinkFeatures { features: 0 }.encode(),
-    ));
-    wire.extend(var(
-        CellCommand::AUTHENTICATE,
+    let wire = handshake_wire(
         Authenticate {
             identity: *id.public().as_bytes(),
             signature: sig,
         }
         .encode(),
-    ));
+    );
     tls.write_all(&wire).await.unwrap();
     tls.flush().await.unwrap();
     assert_eq!(
@@ -447,15 +445,7 @@ async fn fake_responder(
             .1
             .export_keying_material([0u8; EXPORTER_LEN], EXPORTER_LABEL, None)
             .unwrap();
-        let mut wire = var(
-            CellCommand::VERSIONS,
-            Versions { versions: vec![1] }.encode(),
-        );
-        wire.extend(var(
-            CellCommand::LINK_FEATURES,
-            LinkFeatures { features: 0 }.encode(),
-        ));
-        wire.extend(var(CellCommand::AUTHENTICATE, auth(&exporter)));
+        let wire = handshake_wire(auth(&exporter));
         let _ = tls.write_all(&wire).await;
         let _ = tls.flush().await;
         // Keep the connection open until the initiator gives up.
@@ -469,20 +459,24 @@ async fn fake_responder(
     addr
 }
 
+/// A responder that authenticates as `id`, signing with `role`'s role byte.
+async fn responder_signing_as(id: &Arc<IdentityKeypair>, role: Role) -> SocketAddr {
+    let id = id.clone();
+    fake_responder(move |exp| {
+        Authenticate {
+            identity: *id.public().as_bytes(),
+            signature: id.sign(&auth_message(role, exp)).0,
+        }
+        .encode()
+    })
+    .await
+}
+
 #[tokio::test]
 async fn initiator_rejects_bad_responders() {
     // Signed with the initiator's role byte: a reflected initiator signature must not pass.
     let id = keypair();
-    let id2 = id.clone();
-    let addr = fake_responder(move |exp| {
-        let sig = id2.sign(&auth_message(Role::Initiator, exp)).0;
-        Authenticate {
-            identity: *id2.public().as_bytes(),
-            signature: sig,
-        }
-        .encode()
-    })
-    .await;
+    let addr = responder_signing_as(&id, Role::Initiator).await;
     let err = connect(addr, None, &client_cfg(0)).await.unwrap_err();
     assert!(matches!(err, LinkError::BadAuthentication), "{err}");
 
@@ -500,16 +494,7 @@ async fn initiator_rejects_bad_responders() {
     );
 
     // Control: the correct role byte is accepted.
-    let id2 = id.clone();
-    let addr = fake_responder(move |exp| {
-        let sig = id2.sign(&auth_message(Role::Responder, exp)).0;
-        Authenticate {
-            identity: *id2.public().as_bytes(),
-            signature: sig,
-        }
-        .encode()
-    })
-    .await;
+    let addr = responder_signing_as(&id, Role::Responder).await;
     let link = connect(addr, Some(id.public()), &client_cfg(0))
         .await
         .unwrap();

@@ -25,7 +25,8 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 use crate::common::{
-    check_congestion_control, check_unsent_limit, effective_unsent_limit, init_logging, load_config,
+    check_congestion_control, check_outbuf_cells, check_unsent_limit, effective_unsent_limit,
+    init_logging, load_config,
 };
 use crate::driver::{
     spawn_stream_io, stop_on_signal, Driver, DriverConfig, Input, StreamCmd, StreamIo, Tunables,
@@ -106,11 +107,7 @@ impl ClientConfig {
     fn validate(&self) -> anyhow::Result<IdentityKey> {
         let authority_id = IdentityKey::from_hex(&self.authority_identity)
             .map_err(|e| anyhow::anyhow!("AuthorityIdentity: {e}"))?;
-        if let Some(n) = self.outbuf_cells {
-            if !(1..=10_000).contains(&n) {
-                anyhow::bail!("OutbufCells must be between 1 and 10000");
-            }
-        }
+        check_outbuf_cells(self.outbuf_cells)?;
         check_node_list("EntryNodes", &self.entry_nodes)?;
         check_node_list("MiddleNodes", &self.middle_nodes)?;
         check_unsent_limit(self.link_unsent_limit)?;

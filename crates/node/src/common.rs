@@ -64,6 +64,16 @@ pub fn keys_dir(data_dir: &Path) -> PathBuf {
 /// above what one wake-up of the writer needs (docs/scheduling.md, "The unsent limit").
 pub const DEFAULT_UNSENT_LIMIT: u32 = 64 * 1024;
 
+/// OutbufCells, where set, must be between 1 and 10000 (a relay's and a client's option alike).
+pub fn check_outbuf_cells(configured: Option<usize>) -> anyhow::Result<()> {
+    if let Some(n) = configured {
+        if !(1..=10_000).contains(&n) {
+            anyhow::bail!("OutbufCells must be between 1 and 10000");
+        }
+    }
+    Ok(())
+}
+
 /// Refuse a `LinkUnsentLimit` outside 0 (off) or 4096..16 MiB.
 pub fn check_unsent_limit(configured: Option<u32>) -> anyhow::Result<()> {
     match configured {

@@ -17,8 +17,8 @@ use serde::Deserialize;
 use tracing::{info, warn};
 
 use crate::common::{
-    check_congestion_control, check_unsent_limit, effective_unsent_limit, init_logging, keys_dir,
-    load_config, load_identity, load_or_create_secret, unix_now,
+    check_congestion_control, check_outbuf_cells, check_unsent_limit, effective_unsent_limit,
+    init_logging, keys_dir, load_config, load_identity, load_or_create_secret, unix_now,
 };
 use crate::driver::{start_link, stop_on_signal, Driver, DriverConfig, Input, Tunables};
 use crate::metrics::Metrics;
@@ -304,11 +304,7 @@ impl RelayConfig {
                 self.nickname
             );
         }
-        if let Some(n) = self.outbuf_cells {
-            if !(1..=10_000).contains(&n) {
-                bail!("OutbufCells must be between 1 and 10000");
-            }
-        }
+        check_outbuf_cells(self.outbuf_cells)?;
         if let Some(w) = self.circuit_window {
             if !(100..=1000).contains(&w) {
                 bail!("CircuitWindow must be between 100 and 1000 cells");

@@ -147,6 +147,18 @@ pub fn install_commands(
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let bit = |v: u64| format!("{v}bit");
     let q = queue.to_string();
+    // An HTB class under `parent`; the root class has no prio.
+    let class = |parent: &str, classid: &str, rate: u64, ceil: u64, prio: Option<&str>| {
+        let (rate, ceil) = (bit(rate), bit(ceil));
+        let mut v = s(&[
+            "class", "add", "dev", dev, "parent", parent, "classid", classid, "htb", "rate", &rate,
+            "ceil", &ceil,
+        ]);
+        if let Some(prio) = prio {
+            v.extend(s(&["prio", prio]));
+        }
+        v
+    };
     Ok(vec![
         // Start from the kernel default: `replace` cannot turn an existing HTB
         // root into ours. Its failure (nothing to delete) is ignored by `run`.
@@ -154,55 +166,9 @@ pub fn install_commands(
         s(&[
             "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20",
         ]),
-        s(&[
-            "class",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:",
-            "classid",
-            "1:1",
-            "htb",
-            "rate",
-            &bit(total),
-            "ceil",
-            &bit(total),
-        ]),
-        s(&[
-            "class",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:1",
-            "classid",
-            "1:10",
-            "htb",
-            "rate",
-            &bit(ack),
-            "ceil",
-            &bit(total),
-            "prio",
-            "0",
-        ]),
-        s(&[
-            "class",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:1",
-            "classid",
-            "1:20",
-            "htb",
-            "rate",
-            &bit(bulk),
-            "ceil",
-            &bit(bulk_ceil),
-            "prio",
-            "1",
-        ]),
+        class("1:", "1:1", total, total, None),
+        class("1:1", "1:10", ack, total, Some("0")),
+        class("1:1", "1:20", bulk, bulk_ceil, Some("1")),
         s(&[
             "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "pfifo", "limit", &q,
         ]),

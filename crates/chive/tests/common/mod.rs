@@ -198,6 +198,16 @@ impl Network {
         }
     }
 
+    /// Poll the relays' metrics until every one satisfies `ok` (a SIGHUP is applied
+    /// asynchronously); panic with `what` after 10 s.
+    pub fn wait_relays_report(&self, what: &str, ok: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(0..3).all(|i| ok(&self.scrape(i))) {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     pub fn scrape(&self, i: usize) -> String {
         let mut s = TcpStream::connect(self.metrics[i]).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -414,4 +424,54 @@ pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     s[s.len() / 2]
+}
+
+/// Bulk downloads running in background threads (`bulk_loop`), one per SOCKS user, so the
+/// relays stay saturated while a test measures.
+pub struct BulkLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u64>>,
+}
+
+impl BulkLoad {
+    pub fn start(net: &Network, users: &[&'static str]) -> BulkLoad {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = users
+            .iter()
+            .map(|&u| {
+                let stop = stop.clone();
+                let (socks, http) = (net.socks, net.http);
+                std::thread::spawn(move || bulk_loop(socks, http, u, stop))
+            })
+            .collect();
+        BulkLoad { stop, threads }
+    }
+
+    /// Stop the downloads; the bytes they moved in total.
+    pub fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.threads.into_iter().map(|h| h.join().unwrap()).sum()
+    }
+}
+
+/// Six 50 KiB fetches, each on a fresh circuit (SOCKS user `fresh{n}`, `n` counting on across
+/// calls), 300 ms apart; their times in seconds.
+pub fn timed_fresh_fetches(net: &Network, n: &mut usize) -> Vec<f64> {
+    let mut times = Vec::new();
+    for _ in 0..6 {
+        *n += 1;
+        let user = format!("fresh{n}");
+        let t0 = Instant::now();
+        let body =
+            fetch(net.socks, net.http, 51_200, Some((&user, "x"))).expect("50 KiB fetch failed");
+        assert_eq!(body.len(), 51_200);
+        times.push(t0.elapsed().as_secs_f64());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    times
+}
+
+/// Times to three decimals, for the per-block log lines.
+pub fn fmt_times(times: &[f64]) -> Vec<String> {
+    times.iter().map(|t| format!("{t:.3}")).collect()
 }

@@ -392,8 +392,9 @@ fn a_split_channel_writes_on_its_second_connection() {
     assert_eq!(p.channel_of(A), Some(A));
 }
 
-#[test]
-fn a_lost_connection_frees_shared_room_at_settle() {
+/// Channels A and B under the shared policy, 100 cells each queued with equal priority, both
+/// ready and their first batches taken: the shared room is in flight.
+fn a_and_b_sharing_the_room() -> (Instant, FakeCore, SendPath) {
     let now = Instant::now();
     let mut core = FakeCore::ranking();
     let mut p = path(shared(0), &[A, B]);
@@ -402,6 +403,12 @@ fn a_lost_connection_frees_shared_room_at_settle() {
     p.channel_ready(A, &mut core, now);
     p.channel_ready(B, &mut core, now);
     drain(&mut p);
+    (now, core, p)
+}
+
+#[test]
+fn a_lost_connection_frees_shared_room_at_settle() {
+    let (now, mut core, mut p) = a_and_b_sharing_the_room();
     // A closes with its cells unpaid: B gets the room when the driver settles.
     p.remove_channel(A);
     assert_eq!(p.waiting(), vec![B]);
@@ -416,14 +423,7 @@ fn a_lost_connection_frees_shared_room_at_settle() {
 
 #[test]
 fn switching_policy_keeps_waiting_channels_moving() {
-    let now = Instant::now();
-    let mut core = FakeCore::ranking();
-    let mut p = path(shared(0), &[A, B]);
-    core.push(A, 100, Some(5.0));
-    core.push(B, 100, Some(5.0));
-    p.channel_ready(A, &mut core, now);
-    p.channel_ready(B, &mut core, now);
-    drain(&mut p);
+    let (now, mut core, mut p) = a_and_b_sharing_the_room();
     // B has nothing in flight; without the hand-over no Written would ever wake it.
     assert_eq!(p.in_flight(B), 0);
     p.set_config(direct(), &mut core, now);

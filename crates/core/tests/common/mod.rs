@@ -16,7 +16,7 @@ use chive_cell::{
     parse_relay, relay_payload, Cell, CellCommand, CircId, Create2, Created2, Destroy,
     DestroyReason, Extend2, Extended2, LinkSpec, RelayCommand,
 };
-use chive_core::{ChannelId, Core, CoreConfig, HopSpec, RelayKeys};
+use chive_core::{ChannelId, Core, CoreConfig, Event, HopSpec, RelayKeys};
 use chive_crypto::ntor::{self, NtorClientState, NtorSecretKey, NTOR_HTYPE};
 use chive_crypto::relay::{ClientCircuitCrypto, ClientHopCrypto};
 use chive_crypto::IdentityKeypair;
@@ -112,18 +112,7 @@ impl Path {
         // The client opened the channel: its ids have the high bit set.
         let id = 0x8000_0000 | self.next_circ_id;
         self.next_circ_id += 1;
-        let (state, onionskin) = ntor::client_create(
-            &mut self.rng,
-            &self.r.hop.identity.ntor_id(),
-            &self.r.hop.ntor_key,
-        );
-        let body = Create2 {
-            handshake_type: NTOR_HTYPE,
-            handshake: onionskin.to_vec(),
-        }
-        .encode()
-        .unwrap();
-        let cell = Cell::new(id, CellCommand::CREATE2, &body).unwrap();
+        let (cell, state) = create2_cell(&mut self.rng, &self.r, id);
         self.r.core.handle_cell(R_CLIENT, cell, self.now);
         (id, state)
     }
@@ -230,22 +219,49 @@ impl Path {
 
     /// Move every cell R has for X to X; returns how many.
     pub fn r_to_x(&mut self) -> usize {
-        let cells = drain(&mut self.r.core, R_TO_X, self.now);
-        let n = cells.len();
-        for cell in cells {
-            self.x.core.handle_cell(X_FROM_R, cell, self.now);
-        }
-        n
+        let now = self.now;
+        carry(&mut self.r.core, R_TO_X, &mut self.x.core, X_FROM_R, now)
     }
 
     /// Move every cell X has for R to R; returns how many.
     pub fn x_to_r(&mut self) -> usize {
-        let cells = drain(&mut self.x.core, X_FROM_R, self.now);
-        let n = cells.len();
-        for cell in cells {
-            self.r.core.handle_cell(R_TO_X, cell, self.now);
+        let now = self.now;
+        carry(&mut self.x.core, X_FROM_R, &mut self.r.core, R_TO_X, now)
+    }
+
+    /// Send X (hop 1 of `circ`) a BEGIN to 127.0.0.1:80 on stream `sid` and carry R's cells to
+    /// X; returns how many R sent.
+    pub fn send_begin_to_x(&mut self, circ: &mut Circ, sid: u16, early: bool) -> usize {
+        self.send(circ, 1, RelayCommand::BEGIN, sid, b"127.0.0.1:80\0", early);
+        self.r_to_x()
+    }
+
+    /// Whether X still carries a circuit that answers: a BEGIN through it opens a stream.
+    pub fn x_answers(&mut self, circ: &mut Circ, sid: u16) -> bool {
+        self.send_begin_to_x(circ, sid, false);
+        matches!(self.x.core.poll_event(), Some(Event::ExitConnect { .. }))
+    }
+
+    /// X's exit connects the stream a BEGIN to port 80 asked for (its CONNECTED is then queued
+    /// toward R); panics if X did not open one.
+    pub fn connect_at_x(&mut self) {
+        let stream = match self.x.core.poll_event() {
+            Some(Event::ExitConnect {
+                stream, port: 80, ..
+            }) => stream,
+            other => panic!("X did not open the stream: {other:?}"),
+        };
+        self.x
+            .core
+            .exit_connected(stream, ([127, 0, 0, 1], 80).into(), self.now);
+    }
+
+    /// Send `n` DROP cells for X on `circ`; R queues them toward X, whose channel does not
+    /// drain until a test moves its cells.
+    pub fn flood_x(&mut self, circ: &mut Circ, n: usize) {
+        for _ in 0..n {
+            self.send(circ, 1, RelayCommand::DROP, 0, &[], false);
         }
-        n
     }
 
     /// Drain R's cells for the client and decrypt those of `circ` (all must be relay cells).
@@ -257,6 +273,31 @@ impl Path {
             .map(|c| open(circ, c))
             .collect()
     }
+}
+
+/// Move every cell `from` has on its channel `out` to `to`, arriving on `to`'s channel `inp`;
+/// returns how many.
+fn carry(from: &mut Core, out: ChannelId, to: &mut Core, inp: ChannelId, now: Instant) -> usize {
+    let cells = drain(from, out, now);
+    let n = cells.len();
+    for cell in cells {
+        to.handle_cell(inp, cell, now);
+    }
+    n
+}
+
+/// A CREATE2 cell for circuit `id` with a fresh ntor onionskin for `relay`, and the client's
+/// handshake state.
+pub fn create2_cell(rng: &mut StdRng, relay: &Relay, id: CircId) -> (Cell, NtorClientState) {
+    let (state, onionskin) =
+        ntor::client_create(rng, &relay.hop.identity.ntor_id(), &relay.hop.ntor_key);
+    let body = Create2 {
+        handshake_type: NTOR_HTYPE,
+        handshake: onionskin.to_vec(),
+    }
+    .encode()
+    .unwrap();
+    (Cell::new(id, CellCommand::CREATE2, &body).unwrap(), state)
 }
 
 /// A relay cell carrying `cmd` for hop `hop` of `circ`, as RELAY_EARLY if `early`.

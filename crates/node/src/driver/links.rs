@@ -10,12 +10,11 @@ use chive_core::split::{
     Conn, Decision, Refusal, SecondaryDown, SplitChannel, SplitMode, Violation,
 };
 use chive_core::ChannelId;
-use chive_crypto::IdentityKey;
-use chive_net::{FeatureSet, SPLIT_DIRECTION};
+use chive_net::SPLIT_DIRECTION;
 use tracing::{debug, info, warn};
 
 use super::tasks::spawn_conn;
-use super::{hex_peer, ChanIo, ConnHandles, ConnIo, Driver, Input};
+use super::{hex_peer, ChanIo, ConnHandles, ConnIo, Driver, Input, LinkUp};
 
 /// Connections and split-direction channels (the policy; the ordering rules are in split.rs).
 impl Driver {
@@ -39,17 +38,15 @@ impl Driver {
         Some(io)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn link_up(
-        &mut self,
-        chan: ChannelId,
-        peer: Option<IdentityKey>,
-        initiator: bool,
-        features: FeatureSet,
-        bind_token: [u8; 32],
-        conn: ConnHandles,
-        now: Instant,
-    ) {
+    pub(super) fn link_up(&mut self, up: LinkUp, now: Instant) {
+        let LinkUp {
+            chan,
+            peer,
+            initiator,
+            features,
+            bind_token,
+            conn,
+        } = up;
         let split_ok = features.contains(SPLIT_DIRECTION) && peer.is_some();
         let split = SplitChannel::new(split_ok, initiator, bind_token, &self.split, now);
         // An accepted link that negotiated the feature may be another channel's second

@@ -67,16 +67,7 @@ const INPUT_BATCH: usize = 256;
 #[allow(clippy::large_enum_variant)]
 pub enum Input {
     /// A link finished its handshake and has reader/writer tasks.
-    LinkUp {
-        chan: ChannelId,
-        peer: Option<IdentityKey>,
-        initiator: bool,
-        /// Negotiated link features.
-        features: FeatureSet,
-        /// The link's split-direction bind token.
-        bind_token: [u8; 32],
-        conn: ConnHandles,
-    },
+    LinkUp(LinkUp),
     /// Our second connection for `chan` is up and its BIND was sent.
     SplitUp {
         chan: ChannelId,
@@ -131,6 +122,18 @@ pub enum Input {
     Shutdown,
     /// Log a snapshot of the core and the connections (SIGUSR1).
     Dump,
+}
+
+/// A link that finished its handshake, as the driver's task hands it over.
+pub struct LinkUp {
+    pub chan: ChannelId,
+    pub peer: Option<IdentityKey>,
+    pub initiator: bool,
+    /// Negotiated link features.
+    pub features: FeatureSet,
+    /// The link's split-direction bind token.
+    pub bind_token: [u8; 32],
+    pub conn: ConnHandles,
 }
 
 /// The driver's side of one connection (its output accounting is the send path's).
@@ -379,14 +382,7 @@ impl Driver {
     /// Apply one input to the core. Returns false on shutdown.
     fn handle_input(&mut self, input: Input, now: Instant) -> bool {
         match input {
-            Input::LinkUp {
-                chan,
-                peer,
-                initiator,
-                features,
-                bind_token,
-                conn,
-            } => self.link_up(chan, peer, initiator, features, bind_token, conn, now),
+            Input::LinkUp(up) => self.link_up(up, now),
             Input::SplitUp {
                 chan,
                 conn_id,

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
 
-use super::Input;
+use super::{Input, LinkUp};
 
 /// Largest read from a stream socket.
 const STREAM_READ_CHUNK: usize = 16 * 1024;
@@ -107,14 +107,14 @@ pub async fn start_link(
     let (reader, writer) = link.split(limits);
     let (conn, gate) = spawn_conn(chan, reader, writer, tx.clone());
     if tx
-        .send(Input::LinkUp {
+        .send(Input::LinkUp(LinkUp {
             chan,
             peer,
             initiator,
             features,
             bind_token,
             conn,
-        })
+        }))
         .await
         .is_ok()
     {

@@ -86,9 +86,16 @@ impl Heap {
     }
 
     /// Move the entry at `i` up to its place; returns its final index.
-    fn sift_up(&mut self, mut i: usize) -> usize {
+    fn sift_up(&mut self, i: usize) -> usize {
         let e = self.items[i];
-        while i > 0 {
+        self.fill_hole_upward(i, 0, e)
+    }
+
+    /// Put `e` into the hole at `i`, first moving the hole up past every ancestor (down to
+    /// index `top`) that `e` goes before; returns where `e` landed.
+    #[inline]
+    fn fill_hole_upward(&mut self, mut i: usize, top: usize, e: Entry) -> usize {
+        while i > top {
             let parent = (i - 1) / ARITY;
             let p = self.items[parent];
             if !entry_before(&e, &p) {
@@ -163,16 +170,7 @@ impl Heap {
             self.place(i, c);
             i = child;
         }
-        while i > top {
-            let parent = (i - 1) / ARITY;
-            let p = self.items[parent];
-            if !entry_before(&e, &p) {
-                break;
-            }
-            self.place(i, p);
-            i = parent;
-        }
-        self.place(i, e);
+        self.fill_hole_upward(i, top, e);
     }
 
     /// Take every entry out, leaving the heap empty (position map reset).
