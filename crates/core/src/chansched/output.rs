@@ -65,6 +65,9 @@ struct ChanOutput {
     writes_on: ConnId,
     /// Its connection is full and cells are waiting (an episode, counted once).
     blocked: bool,
+    /// Its connections besides the first (whose id is the channel's), so that per-channel totals
+    /// and removal do not scan every connection of the relay.
+    extra: Vec<ConnId>,
 }
 
 /// Per-connection and per-channel output state, the batches decided and not yet taken by the
@@ -85,13 +88,18 @@ impl OutputAccounts {
             ChanOutput {
                 writes_on: chan,
                 blocked: false,
+                extra: Vec::new(),
             },
         );
     }
 
     pub(super) fn remove_channel(&mut self, chan: ChannelId) {
-        self.chans.remove(&chan);
-        self.conns.retain(|_, c| c.chan != chan);
+        self.conns.remove(&chan);
+        if let Some(ch) = self.chans.remove(&chan) {
+            for conn in ch.extra {
+                self.conns.remove(&conn);
+            }
+        }
     }
 
     pub(super) fn attach_conn(&mut self, chan: ChannelId, conn: ConnId) {
@@ -99,6 +107,9 @@ impl OutputAccounts {
             return;
         };
         ch.writes_on = conn;
+        if conn != chan && !ch.extra.contains(&conn) {
+            ch.extra.push(conn);
+        }
         self.conns.insert(conn, ConnOutput::new(chan));
     }
 
@@ -113,6 +124,7 @@ impl OutputAccounts {
         }
         self.conns.remove(&conn);
         if let Some(ch) = self.chans.get_mut(&chan) {
+            ch.extra.retain(|c| *c != conn);
             if ch.writes_on == conn {
                 ch.writes_on = chan;
             }
@@ -146,7 +158,14 @@ impl OutputAccounts {
     }
 
     pub(super) fn chan_total(&self, chan: ChannelId, f: impl Fn(&ConnOutput) -> usize) -> usize {
-        self.conns.values().filter(|c| c.chan == chan).map(f).sum()
+        let Some(ch) = self.chans.get(&chan) else {
+            return 0;
+        };
+        std::iter::once(&chan)
+            .chain(&ch.extra)
+            .filter_map(|conn| self.conns.get(conn))
+            .map(f)
+            .sum()
     }
 
     pub(super) fn blocked(&self, chan: ChannelId) -> bool {
