@@ -247,7 +247,7 @@ class TorOverlay(Overlay):
             self._spawn(n)
         relay_names = [n.name for n in self.relays()]
         self.progress(f"tor overlay: waiting up to {timeout:.0f} s for a consensus listing "
-                      f"{', '.join(relay_names)} as running exits")
+                      f"{', '.join(relay_names)} as usable at every hop")
         self._wait_consensus(relay_names, deadline)
         # Clients only now: a tor client that finds its only authority without a consensus
         # marks it down and retries minutes later.
@@ -430,7 +430,7 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--control-port", type=int, default=0)
     ap.add_argument("--metrics-port", type=int, default=0)
     ap.add_argument("--url", help="consensus: the authority's consensus URL")
-    ap.add_argument("--relays", default="", help="consensus: nicknames that must be running exits")
+    ap.add_argument("--relays", default="", help="consensus: nicknames that must be usable at every hop")
     a = ap.parse_args(argv)
     try:
         if a.what == "consensus":
@@ -442,7 +442,7 @@ def _main(argv: list[str] | None = None) -> int:
                 return [r for r in relays if r not in running]
 
             return probe_consensus(a.url or "", not_running_exits, max_bytes=tortools.MAX_CONTROL_REPLY,
-                                   listed_as=" as running exits")
+                                   listed_as=" as usable at every hop")
         if a.what == "metrics":
             if not a.metrics_port:
                 raise LabError("this node has no metrics port")

@@ -302,12 +302,15 @@ def test_parse_cbt_state_histogram():
     assert empty["count"] == 0 and empty["median_ms"] is None
 
 
-def test_consensus_relays_needs_running_and_exit():
+def test_consensus_relays_needs_every_path_flag():
+    full = "Exit Fast Guard Running Stable V2Dir Valid"
     ns = (
-        "r relay1 AAAA BBBB 2026-01-01 00:00:00 127.0.0.1 5000 0\ns Exit Fast Guard Running Valid\n"
+        f"r relay1 AAAA BBBB 2026-01-01 00:00:00 127.0.0.1 5000 0\ns {full}\n"
         "r relay2 AAAA BBBB 2026-01-01 00:00:00 127.0.0.1 5001 0\ns Fast Running Valid\n"
         "r relay3 AAAA BBBB 2026-01-01 00:00:00 127.0.0.1 5002 0\ns Exit Valid\n"
-        "r relay10 AAAA BBBB 2026-01-01 00:00:00 127.0.0.1 5003 0\ns Exit Running\n"
+        # No Stable: tor will not take it as a pinned entry (not a possible guard).
+        "r relay4 AAAA BBBB 2026-01-01 00:00:00 127.0.0.1 5002 0\ns Exit Fast Guard Running V2Dir Valid\n"
+        f"r relay10 AAAA BBBB 2026-01-01 00:00:00 127.0.0.1 5003 0\ns {full}\n"
     )
     assert tor.consensus_relays(ns) == {"relay1", "relay10"}
 

@@ -4,7 +4,7 @@
 ``NetworkSpec(impl="tor")``) makes the keys (:mod:`.keys`), writes one torrc per node
 (:mod:`.torrc`), starts 3 directory authorities, the relays, a client and ``chive httpd``,
 recording each in ``DIR/state.json`` before waiting on anything, and waits until the client
-is bootstrapped, its consensus lists every relay as a running exit, and a real HTTP fetch
+is bootstrapped, its consensus lists every relay as usable at every hop, and a real HTTP fetch
 through its SOCKS port returns the expected bytes.
 """
 
@@ -198,7 +198,7 @@ def _wait_bootstrap(
     net: "Network", client: TorNode, relays: list[str], state: State, deadline: float, started: float
 ) -> None:
     """Wait until the client reports 100% bootstrapped and its consensus lists
-    every relay as a running exit, printing progress every few seconds."""
+    every relay as usable at every hop, printing progress every few seconds."""
     last_print = 0.0
     last = "no answer from the client's control port yet"
     while True:
@@ -218,7 +218,7 @@ def _wait_bootstrap(
                 known = consensus_relays(ns)
                 missing = [r for r in relays if r not in known]
                 last = (f"bootstrapped {pct}% ({summary}); consensus lists "
-                        f"{len(relays) - len(missing)}/{len(relays)} relays as running exits")
+                        f"{len(relays) - len(missing)}/{len(relays)} relays as usable at every hop")
                 if pct >= 100 and not missing:
                     net._progress(f"tor: {last} after {now - started:.0f} s")
                     return

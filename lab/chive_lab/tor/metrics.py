@@ -1,6 +1,6 @@
 """Tor's own view of a lab network, and the parsers for what Tor says: the MetricsPort
 page (Prometheus text), ``GETINFO circuit-status``, the circuit-build-time histogram in a
-client's ``state`` file, and which relays a consensus lists as running exits.
+client's ``state`` file, and which relays a consensus lists as usable at every hop.
 
 :func:`collect_tor_metrics` reads it all for a loopback network (``DIR/state.json``); the
 netns overlay (:mod:`chive_lab.tor_netns`) uses the parsers from inside its hosts.
@@ -190,9 +190,14 @@ def collect_tor_metrics(dir: Path | str) -> dict[str, Any]:
     return result
 
 
+#: Flags a relay needs to take any position of a pinned path: Exit for the last hop, and for
+#: the first what tor's ``node_is_possible_guard`` asks of a guard (EntryNodes are guards).
+PATH_FLAGS = frozenset({"Running", "Valid", "Exit", "Guard", "Stable", "Fast", "V2Dir"})
+
+
 def consensus_relays(text: str) -> set[str]:
     """Nicknames of the ``r`` lines of a network-status document whose ``s`` line (the
-    next one) carries the Running and Exit flags: relays a client can use as exits."""
+    next one) carries every flag of :data:`PATH_FLAGS`: relays a client can use at any hop."""
     running = set()
     current = None
     for line in text.splitlines():
@@ -200,7 +205,7 @@ def consensus_relays(text: str) -> set[str]:
             parts = line.split()
             current = parts[1] if len(parts) > 1 else None
         elif line.startswith("s ") and current is not None:
-            if "Running" in line.split() and "Exit" in line.split():
+            if PATH_FLAGS <= set(line.split()):
                 running.add(current)
             current = None
     return running

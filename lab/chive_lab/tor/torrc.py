@@ -151,6 +151,15 @@ def _authority_lines(node: TorNode, params: Mapping[str, int]) -> list[tuple[str
         ("V3AuthVoteDelay", 2),
         ("TestingV3AuthInitialDistDelay", 2),
         ("V3AuthDistDelay", 2),
+        # Stable and Fast on every relay from the first vote. A pinned entry must be a
+        # possible guard (Guard, Stable, Fast, Valid, V2Dir in tor's node_is_possible_guard);
+        # TestingDirAuthVoteGuard forces only Guard, and without these guarantees Stable goes
+        # to relays whose uptime is at least the median, so in a network whose relays started
+        # within a second of each other the one that started last could lack it in every
+        # consensus: its clients discard every circuit for "Failed to find node for hop #1".
+        ("AuthDirVoteStableGuaranteeMinUptime", 0),
+        ("AuthDirVoteStableGuaranteeMTBF", 0),
+        ("AuthDirFastGuarantee", 0),
     ]
     if params:
         lines.append(("ConsensusParams", consensus_params_line(params)))
