@@ -1,7 +1,7 @@
 //! TRUNCATE at a relay: the circuit's next hop is torn down (DESTROY, cells queued for it
 //! dropped), the client gets TRUNCATED, and the circuit stays usable up to this relay.
 
-mod common;
+use crate::common;
 
 use chive_cell::{DestroyReason, RelayCommand};
 use chive_core::CoreConfig;

@@ -3,7 +3,7 @@
 //! authenticated relay keep building, the defence ends after its time period, and the
 //! connection defence answers `allow_connection`. Virtual clock.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};

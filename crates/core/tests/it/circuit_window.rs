@@ -3,7 +3,7 @@
 //! one exit's window and not the network's. And `cc_alg=2` (Vegas) opens the window
 //! beyond the fixed one when the path allows.
 
-mod common;
+use crate::common;
 
 use chive_cell::RelayCommand;
 use chive_core::cc::{CcKind, VegasParams};

@@ -4,7 +4,7 @@
 //! buffered bytes are the oldest data is closed. Time is virtual: each flood happens at a
 //! chosen `now`.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! circuit's queue (high-water 256, resume at low-water 64). All queues together are bounded by
 //! `MaxMemInQueues`: `oom.rs`.
 
-mod common;
+use crate::common;
 
 use chive_cell::{Cell, CellCommand, Destroy, DestroyReason, RelayCommand};
 use chive_core::{CoreConfig, Event, StreamHandle};

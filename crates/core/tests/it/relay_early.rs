@@ -3,7 +3,7 @@
 //! through goes on as RELAY_EARLY, and one coming from the exit's side closes the circuit, at a
 //! relay and at the client.
 
-mod common;
+use crate::common;
 
 use chive_cell::{CellCommand, DestroyReason, RelayCommand};
 use chive_core::{CoreConfig, Event};

@@ -2,7 +2,7 @@
 //! it came from (tor-spec does not forbid it; Tor's client never builds it, a client of its own
 //! may). X must tell the directions apart by circuit id, not by channel alone.
 
-mod common;
+use crate::common;
 
 use chive_cell::{CellCommand, DestroyReason, RelayCommand};
 use chive_core::CoreConfig;

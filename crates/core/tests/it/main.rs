@@ -1,0 +1,19 @@
+//! chive-core's integration tests, one test binary (each `tests/*.rs` file would be a binary of
+//! its own, linked against the whole dependency graph; one binary links once). Each module is
+//! one former test file; `common` is the hand-driven path they share.
+//!
+//! A new test file goes here as `tests/it/<name>.rs` plus a `mod <name>;` line below (it
+//! reaches the shared helpers with `use crate::common;`). Run one file's tests with
+//! `cargo test --release -p chive-core --test it <name>::`.
+
+mod common;
+
+mod circuit_window;
+mod dos;
+mod network;
+mod oom;
+mod queue_limits;
+mod relay_early;
+mod same_channel;
+mod sched_liveness;
+mod truncate;
