@@ -1,7 +1,7 @@
 //! A relay's own `CircuitWindow` end to end: exits packaging with 101 cells (paper 004's
 //! window) instead of the consensus's 1000 still deliver a multi-window download byte-exact.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_chive");
@@ -17,6 +18,30 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// Who may run beside whom. All end-to-end tests share one test binary, whose tests run on
+/// parallel threads; the tests that measure timing under load (EWMA vs round-robin, the quiet
+/// reserve) must have the CPU to themselves: under contention the relays fall behind and cells
+/// queue in kernel socket buffers, where no scheduler can reorder them. So every test that
+/// starts processes holds a turn: shared for ordinary tests, alone for the measuring ones.
+static TURNS: RwLock<()> = RwLock::new(());
+
+/// A held turn; the lock is released on drop. (A test that panicked poisons the lock; the
+/// others still run, so the poison is ignored.)
+pub enum Turn {
+    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
+}
+
+/// A turn beside the other ordinary tests (waits while a measuring test runs).
+pub fn shared_turn() -> Turn {
+    Turn::Shared(TURNS.read().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// A turn with no other test of this binary running (waits for the running ones to finish).
+pub fn turn_alone() -> Turn {
+    Turn::Alone(TURNS.write().unwrap_or_else(|e| e.into_inner()))
 }
 
 pub struct Network {
@@ -31,6 +56,8 @@ pub struct Network {
     pub relay_configs: Vec<(PathBuf, String)>,
     pub authority: SocketAddr,
     pub authority_id: String,
+    /// Held until every process above is killed (`Drop` runs before the fields drop).
+    _turn: Turn,
 }
 
 impl Drop for Network {
@@ -61,6 +88,16 @@ impl Network {
     /// Start an authority, three relays (`relay_extra[i]` appended to relay i+1's config), a
     /// client and `chive httpd`; return once a real fetch through the overlay works.
     pub fn start(test: &str, relay_extra: [&str; 3]) -> Network {
+        Self::start_with(shared_turn(), test, relay_extra)
+    }
+
+    /// [`Network::start`] for a test that measures timing: it waits until no other test of
+    /// this binary runs, and none starts until it is done.
+    pub fn start_alone(test: &str, relay_extra: [&str; 3]) -> Network {
+        Self::start_with(turn_alone(), test, relay_extra)
+    }
+
+    fn start_with(turn: Turn, test: &str, relay_extra: [&str; 3]) -> Network {
         let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -99,6 +136,7 @@ impl Network {
             relay_configs: Vec::new(),
             authority,
             authority_id: authority_id.clone(),
+            _turn: turn,
         };
         net.children.push((
             "authority".into(),

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]
@@ -192,6 +192,7 @@ fn socks_replies_are_not_lost_while_the_circuit_is_busy() {
 
 #[test]
 fn broken_config_is_refused_with_the_option_named() {
+    let _turn = shared_turn(); // it starts chive processes too
     let dir = std::env::temp_dir().join(format!("chive-e2e-badcfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cases = [

@@ -1,9 +1,9 @@
-//! `QuietReserve` end to end, in its own test binary (cargo runs test binaries one after
-//! another, so nothing else competes for the CPU while it measures; see sched_e2e.rs).
+//! `QuietReserve` end to end. It measures, so it starts its network with
+//! `Network::start_alone`: no other test of this binary runs beside it (see sched_e2e.rs).
 
 use std::time::Duration;
 
-mod common;
+use crate::common;
 use common::*;
 
 /// The relays' `chive_quiet_cells_total`, summed.
@@ -26,7 +26,7 @@ fn quiet_cells(net: &Network) -> u64 {
 #[test]
 fn quiet_reserve_lets_fresh_circuits_past_bulk_on_a_saturated_relay() {
     const RESERVE: u64 = 131_072;
-    let net = Network::start(
+    let net = Network::start_alone(
         "reserve",
         ["BandwidthRate = 1000000\nCrossChannelPriority = true\nScheduler = \"ewma\""; 3],
     );

@@ -1,12 +1,12 @@
-//! Issue 3's end-to-end scheduling check (relays with `CrossChannelPriority`), in its own test binary: cargo
-//! runs test binaries one after another, so no other end-to-end test competes
-//! for the CPU while it measures. (Under CPU contention the relays fall behind
-//! and cells queue in kernel socket buffers, where no circuit scheduler can
-//! reorder them; running beside the other e2e tests made this test flaky.)
+//! Issue 3's end-to-end scheduling check (relays with `CrossChannelPriority`). It starts its
+//! network with `Network::start_alone`, so no other end-to-end test competes for the CPU while
+//! it measures. (Under CPU contention the relays fall behind and cells queue in kernel socket
+//! buffers, where no circuit scheduler can reorder them; running beside the other e2e tests
+//! made this test flaky.)
 
 use std::time::Duration;
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]
@@ -29,7 +29,7 @@ fn ewma_beats_round_robin_under_load_and_sighup_switches_policy() {
     // write bucket; without it a fresh circuit's cells also wait behind other channels' cells
     // in the bucket, first come first served, and the difference to round-robin shrinks to
     // where a loaded machine can hide it (docs/scheduling.md).
-    let net = Network::start(
+    let net = Network::start_alone(
         "ewma",
         ["BandwidthRate = 1000000\nCrossChannelPriority = true"; 3],
     );
