@@ -5,6 +5,7 @@ started."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,12 +13,12 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import LabError
 
 __all__ = ["FAILED_FILE", "TOR_METRICS_FILE", "collect_tor_step", "copy_logs", "is_failed", "mark_failed", "mmss",
-           "stop_procs", "write_json"]
+           "run_status", "stop_procs", "write_json"]
 
 #: Written into a repetition's directory by the runner when that repetition failed
 #: (:class:`~chive_lab.errors.RunFailed`): ``{"variant", "rep", "error"}``. Analyses skip it.
@@ -102,6 +103,29 @@ def collect_tor_step(net_dir: Path, run_dir: Path, phase: str, when: str) -> dic
     except OSError:
         pass
     return snap
+
+
+@contextlib.contextmanager
+def run_status(meta: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Record in ``meta["status"]`` (a repetition's ``run.json``) how the body ended, then let
+    any exception go on to the runner: ``"ok"``; ``"interrupted"`` (KeyboardInterrupt);
+    ``"error: <message>"`` for a :class:`LabError` (its log tail, if any, kept as
+    ``error_log_tail``); ``"error: <Type>: <message>"`` for anything else. The caller's own
+    ``finally`` (stop processes, copy logs, write run.json) runs after the status is set."""
+    try:
+        yield meta
+    except KeyboardInterrupt:
+        meta["status"] = "interrupted"
+        raise
+    except LabError as e:
+        meta["status"] = f"error: {e}"
+        if e.log_tail:
+            meta["error_log_tail"] = e.log_tail
+        raise
+    except Exception as e:  # keep what was collected, then re-raise
+        meta["status"] = f"error: {type(e).__name__}: {e}"
+        raise
+    meta["status"] = "ok"
 
 
 def mark_failed(run_dir: Path, variant: str, rep: int, error: str) -> None:

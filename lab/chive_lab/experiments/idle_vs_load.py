@@ -59,7 +59,7 @@ from ..kinds import ExperimentKind
 from ..network import NetworkSpec
 from ..options import option
 from ..options import parse_options as parse_scenario_options
-from ..rundir import collect_tor_step, copy_logs, stop_procs, write_json
+from ..rundir import collect_tor_step, copy_logs, run_status, stop_procs, write_json
 from .overlay_analysis import analyze_runs
 
 __all__ = ["KIND", "LoadOptions", "Options", "analyze", "chive_vs_tor", "parse_options", "run_repetition"]
@@ -270,23 +270,14 @@ def run_repetition(ctx: Any) -> None:
         meta["phases"]["goodput_3hop"] = [t_start, time.time()]
 
     try:
-        spec = _spec(opts.network, ctx.variant, ctx.binary, relays=opts.network.relays,
-                     rate=opts.network.bandwidth_rate)
-        _with_network(ctx, spec, run_dir / "net", impl, "load", meta, load_network)
-        phases.stop_all()
-        if load.goodput_bytes > 0:
-            spec3 = _spec(opts.network, ctx.variant, ctx.binary, relays=load.goodput_relays, rate=None)
-            _with_network(ctx, spec3, run_dir / "net-goodput", impl, "goodput", meta, goodput_network)
-        meta["status"] = "ok"
-    except KeyboardInterrupt:
-        meta["status"] = "interrupted"
-        raise
-    except LabError as e:
-        meta["status"] = f"error: {e}"
-        raise
-    except Exception as e:  # keep what was collected, then re-raise
-        meta["status"] = f"error: {type(e).__name__}: {e}"
-        raise
+        with run_status(meta):
+            spec = _spec(opts.network, ctx.variant, ctx.binary, relays=opts.network.relays,
+                         rate=opts.network.bandwidth_rate)
+            _with_network(ctx, spec, run_dir / "net", impl, "load", meta, load_network)
+            phases.stop_all()
+            if load.goodput_bytes > 0:
+                spec3 = _spec(opts.network, ctx.variant, ctx.binary, relays=load.goodput_relays, rate=None)
+                _with_network(ctx, spec3, run_dir / "net-goodput", impl, "goodput", meta, goodput_network)
     finally:
         phases.stop_all()
         meta["t_end"] = time.time()

@@ -23,7 +23,7 @@ from ..errors import LabError
 from ..kinds import ExperimentKind, RepetitionContext, client_seed
 from ..network import NetworkSpec
 from ..options import option
-from ..rundir import collect_tor_step, copy_logs, mmss, stop_procs, write_json
+from ..rundir import collect_tor_step, copy_logs, mmss, run_status, stop_procs, write_json
 from .overlay_analysis import analyze_overlay
 
 __all__ = ["KIND", "OverlayKind", "OverlayOptions", "network_spec", "perf_argv", "perf_flags"]
@@ -197,76 +197,65 @@ def run_repetition(ctx: RepetitionContext) -> None:
     procs: list[subprocess.Popen] = []
     files = []
     try:
-        spec = network_spec(s, ctx.variant, ctx.binary)
-        ctx.status("starting the network")
-        with open(run_dir / "up.log", "a", encoding="utf-8") as uplog:
-            def up_progress(msg: str) -> None:
-                uplog.write(msg + "\n")
-                uplog.flush()
-            info = ctx.backend.start(spec, net_dir, impl=impl, progress=up_progress)
-        flags = perf_flags(ctx.binary)
-        run_seconds = s.warmup + s.duration
-        tails = []
-        index = 0
-        commands = []
-        for client in s.clients:
-            for j in range(client.count):
-                argv, warns = perf_argv(ctx.binary, client, socks=info.socks, http=info.http,
-                                        run_seconds=run_seconds, seed=client_seed(ctx.seed, ctx.rep, index),
-                                        flags=flags, socks_user=f"{client.cls}-{j}")
-                for w in warns:
-                    if w not in meta["warnings"]:
-                        meta["warnings"].append(w)
-                stem = f"{client.cls}-{j}"
-                commands.append((stem, argv))
-                index += 1
-        for w in meta["warnings"]:
-            ctx.log(f"warning: {w}")
-        meta["t0"] = time.time()
-        for stem, argv in commands:
-            out = open(clients_dir / f"{stem}.jsonl", "wb")
-            err = open(clients_dir / f"{stem}.stderr", "wb")
-            files += [out, err]
-            try:
-                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                     cwd=run_dir, start_new_session=True, close_fds=True)
-            except OSError as e:
-                raise LabError(f"cannot start chive perf: {e}") from e
-            procs.append(p)
-            meta["clients"].append({"name": stem, "pid": p.pid, "argv": argv})
-            tails.append(_Tail(clients_dir / f"{stem}.jsonl"))
-        meta["status"] = "running"
-        write_json(run_dir / "run.json", meta)
-        end = meta["t0"] + run_seconds
-        hard_end = end + s.drain
-        while True:
-            now = time.time()
-            for t in tails:
-                t.poll()
-            done = sum(t.transfers for t in tails)
-            errs = sum(t.errors for t in tails)
-            phase = "warm-up" if now < meta["t0"] + s.warmup else ("measuring" if now < end else "draining")
-            ctx.status(f"{mmss(now - meta['t0'])}/{mmss(run_seconds + s.drain)} {phase} "
-                       f"transfers {done} errors {errs}")
-            if now >= hard_end or (now >= end and all(p.poll() is not None for p in procs)):
-                break
-            if all(p.poll() is not None for p in procs):
-                raise LabError(
-                    "every chive perf process exited early (see " + str(clients_dir) + "/*.stderr)"
-                )
-            time.sleep(min(PROGRESS_EVERY_S, max(0.05, hard_end - now)))
-        meta["status"] = "ok"
-    except KeyboardInterrupt:
-        meta["status"] = "interrupted"
-        raise
-    except LabError as e:
-        meta["status"] = f"error: {e}"
-        if e.log_tail:
-            meta["error_log_tail"] = e.log_tail
-        raise
-    except Exception as e:  # keep what was collected, then re-raise
-        meta["status"] = f"error: {type(e).__name__}: {e}"
-        raise
+        with run_status(meta):
+            spec = network_spec(s, ctx.variant, ctx.binary)
+            ctx.status("starting the network")
+            with open(run_dir / "up.log", "a", encoding="utf-8") as uplog:
+                def up_progress(msg: str) -> None:
+                    uplog.write(msg + "\n")
+                    uplog.flush()
+                info = ctx.backend.start(spec, net_dir, impl=impl, progress=up_progress)
+            flags = perf_flags(ctx.binary)
+            run_seconds = s.warmup + s.duration
+            tails = []
+            index = 0
+            commands = []
+            for client in s.clients:
+                for j in range(client.count):
+                    argv, warns = perf_argv(ctx.binary, client, socks=info.socks, http=info.http,
+                                            run_seconds=run_seconds, seed=client_seed(ctx.seed, ctx.rep, index),
+                                            flags=flags, socks_user=f"{client.cls}-{j}")
+                    for w in warns:
+                        if w not in meta["warnings"]:
+                            meta["warnings"].append(w)
+                    stem = f"{client.cls}-{j}"
+                    commands.append((stem, argv))
+                    index += 1
+            for w in meta["warnings"]:
+                ctx.log(f"warning: {w}")
+            meta["t0"] = time.time()
+            for stem, argv in commands:
+                out = open(clients_dir / f"{stem}.jsonl", "wb")
+                err = open(clients_dir / f"{stem}.stderr", "wb")
+                files += [out, err]
+                try:
+                    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                         cwd=run_dir, start_new_session=True, close_fds=True)
+                except OSError as e:
+                    raise LabError(f"cannot start chive perf: {e}") from e
+                procs.append(p)
+                meta["clients"].append({"name": stem, "pid": p.pid, "argv": argv})
+                tails.append(_Tail(clients_dir / f"{stem}.jsonl"))
+            meta["status"] = "running"
+            write_json(run_dir / "run.json", meta)
+            end = meta["t0"] + run_seconds
+            hard_end = end + s.drain
+            while True:
+                now = time.time()
+                for t in tails:
+                    t.poll()
+                done = sum(t.transfers for t in tails)
+                errs = sum(t.errors for t in tails)
+                phase = "warm-up" if now < meta["t0"] + s.warmup else ("measuring" if now < end else "draining")
+                ctx.status(f"{mmss(now - meta['t0'])}/{mmss(run_seconds + s.drain)} {phase} "
+                           f"transfers {done} errors {errs}")
+                if now >= hard_end or (now >= end and all(p.poll() is not None for p in procs)):
+                    break
+                if all(p.poll() is not None for p in procs):
+                    raise LabError(
+                        "every chive perf process exited early (see " + str(clients_dir) + "/*.stderr)"
+                    )
+                time.sleep(min(PROGRESS_EVERY_S, max(0.05, hard_end - now)))
     finally:
         meta["t_end"] = time.time()
         codes = stop_procs(procs)
