@@ -213,10 +213,37 @@ def measure_floor(args) -> dict:
         cmd = ["cargo", "bench", "--quiet", "-p", pkg, "--bench", bench, "--", group,
                "--warm-up-time", "1", "--measurement-time", str(args.floor_seconds)]
         progress("crypto floor: " + " ".join(cmd))
-        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        res = subprocess.run(cmd, cwd=ROOT, check=False, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-2000:]}")
     est = {key: read_estimate(TARGET / "criterion" / ident / "new" / "estimates.json")
            for key, (_pkg, _bench, ident) in FLOOR_BENCHES.items()}
-    return {"estimates_ns": est, **floor_from_estimates(est)}
+    openssl = {alg: openssl_speed(alg) for alg in ("aes-128-ctr", "aes-128-gcm", "aes-256-gcm")}
+    return {"estimates_ns": est, **floor_from_estimates(est), "openssl_GBps": openssl}
+
+
+def parse_openssl_speed(text: str, alg: str) -> float | None:
+    """GB/s from `openssl speed -bytes 16384 -evp ALG` output (its last line: `alg  NNNN.NNk`,
+    thousands of bytes per second)."""
+    for line in reversed(text.splitlines()):
+        f = line.split()
+        if len(f) >= 2 and f[0].lower() == alg.lower() and f[-1].endswith("k"):
+            try:
+                return float(f[-1][:-1]) * 1e3 / 1e9
+            except ValueError:
+                return None
+    return None
+
+
+def openssl_speed(alg: str) -> float | None:
+    """What openssl (tor's crypto library) does on this machine, for reference; None if absent."""
+    try:
+        res = subprocess.run(["openssl", "speed", "-seconds", "1", "-bytes", str(TLS_RECORD), "-evp", alg],
+                             check=False, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_openssl_speed(res.stdout, alg)
 
 
 # ---------------------------------------------------------------- results (pure) ---------------
@@ -237,7 +264,8 @@ def summarize(runs: dict[str, list[dict]], floor: dict | None) -> list[dict]:
         names = list(rs[0]["procs"])
         for name in names:
             vals = [r["procs"][name]["ns_per_byte"] for r in rs if name in r["procs"]]
-            role = rs[0]["procs"][name]["role"]
+            # The exit is found per download; a circuit rebuilt between runs may move it.
+            role = statistics.mode(r["procs"][name]["role"] for r in rs if name in r["procs"])
             rows.append({
                 "impl": impl, "process": name, "role": role,
                 "ns_per_byte": statistics.median(vals), "ns_per_byte_runs": vals,
@@ -500,7 +528,8 @@ def main(argv=None) -> int:
         print(f"crypto throughput (GB/s): AES-128-CTR onion layer {floor['aes128ctr_GBps']:.2f}, "
               f"AES-256-GCM seal {floor['aes256gcm_seal_GBps']:.2f} / open {floor['aes256gcm_open_GBps']:.2f}, "
               f"rustls seal+open {floor.get('rustls_seal_open_GBps', float('nan')):.2f} (AES-128-GCM "
-              f"{floor.get('rustls128_seal_open_GBps', float('nan')):.2f})")
+              f"{floor.get('rustls128_seal_open_GBps', float('nan')):.2f}); openssl: "
+              + ", ".join(f"{alg} {v:.2f}" for alg, v in floor["openssl_GBps"].items() if v))
     if mem:
         print(memory_table(mem))
     if args.markdown:

@@ -167,3 +167,11 @@ def test_short_real_run(tmp_path, capsys):
     assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
     assert (out / "results.csv").read_text().startswith("impl,process,role,ns_per_byte")
     assert "| chive | relay1 |" in capsys.readouterr().out
+
+
+def test_openssl_speed_output():
+    out = ("version: 3.0.15\nThe 'numbers' are in 1000s of bytes per second processed.\n"
+           "type          16384 bytes\nAES-128-CTR    9392853.58k\n")
+    assert rc.parse_openssl_speed(out, "aes-128-ctr") == pytest.approx(9.39285358)
+    assert rc.parse_openssl_speed(out, "aes-128-gcm") is None
+    assert rc.parse_openssl_speed("", "aes-128-ctr") is None
