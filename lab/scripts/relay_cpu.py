@@ -269,6 +269,10 @@ def summarize(runs: dict[str, list[dict]], floor: dict | None) -> list[dict]:
             rows.append({
                 "impl": impl, "process": name, "role": role,
                 "ns_per_byte": statistics.median(vals), "ns_per_byte_runs": vals,
+                "net_ns_per_byte": statistics.median(r["procs"][name].get("net_ns_per_byte", r["procs"][name]["ns_per_byte"])
+                                                     for r in rs if name in r["procs"]),
+                "idle_ms_per_s": 1e3 * statistics.median(r["procs"][name].get("idle_cpu_per_s", 0.0)
+                                                         for r in rs if name in r["procs"]),
                 "user_share": statistics.median(r["procs"][name]["user_s"] / r["procs"][name]["cpu_s"]
                                                 if r["procs"][name]["cpu_s"] else 0.0 for r in rs),
                 "goodput_MBps": statistics.median(r["goodput_MBps"] for r in rs),
@@ -291,7 +295,8 @@ def _fmt(v, spec):
 
 
 COLUMNS = [("impl", "impl", "s"), ("process", "process", "s"), ("role", "role", "s"),
-           ("ns_per_byte", "ns/byte", ".2f"), ("floor_ns_per_byte", "floor ns/B", ".3f"),
+           ("ns_per_byte", "ns/byte", ".2f"), ("net_ns_per_byte", "net of idle", ".2f"),
+           ("idle_ms_per_s", "idle ms/s", ".1f"), ("floor_ns_per_byte", "floor ns/B", ".3f"),
            ("x_floor", "x floor", ".1f"), ("x_tor", "x tor", ".2f"),
            ("goodput_MBps", "goodput MB/s", ".1f"), ("peak_rss_MiB", "peak RSS MiB", ".1f")]
 
@@ -360,7 +365,24 @@ def curl(socks: str, url: str, timeout: float) -> tuple[int, float]:
     return int(got), float(secs)
 
 
-def one_download(info: dict, nbytes: int, hz: int, timeout: float) -> dict:
+def idle_rates(info: dict, seconds: float, hz: int) -> dict[str, float]:
+    """CPU seconds per second of each process with nothing flowing (timers, housekeeping)."""
+    pids = measured_pids(info)
+    before = {n: read_proc(p) for n, p in pids.items()}
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    after = {n: read_proc(p) for n, p in pids.items()}
+    elapsed = time.monotonic() - t0
+    return {n: cpu_delta(before[n], after[n], hz)["cpu_s"] / elapsed for n in pids}
+
+
+def net_ns_per_byte(cpu_s: float, idle_rate: float, seconds: float, nbytes: int) -> float:
+    """ns/byte after taking out what the process spends anyway (idle CPU/s times the transfer's
+    duration): a slow transfer on a process with busy timers otherwise looks costlier per byte."""
+    return ns_per_byte(max(cpu_s - idle_rate * seconds, 0.0), nbytes)
+
+
+def one_download(info: dict, nbytes: int, hz: int, timeout: float, idle: dict[str, float]) -> dict:
     pids = measured_pids(info)
     http_port = int(info["http"].rsplit(":", 1)[1])
     before = {n: read_proc(p) for n, p in pids.items()}
@@ -390,6 +412,8 @@ def one_download(info: dict, nbytes: int, hz: int, timeout: float) -> dict:
     for n in pids:
         d = cpu_delta(before[n], after[n], hz)
         procs[n] = {**d, "role": role_of(n, exits), "ns_per_byte": ns_per_byte(d["cpu_s"], got),
+                    "idle_cpu_per_s": idle.get(n, 0.0),
+                    "net_ns_per_byte": net_ns_per_byte(d["cpu_s"], idle.get(n, 0.0), secs, got),
                     "hwm_kib": after[n]["hwm_kib"], "rss_kib": after[n]["rss_kib"]}
     return {"bytes": got, "seconds": secs, "goodput_MBps": got / secs / 1e6, "procs": procs}
 
@@ -437,9 +461,12 @@ def run_impl(impl: str, args, hz: int) -> tuple[list[dict], dict | None]:
     info = lab_up(impl, netdir)
     try:
         curl(info["socks"], f"{info['http']}/bytes/1000000", args.timeout)  # warm-up
+        idle = idle_rates(info, args.idle_seconds, hz) if args.idle_seconds > 0 else {}
+        if idle:
+            progress(f"{impl} idle CPU (ms/s): " + ", ".join(f"{n} {1e3 * v:.1f}" for n, v in idle.items()))
         runs = []
         for i in range(args.runs):
-            r = one_download(info, args.bytes, hz, args.timeout)
+            r = one_download(info, args.bytes, hz, args.timeout, idle)
             relays = ", ".join(f"{n} {v['ns_per_byte']:.2f}" for n, v in r["procs"].items())
             progress(f"{impl} run {i + 1}/{args.runs}: {r['goodput_MBps']:.1f} MB/s; ns/byte: {relays}")
             runs.append(r)
@@ -478,6 +505,8 @@ def parse_args(argv):
                     help="circuits for the memory measurement, 0 to skip [100]")
     ap.add_argument("--settle", type=float, default=2.0,
                     help="seconds to wait before reading RSS in the memory measurement [2]")
+    ap.add_argument("--idle-seconds", type=float, default=5.0,
+                    help="seconds of idle CPU measured before the downloads, 0 to skip [5]")
     ap.add_argument("--timeout", type=float, default=900.0, help="curl --max-time per download [900]")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "relay-cpu")
     ap.add_argument("--no-floor", action="store_true", help="skip the criterion crypto floor")

@@ -104,6 +104,14 @@ def test_floor_per_role():
     assert f["aes256gcm_seal_GBps"] == pytest.approx(514 / 498)
 
 
+def test_idle_cpu_is_taken_out():
+    # 1 s of CPU over a 10 s transfer of 100 MB, by a process that burns 20 ms/s when idle:
+    # 0.8 s is the transfer's, 8 ns/byte instead of 10.
+    assert rc.ns_per_byte(1.0, 100_000_000) == pytest.approx(10.0)
+    assert rc.net_ns_per_byte(1.0, 0.02, 10.0, 100_000_000) == pytest.approx(8.0)
+    assert rc.net_ns_per_byte(0.1, 0.02, 10.0, 100_000_000) == 0.0
+
+
 def test_read_estimate_uses_criterion_median(tmp_path):
     p = tmp_path / "estimates.json"
     p.write_text(json.dumps({"mean": {"point_estimate": 120.0}, "median": {"point_estimate": 100.5}}))
@@ -135,8 +143,8 @@ def test_summary_ratios_to_floor_and_tor():
     assert r1["user_share"] == pytest.approx(0.6)
     md = rc.markdown_table(rows).splitlines()
     assert md[0].startswith("| impl | process | role | ns/byte") and len(md) == 2 + len(rows)
-    assert any(line.startswith("| chive | relay1 | relay | 5.00 | 4.000 | ") and line.endswith(" | 0.31 | 70.0 | 2.0 |")
-               for line in md)
+    assert any(line.startswith("| chive | relay1 | relay | 5.00 | 5.00 | 0.0 | 4.000 | ")
+               and line.endswith(" | 0.31 | 70.0 | 2.0 |") for line in md)
     assert "relay1" in rc.text_table(rows)
     # Without tor and without a floor the ratios are absent, not zero.
     rows = rc.summarize({"chive": runs["chive"]}, None)
