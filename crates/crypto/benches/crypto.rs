@@ -1,6 +1,6 @@
 //! Per-cell cost of tor1 relay crypto and the cost of one ntor handshake.
 //!
-//! Run with `cargo bench -p chive-crypto`.
+//! Run with `cargo bench -p chive-crypto`. Times are the bench thread's CPU time (cpu_time.rs).
 
 use std::hint::black_box;
 
@@ -9,6 +9,10 @@ use chive_crypto::ntor::{
 };
 use chive_crypto::relay::{ClientCircuitCrypto, ClientHopCrypto, RelayHopCrypto};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+
+#[path = "support/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::ThreadCpuTime;
 
 /// Deterministic, distinct key material per hop (benchmarks need no real handshake).
 fn km(seed: u8) -> KeyMaterial {
@@ -19,7 +23,7 @@ fn km(seed: u8) -> KeyMaterial {
     KeyMaterial(k)
 }
 
-fn relay_crypto(c: &mut Criterion) {
+fn relay_crypto(c: &mut Criterion<ThreadCpuTime>) {
     let mut g = c.benchmark_group("relay_cell");
     g.throughput(Throughput::Bytes(509));
 
@@ -98,7 +102,7 @@ fn relay_crypto(c: &mut Criterion) {
     g.finish();
 }
 
-fn ntor(c: &mut Criterion) {
+fn ntor(c: &mut Criterion<ThreadCpuTime>) {
     let mut rng = rand::thread_rng();
     let sk = NtorSecretKey::generate(&mut rng);
     let pk = sk.public();
@@ -112,5 +116,10 @@ fn ntor(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, relay_crypto, ntor);
+criterion_group! {
+    name = benches;
+    // CPU time of the bench thread, not wall time: see cpu_time.rs.
+    config = Criterion::default().with_measurement(ThreadCpuTime);
+    targets = relay_crypto, ntor
+}
 criterion_main!(benches);

@@ -21,6 +21,11 @@ use rustls::crypto::cipher::{
 use rustls::crypto::{ring, CryptoProvider};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
+
+// The same CPU-time measurement as chive-crypto's benches, so both halves of the floor compare.
+#[path = "../../crypto/benches/support/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::ThreadCpuTime;
 use rustls::{ContentType, ProtocolVersion};
 
 /// Plaintext per record: the TLS maximum, which is what a busy link's records carry.
@@ -78,7 +83,7 @@ fn transfer_into_server(wire: &[u8], s: &mut ServerConnection) {
     }
 }
 
-fn records(c: &mut Criterion) {
+fn records(c: &mut Criterion<ThreadCpuTime>) {
     let mut g = c.benchmark_group("tls_record");
     g.throughput(Throughput::Bytes(RECORD as u64));
     let plain = vec![0xA5u8; RECORD];
@@ -171,5 +176,9 @@ fn records(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, records);
+criterion_group! {
+    name = benches;
+    config = Criterion::default().with_measurement(ThreadCpuTime);
+    targets = records
+}
 criterion_main!(benches);
