@@ -2,10 +2,10 @@
 //!
 //! The benches feed the crypto floor of `lab/scripts/relay_cpu.py`, which compares them with the
 //! relays' CPU time from /proc; on a shared host wall-clock time also counts the time the thread
-//! waits for a core, which inflated the floor 1.5–2× under load. The CPU time of the thread is
-//! read from `/proc/thread-self/schedstat` (its first field: nanoseconds on a CPU), so no unsafe
-//! code or extra dependency is needed; a read costs a few µs, against samples of ~30 ms.
-//! Linux only; elsewhere it panics with a clear message.
+//! waits for a core, which inflated the floor about 2× under load. The thread's CPU time comes from
+//! `clock_gettime(CLOCK_THREAD_CPUTIME_ID)`, which brings the running task's accounting up to date
+//! (nanoseconds; `/proc/thread-self/schedstat` is only updated at scheduler ticks, so short samples
+//! read zero there).
 //!
 //! Shared by chive-net's `tls_record` bench (`#[path]`), so both halves of the floor measure alike;
 //! in `benches/support/` so cargo does not take it for a bench target of its own.
@@ -15,13 +15,14 @@ use criterion::Throughput;
 
 /// Nanoseconds this thread has spent on a CPU.
 fn thread_cpu_ns() -> u64 {
-    let text = std::fs::read_to_string("/proc/thread-self/schedstat").expect(
-        "/proc/thread-self/schedstat (Linux with schedstats) is needed for CPU-time benches",
-    );
-    text.split_whitespace()
-        .next()
-        .and_then(|f| f.parse().ok())
-        .expect("schedstat's first field is nanoseconds on CPU")
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid, exclusive pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// `Criterion::default().with_measurement(ThreadCpuTime)`.
