@@ -22,7 +22,7 @@ help:
 	@echo "make build   cargo build --release and the lab's Python environment (.venv)"
 	@echo "make test    build, cargo test --release --workspace, pytest lab/tests"
 	@echo "make demo    build, start a 3-relay network, curl 1 MiB and 10 MiB through it, stop it"
-	@echo "make bench   cargo bench (crypto per cell, scheduler per cell) and the 3-hop 50 MB goodput benchmark"
+	@echo "make bench   cargo bench (crypto per cell, scheduler per cell), the 3-hop 50 MB goodput benchmark and CPU per relayed byte vs tor"
 	@echo "make fuzz    every cargo-fuzz target, 10M executions each (nightly; installs cargo-fuzz); table of execs/cov"
 	@echo "make lint    cargo fmt --check, clippy -D warnings, Python compile (+ pyflakes if present)"
 	@echo "make clean   remove build products (target/, .venv, caches); keeps runs/"
@@ -51,11 +51,14 @@ test: build
 demo: build
 	bash lab/scripts/demo.sh
 
+# CPU per relayed byte (docs/performance.md): chive and tor 0.4.9 in one run, with the crypto floor.
+RELAY_CPU_BYTES ?= 200000000
 bench: build
 	$(CARGO) bench -p chive-crypto
 	$(CARGO) bench -p chive-core --bench sched
 	$(CARGO) bench -p chive-core --bench forward
 	bash lab/scripts/bench_goodput.sh
+	$(VENV)/bin/python lab/scripts/relay_cpu.py --bytes $(RELAY_CPU_BYTES) --runs 2 --markdown
 
 # Long fuzzing runs (docs/fuzzing.md). `make test` only replays the checked-in seeds and
 # regression inputs (on stable, in chive-fuzz-targets' tests). Each target stops after

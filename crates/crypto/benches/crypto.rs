@@ -1,6 +1,6 @@
 //! Per-cell cost of tor1 relay crypto and the cost of one ntor handshake.
 //!
-//! Run with `cargo bench -p chive-crypto`.
+//! Run with `cargo bench -p chive-crypto`. Times are the bench thread's CPU time (cpu_time.rs).
 
 use std::hint::black_box;
 
@@ -8,7 +8,11 @@ use chive_crypto::ntor::{
     client_create, client_finish, server_handshake, KeyMaterial, NtorSecretKey,
 };
 use chive_crypto::relay::{ClientCircuitCrypto, ClientHopCrypto, RelayHopCrypto};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+
+#[path = "support/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::ThreadCpuTime;
 
 /// Deterministic, distinct key material per hop (benchmarks need no real handshake).
 fn km(seed: u8) -> KeyMaterial {
@@ -19,7 +23,7 @@ fn km(seed: u8) -> KeyMaterial {
     KeyMaterial(k)
 }
 
-fn relay_crypto(c: &mut Criterion) {
+fn relay_crypto(c: &mut Criterion<ThreadCpuTime>) {
     let mut g = c.benchmark_group("relay_cell");
     g.throughput(Throughput::Bytes(509));
 
@@ -67,10 +71,38 @@ fn relay_crypto(c: &mut Criterion) {
             black_box(circ.encrypt_to(2, &mut p))
         })
     });
+
+    // The client receiving a download: the exit originated each cell (AES + SHA-1) and the
+    // middle and guard each added a layer; the client peels three layers and checks the digest.
+    // The relays' side runs in the (untimed) setup, cell by cell in order so keystreams match.
+    let mut exit = RelayHopCrypto::new(&km(22));
+    let mut middle = RelayHopCrypto::new(&km(21));
+    let mut guard = RelayHopCrypto::new(&km(20));
+    let mut circ = ClientCircuitCrypto::new();
+    for i in 0..3 {
+        circ.push_hop(ClientHopCrypto::new(&km(20 + i)));
+    }
+    g.bench_function("client_3hop_decrypt_from_exit", |b| {
+        b.iter_batched(
+            || {
+                let mut p = [0x11u8; 509];
+                exit.originate_backward(&mut p);
+                middle.encrypt_backward(&mut p);
+                guard.encrypt_backward(&mut p);
+                p
+            },
+            |mut p| {
+                let hop = circ.decrypt_from_any(&mut p).map(|(hop, _)| hop);
+                assert_eq!(hop, Some(2));
+                hop
+            },
+            BatchSize::SmallInput,
+        )
+    });
     g.finish();
 }
 
-fn ntor(c: &mut Criterion) {
+fn ntor(c: &mut Criterion<ThreadCpuTime>) {
     let mut rng = rand::thread_rng();
     let sk = NtorSecretKey::generate(&mut rng);
     let pk = sk.public();
@@ -84,5 +116,10 @@ fn ntor(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, relay_crypto, ntor);
+criterion_group! {
+    name = benches;
+    // CPU time of the bench thread, not wall time: see cpu_time.rs.
+    config = Criterion::default().with_measurement(ThreadCpuTime);
+    targets = relay_crypto, ntor
+}
 criterion_main!(benches);
