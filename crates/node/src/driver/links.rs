@@ -304,18 +304,14 @@ impl Driver {
             .await;
             match opened {
                 Ok((reader, writer)) => {
-                    let (conn, gate) = spawn_conn(conn_id, reader, writer, tx.clone());
-                    if tx
+                    let conn = spawn_conn(conn_id, reader, writer, tx.clone());
+                    let _ = tx
                         .send(Input::SplitUp {
                             chan,
                             conn_id,
                             conn,
                         })
-                        .await
-                        .is_ok()
-                    {
-                        let _ = gate.send(());
-                    }
+                        .await;
                 }
                 Err(why) => {
                     let _ = tx.send(Input::SplitFailed { chan, why }).await;
