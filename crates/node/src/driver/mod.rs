@@ -271,6 +271,8 @@ pub struct Driver {
     send: SendPath,
     /// Bounds the cells waiting in the input queue (handed to each link reader).
     cell_budget: CellBudget,
+    /// Reused by `on_cell` for the cells the split state releases.
+    recv_scratch: Vec<AnyCell>,
 }
 
 impl Driver {
@@ -294,6 +296,7 @@ impl Driver {
             secondaries: HashMap::new(),
             send,
             cell_budget: Arc::new(tokio::sync::Semaphore::new(INPUT_CELLS)),
+            recv_scratch: Vec::new(),
         }
     }
 
