@@ -56,6 +56,11 @@ impl CellBuf {
         }
     }
 
+    /// How many undecoded bytes are buffered.
+    pub(crate) fn pending_len(&self) -> usize {
+        self.end.saturating_sub(self.start)
+    }
+
     /// Whether undecoded bytes remain (a partial cell, or cells not yet taken).
     pub(crate) fn has_pending(&self) -> bool {
         self.end > self.start

@@ -257,6 +257,45 @@ async fn ten_thousand_cells_each_way() {
 }
 
 #[tokio::test]
+async fn read_cells_batches_in_order_up_to_max_then_eof() {
+    let (r_cfg, r_id) = relay_cfg(0);
+    let (addr, mut rx) = serve(r_cfg).await;
+    let c = connect(addr, Some(r_id), &client_cfg(0)).await.unwrap();
+    let r = next(&mut rx).await.unwrap();
+    let (_c_r, mut c_w) = c.split(LinkLimits::default());
+    let (mut r_r, _r_w) = r.split(LinkLimits::default());
+    let n = 3000u32;
+    let writer = tokio::spawn(async move {
+        for start in (0..n).step_by(500) {
+            let cells: Vec<Cell> = (start..start + 500).map(numbered_cell).collect();
+            c_w.write_cells(&cells).await.unwrap();
+        }
+        c_w.shutdown().await.unwrap();
+    });
+    let mut got = Vec::new();
+    let mut calls = 0;
+    loop {
+        let before = got.len();
+        let k = r_r.read_cells(&mut got, 50).await.unwrap();
+        assert_eq!(got.len() - before, k);
+        assert!(k <= 50, "batch of {k} > max");
+        if k == 0 {
+            break;
+        }
+        calls += 1;
+    }
+    writer.await.unwrap();
+    assert_eq!(got.len(), n as usize);
+    assert!(calls >= n as usize / 50, "{calls} calls");
+    for (i, cell) in got.iter().enumerate() {
+        match cell {
+            AnyCell::Fixed(c) => assert_eq!(c.payload, numbered_cell(i as u32).payload, "cell {i}"),
+            other => panic!("cell {i}: got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
 async fn clean_shutdown_gives_eof() {
     let (r_cfg, r_id) = relay_cfg(0);
     let (addr, mut rx) = serve(r_cfg).await;

@@ -304,9 +304,12 @@ impl Core {
                 break;
             }
             let n = s.pending.len().min(RELAY_DATA_LEN);
-            let chunk: Vec<u8> = s.pending.drain(..n).collect();
+            // Two slice copies into a stack buffer: collecting a drain iterator went byte by
+            // byte (with a heap Vec per cell) and was a third of an exit relay's instructions.
+            let mut chunk = [0u8; RELAY_DATA_LEN];
+            take_front(&mut s.pending, &mut chunk[..n]);
             s.window.on_data_sent();
-            self.send_edge(key, RelayCommand::DATA, sid, &chunk, now);
+            self.send_edge(key, RelayCommand::DATA, sid, &chunk[..n], now);
         }
         self.grant_credit(key, sid);
     }
@@ -345,5 +348,41 @@ impl Core {
 
     pub(super) fn send_end(&mut self, key: CircKey, sid: u16, reason: EndReason, now: Instant) {
         self.send_edge(key, RelayCommand::END, sid, &End { reason }.encode(), now);
+    }
+}
+
+/// Move the first `out.len()` bytes of `pending` into `out` (the caller checked there are
+/// that many). A `VecDeque` keeps its bytes in up to two slices (it wraps around).
+fn take_front(pending: &mut VecDeque<u8>, out: &mut [u8]) {
+    let n = out.len();
+    let (front, back) = pending.as_slices();
+    let from_front = front.len().min(n);
+    out[..from_front].copy_from_slice(&front[..from_front]);
+    out[from_front..].copy_from_slice(&back[..n - from_front]);
+    pending.drain(..n);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_front_copies_across_the_wrap_in_order() {
+        let mut pending: VecDeque<u8> = VecDeque::with_capacity(8);
+        let cap = pending.capacity();
+        // Advance the head (one byte stays, or the deque would start over at 0) so that the
+        // next bytes wrap around the buffer's end.
+        pending.extend(std::iter::repeat(9).take(cap - 2));
+        pending.drain(..cap - 3);
+        pending.extend(1..=4u8);
+        assert_eq!(pending.capacity(), cap);
+        assert!(
+            !pending.as_slices().1.is_empty(),
+            "test needs a wrapped deque"
+        );
+        let mut out = [0u8; 4];
+        take_front(&mut pending, &mut out);
+        assert_eq!(out, [9, 1, 2, 3]);
+        assert_eq!(pending.iter().copied().collect::<Vec<_>>(), [4]);
     }
 }

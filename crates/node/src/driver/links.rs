@@ -16,6 +16,9 @@ use tracing::{debug, info, warn};
 use super::tasks::spawn_conn;
 use super::{hex_peer, ChanIo, ConnHandles, ConnIo, Driver, Input, LinkUp};
 
+/// Capacity (cells) of the receive buffer [`Driver::on_cell`] keeps between cells.
+const RECV_SCRATCH_KEEP: usize = 16;
+
 /// Connections and split-direction channels (the policy; the ordering rules are in split.rs).
 impl Driver {
     /// Which channel a connection belongs to, and as which of its connections.
@@ -111,27 +114,33 @@ impl Driver {
         let Some(io) = self.chans.get_mut(&chan) else {
             return;
         };
-        let mut out = Vec::new();
+        // A reused buffer: a fresh Vec here was one allocation per relayed cell.
+        let mut out = std::mem::take(&mut self.recv_scratch);
         let result = match io.split.receive(which, cell, &mut out) {
             Ok(switched) => Ok(switched),
             Err(Refusal::Violation(v)) => Err(v),
             Err(Refusal::OneWay) => {
                 warn!(?chan, "peer wrote on our one-way connection; dropping it");
+                self.recv_scratch = out;
                 return self.secondary_down(chan, "peer wrote on a one-way connection", now);
             }
         };
-        self.after_receive(chan, out, result, now);
+        self.after_receive(chan, &mut out, result, now);
+        // Keep a small buffer only (a hand-off may release many held-back cells at once).
+        if out.capacity() <= RECV_SCRATCH_KEEP {
+            self.recv_scratch = out;
+        }
     }
 
     /// Deliver what the split state released, log switches, close on violations, pause readers.
     fn after_receive(
         &mut self,
         chan: ChannelId,
-        out: Vec<AnyCell>,
+        out: &mut Vec<AnyCell>,
         result: Result<Option<Conn>, Violation>,
         now: Instant,
     ) {
-        for cell in out {
+        for cell in out.drain(..) {
             self.deliver(chan, cell, now);
         }
         let switched = match result {
@@ -222,7 +231,7 @@ impl Driver {
             SecondaryDown::Nothing => {}
             SecondaryDown::Released(result) => {
                 debug!(?chan, %why, "peer's second connection closed");
-                self.after_receive(chan, out, result, now);
+                self.after_receive(chan, &mut out, result, now);
             }
             SecondaryDown::Resume { recover } => {
                 if let Some(h) = recover {
@@ -304,18 +313,14 @@ impl Driver {
             .await;
             match opened {
                 Ok((reader, writer)) => {
-                    let (conn, gate) = spawn_conn(conn_id, reader, writer, tx.clone());
-                    if tx
+                    let conn = spawn_conn(conn_id, reader, writer, tx.clone());
+                    let _ = tx
                         .send(Input::SplitUp {
                             chan,
                             conn_id,
                             conn,
                         })
-                        .await
-                        .is_ok()
-                    {
-                        let _ = gate.send(());
-                    }
+                        .await;
                 }
                 Err(why) => {
                     let _ = tx.send(Input::SplitFailed { chan, why }).await;

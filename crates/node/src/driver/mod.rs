@@ -53,18 +53,21 @@ use crate::client::ClientState;
 
 pub use tasks::WriteMsg;
 use tasks::{exit_connect, EXIT_CONNECT_TIMEOUT};
-pub use tasks::{spawn_stream_io, start_link, stop_on_signal, ConnHandles, StreamCmd, StreamIo};
+pub use tasks::{
+    spawn_stream_io, start_link, stop_on_signal, CellBudget, ConnHandles, StreamCmd, StreamIo,
+};
 pub use tunables::Tunables;
 
 /// Capacity of the driver's input queue: readers wait (and stop reading their
 /// sockets) when the core falls behind.
 const INPUT_QUEUE: usize = 4096;
-/// Inputs handled before the driver flushes output again.
+/// Inputs handled before the driver flushes output again (a batch of cells counts as one
+/// input per cell).
 const INPUT_BATCH: usize = 256;
+/// Cells the input queue holds at most, over all link readers (see [`CellBudget`]).
+const INPUT_CELLS: usize = 4096;
 
 /// Something for the core, from an IO task.
-// Cells travel inline (no allocation per cell); other inputs are rare.
-#[allow(clippy::large_enum_variant)]
 pub enum Input {
     /// A link finished its handshake and has reader/writer tasks.
     LinkUp(LinkUp),
@@ -78,8 +81,13 @@ pub enum Input {
     SplitFailed { chan: ChannelId, why: String },
     /// Opening a link to `identity` failed.
     ConnectFailed { identity: IdentityKey, why: String },
-    /// A cell arrived on connection `chan`.
-    Cell { chan: ChannelId, cell: AnyCell },
+    /// Cells arrived on connection `chan` (in order; at most [`tasks::READ_BATCH`]). `permit`
+    /// holds their share of the input queue's cell budget until they are handled.
+    Cells {
+        chan: ChannelId,
+        cells: Vec<AnyCell>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    },
     /// Connection `chan`'s writer finished writing a batch of `cells` cells.
     Written { chan: ChannelId, cells: usize },
     /// Connection `chan`'s writer took the write-bucket tokens for a batch of `cells` cells
@@ -122,6 +130,16 @@ pub enum Input {
     Shutdown,
     /// Log a snapshot of the core and the connections (SIGUSR1).
     Dump,
+}
+
+impl Input {
+    /// How much of the driver's per-flush work this input is: its cells, or 1.
+    fn weight(&self) -> usize {
+        match self {
+            Input::Cells { cells, .. } => cells.len(),
+            _ => 1,
+        }
+    }
 }
 
 /// A link that finished its handshake, as the driver's task hands it over.
@@ -251,6 +269,10 @@ pub struct Driver {
     secondaries: HashMap<ChannelId, ChannelId>,
     /// Which channel writes next and how much, and what each connection's writer holds.
     send: SendPath,
+    /// Bounds the cells waiting in the input queue (handed to each link reader).
+    cell_budget: CellBudget,
+    /// Reused by `on_cell` for the cells the split state releases.
+    recv_scratch: Vec<AnyCell>,
 }
 
 impl Driver {
@@ -273,6 +295,8 @@ impl Driver {
             relay_addrs: HashMap::new(),
             secondaries: HashMap::new(),
             send,
+            cell_budget: Arc::new(tokio::sync::Semaphore::new(INPUT_CELLS)),
+            recv_scratch: Vec::new(),
         }
     }
 
@@ -336,13 +360,15 @@ impl Driver {
                 input = self.rx.recv() => {
                     let Some(input) = input else { return };
                     let now = Instant::now();
+                    let mut handled = input.weight();
                     if !self.handle_input(input, now) {
                         return;
                     }
                     // Take what else is ready before flushing, so output is batched.
-                    for _ in 0..INPUT_BATCH {
+                    while handled <= INPUT_BATCH {
                         match self.rx.try_recv() {
                             Ok(input) => {
+                                handled += input.weight();
                                 if !self.handle_input(input, now) {
                                     return;
                                 }
@@ -382,12 +408,20 @@ impl Driver {
     /// Apply one input to the core. Returns false on shutdown.
     fn handle_input(&mut self, input: Input, now: Instant) -> bool {
         match input {
-            Input::LinkUp(up) => self.link_up(up, now),
+            Input::LinkUp(mut up) => {
+                // The reader's cells queue behind this input, so they reach the connection
+                // only once `link_up` has registered it.
+                up.conn.start_reader(&self.cell_budget);
+                self.link_up(up, now)
+            }
             Input::SplitUp {
                 chan,
                 conn_id,
-                conn,
-            } => self.split_up(chan, conn_id, conn, now),
+                mut conn,
+            } => {
+                conn.start_reader(&self.cell_budget);
+                self.split_up(chan, conn_id, conn, now)
+            }
             Input::SplitFailed { chan, why } => {
                 if let Some(io) = self.chans.get_mut(&chan) {
                     io.split.open_failed(now);
@@ -398,7 +432,17 @@ impl Driver {
                 warn!(peer = %identity, %why, "connect failed");
                 self.core.connect_failed(identity, now);
             }
-            Input::Cell { chan, cell } => self.on_cell(chan, cell, now),
+            Input::Cells {
+                chan,
+                cells,
+                permit,
+            } => {
+                for cell in cells {
+                    self.on_cell(chan, cell, now);
+                }
+                // Handled: their room in the queue is free again.
+                drop(permit);
+            }
             Input::Paid { chan: conn, cells } => {
                 self.send.paid(conn, cells, &mut self.core, now);
                 self.drain_transmits();

@@ -13,11 +13,19 @@ use chive_dir::ExitPolicy;
 use chive_net::{Link, LinkLimits, LinkReader, LinkWriter};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
 
 use super::{Input, LinkUp};
+
+/// Most cells a link reader hands the driver in one input (one 64 KiB read holds about 127).
+pub(super) const READ_BATCH: usize = 128;
+
+/// The input queue's cell budget, shared by every link reader of a driver: a batch holds one
+/// permit per cell until the driver has handled it, so queued cells stay bounded however many
+/// connections there are and however the queue's slots are used.
+pub type CellBudget = Arc<Semaphore>;
 
 /// Largest read from a stream socket.
 const STREAM_READ_CHUNK: usize = 16 * 1024;
@@ -91,6 +99,19 @@ pub struct ConnHandles {
     pub(super) reader: AbortHandle,
     /// `true` pauses the reader (its cells would only be held back).
     pub(super) hold: watch::Sender<bool>,
+    /// Starts the reader; the driver fires it when it takes the connection over (so no cell
+    /// can overtake the connection's announcement) and hands it the cell budget.
+    pub(super) gate: Option<oneshot::Sender<CellBudget>>,
+}
+
+impl ConnHandles {
+    /// Let the reader start, drawing on `budget` (once; later calls do nothing).
+    pub(super) fn start_reader(&mut self, budget: &CellBudget) {
+        if let Some(gate) = self.gate.take() {
+            // A reader already gone (aborted) has nothing to start.
+            let _ = gate.send(budget.clone());
+        }
+    }
 }
 
 /// Split a finished link into reader and writer tasks and announce it.
@@ -105,8 +126,9 @@ pub async fn start_link(
     let features = link.features;
     let bind_token = link.bind_token();
     let (reader, writer) = link.split(limits);
-    let (conn, gate) = spawn_conn(chan, reader, writer, tx.clone());
-    if tx
+    let conn = spawn_conn(chan, reader, writer, tx.clone());
+    // A driver that is gone drops the handles, and with them the reader's gate.
+    let _ = tx
         .send(Input::LinkUp(LinkUp {
             chan,
             peer,
@@ -115,44 +137,54 @@ pub async fn start_link(
             bind_token,
             conn,
         }))
-        .await
-        .is_ok()
-    {
-        let _ = gate.send(());
-    }
+        .await;
 }
 
-/// Start connection `id`'s reader and writer tasks. The reader waits for the returned gate,
-/// fired once the driver has been told about the connection, so that no cell can overtake
-/// that announcement in the input queue.
+/// Start connection `id`'s reader and writer tasks. The reader waits for the handles' gate,
+/// fired by the driver once it has taken the connection over ([`ConnHandles::start_reader`]),
+/// so that no cell can overtake the connection's announcement in the input queue.
 pub(super) fn spawn_conn(
     id: ChannelId,
     mut reader: LinkReader,
     mut writer: LinkWriter,
     tx: mpsc::Sender<Input>,
-) -> (ConnHandles, oneshot::Sender<()>) {
-    let (gate_tx, gate_rx) = oneshot::channel::<()>();
+) -> ConnHandles {
+    let (gate_tx, gate_rx) = oneshot::channel::<CellBudget>();
     let (hold_tx, mut hold_rx) = watch::channel(false);
     let (wtx, mut wrx) = mpsc::unbounded_channel::<WriteMsg>();
     let quiet = Arc::new(QuietSignal::default());
     let signal = quiet.clone();
     let rtx = tx.clone();
     let reader_task = tokio::spawn(async move {
-        if gate_rx.await.is_err() {
+        let Ok(budget) = gate_rx.await else {
             return;
-        }
+        };
+        // Every cell decoded from one read goes to the driver in one input: one queue message
+        // (and at most one wake-up of the driver) per read instead of one per cell.
+        // Empty between reads (no memory held by an idle link); `read_cells` sizes it.
+        let mut cells = Vec::new();
         let why = loop {
             // Paused while the driver holds this connection's cells back (split channels).
             if hold_rx.wait_for(|held| !*held).await.is_err() {
                 return;
             }
-            match reader.read_cell().await {
-                Ok(Some(cell)) => {
-                    if rtx.send(Input::Cell { chan: id, cell }).await.is_err() {
+            match reader.read_cells(&mut cells, READ_BATCH).await {
+                Ok(0) => break "closed by peer".to_string(),
+                Ok(n) => {
+                    // n <= READ_BATCH, far below the budget's size: this always completes.
+                    let Ok(permit) = budget.clone().acquire_many_owned(n as u32).await else {
+                        return;
+                    };
+                    let batch = std::mem::take(&mut cells);
+                    let input = Input::Cells {
+                        chan: id,
+                        cells: batch,
+                        permit,
+                    };
+                    if rtx.send(input).await.is_err() {
                         return;
                     }
                 }
-                Ok(None) => break "closed by peer".to_string(),
                 Err(e) => break e.to_string(),
             }
         };
@@ -211,15 +243,13 @@ pub(super) fn spawn_conn(
         }
         let _ = writer.shutdown().await;
     });
-    (
-        ConnHandles {
-            writer: wtx,
-            quiet,
-            reader: reader_task.abort_handle(),
-            hold: hold_tx,
-        },
-        gate_tx,
-    )
+    ConnHandles {
+        writer: wtx,
+        quiet,
+        reader: reader_task.abort_handle(),
+        hold: hold_tx,
+        gate: Some(gate_tx),
+    }
 }
 
 /// Resolve, check the exit policy, connect.
