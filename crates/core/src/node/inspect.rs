@@ -35,6 +35,10 @@ pub struct CoreStats {
     pub oom_channels_closed: u64,
     /// Bytes the OOM handler freed, counted as for `mem_in_queues`.
     pub oom_bytes_freed: u64,
+    /// XOFFs this node's edges sent (their application read too slowly; XON/XOFF streams).
+    pub stream_xoff_sent: u64,
+    /// XONs this node's edges sent (the buffer drained after an XOFF).
+    pub stream_xon_sent: u64,
 }
 
 /// Samples waiting for the driver beyond this are dropped (bounded memory).
@@ -187,13 +191,13 @@ impl Core {
                 for (sid, st) in &edge.streams {
                     let _ = writeln!(
                         out,
-                        "  stream {sid} handle={} state={:?} pending={} credit={} eof={} window={:?}",
+                        "  stream {sid} handle={} state={:?} pending={} credit={} eof={} flow={:?}",
                         st.handle.0,
                         st.state,
                         st.pending.len(),
                         st.credit,
                         st.local_eof,
-                        st.window
+                        st.flow
                     );
                 }
             }
