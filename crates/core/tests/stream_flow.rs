@@ -207,6 +207,15 @@ fn fast_reader_never_sees_xoff_and_one_stream_uses_the_congestion_window() {
         t_vegas.as_secs_f64() < 0.8 * t_fixed.as_secs_f64(),
         "vegas {t_vegas:?} vs fixed {t_fixed:?}"
     );
+    // The metrics see the path: the exit's smallest round trip is the link's 100 ms (plus
+    // at most a few ms of serialisation).
+    let st = p.exit.circuit_stats(p.now);
+    let rtt = st[0].min_rtt.expect("vegas keeps a min RTT");
+    assert!(
+        rtt >= 2 * DELAY && rtt < 2 * DELAY + Duration::from_millis(20),
+        "{rtt:?}"
+    );
+    assert!(st[0].slow_start.is_some());
     assert!(
         p.max_unread <= CELLS_PER_MS as u32,
         "the reader kept up ({})",

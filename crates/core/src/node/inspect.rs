@@ -73,6 +73,10 @@ pub struct CircuitStat {
     pub priority: Option<f64>,
     /// At an edge (exit or client): the congestion window and the cells in flight under it.
     pub window: Option<(u32, u32)>,
+    /// At an edge whose congestion control measures round trips (Vegas): the smallest seen.
+    pub min_rtt: Option<std::time::Duration>,
+    /// At an edge: whether its congestion control is in slow start.
+    pub slow_start: Option<bool>,
 }
 
 impl Core {
@@ -104,6 +108,8 @@ impl Core {
                     queued: c.q_prev.len() + c.q_next.len(),
                     priority,
                     window: c.edge().map(|e| (e.window.cwnd(), e.window.inflight())),
+                    min_rtt: c.edge().and_then(|e| e.window.policy().min_rtt()),
+                    slow_start: c.edge().map(|e| e.window.policy().in_slow_start()),
                 }
             })
             .collect();
