@@ -17,7 +17,7 @@ import numpy as np
 from ... import analysis as an
 from ... import stats
 from ...rundir import is_failed
-from . import KIND_NAME, Params, perf_stem
+from . import KIND_NAME, Params, exit_nick, perf_stem
 
 MEASURES = {"connect": "time to connect", "ttfb": "time to first byte", "ttlb": "time to last byte"}
 PAPER = {
@@ -76,6 +76,51 @@ def load_series(out_dir: Path, scenario: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _cell_delays(path: Path, lo: float, hi: float) -> list[float]:
+    """Milliseconds each sampled cell spent in a chive relay (circuit queue + output buffer:
+    ``written - queued``) for cells queued in [lo, hi), from its metrics file."""
+    out = []
+    for obj in an.read_jsonl(path):
+        if not isinstance(obj, dict) or obj.get("type") != "cell":
+            continue
+        q, w = obj.get("queued"), obj.get("written")
+        if isinstance(q, (int, float)) and isinstance(w, (int, float)) and lo <= q < hi and w >= q:
+            out.append((w - q) * 1e3)
+    return out
+
+
+def relay_delays(out_dir: Path, scenario: Any) -> dict[str, Any]:
+    """Per chive series: the sojourn time (ms) of the cells its exit sampled during the
+    measurement; per chive variant: those of the entry and middle relays. From the relays'
+    metrics files (tor reports no per-cell times)."""
+    out: dict[str, Any] = {"exit": {}, "entry_middle": {}}
+    for v in scenario.variants:
+        if v.options.impl != "chive":
+            continue
+        reps = sorted((out_dir / "runs" / v.label).glob("*/run.json"))
+        shared: list[float] = []
+        per_exit: dict[str, list[float]] = {label: [] for label in v.options.exits}
+        for rj in reps:
+            if is_failed(rj.parent):
+                continue
+            run = json.loads(rj.read_text())
+            lo = float(run["t0"]) + float(run.get("warmup_s", 0.0))
+            hi = lo + float(run.get("measure_s", 0.0))
+            net = rj.parent / "net"
+            for nick in ("entry", "middle"):
+                shared += _cell_delays(net / nick / "metrics.jsonl", lo, hi)
+            for i, label in enumerate(v.options.exits):
+                per_exit[label] += _cell_delays(net / exit_nick(i) / "metrics.jsonl", lo, hi)
+        out["entry_middle"][v.label] = stats.summarize(shared) | {"p95": _p95(shared)}
+        for label, vals in per_exit.items():
+            out["exit"][label] = stats.summarize(vals) | {"p95": _p95(vals)}
+    return out
+
+
+def _p95(vals: Sequence[float]) -> float | None:
+    return float(np.percentile(vals, 95)) if len(vals) else None
+
+
 def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
     """Distribution-free CI of the median from order statistics (binomial, normal approx.)."""
     arr = np.sort(np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float))
@@ -108,9 +153,10 @@ def ks_pairs(series: Mapping[str, Any], targets: Mapping[str, Any]) -> list[tupl
     return [(a, b) for a, b in pairs if a in series and b in series]
 
 
-def summarize(series: dict[str, dict[str, Any]], p: Params) -> dict[str, Any]:
-    """summary.json's ``series``, ``ks`` and ``targets``."""
-    out: dict[str, Any] = {"series": {}, "ks": []}
+def summarize(series: dict[str, dict[str, Any]], p: Params,
+              delays: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """summary.json's ``series``, ``ks``, ``relay_delay_ms`` and ``targets``."""
+    out: dict[str, Any] = {"series": {}, "ks": [], "relay_delay_ms": dict(delays or {})}
     for label, s in series.items():
         sizes = {}
         for size in p.sizes:
@@ -185,6 +231,11 @@ def targets(summary: Mapping[str, Any], p: Params) -> dict[str, Any]:
     out["cc_vs_tor_vegas"] = {"met": None if ratio is None else ratio >= float(t["speedup"]),
                               "ratio": ratio, "needed": float(t["speedup"]), "cc": t["cc"],
                               "tor_cc": t["tor_cc"], "size": large_size}
+    ex = summary.get("relay_delay_ms", {}).get("exit", {})
+    qc, ql = ex.get(t["cc"], {}).get("p95"), ex.get(t["large"], {}).get("p95")
+    out["cc_queue_p95_not_above_fixed_1000"] = {
+        "met": None if qc is None or ql is None else qc <= ql,
+        "exit_p95_ms": [qc, ql], "series": [t["cc"], t["large"]]}
     return out
 
 
@@ -251,6 +302,11 @@ def write_comparison(out: Path, summary: Mapping[str, Any], p: Params) -> None:
     for r in summary["ks"]:
         lines.append(f"| {r['a']} | {r['b']} | {r['size'] // 1024} | {r['measure']} | "
                      f"{_fmt(r['statistic'], 3)} | {_fmt(r['pvalue'], 4)} |")
+    lines += ["", "## Relay sojourn time of sampled cells (chive relays' metrics), ms", "",
+              "| where | p50 | p95 | n |", "|---|---|---|---|"]
+    for where, rows in summary.get("relay_delay_ms", {}).items():
+        for label, e in rows.items():
+            lines.append(f"| {where} {label} | {_fmt(e.get('p50'), 1)} | {_fmt(e.get('p95'), 1)} | {e.get('n')} |")
     lines += ["", "## Targets (issue 17)", ""]
     for k, v in summary["targets"].items():
         lines.append(f"- **{k}**: {'met' if v['met'] else 'not met' if v['met'] is False else 'n/a'} — "
@@ -267,10 +323,10 @@ def analyze(out_dir: Path, scenario: Any) -> an.Analysis:
     table and OUT/paper004/comparison.md + summary.json."""
     p = scenario.options if isinstance(scenario.options, Params) else Params()
     series = load_series(out_dir, scenario)
-    summary: dict[str, Any] = {"schema": 1, "kind": KIND_NAME, "units": {"time": "s"},
+    summary: dict[str, Any] = {"schema": 1, "kind": KIND_NAME, "units": {"time": "s", "relay_delay_ms": "ms"},
                                "params": {**p.__dict__, "duration": scenario.duration,
                                           "warmup": scenario.warmup},
-                               **summarize(series, p)}
+                               **summarize(series, p, relay_delays(out_dir, scenario))}
     own = out_dir / "paper004"
     own.mkdir(parents=True, exist_ok=True)
     (own / "summary.json").write_text(json.dumps(summary, indent=2, default=list))
