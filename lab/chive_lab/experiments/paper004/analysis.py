@@ -326,6 +326,9 @@ def analyze(out_dir: Path, scenario: Any) -> an.Analysis:
     summary: dict[str, Any] = {"schema": 1, "kind": KIND_NAME, "units": {"time": "s", "relay_delay_ms": "ms"},
                                "params": {**p.__dict__, "duration": scenario.duration,
                                           "warmup": scenario.warmup},
+                               "variants": {v.label: {"impl": v.options.impl, "consensus": dict(v.options.params),
+                                                      "series": list(v.options.exits)}
+                                            for v in scenario.variants},
                                **summarize(series, p, relay_delays(out_dir, scenario))}
     own = out_dir / "paper004"
     own.mkdir(parents=True, exist_ok=True)
