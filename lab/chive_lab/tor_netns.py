@@ -92,6 +92,8 @@ class TorOverlay(Overlay):
         self._known_options: frozenset[str] | None = None
         #: :meth:`start` waits at least this long, whatever its ``timeout`` says.
         self.min_start_timeout = DEFAULT_START_TIMEOUT
+        #: The authority's ConsensusParams (Tor's names), from :meth:`add_authority`'s params.
+        self.consensus_params: dict[str, int] = {}
 
     def _check_torrc(self, name: str, options: dict[str, Any] | None) -> None:
         """Keep ``options`` as extra torrc lines of ``name`` if this tor knows each option and
@@ -124,11 +126,18 @@ class TorOverlay(Overlay):
         """Place the directory authority on ``host`` (DirPort ``port``, ORPort ``port + 1``).
         Every relay gets the Guard flag (the test network's ``TestingDirAuthVoteGuard *``)
         whatever ``all_guards`` says: tor clients here pin their paths instead. Consensus
-        ``params`` and ``extra`` options are refused (none is needed yet)."""
+        ``params`` (chive's names, e.g. ``{"cc_alg": 0, "circwindow": 101}``) become the
+        authority's ``ConsensusParams`` through :func:`chive_lab.tor.options.map_params`
+        (a chive-only parameter is refused); ``extra`` options are refused."""
         if self.authority is not None:
             raise LabError("an overlay has one authority")
-        if params or extra:
-            raise LabError("the tor overlay takes no authority params or extra options")
+        if extra:
+            raise LabError("the tor overlay takes no extra authority options")
+        mapping = tortools.map_params(params or {})
+        if mapping.unmapped:
+            raise LabError(f"consensus parameter {mapping.unmapped[0].key} has no Tor equivalent: "
+                           f"{mapping.unmapped[0].reason}")
+        self.consensus_params = dict(mapping.consensus_params)
         self.authority = self._add("authority", "authority", host, port, {})
         self._tor_node("authority", "authority", host, dir_port=port, or_port=port + 1)
         return self.authority
@@ -187,7 +196,7 @@ class TorOverlay(Overlay):
         node = self.tor_nodes[name]
         authorities = [n for n in self.tor_nodes.values() if n.role == "authority"]
         mapping = tortools.map_relay_options({}, None, None)
-        lines = tortools.build_torrc(node, authorities, mapping, {},
+        lines = tortools.build_torrc(node, authorities, mapping, self.consensus_params,
                                      self.dir / tortools.BANDWIDTH_FILE,
                                      verbose=any(w in self.log for w in ("debug", "trace")))
         if node.role == "client":

@@ -401,6 +401,11 @@ impl RelayCommand {
     pub const RENDEZVOUS_ESTABLISHED: Self = Self(39);
     /// Intro point to client: INTRODUCE1 passed on, or why not.
     pub const INTRODUCE_ACK: Self = Self(40);
+    /// Stream flow control (proposal 324 section 4, tor-spec's number): resume sending on
+    /// this stream, with the receiver's drain rate as an advisory ([`Xon`]).
+    pub const XON: Self = Self(43);
+    /// Stream flow control: stop sending on this stream until XON ([`Xoff`]).
+    pub const XOFF: Self = Self(44);
     /// chive's own: the receiver saw the CONFLUX_SWITCH on this leg ([`SwitchConfirm`]).
     pub const SWITCH_CONFIRM: Self = Self(200);
     /// chive's own: the first hop reports its connection congested ([`Congested`]).
@@ -437,6 +442,8 @@ impl RelayCommand {
             38 => "INTRO_ESTABLISHED",
             39 => "RENDEZVOUS_ESTABLISHED",
             40 => "INTRODUCE_ACK",
+            43 => "XON",
+            44 => "XOFF",
             200 => "SWITCH_CONFIRM",
             201 => "CONGESTED",
             _ => return None,

@@ -607,3 +607,22 @@ proptest! {
         prop_assert_eq!(Begin::decode(&b.encode().unwrap()).unwrap(), b);
     }
 }
+
+#[test]
+fn xon_xoff_bodies() {
+    // tor-spec's numbers: XON = 43, XOFF = 44.
+    assert_eq!(RelayCommand::XON.0, 43);
+    assert_eq!(RelayCommand::XOFF.0, 44);
+    assert_eq!(RelayCommand::XON.name(), Some("XON"));
+    assert_eq!(Xoff.encode(), vec![0]);
+    assert_eq!(Xoff::decode(&[0, 0, 0]).unwrap(), Xoff);
+    assert!(Xoff::decode(&[1]).is_err(), "unknown version");
+    assert!(Xoff::decode(&[]).is_err(), "no version");
+    let x = Xon {
+        kbps_ewma: 0x0102_0304,
+    };
+    assert_eq!(x.encode(), vec![0, 1, 2, 3, 4]);
+    assert_eq!(Xon::decode(&x.encode()).unwrap(), x);
+    assert!(Xon::decode(&[0, 1, 2]).is_err(), "truncated rate");
+    assert!(Xon::decode(&[2, 0, 0, 0, 0]).is_err(), "unknown version");
+}

@@ -40,6 +40,10 @@ pub enum FlowError {
     /// An authenticated SENDME carried the wrong digest.
     #[error("circuit SENDME digest does not match the acknowledged cell")]
     BadSendmeDigest,
+    /// A flow-control message this stream does not expect (XON/XOFF on a windowed stream,
+    /// an XOFF before the XOFF limit was sent).
+    #[error("unexpected {0}")]
+    Unexpected(&'static str),
 }
 
 /// Circuit-level window state at one end of a circuit (client or exit).

@@ -20,6 +20,7 @@ mod idmap;
 mod node;
 pub mod sched;
 pub mod split;
+pub mod streamflow;
 pub mod switching;
 
 pub use node::{

@@ -200,8 +200,8 @@ impl Metrics {
         if let Some(f) = self.file.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells}}}",
-                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler
+                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells},\"stream_xoff_sent\":{},\"stream_xon_sent\":{}}}",
+                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler, stats.stream_xoff_sent, stats.stream_xon_sent
             );
             for (chan, occupancy) in outbufs.iter().filter(|(_, o)| *o > 0) {
                 let _ = writeln!(
@@ -217,9 +217,21 @@ impl Metrics {
                         .priority
                         .map(|p| format!("{p:.6}"))
                         .unwrap_or_else(|| "null".into());
+                    // At an edge: its congestion window, cells in flight under it, smallest
+                    // round trip (Vegas) and slow start, to see congestion control at work.
+                    let edge = match c.window {
+                        Some((cwnd, inflight)) => format!(
+                            ",\"cwnd\":{cwnd},\"inflight\":{inflight},\"min_rtt_ms\":{},\"slow_start\":{}",
+                            c.min_rtt
+                                .map(|d| format!("{:.3}", d.as_secs_f64() * 1e3))
+                                .unwrap_or_else(|| "null".into()),
+                            c.slow_start.unwrap_or(false)
+                        ),
+                        None => String::new(),
+                    };
                     let _ = writeln!(
                         f,
-                        "{{\"type\":\"circ\",\"t\":{t:.6},\"circ\":{},\"cells_sent\":{},\"sent_since\":{},\"queued\":{},\"priority\":{prio}}}",
+                        "{{\"type\":\"circ\",\"t\":{t:.6},\"circ\":{},\"cells_sent\":{},\"sent_since\":{},\"queued\":{},\"priority\":{prio}{edge}}}",
                         c.circ.0,
                         c.cells_sent,
                         c.cells_sent - before,

@@ -333,6 +333,62 @@ impl Sendme {
     }
 }
 
+/// XOFF body (proposal 324 section 4.1): VERSION (1) = 0. The sender stops packaging the
+/// stream until an [`Xon`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Xoff;
+
+impl Xoff {
+    /// Encode: version 0.
+    pub fn encode(&self) -> Vec<u8> {
+        vec![0]
+    }
+
+    /// Decode; an unknown version is an error (the spec: a protocol violation).
+    pub fn decode(body: &[u8]) -> Result<Self, CellError> {
+        let mut r = Reader::new(body, "XOFF");
+        match r.u8()? {
+            0 => Ok(Xoff),
+            _ => Err(CellError::Invalid {
+                what: "XOFF",
+                why: "unknown version",
+            }),
+        }
+    }
+}
+
+/// XON body (proposal 324 section 4.1): VERSION (1) = 0, KBPS_EWMA (4): the rate at which
+/// the receiver drains the stream toward its application, in 1000 bytes/s; 0 = unlimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Xon {
+    /// Advisory drain rate in 1000 bytes/s (0: no limit).
+    pub kbps_ewma: u32,
+}
+
+impl Xon {
+    /// Encode: version 0 and the rate.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(5);
+        out.push(0);
+        out.extend_from_slice(&self.kbps_ewma.to_be_bytes());
+        out
+    }
+
+    /// Decode; an unknown version or a missing rate is an error.
+    pub fn decode(body: &[u8]) -> Result<Self, CellError> {
+        let mut r = Reader::new(body, "XON");
+        match r.u8()? {
+            0 => Ok(Xon {
+                kbps_ewma: r.u32()?,
+            }),
+            _ => Err(CellError::Invalid {
+                what: "XON",
+                why: "unknown version",
+            }),
+        }
+    }
+}
+
 /// RESOLVE body: "host\0".
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resolve {

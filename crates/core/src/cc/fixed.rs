@@ -31,4 +31,8 @@ impl CongestionControl for FixedWindow {
     }
 
     fn on_sendme(&mut self, _ack: &SendmeAck) {}
+
+    fn keeps_stream_window(&self) -> bool {
+        true
+    }
 }

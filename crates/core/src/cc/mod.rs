@@ -14,6 +14,9 @@
 //!   [`crate::flow::CIRCUIT_SENDME_INCREMENT`] cells, with the round trip it measured and
 //!   whether the window was in use ([`SendmeAck`]). RTT-based policies adjust here.
 //! - [`CongestionControl::in_slow_start`] (optional, default `false`): for stats and logs.
+//! - [`CongestionControl::keeps_stream_window`] (optional, default `false`): whether the
+//!   circuit's streams keep the 500-cell stream window (fixed windows) or use XON/XOFF.
+//! - [`CongestionControl::min_rtt`] (optional, default `None`): for metrics.
 //!
 //! `now` is passed in (sans-IO): the driver reads the clock once per event.
 //!
@@ -73,6 +76,18 @@ pub trait CongestionControl: Send + std::fmt::Debug {
     /// Whether the policy is still probing upward fast (slow start).
     fn in_slow_start(&self) -> bool {
         false
+    }
+
+    /// Whether streams on this circuit keep Tor's 500-cell stream window (true only for
+    /// fixed windows); otherwise they use XON/XOFF ([`crate::streamflow`]), so a stream may
+    /// use the whole congestion window.
+    fn keeps_stream_window(&self) -> bool {
+        false
+    }
+
+    /// The smallest round trip the policy has seen, if it keeps one (for metrics).
+    fn min_rtt(&self) -> Option<Duration> {
+        None
     }
 }
 

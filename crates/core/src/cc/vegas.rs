@@ -155,6 +155,10 @@ impl CongestionControl for Vegas {
         self.cwnd
     }
 
+    fn min_rtt(&self) -> Option<Duration> {
+        self.min_rtt
+    }
+
     fn in_slow_start(&self) -> bool {
         self.slow_start
     }

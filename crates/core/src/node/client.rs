@@ -88,7 +88,8 @@ impl Core {
             .find(|id| *id != 0 && !edge.streams.contains_key(id))
             .ok_or(CoreError::TooManyStreams)?;
         edge.next_stream_id = sid.wrapping_add(1);
-        edge.streams.insert(sid, Stream::new(handle, state));
+        let flow = edge.stream_flow();
+        edge.streams.insert(sid, Stream::new(handle, state, flow));
         self.next_handle += 1;
         self.streams.insert(handle, (circ_key, sid));
         self.send_relay_forward(circ_key, last, cmd, sid, body, false, now);

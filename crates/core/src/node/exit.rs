@@ -49,8 +49,9 @@ impl Core {
         if edge.streams.contains_key(&sid) {
             return self.kill(key, "BEGIN for a stream id in use", now);
         }
+        let flow = edge.stream_flow();
         edge.streams
-            .insert(sid, Stream::new(handle, StreamState::Connecting));
+            .insert(sid, Stream::new(handle, StreamState::Connecting, flow));
         self.next_handle += 1;
         self.streams.insert(handle, (key, sid));
         self.events.push_back(Event::ExitConnect {
@@ -75,8 +76,9 @@ impl Core {
         if sid == 0 || edge.streams.contains_key(&sid) {
             return self.kill(key, "RESOLVE with a bad stream id", now);
         }
+        let flow = edge.stream_flow();
         edge.streams
-            .insert(sid, Stream::new(handle, StreamState::Resolving));
+            .insert(sid, Stream::new(handle, StreamState::Resolving, flow));
         self.next_handle += 1;
         self.streams.insert(handle, (key, sid));
         self.events.push_back(Event::ExitResolve {

@@ -35,6 +35,10 @@ pub struct CoreStats {
     pub oom_channels_closed: u64,
     /// Bytes the OOM handler freed, counted as for `mem_in_queues`.
     pub oom_bytes_freed: u64,
+    /// XOFFs this node's edges sent (their application read too slowly; XON/XOFF streams).
+    pub stream_xoff_sent: u64,
+    /// XONs this node's edges sent (the buffer drained after an XOFF).
+    pub stream_xon_sent: u64,
 }
 
 /// Samples waiting for the driver beyond this are dropped (bounded memory).
@@ -69,6 +73,10 @@ pub struct CircuitStat {
     pub priority: Option<f64>,
     /// At an edge (exit or client): the congestion window and the cells in flight under it.
     pub window: Option<(u32, u32)>,
+    /// At an edge whose congestion control measures round trips (Vegas): the smallest seen.
+    pub min_rtt: Option<std::time::Duration>,
+    /// At an edge: whether its congestion control is in slow start.
+    pub slow_start: Option<bool>,
 }
 
 impl Core {
@@ -100,6 +108,8 @@ impl Core {
                     queued: c.q_prev.len() + c.q_next.len(),
                     priority,
                     window: c.edge().map(|e| (e.window.cwnd(), e.window.inflight())),
+                    min_rtt: c.edge().and_then(|e| e.window.policy().min_rtt()),
+                    slow_start: c.edge().map(|e| e.window.policy().in_slow_start()),
                 }
             })
             .collect();
@@ -187,13 +197,13 @@ impl Core {
                 for (sid, st) in &edge.streams {
                     let _ = writeln!(
                         out,
-                        "  stream {sid} handle={} state={:?} pending={} credit={} eof={} window={:?}",
+                        "  stream {sid} handle={} state={:?} pending={} credit={} eof={} flow={:?}",
                         st.handle.0,
                         st.state,
                         st.pending.len(),
                         st.credit,
                         st.local_eof,
-                        st.window
+                        st.flow
                     );
                 }
             }

@@ -105,6 +105,7 @@ impl Core {
             RelayCommand::DATA => self.edge_data(key, sid, data, digest, now),
             RelayCommand::END => self.edge_end(key, sid, data, now),
             RelayCommand::SENDME => self.edge_sendme(key, sid, data, now),
+            RelayCommand::XON | RelayCommand::XOFF => self.edge_xon_xoff(key, cmd, sid, data, now),
             RelayCommand::TRUNCATE => self.on_truncate(key, now),
             RelayCommand::DROP => {}
             other => {
@@ -147,6 +148,7 @@ impl Core {
             RelayCommand::DATA => self.edge_data(key, sid, data, digest, now),
             RelayCommand::END => self.edge_end(key, sid, data, now),
             RelayCommand::SENDME => self.edge_sendme(key, sid, data, now),
+            RelayCommand::XON | RelayCommand::XOFF => self.edge_xon_xoff(key, cmd, sid, data, now),
             RelayCommand::DROP => {}
             other => {
                 debug!(?key, command = %other, "ignoring relay command");

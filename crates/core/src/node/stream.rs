@@ -5,10 +5,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use chive_cell::{End, EndReason, RelayCommand, Sendme, RELAY_DATA_LEN};
+use chive_cell::{End, EndReason, RelayCommand, Sendme, Xoff, Xon, RELAY_DATA_LEN};
 use tracing::warn;
 
-use crate::flow::{CircuitWindow, StreamWindow, CIRCUIT_WINDOW_MAX, CIRCUIT_WINDOW_MIN};
+use crate::flow::{CircuitWindow, CIRCUIT_WINDOW_MAX, CIRCUIT_WINDOW_MIN};
+use crate::streamflow::{StreamFlow, XOFF_CELLS};
 use crate::{CircKey, StreamHandle};
 
 use super::circuit::Role;
@@ -31,7 +32,8 @@ pub(super) enum StreamState {
 pub(super) struct Stream {
     pub(super) handle: StreamHandle,
     pub(super) state: StreamState,
-    pub(super) window: StreamWindow,
+    /// The stream window (fixed circuit windows) or XON/XOFF (congestion control).
+    pub(super) flow: StreamFlow,
     /// Bytes read from the local socket, not yet packaged.
     pub(super) pending: VecDeque<u8>,
     /// Read credit granted to the driver and not yet used.
@@ -41,11 +43,11 @@ pub(super) struct Stream {
 }
 
 impl Stream {
-    pub(super) fn new(handle: StreamHandle, state: StreamState) -> Self {
+    pub(super) fn new(handle: StreamHandle, state: StreamState, flow: StreamFlow) -> Self {
         Stream {
             handle,
             state,
-            window: StreamWindow::default(),
+            flow,
             pending: VecDeque::new(),
             credit: 0,
             local_eof: false,
@@ -67,6 +69,12 @@ impl Edge {
             streams: HashMap::new(),
             next_stream_id: 1,
         }
+    }
+
+    /// Flow control for a new stream on this circuit: the stream window under a fixed
+    /// circuit window, XON/XOFF under congestion control.
+    pub(super) fn stream_flow(&self) -> StreamFlow {
+        StreamFlow::new(!self.window.policy().keeps_stream_window(), XOFF_CELLS)
     }
 }
 
@@ -150,9 +158,14 @@ impl Core {
         let Some(s) = self.stream_mut(key, sid) else {
             return;
         };
-        let sendmes = s.window.on_flushed(cells);
-        for _ in 0..sendmes {
+        let flushed = s.flow.on_flushed(cells, now);
+        for _ in 0..flushed.sendmes {
             self.send_edge(key, RelayCommand::SENDME, sid, &[], now);
+        }
+        if let Some(kbps_ewma) = flushed.xon {
+            self.stats.stream_xon_sent += 1;
+            let body = Xon { kbps_ewma }.encode();
+            self.send_edge(key, RelayCommand::XON, sid, &body, now);
         }
     }
 
@@ -191,8 +204,8 @@ impl Core {
         };
         let circuit_sendme = edge.window.on_data_received(digest);
         let outcome = match edge.streams.get_mut(&sid) {
-            Some(s) if s.state != StreamState::Resolving => match s.window.on_data_received() {
-                Ok(()) => Ok(s.handle),
+            Some(s) if s.state != StreamState::Resolving => match s.flow.on_data_received(now) {
+                Ok(xoff) => Ok((s.handle, xoff)),
                 Err(e) => Err(e.to_string()),
             },
             // DATA for a stream that just ended crosses our END: not an error.
@@ -203,10 +216,16 @@ impl Core {
             self.send_edge(key, RelayCommand::SENDME, 0, &body, now);
         }
         match outcome {
-            Ok(handle) => self.events.push_back(Event::StreamWrite {
-                stream: handle,
-                data: data.to_vec(),
-            }),
+            Ok((handle, xoff)) => {
+                self.events.push_back(Event::StreamWrite {
+                    stream: handle,
+                    data: data.to_vec(),
+                });
+                if xoff {
+                    self.stats.stream_xoff_sent += 1;
+                    self.send_edge(key, RelayCommand::XOFF, sid, &Xoff.encode(), now);
+                }
+            }
             Err(e) if e.is_empty() => {}
             Err(e) => {
                 warn!(?key, sid, error = %e, "closing stream");
@@ -250,9 +269,44 @@ impl Core {
             let Some(s) = edge.streams.get_mut(&sid) else {
                 return;
             };
-            if let Err(e) = s.window.on_sendme() {
+            if let Err(e) = s.flow.on_sendme() {
                 return self.kill(key, &e.to_string(), now);
             }
+            self.package_stream(key, sid, now);
+        }
+    }
+
+    /// XON or XOFF for stream `sid` (proposal 324 section 4): resume or stop packaging it.
+    /// A malformed one, one on a windowed stream or an XOFF before the XOFF limit was sent
+    /// closes the circuit, as a bad SENDME does.
+    pub(super) fn edge_xon_xoff(
+        &mut self,
+        key: CircKey,
+        cmd: RelayCommand,
+        sid: u16,
+        data: &[u8],
+        now: Instant,
+    ) {
+        let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) else {
+            return self.kill(key, &format!("{cmd} on a circuit without an edge"), now);
+        };
+        // For a stream that just ended it crosses our END: not an error.
+        let Some(s) = edge.streams.get_mut(&sid) else {
+            return;
+        };
+        let result = if cmd == RelayCommand::XOFF {
+            Xoff::decode(data)
+                .map_err(|e| e.to_string())
+                .and_then(|_| s.flow.on_xoff().map_err(|e| e.to_string()))
+        } else {
+            Xon::decode(data)
+                .map_err(|e| e.to_string())
+                .and_then(|x| s.flow.on_xon(x.kbps_ewma).map_err(|e| e.to_string()))
+        };
+        if let Err(e) = result {
+            return self.kill(key, &format!("bad {cmd}: {e}"), now);
+        }
+        if cmd == RelayCommand::XON {
             self.package_stream(key, sid, now);
         }
     }
@@ -298,7 +352,7 @@ impl Core {
             }
             if s.state != StreamState::Open
                 || !circ_open
-                || !s.window.can_package()
+                || !s.flow.can_package()
                 || queued >= QUEUE_HIGHWATER
             {
                 break;
@@ -308,7 +362,7 @@ impl Core {
             // byte (with a heap Vec per cell) and was a third of an exit relay's instructions.
             let mut chunk = [0u8; RELAY_DATA_LEN];
             take_front(&mut s.pending, &mut chunk[..n]);
-            s.window.on_data_sent();
+            s.flow.on_data_sent();
             self.send_edge(key, RelayCommand::DATA, sid, &chunk[..n], now);
         }
         self.grant_credit(key, sid);

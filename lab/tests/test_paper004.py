@@ -1,0 +1,159 @@
+"""The paper004-window kind: scenario, variants, the tor authority's consensus parameters,
+and the analysis (times from perf records, K–S, KDE/CDF figures, targets, relay delays) on
+synthetic run directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chive_lab import netns, stats
+from chive_lab import scenario as sc
+from chive_lab.errors import LabError
+from chive_lab.experiments import paper004 as p4
+from chive_lab.experiments.paper004 import analysis as p4a
+from chive_lab.figures import write_figure
+from chive_lab.kinds import get_kind
+from chive_lab.tor import tor_unavailable_reason
+from chive_lab.tor_netns import TorOverlay
+
+SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "paper004-circuit-window.toml"
+TOR_MISSING = tor_unavailable_reason()
+
+
+def test_scenario_declares_the_paper_setup():
+    s = sc.load_scenario(SCENARIO)
+    assert s.kind == "paper004-window" and isinstance(s.options, p4.Params)
+    assert s.options.sizes == (40960, 51200, 1048576)
+    assert s.options.dirtiness == 60 and 20 <= 2 * s.options.delay_ms <= 80
+    v = {x.label: x.options for x in s.variants}
+    assert v["chive"].exits == {"chive-w100": 100, "chive-w101": 101, "chive-w1000": 1000}
+    assert v["chive-vegas"].params == {"cc_alg": 2}
+    assert v["tor-w101"].params == {"cc_alg": 0, "circwindow": 101} and v["tor-w101"].impl == "tor"
+    assert v["tor-vegas"].params == {"cc_alg": 2}
+    quick = sc.load_scenario(SCENARIO, quick=True)
+    assert quick.repetitions == 1 and quick.duration < s.duration
+    assert "30 ms per hop" in get_kind("paper004-window").describe_run(s)
+
+
+def test_variant_options_are_checked():
+    with pytest.raises(LabError, match="100..1000"):
+        p4._check_exits({"x": 99}, "exits")
+    with pytest.raises(LabError, match="at least one"):
+        p4._check_exits({}, "exits")
+    with pytest.raises(LabError, match="no CircuitWindow"):
+        p4.VariantOptions(impl="tor", exits={"t": 101})
+    with pytest.raises(LabError, match="one exit"):
+        p4.VariantOptions(impl="tor", exits={"a": 0, "b": 0})
+
+
+@pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
+def test_tor_authority_gets_the_consensus_params(tmp_path):
+    tb = netns.Testbed([netns.HostSpec(h, netns.LinkSpec("10mbit")) for h in ("A", "B")])
+    ov = TorOverlay(tb, tmp_path, binary=Path("/bin/true"))
+    ov.add_authority("A", params={"cc_alg": 0, "circwindow": 101})
+    ov.add_relay("B", "relayB")
+    for i, n in enumerate(ov.tor_nodes.values()):
+        n.fingerprint, n.v3ident = f"{i:040X}", f"{i + 100:040X}"
+    assert ("ConsensusParams", "cc_alg=0 circwindow=101") in ov.torrc_lines("authority")
+    assert not any(k == "ConsensusParams" for k, _ in ov.torrc_lines("relayB"))
+    ov2 = TorOverlay(tb, tmp_path / "2", binary=Path("/bin/true"))
+    with pytest.raises(LabError, match="no Tor equivalent"):
+        ov2.add_authority("A", params={"OutbufCells": 10})
+    with pytest.raises(LabError, match="circwindow"):
+        TorOverlay(tb, tmp_path / "3", binary=Path("/bin/true")).add_authority("A", params={"circwindow": 50})
+
+
+# ------------------------------------------------------------------ analysis
+def _fetch(start: float, connect: float, ttfb: float, ttlb: float, size: int) -> dict:
+    return {"type": "transfer", "start": start, "socket_connected": start, "socks_connected": start + connect,
+            "request_sent": start + connect, "first_byte": start + ttfb, "last_byte": start + ttlb,
+            "bytes": size, "expected_bytes": size, "status": 200, "error": None}
+
+
+def _write_run(out: Path, variant: str, exits: dict, times: dict, t0: float = 1000.0) -> Path:
+    """runs/<variant>/1 with perf files: times[(label, size)] = list of ttlb seconds."""
+    d = out / "runs" / variant / "1"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"t0": t0, "warmup_s": 5.0, "measure_s": 100.0}))
+    for (label, size), ttlbs in times.items():
+        lines = [_fetch(t0 - 1, 0.1, 0.2, 9.0, size)]  # before the warm-up ended: ignored
+        lines += [_fetch(t0 + 5 + i, 0.3, 0.5, t, size) for i, t in enumerate(ttlbs)]
+        lines.append({"type": "transfer", "start": t0 + 50, "bytes": 10, "status": None,
+                      "error": "http: connection closed after 10 of 40960 body bytes"})
+        lines.append({"type": "transfer", "start": t0 + 60, "bytes": 10, "error": "cut at deadline"})
+        (d / f"{p4.perf_stem(label, size)}.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    net = d / "net" / "exit0"
+    net.mkdir(parents=True)
+    cells = [{"type": "cell", "queued": t0 + 10 + i, "dequeued": t0 + 10 + i, "written": t0 + 10 + i + i / 1000}
+             for i in range(20)]
+    cells.append({"type": "cell", "queued": t0 + 1, "dequeued": t0 + 1, "written": t0 + 2})  # warm-up
+    (net / "metrics.jsonl").write_text("\n".join(json.dumps(c) for c in cells) + "\n")
+    return d
+
+
+def _scenario(tmp_path: Path) -> sc.Scenario:
+    text = SCENARIO.read_text().replace("sizes = [40960, 51200, 1048576]", "sizes = [40960, 1048576]")
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return sc.load_scenario(path)
+
+
+def test_analysis_measures_tests_and_judges_targets(tmp_path):
+    s = _scenario(tmp_path)
+    rng = np.random.default_rng(1)
+    small, large = 40960, 1048576
+
+    def draw(mu: float, n: int = 40) -> list[float]:
+        return list(mu + rng.exponential(0.1, n))
+
+    _write_run(tmp_path, "chive", s.variant("chive").options.exits, {
+        ("chive-w100", small): draw(1.0), ("chive-w100", large): draw(9.0),
+        ("chive-w101", small): draw(1.0), ("chive-w101", large): draw(9.0),
+        ("chive-w1000", small): draw(2.0), ("chive-w1000", large): draw(4.0)})
+    _write_run(tmp_path, "chive-vegas", {}, {("chive-vegas", small): draw(0.9), ("chive-vegas", large): draw(2.0)})
+    _write_run(tmp_path, "tor-vegas", {}, {("tor-vegas", small): draw(1.0), ("tor-vegas", large): draw(3.0)})
+    a = p4a.analyze(tmp_path, s)
+    e = a.summary["series"]["chive-w101"]["sizes"][str(small)]
+    assert e["n"] == 40 and e["errors"] == 1  # the early fetch and the cut one do not count
+    assert e["connect"]["p50"] == pytest.approx(0.3) and e["ttfb"]["p50"] == pytest.approx(0.5)
+    assert e["ttlb"]["p50"] == pytest.approx(np.median(_pooled_ttlb(tmp_path, "chive", "chive-w101", small)))
+    ks = {(r["a"], r["b"], r["size"], r["measure"]): r for r in a.summary["ks"]}
+    assert ks[("chive-w101", "chive-w1000", large, "ttlb")]["pvalue"] < 1e-6
+    assert ks[("chive-w101", "chive-w1000", small, "connect")]["statistic"] == 0.0
+    t = a.summary["targets"]
+    assert t["direction_chive"]["met"] is True
+    assert t["direction_tor"]["met"] is None  # no tor fixed-window series in this run
+    assert t["cc_as_fast_as_best_fixed"]["met"] is True
+    assert t["cc_vs_tor_vegas"]["ratio"] == pytest.approx(
+        a.summary["series"]["tor-vegas"]["sizes"][str(large)]["ttlb"]["p50"]
+        / a.summary["series"]["chive-vegas"]["sizes"][str(large)]["ttlb"]["p50"])
+    assert t["cc_vs_tor_vegas"]["met"] is True  # ~3.1 / ~2.1
+    delays = a.summary["relay_delay_ms"]["exit"]["chive-w100"]
+    assert delays["n"] == 20 and delays["p50"] == pytest.approx(9.5) and delays["p95"] < 20
+    names = {f.name for f in a.figures}
+    assert {"kde_ttlb_40960", "cdf_ttlb_1048576", "kde_connect_40960", "cdf_ttfb_40960"} <= names
+    fig = next(f for f in a.figures if f.name == "cdf_ttlb_1048576")
+    assert {x.label for x in fig.series} >= {"chive-w101", "chive-vegas"}
+    assert all(x.lo is not None for x in fig.series)  # the band
+    png, csv_path = write_figure(fig, tmp_path / "figs")
+    assert png.stat().st_size > 0 and csv_path.read_text().startswith("series,x,y,lo,hi")
+    md = (tmp_path / "paper004" / "comparison.md").read_text()
+    assert "The paper's findings beside ours" in md and "| chive-w101 | 40 |" in md
+
+
+def _pooled_ttlb(out: Path, variant: str, label: str, size: int) -> list[float]:
+    recs = [json.loads(x) for x in (out / "runs" / variant / "1" / f"{p4.perf_stem(label, size)}.jsonl")
+            .read_text().splitlines()]
+    return [r["last_byte"] - r["start"] for r in recs if r.get("status") == 200 and r["start"] >= 1005]
+
+
+def test_median_ci_and_missing_data():
+    assert p4a.median_ci([1.0, 2.0]) is None
+    lo, hi = p4a.median_ci(list(range(1, 101)))
+    assert lo < 50.5 < hi and hi - lo < 25
+    # A series with no fetches still gets a row, no KDE (stats.kde needs two values).
+    assert stats.kde([1.0], [0.0, 1.0]) is None
