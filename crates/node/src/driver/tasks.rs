@@ -102,6 +102,7 @@ pub async fn start_link(
     tx: mpsc::Sender<Input>,
 ) {
     let peer = link.peer_identity;
+    let addr = link.peer_addr;
     let features = link.features;
     let bind_token = link.bind_token();
     let (reader, writer) = link.split(limits);
@@ -111,6 +112,7 @@ pub async fn start_link(
             chan,
             peer,
             initiator,
+            addr,
             features,
             bind_token,
             conn,
