@@ -217,8 +217,8 @@ impl Metrics {
         if let Some(f) = self.file.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells}}}",
-                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler
+                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells},\"mem_in_queues\":{}}}",
+                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler, stats.mem_in_queues
             );
             for (chan, occupancy) in outbufs.iter().filter(|(_, o)| *o > 0) {
                 let _ = writeln!(

@@ -85,8 +85,13 @@ pub enum Input {
     SplitFailed { chan: ChannelId, why: String },
     /// Opening a link to `identity` failed.
     ConnectFailed { identity: IdentityKey, why: String },
-    /// A cell arrived on connection `chan`.
-    Cell { chan: ChannelId, cell: AnyCell },
+    /// A cell arrived on connection `chan`; dropping `credit` lets its reader queue another
+    /// (`tasks::LINK_INPUT_CREDIT`).
+    Cell {
+        chan: ChannelId,
+        cell: AnyCell,
+        credit: tokio::sync::OwnedSemaphorePermit,
+    },
     /// Connection `chan`'s writer finished writing a batch of `cells` cells.
     Written { chan: ChannelId, cells: usize },
     /// Connection `chan`'s writer took the write-bucket tokens for a batch of `cells` cells
@@ -450,7 +455,10 @@ impl Driver {
                 warn!(peer = %identity, %why, "connect failed");
                 self.core.connect_failed(identity, now);
             }
-            Input::Cell { chan, cell } => self.on_cell(chan, cell, now),
+            Input::Cell { chan, cell, credit } => {
+                self.on_cell(chan, cell, now);
+                drop(credit);
+            }
             Input::Paid { chan: conn, cells } => {
                 self.send.paid(conn, cells, &mut self.core, now);
                 self.drain_transmits(now);

@@ -19,6 +19,13 @@ use tracing::{info, warn};
 
 use super::{Input, LinkUp};
 
+/// Cells one connection may have waiting in the driver's input queue. A reader holds one
+/// permit per cell it queued and the driver returns it when it has handled the cell, so a
+/// connection flooding cells (a CREATE2 flood, docs/security.md) has at most this many ahead
+/// of another connection's cell, instead of the whole input queue: the others keep their
+/// latency. Enough to keep a busy link's reader ahead of the driver.
+pub const LINK_INPUT_CREDIT: usize = 32;
+
 /// Largest read from a stream socket.
 const STREAM_READ_CHUNK: usize = 16 * 1024;
 /// Time allowed for an exit's DNS lookup and TCP connect.
@@ -139,6 +146,7 @@ pub(super) fn spawn_conn(
     let quiet = Arc::new(QuietSignal::default());
     let signal = quiet.clone();
     let rtx = tx.clone();
+    let credit = Arc::new(tokio::sync::Semaphore::new(LINK_INPUT_CREDIT));
     let reader_task = tokio::spawn(async move {
         if gate_rx.await.is_err() {
             return;
@@ -150,7 +158,15 @@ pub(super) fn spawn_conn(
             }
             match reader.read_cell().await {
                 Ok(Some(cell)) => {
-                    if rtx.send(Input::Cell { chan: id, cell }).await.is_err() {
+                    let Ok(credit) = credit.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let input = Input::Cell {
+                        chan: id,
+                        cell,
+                        credit,
+                    };
+                    if rtx.send(input).await.is_err() {
                         return;
                     }
                 }
