@@ -377,7 +377,6 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
                 }
             });
             let sent = sent.clone();
-            let keys = keys.clone();
             tasks.push(tokio::spawn(async move {
                 // One onionskin for every cell: the relay cannot tell, and the flood spends
                 // its time sending rather than on key generation.
@@ -405,7 +404,7 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
         }
         // Honest round trips while the flood runs (after the flooder is marked), on their
         // own thread and runtime so the flood's tasks do not delay them in this process.
-        let honest_keys = keys.clone();
+        let honest_keys = keys;
         let honest = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(500));
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -476,10 +475,11 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
     assert!(refused > 1000, "only {refused} CREATE2 refused");
     assert!(counter(&scrape, "chive_dos_circuits_refused_total") >= refused);
     assert_eq!(counter(&scrape, "chive_dos_addresses_marked_total"), 1);
-    // Loose on purpose (a shared 2-core machine): the precise figure is printed above and
-    // reported in docs/security.md.
+    // 10 ms of slack for a shared 2-core machine (measured: 0.4 ms idle, 0.6 ms during the
+    // flood); without the per-connection input credit the median was 18-41 ms. The figures
+    // are printed above and reported in docs/security.md.
     assert!(
-        md <= 2.0 * mi + 0.05,
+        md <= 2.0 * mi + 0.01,
         "honest CREATE2 median {md:.4} s during the flood vs {mi:.4} s idle"
     );
 }
