@@ -23,8 +23,8 @@ mod tls;
 
 pub use bucket::TokenBucket;
 pub use link::{
-    check_congestion_control, connect, Accepting, Link, LinkLimits, LinkListener, LinkReader,
-    LinkWriter,
+    check_congestion_control, connect, connect_from, Accepting, Link, LinkLimits, LinkListener,
+    LinkReader, LinkWriter,
 };
 
 /// Link protocol versions this implementation speaks, in increasing order.

@@ -389,9 +389,24 @@ pub async fn connect(
     expected_identity: Option<IdentityKey>,
     cfg: &LinkConfig,
 ) -> Result<Link, LinkError> {
+    connect_from(None, addr, expected_identity, cfg).await
+}
+
+/// [`connect`] from local address `local` (any port), e.g. another loopback address so that
+/// a test's clients have distinct source addresses; `None` lets the kernel choose.
+pub async fn connect_from(
+    local: Option<std::net::IpAddr>,
+    addr: SocketAddr,
+    expected_identity: Option<IdentityKey>,
+    cfg: &LinkConfig,
+) -> Result<Link, LinkError> {
     let fut = async {
         let connector = TlsConnector::from(client_config()?);
-        let tcp = new_socket(addr, cfg.socket_buffer)?.connect(addr).await?;
+        let socket = new_socket(addr, cfg.socket_buffer)?;
+        if let Some(ip) = local {
+            socket.bind(SocketAddr::new(ip, 0))?;
+        }
+        let tcp = socket.connect(addr).await?;
         tune_link_socket(&tcp, cfg)?;
         let io = prepare(tcp)?;
         let tls = connector

@@ -14,5 +14,6 @@ pub mod client;
 pub mod common;
 pub mod dirclient;
 pub mod driver;
+pub mod limits;
 pub mod metrics;
 pub mod relay;

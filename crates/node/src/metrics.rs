@@ -7,7 +7,11 @@
 //!   second, circuits, queued cells, scheduler, outbuf-full events;
 //! - `{"type":"chan", ...}` once per second per busy channel: output-buffer occupancy;
 //! - `{"type":"circ", ...}` once per second per circuit that sent cells: cells
-//!   sent, queue length, scheduler priority (EWMA count) when the policy has one.
+//!   sent, queue length, scheduler priority (EWMA count) when the policy has one;
+//! - `{"type":"oom", ...}` in a second when the OOM handler ran (`MaxMemInQueues`): circuits
+//!   killed, channels closed, bytes freed in that second, memory in use and the limit;
+//! - `{"type":"dos", ...}` in a second when the DoS defences refused something: CREATE2 cells
+//!   refused, addresses marked, connections refused in that second, addresses tracked.
 //!
 //! Sampling (`CellSampleRate`, one cell in N) keeps the cost small; the
 //! per-second records cost O(circuits) once a second.
@@ -20,7 +24,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use chive_core::{CellSample, Core};
+use chive_core::dos::DosStats;
+use chive_core::{CellSample, Core, CoreStats};
 use tracing::{info, warn};
 
 /// Converts the core's `Instant`s to UNIX seconds.
@@ -77,6 +82,13 @@ pub struct Snapshot {
     /// Recent sampled queue delays (seconds), for quantiles.
     pub queue_delays: VecDeque<f64>,
     pub samples_total: u64,
+    /// Bytes counted against `MaxMemInQueues` now, and the limit.
+    pub mem_in_queues: usize,
+    pub max_mem_in_queues: usize,
+    pub oom_circuits_killed: u64,
+    pub oom_channels_closed: u64,
+    pub oom_bytes_freed: u64,
+    pub dos: DosStats,
 }
 
 const RECENT_DELAYS: usize = 2048;
@@ -95,6 +107,9 @@ pub struct Metrics {
     /// The write bucket's reserve in force (bytes), set by the driver.
     pub quiet_reserve: u64,
     last_circ_sent: std::collections::HashMap<chive_core::CircKey, u64>,
+    /// The core's counters and the DoS counters at the last tick (for the per-second deltas).
+    last_stats: CoreStats,
+    last_dos: DosStats,
 }
 
 impl Metrics {
@@ -139,6 +154,8 @@ impl Metrics {
             quiet_cells: 0,
             quiet_reserve: 0,
             last_circ_sent: Default::default(),
+            last_stats: CoreStats::default(),
+            last_dos: DosStats::default(),
         }))
     }
 
@@ -200,8 +217,8 @@ impl Metrics {
         if let Some(f) = self.file.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells},\"stream_xoff_sent\":{},\"stream_xon_sent\":{}}}",
-                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler, stats.stream_xoff_sent, stats.stream_xon_sent
+                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells},\"stream_xoff_sent\":{},\"stream_xon_sent\":{},\"mem_in_queues\":{}}}",
+                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler, stats.stream_xoff_sent, stats.stream_xon_sent, stats.mem_in_queues
             );
             for (chan, occupancy) in outbufs.iter().filter(|(_, o)| *o > 0) {
                 let _ = writeln!(
@@ -241,11 +258,49 @@ impl Metrics {
                 seen.insert(c.circ, c.cells_sent);
             }
             self.last_circ_sent = seen;
+            let last = &self.last_stats;
+            if stats.oom_circuits_killed > last.oom_circuits_killed
+                || stats.oom_channels_closed > last.oom_channels_closed
+            {
+                let _ = writeln!(
+                    f,
+                    "{{\"type\":\"oom\",\"t\":{t:.6},\"circuits_killed\":{},\"channels_closed\":{},\"bytes_freed\":{},\"mem_in_queues\":{},\"limit\":{}}}",
+                    stats.oom_circuits_killed - last.oom_circuits_killed,
+                    stats.oom_channels_closed - last.oom_channels_closed,
+                    stats.oom_bytes_freed - last.oom_bytes_freed,
+                    stats.mem_in_queues,
+                    core.max_mem_in_queues(),
+                );
+            }
+            let (dos, last) = (core.dos_stats(), &self.last_dos);
+            let refused =
+                |d: &DosStats| d.connections_refused_concurrent + d.connections_refused_rate;
+            if dos.circuits_refused > last.circuits_refused
+                || dos.addresses_marked > last.addresses_marked
+                || refused(&dos) > refused(last)
+            {
+                let _ = writeln!(
+                    f,
+                    "{{\"type\":\"dos\",\"t\":{t:.6},\"circuits_refused\":{},\"addresses_marked\":{},\"connections_refused\":{},\"tracked_addresses\":{}}}",
+                    dos.circuits_refused - last.circuits_refused,
+                    dos.addresses_marked - last.addresses_marked,
+                    refused(&dos) - refused(last),
+                    dos.tracked_addresses,
+                );
+            }
             if let Err(e) = f.flush() {
                 warn!(error = %e, "cannot write metrics file");
             }
         }
+        self.last_stats = stats;
+        self.last_dos = core.dos_stats();
         if let Ok(mut snap) = self.shared.lock() {
+            snap.mem_in_queues = stats.mem_in_queues;
+            snap.max_mem_in_queues = core.max_mem_in_queues();
+            snap.oom_circuits_killed = stats.oom_circuits_killed;
+            snap.oom_channels_closed = stats.oom_channels_closed;
+            snap.oom_bytes_freed = stats.oom_bytes_freed;
+            snap.dos = self.last_dos;
             snap.cells_received = stats.cells_received;
             snap.cells_transmitted = stats.cells_transmitted;
             snap.circuits = stats.circuits;
@@ -338,10 +393,66 @@ pub fn render(snap: &Snapshot) -> String {
         snap.outbuf_cells.to_string(),
     );
     metric(
+        "chive_mem_in_queues_bytes",
+        "gauge",
+        "Bytes counted against MaxMemInQueues: queued cells and the driver's output buffers.",
+        snap.mem_in_queues.to_string(),
+    );
+    metric(
+        "chive_max_mem_in_queues_bytes",
+        "gauge",
+        "MaxMemInQueues in force.",
+        snap.max_mem_in_queues.to_string(),
+    );
+    metric(
+        "chive_oom_circuits_killed_total",
+        "counter",
+        "Circuits killed by the OOM handler (their oldest queued cell was the oldest).",
+        snap.oom_circuits_killed.to_string(),
+    );
+    metric(
+        "chive_oom_channels_closed_total",
+        "counter",
+        "Channels closed by the OOM handler (their buffered data was the oldest).",
+        snap.oom_channels_closed.to_string(),
+    );
+    metric(
+        "chive_oom_bytes_freed_total",
+        "counter",
+        "Bytes freed by the OOM handler.",
+        snap.oom_bytes_freed.to_string(),
+    );
+    metric(
+        "chive_dos_circuits_refused_total",
+        "counter",
+        "CREATE2 cells refused with DESTROY (RESOURCELIMIT) by DoSCircuitCreation.",
+        snap.dos.circuits_refused.to_string(),
+    );
+    metric(
+        "chive_dos_addresses_marked_total",
+        "counter",
+        "Times an address was marked by the circuit-creation defence.",
+        snap.dos.addresses_marked.to_string(),
+    );
+    metric(
+        "chive_dos_tracked_addresses",
+        "gauge",
+        "Client addresses the DoS defences hold state for.",
+        snap.dos.tracked_addresses.to_string(),
+    );
+    metric(
         "chive_cell_samples_total",
         "counter",
         "Sampled cells timed.",
         snap.samples_total.to_string(),
+    );
+    let _ = writeln!(
+        s,
+        "# HELP chive_dos_connections_refused_total Connections refused by DoSConnection.\n\
+         # TYPE chive_dos_connections_refused_total counter\n\
+         chive_dos_connections_refused_total{{reason=\"concurrent\"}} {}\n\
+         chive_dos_connections_refused_total{{reason=\"rate\"}} {}",
+        snap.dos.connections_refused_concurrent, snap.dos.connections_refused_rate
     );
     let _ = writeln!(s, "# HELP chive_scheduler_info The circuit scheduler in use.\n# TYPE chive_scheduler_info gauge\nchive_scheduler_info{{policy=\"{}\"}} 1", snap.scheduler.replace('"', "'"));
     let mut d: Vec<f64> = snap.queue_delays.iter().copied().collect();
@@ -422,5 +533,18 @@ mod tests {
         assert!(text.contains("chive_cells_transmitted_total 42"));
         assert!(text.contains("chive_cell_queue_delay_seconds{quantile=\"0.5\"} 0.003"));
         assert!(text.contains("chive_scheduler_info{policy=\"Ewma\"} 1"));
+        let snap = Snapshot {
+            oom_circuits_killed: 7,
+            dos: DosStats {
+                circuits_refused: 11,
+                connections_refused_rate: 2,
+                ..DosStats::default()
+            },
+            ..Default::default()
+        };
+        let text = render(&snap);
+        assert!(text.contains("chive_oom_circuits_killed_total 7"));
+        assert!(text.contains("chive_dos_circuits_refused_total 11"));
+        assert!(text.contains("chive_dos_connections_refused_total{reason=\"rate\"} 2"));
     }
 }

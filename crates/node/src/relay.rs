@@ -20,7 +20,8 @@ use crate::common::{
     check_congestion_control, check_outbuf_cells, check_unsent_limit, effective_unsent_limit,
     init_logging, keys_dir, load_config, load_identity, load_or_create_secret, unix_now,
 };
-use crate::driver::{start_link, stop_on_signal, Driver, DriverConfig, Input, Tunables};
+use crate::driver::{stop_on_signal, Driver, DriverConfig, Input, Tunables};
+use crate::limits::{max_mem_in_queues, DosOptions, MemSize};
 use crate::metrics::Metrics;
 
 /// Command-line arguments of `chive relay`.
@@ -102,10 +103,29 @@ Config file options (TOML):
                                    split after both directions exceed it for 3 s
   SplitIdle = 30                   \"dynamic\": seconds below bulk before the second connection
                                    closes
+  MaxMemInQueues = \"256 MB\"        memory for queued cells and the driver's output buffers
+                                   (bytes, or Tor's units: \"16 MB\", \"1 GB\"); when reached, the
+                                   circuits whose oldest queued cell is oldest are killed
+                                   until 90 % is in use (Tor's OOM rule). 0 = Tor's automatic
+                                   rule from the RAM size; at least 1 MiB (Tor: 256 MB).
+                                   Default 256 MiB (docs/security.md)
+  DoSCircuitCreationEnabled = 1    DoS defences, Tor's torrc names, ranges and defaults
+  DoSCircuitCreationMinConnections = 3   (docs/security.md); each set option overrides
+  DoSCircuitCreationRate = 3             the consensus parameter of the same name.
+  DoSCircuitCreationBurst = 90           Circuit creation: a per-address CREATE2 token
+  DoSCircuitCreationDefenseType = 2      bucket; an address that empties it while holding
+  DoSCircuitCreationDefenseTimePeriod = 3600   MinConnections client connections gets
+  DoSConnectionEnabled = 1               DESTROY (RESOURCELIMIT) for the period. Connection:
+  DoSConnectionMaxConcurrentCount = 100  concurrent client connections and a connect rate
+  DoSConnectionDefenseType = 2           per address. Both off unless enabled here or by
+  DoSConnectionConnectRate = 20          the consensus; relays listed in the consensus
+  DoSConnectionConnectBurst = 40         are exempt
+  DoSConnectionConnectDefenseTimePeriod = 86400
   PublishInterval = 30             seconds between descriptor uploads
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Scheduler,
-CircuitPriorityHalflife and OutbufCells without dropping circuits.";
+CircuitPriorityHalflife, OutbufCells, MaxMemInQueues and the DoS options without dropping
+circuits.";
 
 /// `QuietReserve` when unset under a `BandwidthRate` (capped at a quarter of the burst).
 const DEFAULT_QUIET_RESERVE: u64 = 128 * 1024;
@@ -170,6 +190,32 @@ pub struct RelayConfig {
     pub split_threshold: u64,
     #[serde(rename = "SplitIdle", default = "default_split_idle")]
     pub split_idle: u64,
+    #[serde(rename = "MaxMemInQueues", default)]
+    pub max_mem_in_queues: Option<MemSize>,
+    #[serde(rename = "DoSCircuitCreationEnabled", default)]
+    pub dos_cc_enabled: Option<i64>,
+    #[serde(rename = "DoSCircuitCreationMinConnections", default)]
+    pub dos_cc_min_connections: Option<i64>,
+    #[serde(rename = "DoSCircuitCreationRate", default)]
+    pub dos_cc_rate: Option<i64>,
+    #[serde(rename = "DoSCircuitCreationBurst", default)]
+    pub dos_cc_burst: Option<i64>,
+    #[serde(rename = "DoSCircuitCreationDefenseType", default)]
+    pub dos_cc_defense_type: Option<i64>,
+    #[serde(rename = "DoSCircuitCreationDefenseTimePeriod", default)]
+    pub dos_cc_defense_time_period: Option<i64>,
+    #[serde(rename = "DoSConnectionEnabled", default)]
+    pub dos_conn_enabled: Option<i64>,
+    #[serde(rename = "DoSConnectionMaxConcurrentCount", default)]
+    pub dos_conn_max_concurrent_count: Option<i64>,
+    #[serde(rename = "DoSConnectionDefenseType", default)]
+    pub dos_conn_defense_type: Option<i64>,
+    #[serde(rename = "DoSConnectionConnectRate", default)]
+    pub dos_conn_connect_rate: Option<i64>,
+    #[serde(rename = "DoSConnectionConnectBurst", default)]
+    pub dos_conn_connect_burst: Option<i64>,
+    #[serde(rename = "DoSConnectionConnectDefenseTimePeriod", default)]
+    pub dos_conn_connect_defense_time_period: Option<i64>,
 }
 
 fn default_exit_policy() -> Vec<String> {
@@ -227,14 +273,53 @@ impl RelayConfig {
         effective_unsent_limit(self.link_unsent_limit, self.socket_buffer().is_some())
     }
 
-    /// The settings SIGHUP may change in the running core.
-    fn tunables(&self) -> Tunables {
-        Tunables {
+    /// The settings SIGHUP may change in the running core. Fails, naming the option, on a
+    /// bad `MaxMemInQueues` or `DoS*` value; a warning for a legal but unwise one is logged.
+    fn tunables(&self) -> anyhow::Result<Tunables> {
+        let (mem, warning) =
+            max_mem_in_queues(self.max_mem_in_queues.as_ref()).map_err(anyhow::Error::msg)?;
+        if let Some(w) = warning {
+            warn!("{w}");
+        }
+        Ok(Tunables {
             scheduler: self.scheduler.clone(),
             halflife: self.circuit_priority_halflife,
             outbuf_cells: self.outbuf_cells.or_else(|| self.rate_based_outbuf()),
             cross_channel: self.cross_channel_priority,
-        }
+            max_mem_in_queues: Some(mem),
+            dos: self.dos_options()?,
+        })
+    }
+
+    /// The `DoS*` options set in the file (checked against Tor's ranges).
+    fn dos_options(&self) -> anyhow::Result<DosOptions> {
+        DosOptions::new(&[
+            ("DoSCircuitCreationEnabled", self.dos_cc_enabled),
+            (
+                "DoSCircuitCreationMinConnections",
+                self.dos_cc_min_connections,
+            ),
+            ("DoSCircuitCreationRate", self.dos_cc_rate),
+            ("DoSCircuitCreationBurst", self.dos_cc_burst),
+            ("DoSCircuitCreationDefenseType", self.dos_cc_defense_type),
+            (
+                "DoSCircuitCreationDefenseTimePeriod",
+                self.dos_cc_defense_time_period,
+            ),
+            ("DoSConnectionEnabled", self.dos_conn_enabled),
+            (
+                "DoSConnectionMaxConcurrentCount",
+                self.dos_conn_max_concurrent_count,
+            ),
+            ("DoSConnectionDefenseType", self.dos_conn_defense_type),
+            ("DoSConnectionConnectRate", self.dos_conn_connect_rate),
+            ("DoSConnectionConnectBurst", self.dos_conn_connect_burst),
+            (
+                "DoSConnectionConnectDefenseTimePeriod",
+                self.dos_conn_connect_defense_time_period,
+            ),
+        ])
+        .map_err(anyhow::Error::msg)
     }
 
     /// A rate-limited relay hands a connection about 10 ms of its rate (at least 8 cells), so
@@ -316,9 +401,9 @@ impl RelayConfig {
             }
         }
         // Scheduler and half-life together, as the driver will use them (named in the error).
-        self.tunables()
-            .effective(None)
-            .map_err(anyhow::Error::msg)?;
+        let tunables = self.tunables()?;
+        tunables.effective(None).map_err(anyhow::Error::msg)?;
+        tunables.dos_config(None).map_err(anyhow::Error::msg)?;
         if !(0.0..=1.0).contains(&self.read_rate_margin) {
             bail!("ReadRateMargin must be between 0 and 1 (a fraction of BandwidthRate)");
         }
@@ -383,8 +468,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut seed = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut seed);
     let is_exit = policy.is_exit();
-    let tunables = cfg.tunables();
+    let tunables = cfg.tunables()?;
     let (scheduler, outbuf_cells) = tunables.effective(None).map_err(anyhow::Error::msg)?;
+    let dos = tunables.dos_config(None).map_err(anyhow::Error::msg)?;
     let core = Core::new(
         CoreConfig {
             relay: Some(RelayKeys {
@@ -394,6 +480,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             exit: is_exit,
             scheduler,
             circwindow_override: cfg.circuit_window,
+            max_mem_in_queues: tunables
+                .max_mem_in_queues
+                .unwrap_or(chive_core::DEFAULT_MAX_MEM_IN_QUEUES),
+            dos,
             cell_sample_every: if cfg
                 .metrics_file
                 .as_ref()
@@ -431,22 +521,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let tx = driver.sender();
     let chan_ids = driver.chan_ids();
 
-    // Accept loop: the handshake runs in its own task so a slow peer blocks nobody.
+    // Accept loop: the driver asks the DoS defences, then runs the handshake in its own task
+    // so a slow peer blocks nobody.
     let accept_tx = tx.clone();
     tokio::spawn(async move {
         loop {
             match listener.accept().await {
                 Ok(accepting) => {
-                    let tx = accept_tx.clone();
-                    let limits = limits.clone();
                     let chan = ChannelId(chan_ids.fetch_add(1, Ordering::Relaxed));
-                    tokio::spawn(async move {
-                        let peer = accepting.peer_addr();
-                        match accepting.handshake().await {
-                            Ok(link) => start_link(chan, link, false, limits, tx).await,
-                            Err(e) => warn!(%peer, error = %e, "incoming link failed"),
-                        }
-                    });
+                    if accept_tx
+                        .send(Input::Accepted { chan, accepting })
+                        .await
+                        .is_err()
+                    {
+                        return; // the driver stopped
+                    }
                 }
                 Err(e) => {
                     warn!(error = %e, "accept failed");
@@ -522,12 +611,15 @@ fn spawn_signal_handlers(
             return;
         };
         while hup.recv().await.is_some() {
-            match load_config::<RelayConfig>(&config).and_then(|c| c.validate().map(|_| c)) {
-                Ok(c) => {
+            let loaded = load_config::<RelayConfig>(&config)
+                .and_then(|c| c.validate().map(|_| c))
+                .and_then(|c| Ok((c.tunables()?, c)));
+            match loaded {
+                Ok((tunables, c)) => {
                     read_bucket.set_rate(c.read_rate(), c.burst());
                     write_bucket.set_rate(c.bandwidth_rate, c.burst());
                     write_bucket.set_reserve(c.quiet_reserve());
-                    let _ = tx.send(Input::Reconfigure(c.tunables())).await;
+                    let _ = tx.send(Input::Reconfigure(tunables)).await;
                     info!(
                         rate = c.bandwidth_rate,
                         burst = c.burst(),
@@ -622,5 +714,27 @@ mod tests {
             format!("{err:#}").contains("LinkCongestionControl"),
             "{err:#}"
         );
+    }
+
+    #[test]
+    fn memory_and_dos_options_are_checked_naming_them() {
+        let t = config("MaxMemInQueues = \"16 MB\"\nDoSCircuitCreationEnabled = 1")
+            .tunables()
+            .unwrap();
+        assert_eq!(t.max_mem_in_queues, Some(16 << 20));
+        assert!(t.dos_config(None).unwrap().circuit_creation.enabled);
+        assert_eq!(
+            config("").tunables().unwrap().max_mem_in_queues,
+            Some(chive_core::DEFAULT_MAX_MEM_IN_QUEUES)
+        );
+        for (bad, name) in [
+            ("MaxMemInQueues = 100", "MaxMemInQueues"),
+            ("MaxMemInQueues = \"3 furlongs\"", "MaxMemInQueues"),
+            ("DoSCircuitCreationBurst = 0", "DoSCircuitCreationBurst"),
+            ("DoSConnectionDefenseType = 3", "DoSConnectionDefenseType"),
+        ] {
+            let err = config(bad).validate().expect_err(bad);
+            assert!(format!("{err:#}").contains(name), "{err:#}");
+        }
     }
 }

@@ -12,11 +12,19 @@ use super::Core;
 
 impl Core {
     /// The address the peer of `chan` connects from. Call right after
-    /// [`Core::channel_opened`] for a channel this node accepted. A client channel (no
-    /// authenticated relay identity) is then counted for its address by the DoS defences until
-    /// it closes; relays are not limited, and a channel whose address is never told is not
-    /// tracked. Calling again for the same channel changes nothing.
-    pub fn set_channel_addr(&mut self, chan: ChannelId, addr: IpAddr, now: Instant) {
+    /// [`Core::channel_opened`] for a channel this node accepted. Unless `known_relay`, the
+    /// channel is then counted for its address by the DoS defences until it closes. The driver
+    /// decides what a known relay is (Tor: an address listed in the consensus; chive also
+    /// accepts a proven identity listed there): a self-made relay identity must not exempt a
+    /// client. A channel whose address is never told is not tracked. Calling again for the
+    /// same channel changes nothing.
+    pub fn set_channel_addr(
+        &mut self,
+        chan: ChannelId,
+        addr: IpAddr,
+        known_relay: bool,
+        now: Instant,
+    ) {
         let Some(ch) = self.channels.get_mut(&chan) else {
             return;
         };
@@ -24,9 +32,28 @@ impl Core {
             return;
         }
         ch.addr = Some(addr);
-        if ch.peer.is_none() && self.cfg.relay.is_some() {
+        if !known_relay && self.cfg.relay.is_some() {
             ch.dos_tracked = self.dos.client_connected(addr, now, &mut self.rng);
         }
+    }
+
+    /// `chan` turned out to come from a known relay (a newer consensus lists it): stop counting
+    /// it for its address. Nothing happens to an untracked channel.
+    pub fn set_channel_known_relay(&mut self, chan: ChannelId, now: Instant) {
+        let Some(ch) = self.channels.get_mut(&chan) else {
+            return;
+        };
+        if !std::mem::take(&mut ch.dos_tracked) {
+            return;
+        }
+        if let Some(addr) = ch.addr {
+            self.dos.client_disconnected(addr, now);
+        }
+    }
+
+    /// Whether `chan` is counted by the DoS defences (an accepted client channel).
+    pub fn channel_dos_tracked(&self, chan: ChannelId) -> bool {
+        self.channels.get(&chan).is_some_and(|ch| ch.dos_tracked)
     }
 
     /// Whether a connection just accepted from `addr` may go on to its handshake (Tor's
@@ -39,6 +66,11 @@ impl Core {
     pub fn set_dos_config(&mut self, cfg: DosConfig) {
         self.cfg.dos = cfg;
         self.dos.set_config(cfg);
+    }
+
+    /// The DoS settings in force.
+    pub fn dos_config(&self) -> DosConfig {
+        self.cfg.dos
     }
 
     /// DoS counters.

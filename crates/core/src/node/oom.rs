@@ -101,6 +101,18 @@ impl Core {
         self.check_mem_in_queues(now);
     }
 
+    /// A new `MaxMemInQueues` (SIGHUP). A lower limit applies at once: the handler runs now
+    /// if the queues already hold that much.
+    pub fn set_max_mem_in_queues(&mut self, bytes: usize, now: Instant) {
+        self.cfg.max_mem_in_queues = bytes;
+        self.check_mem_in_queues(now);
+    }
+
+    /// The `MaxMemInQueues` in force, in bytes.
+    pub fn max_mem_in_queues(&self) -> usize {
+        self.cfg.max_mem_in_queues
+    }
+
     /// Run the OOM handler if the limit is reached (Tor: `alloc >= MaxMemInQueues`).
     pub(super) fn check_mem_in_queues(&mut self, now: Instant) {
         if self.mem_in_queues() >= self.cfg.max_mem_in_queues {

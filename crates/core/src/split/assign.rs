@@ -345,6 +345,17 @@ impl SplitChannel {
         }
     }
 
+    /// Cells held back to restore the peer's order (a reading channel's reorder buffer; 0
+    /// otherwise), for the memory the driver reports against `MaxMemInQueues`.
+    pub fn held(&self) -> usize {
+        match &self.side {
+            Side::Reader { reorder, .. } => {
+                reorder.queued(Conn::Primary) + reorder.queued(Conn::Secondary)
+            }
+            _ => 0,
+        }
+    }
+
     /// Which of our connections' readers should be paused (`true`) or running: a connection
     /// whose cells pile up waiting for a HANDOFF on the other is paused until they can flow.
     /// `None` if the channel never holds cells back (we are not the reader of a split channel).

@@ -52,7 +52,7 @@ impl Bench {
     fn client_channel(&mut self, chan: u64, addr: IpAddr) -> ChannelId {
         let chan = ChannelId(chan);
         self.r.core.channel_opened(chan, None, false, self.now);
-        self.r.core.set_channel_addr(chan, addr, self.now);
+        self.r.core.set_channel_addr(chan, addr, false, self.now);
         chan
     }
 
@@ -97,7 +97,7 @@ fn a_create2_flood_is_refused_and_others_keep_building() {
     let relay_chan = ChannelId(30);
     b.r.core
         .channel_opened(relay_chan, Some(peer), false, b.now);
-    b.r.core.set_channel_addr(relay_chan, FLOODER, b.now);
+    b.r.core.set_channel_addr(relay_chan, FLOODER, true, b.now);
 
     for i in 0..9 {
         assert_eq!(b.create(flood[i % 3]), Answer::Created, "CREATE2 {i}");
@@ -175,7 +175,8 @@ fn allow_connection_counts_client_channels_per_address() {
     for c in 0..5 {
         b.r.core
             .channel_opened(ChannelId(30 + c), Some(peer), false, b.now);
-        b.r.core.set_channel_addr(ChannelId(30 + c), FLOODER, b.now);
+        b.r.core
+            .set_channel_addr(ChannelId(30 + c), FLOODER, true, b.now);
     }
     assert!(b.r.core.allow_connection(FLOODER, b.now));
     for c in 10..13 {
@@ -185,4 +186,37 @@ fn allow_connection_counts_client_channels_per_address() {
     assert!(b.r.core.allow_connection(HONEST, b.now));
     b.r.core.channel_closed(ChannelId(10), b.now);
     assert!(b.r.core.allow_connection(FLOODER, b.now));
+}
+
+/// A proven identity alone exempts nobody: the driver says which channels come from known
+/// relays (listed in the consensus). A self-made "relay" is counted as a client until a
+/// consensus lists it; then it stops counting.
+#[test]
+fn only_known_relays_are_exempt() {
+    let mut b = Bench::new(DosConfig {
+        connection: ConnectionConfig {
+            enabled: true,
+            max_concurrent: 2,
+            ..ConnectionConfig::default()
+        },
+        ..DosConfig::default()
+    });
+    let stranger = relay(4, CoreConfig::default()).hop.identity;
+    for c in 40..43 {
+        b.r.core
+            .channel_opened(ChannelId(c), Some(stranger), false, b.now);
+        b.r.core
+            .set_channel_addr(ChannelId(c), FLOODER, false, b.now);
+        assert!(b.r.core.channel_dos_tracked(ChannelId(c)));
+    }
+    assert!(!b.r.core.allow_connection(FLOODER, b.now));
+    // A newer consensus lists it: its channels no longer count.
+    b.r.core.set_channel_known_relay(ChannelId(40), b.now);
+    assert!(!b.r.core.channel_dos_tracked(ChannelId(40)));
+    assert!(b.r.core.allow_connection(FLOODER, b.now));
+    // Untracking twice, or closing afterwards, does not count the address down again.
+    b.r.core.set_channel_known_relay(ChannelId(40), b.now);
+    b.r.core.channel_closed(ChannelId(40), b.now);
+    b.client_channel(50, FLOODER);
+    assert!(!b.r.core.allow_connection(FLOODER, b.now));
 }

@@ -46,6 +46,7 @@ impl Driver {
             chan,
             peer,
             initiator,
+            addr,
             features,
             bind_token,
             conn,
@@ -66,6 +67,10 @@ impl Driver {
                 peer,
                 initiator,
                 split,
+                addr: (!initiator).then_some(addr.ip()),
+                reported: 0,
+                held_cells: 0,
+                held_since: None,
             },
         );
         self.send.add_channel(chan);
@@ -84,6 +89,7 @@ impl Driver {
         }
         let (peer, initiator) = (io.peer, io.initiator);
         self.core.channel_opened(chan, peer, initiator, now);
+        self.tell_addr(chan, now);
         if self.split.mode == SplitMode::Always {
             self.start_split(chan, now);
         }
@@ -142,6 +148,13 @@ impl Driver {
     ) {
         for cell in out.drain(..) {
             self.deliver(chan, cell, now);
+        }
+        if self
+            .chans
+            .get(&chan)
+            .is_some_and(|io| io.split.held() != io.held_cells)
+        {
+            self.report_buffered(chan, now);
         }
         let switched = match result {
             Ok(switched) => switched,

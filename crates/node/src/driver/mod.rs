@@ -24,14 +24,15 @@
 //! Files: this one holds the inputs, the loop and the send side; `links.rs` the connections
 //! and split-direction channels; `tasks.rs` the IO tasks; `tunables.rs` the runtime settings.
 
+mod guard;
 mod links;
 mod tasks;
 #[cfg(test)]
 mod tests;
 mod tunables;
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,6 +72,12 @@ const INPUT_CELLS: usize = 4096;
 pub enum Input {
     /// A link finished its handshake and has reader/writer tasks.
     LinkUp(LinkUp),
+    /// A relay accepted a TCP connection (its handshakes have not run): the DoS defences
+    /// decide whether it goes on.
+    Accepted {
+        chan: ChannelId,
+        accepting: chive_net::Accepting,
+    },
     /// Our second connection for `chan` is up and its BIND was sent.
     SplitUp {
         chan: ChannelId,
@@ -82,11 +89,13 @@ pub enum Input {
     /// Opening a link to `identity` failed.
     ConnectFailed { identity: IdentityKey, why: String },
     /// Cells arrived on connection `chan` (in order; at most [`tasks::READ_BATCH`]). `permit`
-    /// holds their share of the input queue's cell budget until they are handled.
+    /// holds their share of the input queue's cell budget and `credit` their share of the
+    /// connection's own ([`tasks::LINK_INPUT_CREDIT`]) until they are handled.
     Cells {
         chan: ChannelId,
         cells: Vec<AnyCell>,
         permit: tokio::sync::OwnedSemaphorePermit,
+        credit: tokio::sync::OwnedSemaphorePermit,
     },
     /// Connection `chan`'s writer finished writing a batch of `cells` cells.
     Written { chan: ChannelId, cells: usize },
@@ -147,6 +156,8 @@ pub struct LinkUp {
     pub chan: ChannelId,
     pub peer: Option<IdentityKey>,
     pub initiator: bool,
+    /// The peer's socket address.
+    pub addr: SocketAddr,
     /// Negotiated link features.
     pub features: FeatureSet,
     /// The link's split-direction bind token.
@@ -159,11 +170,19 @@ struct ConnIo {
     id: ChannelId,
     h: ConnHandles,
     held: bool,
+    /// Batches handed to the writer and not yet written: when, and how many cells (bounded
+    /// by `OutbufCells`; reported to the core against `MaxMemInQueues`).
+    batches: VecDeque<(Instant, usize)>,
 }
 
 impl ConnIo {
     fn new(id: ChannelId, h: ConnHandles) -> Self {
-        ConnIo { id, h, held: false }
+        ConnIo {
+            id,
+            h,
+            held: false,
+            batches: VecDeque::new(),
+        }
     }
 
     /// Stop reading now; the writer task finishes what it was given, then closes (TLS
@@ -192,6 +211,13 @@ struct ChanIo {
     initiator: bool,
     /// Split-direction state: roles, second connection, which connection we write on.
     split: SplitChannel,
+    /// The peer's address, for a channel we accepted (the DoS defences count by it).
+    addr: Option<IpAddr>,
+    /// Bytes last reported to the core as held by the driver for this channel.
+    reported: usize,
+    /// Cells held back for reordering at the last report, and since when some are.
+    held_cells: usize,
+    held_since: Option<Instant>,
 }
 
 impl ChanIo {
@@ -203,11 +229,11 @@ impl ChanIo {
     }
 
     /// The connection with id `conn`, if it is one of the channel's.
-    fn conn_by_id(&self, conn: ChannelId) -> Option<&ConnIo> {
+    fn conn_by_id_mut(&mut self, conn: ChannelId) -> Option<&mut ConnIo> {
         if self.primary.id == conn {
-            return Some(&self.primary);
+            return Some(&mut self.primary);
         }
-        self.secondary.as_ref().filter(|s| s.id == conn)
+        self.secondary.as_mut().filter(|s| s.id == conn)
     }
 
     fn close(self) {
@@ -304,13 +330,19 @@ impl Driver {
     /// circuit policy and output bound as they were, if they name a value the policy cannot use
     /// (logged with the option's name).
     pub fn apply_policy(&mut self, now: Instant) -> bool {
-        let applied = match self.cfg.tunables.effective(self.params.as_ref()) {
-            Ok((kind, outbuf)) => {
+        let params = self.params.as_ref();
+        let tunables = &self.cfg.tunables;
+        let resolved = tunables
+            .effective(params)
+            .and_then(|policy| Ok((policy, tunables.dos_config(params)?)));
+        let applied = match resolved {
+            Ok(((kind, outbuf), dos)) => {
                 self.set_policy(kind, outbuf, now);
+                self.set_limits(dos, now);
                 true
             }
             Err(e) => {
-                warn!(error = %e, "scheduler settings not applied; keeping the old policy");
+                warn!(error = %e, "settings not applied; keeping the old policy and limits");
                 false
             }
         };
@@ -318,7 +350,7 @@ impl Driver {
         let send = send_config(&self.cfg);
         if send != *self.send.config() {
             self.send.set_config(send, &mut self.core, now);
-            self.drain_transmits();
+            self.drain_transmits(now);
         }
         applied
     }
@@ -331,6 +363,27 @@ impl Driver {
         if outbuf != self.cfg.outbuf_cells {
             info!(outbuf_cells = outbuf, "output buffer bound changed");
             self.cfg.outbuf_cells = outbuf;
+        }
+    }
+
+    fn set_limits(&mut self, dos: chive_core::dos::DosConfig, now: Instant) {
+        if dos != self.core.dos_config() {
+            let (cc, conn) = (dos.circuit_creation, dos.connection);
+            info!(
+                circuit_creation = cc.enabled,
+                cc_rate = cc.rate,
+                cc_burst = cc.burst,
+                connection = conn.enabled,
+                max_concurrent = conn.max_concurrent,
+                "DoS defences set"
+            );
+            self.core.set_dos_config(dos);
+        }
+        if let Some(bytes) = self.cfg.tunables.max_mem_in_queues {
+            if bytes != self.core.max_mem_in_queues() {
+                info!(bytes, "MaxMemInQueues set");
+                self.core.set_max_mem_in_queues(bytes, now);
+            }
         }
     }
 
@@ -414,6 +467,7 @@ impl Driver {
                 up.conn.start_reader(&self.cell_budget);
                 self.link_up(up, now)
             }
+            Input::Accepted { chan, accepting } => self.accepted(chan, accepting, now),
             Input::SplitUp {
                 chan,
                 conn_id,
@@ -436,20 +490,22 @@ impl Driver {
                 chan,
                 cells,
                 permit,
+                credit,
             } => {
                 for cell in cells {
                     self.on_cell(chan, cell, now);
                 }
-                // Handled: their room in the queue is free again.
-                drop(permit);
+                // Handled: their room in the queue and in the connection's credit is free again.
+                drop((permit, credit));
             }
             Input::Paid { chan: conn, cells } => {
                 self.send.paid(conn, cells, &mut self.core, now);
-                self.drain_transmits();
+                self.drain_transmits(now);
             }
             Input::Written { chan: conn, cells } => {
                 let samples = self.send.written(conn, cells, &mut self.core, now);
-                self.drain_transmits();
+                self.batch_written(conn, now);
+                self.drain_transmits(now);
                 if let (Some(samples), Some(m)) = (samples, self.metrics.as_mut()) {
                     m.cells_written(samples, now);
                 }
@@ -516,6 +572,7 @@ impl Driver {
                         &consensus.params,
                     ));
                 self.params = Some(consensus.params.clone());
+                self.recheck_known_relays(now);
                 self.apply_policy(now);
                 if let Some(client) = self.client.as_mut() {
                     client.set_consensus(&mut self.core, consensus, now);
@@ -576,17 +633,17 @@ impl Driver {
         }
         // Room may have appeared without a Written for a waiting channel (a link went down).
         self.send.settle(&mut self.core, now);
-        self.drain_transmits();
+        self.drain_transmits(now);
     }
 
     /// `chan` may have cells to send: the channel scheduler decides what goes now.
     fn transmit(&mut self, chan: ChannelId, now: Instant) {
         self.send.channel_ready(chan, &mut self.core, now);
-        self.drain_transmits();
+        self.drain_transmits(now);
     }
 
     /// Hand the batches the send path decided to their connections' writers, in order.
-    fn drain_transmits(&mut self) {
+    fn drain_transmits(&mut self, now: Instant) {
         while let Some(Transmit {
             chan,
             conn,
@@ -605,7 +662,7 @@ impl Driver {
             };
             let n = cells.len();
             io.split.sent(n);
-            let Some(c) = io.conn_by_id(conn) else {
+            let Some(c) = io.conn_by_id_mut(conn) else {
                 warn!(
                     ?chan,
                     ?conn,
@@ -621,8 +678,26 @@ impl Driver {
             if c.h.writer.send(WriteMsg::Cells { cells, class }).is_err() {
                 // The writer is gone; its LinkDown is on the way.
                 debug!(?chan, "writer gone");
+                continue;
             }
+            c.batches.push_back((now, n));
+            self.report_buffered(chan, now);
         }
+    }
+
+    /// Connection `conn`'s writer wrote its oldest batch (writers write in order).
+    fn batch_written(&mut self, conn: ChannelId, now: Instant) {
+        let Some((chan, _)) = self.locate(conn) else {
+            return;
+        };
+        if let Some(c) = self
+            .chans
+            .get_mut(&chan)
+            .and_then(|io| io.conn_by_id_mut(conn))
+        {
+            c.batches.pop_front();
+        }
+        self.report_buffered(chan, now);
     }
 
     fn handle_event(&mut self, ev: Event, now: Instant) {

@@ -27,6 +27,13 @@ pub(super) const READ_BATCH: usize = 128;
 /// connections there are and however the queue's slots are used.
 pub type CellBudget = Arc<Semaphore>;
 
+/// Cells one connection may have waiting in the driver's input queue (one batch; the reader
+/// decodes the next one meanwhile). A reader holds one permit per cell it queued and the
+/// driver returns it when it has handled the cell, so a connection flooding cells (a CREATE2
+/// flood, docs/security.md) has at most this many ahead of another connection's cell, instead
+/// of the whole input queue: the others keep their latency.
+pub const LINK_INPUT_CREDIT: usize = READ_BATCH;
+
 /// Largest read from a stream socket.
 const STREAM_READ_CHUNK: usize = 16 * 1024;
 /// Time allowed for an exit's DNS lookup and TCP connect.
@@ -123,6 +130,7 @@ pub async fn start_link(
     tx: mpsc::Sender<Input>,
 ) {
     let peer = link.peer_identity;
+    let addr = link.peer_addr;
     let features = link.features;
     let bind_token = link.bind_token();
     let (reader, writer) = link.split(limits);
@@ -133,6 +141,7 @@ pub async fn start_link(
             chan,
             peer,
             initiator,
+            addr,
             features,
             bind_token,
             conn,
@@ -155,6 +164,7 @@ pub(super) fn spawn_conn(
     let quiet = Arc::new(QuietSignal::default());
     let signal = quiet.clone();
     let rtx = tx.clone();
+    let credit = Arc::new(tokio::sync::Semaphore::new(LINK_INPUT_CREDIT));
     let reader_task = tokio::spawn(async move {
         let Ok(budget) = gate_rx.await else {
             return;
@@ -171,7 +181,11 @@ pub(super) fn spawn_conn(
             match reader.read_cells(&mut cells, READ_BATCH).await {
                 Ok(0) => break "closed by peer".to_string(),
                 Ok(n) => {
-                    // n <= READ_BATCH, far below the budget's size: this always completes.
+                    // n <= READ_BATCH = LINK_INPUT_CREDIT, and READ_BATCH is far below the
+                    // budget's size: both always complete.
+                    let Ok(credit) = credit.clone().acquire_many_owned(n as u32).await else {
+                        return;
+                    };
                     let Ok(permit) = budget.clone().acquire_many_owned(n as u32).await else {
                         return;
                     };
@@ -180,6 +194,7 @@ pub(super) fn spawn_conn(
                         chan: id,
                         cells: batch,
                         permit,
+                        credit,
                     };
                     if rtx.send(input).await.is_err() {
                         return;

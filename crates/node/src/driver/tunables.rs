@@ -1,6 +1,9 @@
 //! The settings a node's operator may change at runtime (SIGHUP), merged with the consensus.
 
+use chive_core::dos::DosConfig;
 use chive_core::SchedulerKind;
+
+use crate::limits::DosOptions;
 
 /// Settings a node's operator may set locally; unset ones come from the consensus.
 #[derive(Clone, Debug, Default)]
@@ -14,6 +17,11 @@ pub struct Tunables {
     /// `CrossChannelPriority`: under a write rate, share OutbufCells among all connections
     /// and give room to the channel with the most deserving circuit (default off).
     pub cross_channel: bool,
+    /// `MaxMemInQueues` in bytes, already resolved (`crate::limits::max_mem_in_queues`);
+    /// `None` leaves the core's (default 256 MiB).
+    pub max_mem_in_queues: Option<usize>,
+    /// The relay's own `DoS*` options, overriding the consensus.
+    pub dos: DosOptions,
 }
 
 impl Tunables {
@@ -50,6 +58,12 @@ impl Tunables {
                 .unwrap_or(chive_dir::OUTBUF_CELLS.default) as usize
         });
         Ok((kind, outbuf))
+    }
+
+    /// The DoS defences' settings in force: our `DoS*` options over the consensus parameters
+    /// over Tor's defaults. An error names the option.
+    pub fn dos_config(&self, params: Option<&chive_dir::NetParams>) -> Result<DosConfig, String> {
+        self.dos.config(params)
     }
 }
 

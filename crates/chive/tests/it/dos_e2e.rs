@@ -1,0 +1,484 @@
+//! The memory cap and the circuit-creation defence on real processes (docs/security.md):
+//!
+//! - the sniper attack (Jansen et al., NDSS 2014): a client builds many circuits through a
+//!   relay with `MaxMemInQueues = 16 MB`, opens bulk downloads on them and stops reading its
+//!   link (SIGSTOP). The relay's RSS must stay under its RSS before the attack plus the cap
+//!   plus a margin, the OOM handler must kill circuits (log and metrics), and an honest
+//!   download through the same relay must complete byte-exact meanwhile;
+//! - a CREATE2 flood from one address (127.0.0.2, three links) against a relay with
+//!   `DoSCircuitCreationEnabled = 1`: beyond the burst and rate it gets DESTROY
+//!   (RESOURCELIMIT); an honest client on another address (127.0.0.3) keeps getting CREATED2
+//!   quickly, and the network keeps serving downloads.
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chive_cell::{AnyCell, Cell, CellCommand, Create2, DestroyReason};
+use chive_crypto::ntor::{self, NtorPublicKey, NtorSecretKey, NTOR_HTYPE};
+use chive_crypto::{IdentityKey, IdentityKeypair};
+
+use crate::common::*;
+
+const MIB: u64 = 1 << 20;
+
+/// VmRSS of `pid` in bytes.
+fn rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// User + system CPU seconds of `pid` so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the state.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn pid_of(net: &Network, name: &str) -> u32 {
+    net.children
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, c)| c.id())
+        .unwrap()
+}
+
+/// A prometheus counter's value from a scrape.
+fn counter(scrape: &str, name: &str) -> u64 {
+    scrape
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// Start a second SOCKS client whose circuits all enter through `entry`; its SOCKS address.
+fn start_client(net: &mut Network, name: &str, entry: &str) -> SocketAddr {
+    let socks: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let cfg = net.dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "DataDirectory = \"{}\"\nSocksPort = \"{socks}\"\nAuthority = \"{}\"\n\
+             AuthorityIdentity = \"{}\"\nEntryNodes = [\"{entry}\"]\nCircuitBuildTimeout = 20\n",
+            net.dir.join(name).display(),
+            net.authority,
+            net.authority_id,
+        ),
+    )
+    .unwrap();
+    let child = spawn(
+        &net.dir,
+        name,
+        &["client", "--config", cfg.to_str().unwrap()],
+    );
+    net.children.push((name.to_string(), child));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match fetch(socks, net.http, 1024, None) {
+            Ok(b) if b == pattern(1024) => return socks,
+            r => assert!(Instant::now() < deadline, "{name} not ready: {r:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Circuits the sniper builds, and streams per circuit (two fill the 1000-cell circuit window
+/// with their 500-cell stream windows).
+const SNIPER_CIRCUITS: usize = 150;
+const STREAMS_PER_CIRCUIT: usize = 2;
+/// The relay's cap, and how far above `RSS before + cap` its RSS may go: the circuit queues'
+/// spare capacity (a `VecDeque` doubles, so up to as much again as the cells counted),
+/// allocator slack, per-circuit state, the honest transfer. Measured: peaks of 28-34 MiB
+/// above the RSS before the attack with the handler; without it (`CHIVE_SNIPER_MAXMEM="1 GB"`,
+/// which must make this test fail) the attack's ~75 MB of cells sit in the queues.
+const SNIPER_CAP: u64 = 16 * MIB;
+const SNIPER_MARGIN: u64 = 32 * MIB;
+
+#[test]
+fn sniper_attack_is_bounded_by_max_mem_in_queues() {
+    // CHIVE_SNIPER_MAXMEM overrides the cap, to check that the test fails without it.
+    let cap = std::env::var("CHIVE_SNIPER_MAXMEM").unwrap_or_else(|_| "16 MB".into());
+    let mut net = Network::start_alone("sniper", [&format!("MaxMemInQueues = \"{cap}\""), "", ""]);
+    let target = pid_of(&net, "relay1");
+    let sniper_socks = start_client(&mut net, "sniper", "relay1");
+    let sniper = pid_of(&net, "sniper");
+    // Warm up the target (honest circuits and a transfer), then take its RSS as the baseline.
+    assert!(fetch(net.socks, net.http, 2_000_000, None).unwrap() == pattern(2_000_000));
+    let before = rss(target).unwrap();
+
+    // Sample the target's RSS every 50 ms for the whole attack.
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(before));
+    let sampler = {
+        let (stop, peak) = (stop.clone(), peak.clone());
+        std::thread::spawn(move || {
+            let mut series = Vec::new();
+            let t0 = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(r) = rss(target) {
+                    peak.fetch_max(r, Ordering::Relaxed);
+                    series.push((t0.elapsed().as_secs_f64(), r));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            series
+        })
+    };
+
+    // Open the bulk streams (one SOCKS username per circuit), in parallel; keep the sockets
+    // open and never read them.
+    let t_attack = Instant::now();
+    let http = net.http;
+    let openers: Vec<_> = (0..8)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                for c in (t..SNIPER_CIRCUITS).step_by(8) {
+                    let user = format!("sniper{c}");
+                    for _ in 0..STREAMS_PER_CIRCUIT {
+                        if let Ok(mut s) = socks_connect(sniper_socks, http, Some((&user, "x"))) {
+                            let _ = write!(s, "GET /bytes/100000000 HTTP/1.0\r\n\r\n");
+                            held.push(s);
+                        }
+                    }
+                }
+                held
+            })
+        })
+        .collect();
+    let held: Vec<TcpStream> = openers
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    assert!(
+        held.len() >= SNIPER_CIRCUITS * STREAMS_PER_CIRCUIT * 9 / 10,
+        "only {} attack streams opened",
+        held.len()
+    );
+    // The sniper stops reading its link: everything for it now queues at relay1.
+    signal(sniper, "-STOP");
+    let opened = t_attack.elapsed();
+
+    // An honest download through the same relay while the queues fill.
+    let t0 = Instant::now();
+    let body = fetch(net.socks, net.http, 10_000_000, None).expect("honest download failed");
+    let honest = t0.elapsed();
+    assert!(
+        body == pattern(10_000_000),
+        "honest download not byte-exact"
+    );
+    // Let the attack run its course.
+    std::thread::sleep(Duration::from_secs(8).saturating_sub(honest));
+    net.check_alive();
+    stop.store(true, Ordering::Relaxed);
+    let series = sampler.join().unwrap();
+    let peak = peak.load(Ordering::Relaxed);
+    let scrape = net.scrape(0);
+    let killed = counter(&scrape, "chive_oom_circuits_killed_total");
+    let freed = counter(&scrape, "chive_oom_bytes_freed_total");
+    let mem = counter(&scrape, "chive_mem_in_queues_bytes");
+    eprintln!(
+        "sniper: {} streams opened in {:.1} s; honest 10 MB in {:.2} s; relay1 RSS before {} MiB, \
+         peak {} MiB (limit {} MiB); OOM killed {killed} circuits, freed {} MiB; in queues now {} KiB",
+        held.len(),
+        opened.as_secs_f64(),
+        honest.as_secs_f64(),
+        before / MIB,
+        peak / MIB,
+        (before + SNIPER_CAP + SNIPER_MARGIN) / MIB,
+        freed / MIB,
+        mem / 1024,
+    );
+    let trace: Vec<String> = series
+        .iter()
+        .step_by(10)
+        .map(|(t, r)| format!("{t:.1}s:{}MiB", r / MIB))
+        .collect();
+    eprintln!("relay1 RSS over time: {}", trace.join(" "));
+    assert!(
+        peak <= before + SNIPER_CAP + SNIPER_MARGIN,
+        "relay1 RSS peaked at {} MiB, above {} MiB before + 16 MiB cap + 32 MiB margin",
+        peak / MIB,
+        before / MIB
+    );
+    assert!(killed > 0, "the OOM handler never ran; metrics:\n{scrape}");
+    assert!(
+        net.log("relay1").contains("out of memory for queues"),
+        "no OOM log line"
+    );
+    drop(held);
+}
+
+/// A relay's identity and onion key, read from its key files.
+fn relay_keys(net: &Network, i: usize) -> (IdentityKey, NtorPublicKey) {
+    let keys = net.dir.join(format!("relay{i}")).join("keys");
+    let read = |f: &str| -> [u8; 32] {
+        let text = std::fs::read_to_string(keys.join(f)).unwrap();
+        hex::decode(text.trim()).unwrap().try_into().unwrap()
+    };
+    let identity = IdentityKeypair::from_secret_bytes(&read("identity.key")).public();
+    let ntor = NtorSecretKey::from_bytes(read("ntor.key")).public();
+    (identity, ntor)
+}
+
+fn create2(id: u32, identity: &IdentityKey, key: &NtorPublicKey) -> Cell {
+    let (_, onionskin) = ntor::client_create(&mut rand::rngs::OsRng, &identity.ntor_id(), key);
+    let body = Create2 {
+        handshake_type: NTOR_HTYPE,
+        handshake: onionskin.to_vec(),
+    }
+    .encode()
+    .unwrap();
+    Cell::new(0x8000_0000 | id, CellCommand::CREATE2, &body).unwrap()
+}
+
+fn client_link_config() -> chive_net::LinkConfig {
+    chive_net::LinkConfig {
+        identity: None,
+        features: chive_net::FeatureSet::EMPTY,
+        socket_buffer: None,
+        unsent_limit: None,
+        congestion_control: None,
+    }
+}
+
+/// Answers to a flood, counted by its reader tasks.
+#[derive(Default)]
+struct Answers {
+    created: AtomicU64,
+    refused: AtomicU64,
+    other: AtomicU64,
+}
+
+/// One honest CREATE2 at a time on its own link from `from`, `n` of them `gap` apart; the
+/// time from sending each to its CREATED2, in seconds.
+async fn honest_creates(
+    relay: SocketAddr,
+    from: IpAddr,
+    keys: &(IdentityKey, NtorPublicKey),
+    first_id: u32,
+    n: u32,
+    gap: Duration,
+) -> Vec<f64> {
+    let link = chive_net::connect_from(Some(from), relay, Some(keys.0), &client_link_config())
+        .await
+        .expect("honest link");
+    let (mut r, mut w) = link.split(chive_net::LinkLimits::default());
+    let mut times = Vec::new();
+    for i in 0..n {
+        let cell = create2(first_id + i, &keys.0, &keys.1);
+        let t0 = Instant::now();
+        w.write_cells(&[cell]).await.unwrap();
+        loop {
+            let got = tokio::time::timeout(Duration::from_secs(10), r.read_cell())
+                .await
+                .expect("honest CREATE2 unanswered for 10 s")
+                .unwrap()
+                .expect("honest link closed");
+            match got {
+                AnyCell::Fixed(c) if c.command == CellCommand::CREATED2 => break,
+                AnyCell::Fixed(c) if c.command == CellCommand::DESTROY => {
+                    panic!("honest CREATE2 refused: reason {}", c.payload[0])
+                }
+                _ => {}
+            }
+        }
+        times.push(t0.elapsed().as_secs_f64());
+        tokio::time::sleep(gap).await;
+    }
+    times
+}
+
+#[test]
+fn create2_flood_from_one_address_is_refused_and_others_build() {
+    // 127.0.0.2 and .3 are loopback addresses too; the relays listen on 127.0.0.1.
+    let net = Network::start_alone(
+        "flood",
+        [
+            "DoSCircuitCreationEnabled = 1\nDoSCircuitCreationDefenseTimePeriod = 60",
+            "",
+            "",
+        ],
+    );
+    let relay = net.relays[0];
+    let keys = relay_keys(&net, 1);
+    let target = pid_of(&net, "relay1");
+    let honest_ip: IpAddr = "127.0.0.3".parse().unwrap();
+    let flood_ip: IpAddr = "127.0.0.2".parse().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+
+    // Idle: honest CREATE2 round trips.
+    let idle = rt.block_on(honest_creates(
+        relay,
+        honest_ip,
+        &keys,
+        1,
+        15,
+        Duration::from_millis(50),
+    ));
+
+    // The flood: three links from 127.0.0.2 (DoSCircuitCreationMinConnections), each
+    // writing CREATE2 cells as fast as the relay takes them, for 6 s.
+    const FLOOD: Duration = Duration::from_secs(6);
+    let answers = Arc::new(Answers::default());
+    let sent = Arc::new(AtomicU64::new(0));
+    let cpu0 = cpu_seconds(target);
+    let t_flood = Instant::now();
+    let (during, flood_ok, flood_secs, cpu) = rt.block_on(async {
+        // Every link is up before the first CREATE2: with fewer than MinConnections the
+        // address cannot be marked, and its CREATE2 cells would all be served.
+        let mut links = Vec::new();
+        for _ in 0..3 {
+            let link = chive_net::connect_from(Some(flood_ip), relay, None, &client_link_config())
+                .await
+                .expect("flood link");
+            links.push(link);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut tasks = Vec::new();
+        for (l, link) in (0u32..).zip(links) {
+            let (mut r, mut w) = link.split(chive_net::LinkLimits::default());
+            let answers = answers.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(cell)) = r.read_cell().await {
+                    match cell {
+                        AnyCell::Fixed(c) if c.command == CellCommand::CREATED2 => {
+                            answers.created.fetch_add(1, Ordering::Relaxed)
+                        }
+                        AnyCell::Fixed(c)
+                            if c.command == CellCommand::DESTROY
+                                && DestroyReason(c.payload[0]) == DestroyReason::RESOURCELIMIT =>
+                        {
+                            answers.refused.fetch_add(1, Ordering::Relaxed)
+                        }
+                        _ => answers.other.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            });
+            let sent = sent.clone();
+            tasks.push(tokio::spawn(async move {
+                // One onionskin for every cell: the relay cannot tell, and the flood spends
+                // its time sending rather than on key generation.
+                let template = create2(0, &keys.0, &keys.1);
+                let mut id = l << 24;
+                while t_flood.elapsed() < FLOOD {
+                    let batch: Vec<Cell> = (0..32)
+                        .map(|_| {
+                            id += 1;
+                            Cell::from_payload(
+                                0x8000_0000 | id,
+                                CellCommand::CREATE2,
+                                template.payload,
+                            )
+                        })
+                        .collect();
+                    if w.write_cells(&batch).await.is_err() {
+                        return None;
+                    }
+                    sent.fetch_add(32, Ordering::Relaxed);
+                }
+                // The link stays open (w lives on) until the answers are in.
+                Some(w)
+            }));
+        }
+        // Honest round trips while the flood runs (after the flooder is marked), on their
+        // own thread and runtime so the flood's tasks do not delay them in this process.
+        let honest_keys = keys;
+        let honest = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(honest_creates(
+                relay,
+                honest_ip,
+                &honest_keys,
+                1000,
+                15,
+                Duration::from_millis(200),
+            ))
+        });
+        let mut writers = Vec::new();
+        for t in tasks {
+            writers.push(t.await.ok().flatten());
+        }
+        let flood_secs = t_flood.elapsed().as_secs_f64();
+        let cpu = cpu_seconds(target) - cpu0;
+        let ok = writers.iter().all(Option::is_some);
+        // Wait for the answers still on the way (the flooder's CREATED2 cells queue behind
+        // its DESTROYs, which the relay sends first), at most 5 s.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline
+            && answers.created.load(Ordering::Relaxed)
+                + answers.refused.load(Ordering::Relaxed)
+                + answers.other.load(Ordering::Relaxed)
+                < sent.load(Ordering::Relaxed)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drop(writers);
+        (honest.join().unwrap(), ok, flood_secs, cpu)
+    });
+    // The network keeps serving.
+    let body = fetch(net.socks, net.http, 1_000_000, None).expect("download after the flood");
+    assert!(body == pattern(1_000_000));
+    let (created, refused, other) = (
+        answers.created.load(Ordering::Relaxed),
+        answers.refused.load(Ordering::Relaxed),
+        answers.other.load(Ordering::Relaxed),
+    );
+    let scrape = net.scrape(0);
+    let (mi, md) = (median(&idle), median(&during));
+    eprintln!(
+        "flood: {} CREATE2 sent in {flood_secs:.1} s, {created} CREATED2, {refused} DESTROY \
+         (RESOURCELIMIT), {other} other; relay1 CPU {cpu:.2} s ({:.0} %); honest CREATE2 round \
+         trip median idle {:.2} ms, during the flood {:.2} ms ({:.2}x)",
+        sent.load(Ordering::Relaxed),
+        cpu / flood_secs * 100.0,
+        mi * 1e3,
+        md * 1e3,
+        md / mi
+    );
+    assert!(flood_ok, "a flood link failed while writing");
+    // Burst 90 plus 3 per second (whole seconds), and a margin for the answers' timing.
+    assert!(
+        created <= 90 + 3 * (flood_secs.ceil() as u64 + 1),
+        "{created} CREATE2 accepted from the flooding address"
+    );
+    // Tor's rule: the CREATE2 that empties the bucket marks the address, so 89 pass.
+    assert!(
+        created >= 89,
+        "only {created} CREATE2 served before the address was marked"
+    );
+    assert!(refused > 1000, "only {refused} CREATE2 refused");
+    assert!(counter(&scrape, "chive_dos_circuits_refused_total") >= refused);
+    assert_eq!(counter(&scrape, "chive_dos_addresses_marked_total"), 1);
+    // 10 ms of slack for a shared 2-core machine (measured: 0.4 ms idle, 0.6 ms during the
+    // flood); without the per-connection input credit the median was 18-41 ms. The figures
+    // are printed above and reported in docs/security.md.
+    assert!(
+        md <= 2.0 * mi + 0.01,
+        "honest CREATE2 median {md:.4} s during the flood vs {mi:.4} s idle"
+    );
+}
