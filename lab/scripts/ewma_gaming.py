@@ -9,10 +9,14 @@ own SOCKS username so each gets its own circuit (IsolateSOCKSAuth); the *single*
 one continuous download on one circuit; the *web* client times 50 KiB fetches on fresh
 circuits. After a warm-up, the goodput of gamer and single are measured over the same window,
 while the web fetches run. All relays are limited to 1 MB/s; the entry carries everything, so
-it is the bottleneck, and there the two bulk clients are on different channels.
+it is the bottleneck, and there the two bulk clients are on different channels. By default the
+two bulk clients' paths meet only there (gamer: relay1-relay2-relay3, single: relay1-relay4-
+relay5, by MiddleNodes and .exit notation); `--shared-middles` lets them share middles, and so
+the middles' channels to the entry, where no relay can tell the clients apart.
 
     CHIVE_BIN=$PWD/target/release/chive .venv/bin/python lab/scripts/ewma_gaming.py \\
-        --out runs/ewma-gaming [--configs ewma,ewma+fair,rr] [--circuits 50] [--seconds 20]
+        --out runs/ewma-gaming [--configs ewma,ewma+fair,rr] [--circuits 50] [--seconds 30]
+        [--shared-middles] [--set ReadRateMargin=1.0]
 
 Configurations: `ewma` (today's default: CrossChannelPriority ranks a channel by its best
 circuit), `ewma+fair` (`ChannelFairness = true`), `rr` (round-robin circuits, the baseline for
@@ -208,8 +212,10 @@ def main():
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--configs", default="ewma,ewma+fair", help=f"comma-separated, of {', '.join(CONFIGS)}")
     ap.add_argument("--circuits", type=int, default=50, help="the gamer's circuits [50]")
-    ap.add_argument("--seconds", type=float, default=20.0, help="measurement window [20]")
-    ap.add_argument("--warmup", type=float, default=8.0, help="seconds before measuring [8]")
+    ap.add_argument("--seconds", type=float, default=30.0, help="measurement window [30]")
+    ap.add_argument("--warmup", type=float, default=20.0,
+                    help="seconds before measuring [20]: the channels' counts have a 30 s half-life, "
+                         "so a shorter warm-up measures the repayment of the start-up, not the share")
     ap.add_argument("--web", type=int, default=20, help="50 KiB fetches during the window [20]")
     ap.add_argument("--shared-middles", dest="disjoint", action="store_false",
                     help="let gamer and single share middles and exits (4 relays), so they also meet "
