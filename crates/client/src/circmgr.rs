@@ -14,13 +14,15 @@
 //!   rarely waits for a circuit to be built.
 //! - `entry_nodes` / `middle_nodes` (Tor's EntryNodes / MiddleNodes) restrict the
 //!   guard, including the persistent one, and the middles of every circuit.
+//! - A circuit that fails blames relays as [`crate::down`] says: new paths avoid them for
+//!   `relay_retry`, and a guard marked down is replaced at the next circuit.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chive_core::{CircKey, Core, HopSpec, StreamHandle};
+use chive_core::{CircKey, CloseCause, Core, HopSpec, StreamHandle};
 use chive_crypto::ntor::NtorPublicKey;
 use chive_crypto::IdentityKey;
 use chive_dir::{Consensus, ConsensusRelay};
@@ -28,6 +30,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tracing::{debug, info, warn};
 
+use crate::down::{blame, Blame, DownList};
 use crate::path::{choose_guard, parse_exit_notation, select_path, PathRequest, PathTarget};
 
 /// Circuit manager settings.
@@ -46,6 +49,9 @@ pub struct CircMgrConfig {
     pub entry_nodes: Vec<String>,
     /// Tor's MiddleNodes: if non-empty, middle hops are chosen only among these.
     pub middle_nodes: Vec<String>,
+    /// How long a relay blamed for a failure is left out of new paths (unless a consensus
+    /// lists it again after dropping it). See [`crate::down`].
+    pub relay_retry: Duration,
 }
 
 impl Default for CircMgrConfig {
@@ -57,6 +63,7 @@ impl Default for CircMgrConfig {
             max_attempts: 3,
             entry_nodes: Vec::new(),
             middle_nodes: Vec::new(),
+            relay_retry: Duration::from_secs(60),
         }
     }
 }
@@ -97,6 +104,8 @@ pub enum Outcome {
 }
 
 struct CircInfo {
+    /// Every hop, guard first (the exit is the last).
+    path: Vec<IdentityKey>,
     exit: IdentityKey,
     exit_nickname: String,
     built: bool,
@@ -116,6 +125,8 @@ pub struct CircuitManager {
     parked: Vec<(Ticket, StreamRequest, u32)>,
     outcomes: VecDeque<(Ticket, Outcome)>,
     guard: Option<IdentityKey>,
+    /// Relays blamed for failures.
+    down: DownList,
     next_ticket: u64,
     rng: StdRng,
 }
@@ -142,10 +153,19 @@ fn hop_spec(r: &ConsensusRelay) -> HopSpec {
     }
 }
 
+/// A relay's nickname for the log.
+fn nick(choices: &[Arc<Consensus>], id: &IdentityKey) -> String {
+    choices
+        .iter()
+        .find_map(|c| c.relay_by_identity(id))
+        .map_or_else(|| "?".to_string(), |r| r.nickname.clone())
+}
+
 impl CircuitManager {
     /// A manager with no consensus yet. `seed` feeds path selection.
     pub fn new(cfg: CircMgrConfig, seed: [u8; 32]) -> Self {
         CircuitManager {
+            down: DownList::new(cfg.relay_retry),
             cfg,
             consensus: None,
             circuits: HashMap::new(),
@@ -167,6 +187,7 @@ impl CircuitManager {
                 self.guard = None;
             }
         }
+        self.down.on_consensus(&consensus);
         self.consensus = Some(consensus);
         for (ticket, req, attempts) in std::mem::take(&mut self.parked) {
             self.place(core, ticket, req, attempts, now);
@@ -359,12 +380,36 @@ impl CircuitManager {
         any_exit: bool,
         now: Instant,
     ) -> Result<CircKey, String> {
-        let Some(cons) = self.consensus.clone() else {
+        let Some(full) = self.consensus.clone() else {
             return Err("no consensus".into());
         };
+        // Leave out blamed relays: down and suspect ones if a path remains, else only the
+        // down ones, else none (a tiny network must keep trying).
+        let mut choices: Vec<Arc<Consensus>> = Vec::new();
+        for min in [Blame::Suspect, Blame::Down] {
+            if let Some(c) = self.down.without(&full, min, now) {
+                choices.push(Arc::new(c));
+            }
+        }
+        choices.push(full);
+        if let Some(g) = self.guard {
+            if self.down.blame_of(&g, now) == Some(Blame::Down) {
+                let new = choices
+                    .iter()
+                    .find_map(|c| choose_guard(c, &self.cfg.entry_nodes, &mut self.rng))
+                    .map(|r| r.identity);
+                if new.is_some_and(|n| n != g) {
+                    info!(old = %nick(&choices, &g), new = %nick(&choices, &new.unwrap_or(g)),
+                          "guard is down; using another");
+                    self.guard = new;
+                }
+            }
+        }
         if self.guard.is_none() {
-            self.guard =
-                choose_guard(&cons, &self.cfg.entry_nodes, &mut self.rng).map(|r| r.identity);
+            self.guard = choices
+                .iter()
+                .find_map(|c| choose_guard(c, &self.cfg.entry_nodes, &mut self.rng))
+                .map(|r| r.identity);
         }
         let path_target = match target {
             Some((h, p)) if !any_exit => target_of(h, p),
@@ -378,17 +423,26 @@ impl CircuitManager {
             entry_nodes: &self.cfg.entry_nodes,
             middle_nodes: &self.cfg.middle_nodes,
         };
-        let path = select_path(&cons, &req, &mut self.rng).map_err(|e| e.to_string())?;
+        let mut result = Err(String::new());
+        for cons in &choices {
+            result = select_path(cons, &req, &mut self.rng).map_err(|e| e.to_string());
+            if result.is_ok() {
+                break;
+            }
+        }
+        let path = result?;
         let Some(exit) = path.last() else {
             return Err("empty path".into());
         };
         let (exit_id, exit_nick) = (exit.identity, exit.nickname.clone());
         let names: Vec<&str> = path.iter().map(|r| r.nickname.as_str()).collect();
+        let ids: Vec<IdentityKey> = path.iter().map(|r| r.identity).collect();
         let key = core.launch_circuit(path.iter().map(|r| hop_spec(r)).collect(), now);
         info!(?key, path = %names.join(","), "launching circuit");
         self.circuits.insert(
             key,
             CircInfo {
+                path: ids,
                 exit: exit_id,
                 exit_nickname: exit_nick,
                 built: false,
@@ -414,11 +468,29 @@ impl CircuitManager {
         }
     }
 
-    /// The core reported [`chive_core::Event::CircuitClosed`]: retry its waiters elsewhere.
-    pub fn on_circuit_closed(&mut self, core: &mut Core, circ: CircKey, now: Instant) {
+    /// The core reported [`chive_core::Event::CircuitClosed`]: blame relays as
+    /// [`crate::down`] says, then retry its waiters elsewhere.
+    pub fn on_circuit_closed(
+        &mut self,
+        core: &mut Core,
+        circ: CircKey,
+        cause: CloseCause,
+        hops: usize,
+        now: Instant,
+    ) {
         let Some(info) = self.circuits.remove(&circ) else {
             return;
         };
+        for (id, b) in blame(cause, hops, &info.path) {
+            if self.down.mark(id, b, now) {
+                let name = self
+                    .consensus
+                    .as_ref()
+                    .and_then(|c| c.relay_by_identity(&id))
+                    .map_or_else(|| "?".to_string(), |r| r.nickname.clone());
+                warn!(relay = %name, blame = ?b, ?cause, "marking relay down; new paths avoid it");
+            }
+        }
         for (ticket, req, attempts) in info.waiting {
             self.place(core, ticket, req, attempts + 1, now);
         }
@@ -426,6 +498,7 @@ impl CircuitManager {
 
     /// Periodic housekeeping: close stale idle circuits, keep preemptive ones.
     pub fn tick(&mut self, core: &mut Core, now: Instant) {
+        self.down.expire(now);
         let stale: Vec<CircKey> = self
             .circuits
             .iter()

@@ -4,10 +4,12 @@
 //! - [`path`]: bandwidth-weighted guard / middle / exit selection from a consensus.
 //! - [`circmgr`]: which circuit a stream goes on (reuse, isolation, dirtiness,
 //!   preemptive circuits), driving a sans-IO [`chive_core::Core`].
+//! - [`down`]: relays the client believes down after a failure, and for how long.
 //! - [`cc`]: the consensus's congestion-control parameters as the core's policy choice.
 #![forbid(unsafe_code)]
 
 pub mod cc;
 pub mod circmgr;
+pub mod down;
 pub mod path;
 pub mod socks;

@@ -178,7 +178,7 @@ impl Overlay {
                             self.connect(n, to);
                         }
                         Event::CircuitBuilt { .. } => built += 1,
-                        Event::CircuitClosed { circ, reason } => {
+                        Event::CircuitClosed { circ, reason, .. } => {
                             panic!("setup: circuit {circ:?} closed: {reason}")
                         }
                         other => panic!("setup: unexpected event at node {n}: {other:?}"),

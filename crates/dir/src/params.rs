@@ -43,6 +43,7 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
     CIRCWINDOW,
     CIRCUIT_PRIORITY_HALFLIFE_MSEC,
     OUTBUF_CELLS,
+    CHANNEL_FAIRNESS,
     CIRCUIT_SWITCHING,
     SWITCH_GAMMA_MILLI,
     SWITCH_ALPHA_MILLI,
@@ -93,6 +94,17 @@ pub const OUTBUF_CELLS: ParamSpec = ParamSpec {
     default: 64,
     min: 1,
     max: 10_000,
+};
+
+/// `ChannelFairness`: 1 = under `CrossChannelPriority`, a rate-limited relay shares its rate
+/// between channels by each channel's total recent cells before EWMA picks among a channel's
+/// circuits, so spreading bulk over many circuits wins no larger share (docs/security.md, "EWMA
+/// gaming"). 0 = off (rank channels by their best circuit). A relay's own option overrides it.
+pub const CHANNEL_FAIRNESS: ParamSpec = ParamSpec {
+    name: "ChannelFairness",
+    default: 0,
+    min: 0,
+    max: 1,
 };
 
 // Congestion-triggered circuit switching (paper 003, issue 16). The fractions γ, α and β are

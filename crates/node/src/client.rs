@@ -50,6 +50,11 @@ Config file options (TOML):
   MaxCircuitDirtiness = 600        seconds a circuit takes new streams after its first
   PreemptiveCircuits = 2           clean circuits kept built and ready
   CircuitBuildTimeout = 10         seconds before an unfinished circuit is abandoned (its streams retry elsewhere)
+  RelayRetryInterval = 60          seconds a relay blamed for a failed circuit is left out of
+                                   new paths (a lost link to the guard: down, the guard is
+                                   replaced; a DESTROY saying CHANNEL_CLOSED/CONNECTFAILED: the
+                                   later hops are suspect, avoided while another path exists);
+                                   a consensus listing it again after dropping it ends it sooner
   OutbufCells = 64                 cells handed to a connection but not yet written, at most
   EntryNodes = [\"relayA\"]          first hops are chosen only among these (Guard flag not required)
   MiddleNodes = [\"relayB2\"]        middle hops only among these
@@ -86,6 +91,9 @@ pub struct ClientConfig {
     pub circuit_build_timeout: u64,
     #[serde(rename = "OutbufCells", default)]
     pub outbuf_cells: Option<usize>,
+    /// Seconds a relay blamed for a failure is avoided (see the help).
+    #[serde(rename = "RelayRetryInterval", default = "default_relay_retry")]
+    pub relay_retry_interval: u64,
     #[serde(rename = "Log", default = "crate::relay::default_log")]
     pub log: String,
     /// Tor's EntryNodes: nicknames or hex identities the first hop is chosen among.
@@ -108,6 +116,9 @@ impl ClientConfig {
         let authority_id = IdentityKey::from_hex(&self.authority_identity)
             .map_err(|e| anyhow::anyhow!("AuthorityIdentity: {e}"))?;
         check_outbuf_cells(self.outbuf_cells)?;
+        if !(1..=86_400).contains(&self.relay_retry_interval) {
+            anyhow::bail!("RelayRetryInterval: 1..86400 seconds");
+        }
         check_node_list("EntryNodes", &self.entry_nodes)?;
         check_node_list("MiddleNodes", &self.middle_nodes)?;
         check_unsent_limit(self.link_unsent_limit)?;
@@ -154,6 +165,9 @@ fn default_preemptive() -> usize {
 }
 fn default_build_timeout() -> u64 {
     10
+}
+fn default_relay_retry() -> u64 {
+    60
 }
 
 /// How long a SOCKS request may wait for its stream to open.
@@ -210,6 +224,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             preemptive_circuits: cfg.preemptive_circuits,
             entry_nodes: cfg.entry_nodes.clone(),
             middle_nodes: cfg.middle_nodes.clone(),
+            relay_retry: Duration::from_secs(cfg.relay_retry_interval),
             ..CircMgrConfig::default()
         },
         seed,
@@ -453,7 +468,9 @@ impl ClientState {
                 }
             }
             Event::CircuitBuilt { circ } => self.mgr.on_circuit_built(core, circ, now),
-            Event::CircuitClosed { circ, .. } => self.mgr.on_circuit_closed(core, circ, now),
+            Event::CircuitClosed {
+                circ, cause, hops, ..
+            } => self.mgr.on_circuit_closed(core, circ, cause, hops, now),
             _ => {}
         }
     }

@@ -48,6 +48,12 @@ Config file options (TOML):
                                    to the channel whose next circuit has the lowest EWMA count
                                    (KIST-like; docs/scheduling.md). false: each connection's
                                    writer takes tokens first come, first served
+  ChannelFairness = false          with CrossChannelPriority: free room goes to the channel
+                                   that sent least recently in all (its circuits' EWMA counts
+                                   summed), then EWMA picks among its circuits, so a client
+                                   spreading bulk over many circuits gets no larger share than
+                                   a one-circuit client (docs/security.md, EWMA gaming).
+                                   Unset: the consensus's ChannelFairness (default 0 = off)
   QuietReserve = 131072            with BandwidthRate and CrossChannelPriority under EWMA: bytes
                                    of the write bucket that only quiet circuits may spend (EWMA
                                    count below the reserve's size in cells). Bulk then leaves
@@ -124,8 +130,8 @@ Config file options (TOML):
   PublishInterval = 30             seconds between descriptor uploads
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Scheduler,
-CircuitPriorityHalflife, OutbufCells, MaxMemInQueues and the DoS options without dropping
-circuits.";
+CircuitPriorityHalflife, OutbufCells, ChannelFairness, MaxMemInQueues and the DoS options without
+dropping circuits.";
 
 /// `QuietReserve` when unset under a `BandwidthRate` (capped at a quarter of the burst).
 const DEFAULT_QUIET_RESERVE: u64 = 128 * 1024;
@@ -150,6 +156,9 @@ pub struct RelayConfig {
     pub bandwidth_burst: u64,
     #[serde(rename = "CrossChannelPriority", default = "yes")]
     pub cross_channel_priority: bool,
+    /// `ChannelFairness` (see the help); unset = the consensus's.
+    #[serde(rename = "ChannelFairness", default)]
+    pub channel_fairness: Option<bool>,
     #[serde(rename = "ReadRateMargin", default = "default_read_margin")]
     pub read_rate_margin: f64,
     #[serde(rename = "QuietReserve", default)]
@@ -287,6 +296,7 @@ impl RelayConfig {
             outbuf_cells: self.outbuf_cells.or_else(|| self.rate_based_outbuf()),
             cross_channel: self.cross_channel_priority,
             max_mem_in_queues: Some(mem),
+            channel_fairness: self.channel_fairness,
             dos: self.dos_options()?,
         })
     }

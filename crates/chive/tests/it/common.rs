@@ -57,7 +57,7 @@ pub struct Network {
     pub authority: SocketAddr,
     pub authority_id: String,
     /// Held until every process above is killed (`Drop` runs before the fields drop).
-    _turn: Turn,
+    pub(crate) _turn: Turn,
 }
 
 impl Drop for Network {

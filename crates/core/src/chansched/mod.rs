@@ -35,6 +35,8 @@
 //!   bound (their own bound is twice it).
 
 mod direct;
+#[cfg(test)]
+mod fair_tests;
 mod output;
 mod shared;
 #[cfg(test)]
@@ -127,6 +129,10 @@ pub struct SendConfig {
     pub kind: ChannelSchedulerKind,
     /// The write bucket's reserve in bytes (`QuietReserve`, as capped by the bucket; 0 = none).
     pub quiet_reserve: u64,
+    /// `ChannelFairness`: [`SharedRate`] ranks channels by the decayed count of cells each
+    /// channel sent in all (this half-life, seconds), not by its best circuit's EWMA, so that a
+    /// client cannot win a larger share by spreading bulk over many circuits. `None` = off.
+    pub channel_fair_halflife: Option<f64>,
 }
 
 impl Default for SendConfig {
@@ -136,6 +142,7 @@ impl Default for SendConfig {
             paced: false,
             kind: ChannelSchedulerKind::Direct,
             quiet_reserve: 0,
+            channel_fair_halflife: None,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! [`SharedRate`]: cross-channel priority under one shared write rate (`CrossChannelPriority`),
 //! with the `QuietReserve`'s quiet batches.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 
 use chive_cell::CELL_LEN;
 
@@ -19,10 +20,21 @@ use crate::ChannelId;
 ///
 /// With a reserve, channels whose next circuit is quiet go first, outside that bound, as
 /// [`BatchClass::Quiet`] batches that may spend the reserve (see [`SharedRate::quiet_below`]).
+///
+/// With `ChannelFairness` ([`super::SendConfig::channel_fair_halflife`]) the bulk room goes to
+/// the waiting channel that sent least recently *in all* (an EWMA over the channel's cells, the
+/// sum of its circuits' counts), not the one with the least busy circuit: a client that spreads
+/// one download over 50 circuits has 50 circuits with small counts, but one channel with the
+/// same count as a one-circuit client's at the same rate, so the two get equal shares. Within
+/// a channel the circuit scheduler still picks (EWMA: its web circuits first); link-level cells
+/// still go first; quiet batches (the reserve) are unchanged, so a web circuit on any channel
+/// still overtakes bulk.
 #[derive(Debug, Default)]
 pub struct SharedRate {
     /// Channels with cells waiting for output room, oldest first.
     waiting: VecDeque<ChannelId>,
+    /// `ChannelFairness`: each channel's decayed count of cells sent, and when it was decayed.
+    sent: HashMap<ChannelId, (f64, Instant)>,
 }
 
 impl SharedRate {
@@ -38,6 +50,37 @@ impl SharedRate {
         }
         let reserve = ctx.config().quiet_reserve;
         (reserve > 0).then(|| reserve as f64 / CELL_LEN as f64)
+    }
+
+    /// `chan`'s decayed count of cells sent, at `now` (0 without history).
+    fn channel_count(&self, chan: ChannelId, halflife: f64, now: Instant) -> f64 {
+        self.sent.get(&chan).map_or(0.0, |&(count, at)| {
+            let dt = now.saturating_duration_since(at).as_secs_f64();
+            count * (-dt / halflife).exp2()
+        })
+    }
+
+    /// Count `cells` sent by `chan` (under `ChannelFairness` only).
+    fn count_sent(&mut self, chan: ChannelId, cells: usize, ctx: &SendCtx<'_>) {
+        let Some(h) = ctx.config().channel_fair_halflife else {
+            return;
+        };
+        if cells == 0 {
+            return;
+        }
+        let now = ctx.now();
+        let count = self.channel_count(chan, h, now) + cells as f64;
+        self.sent.insert(chan, (count, now));
+    }
+
+    /// How deserving `chan` is for bulk room (lower first): its best circuit's count, or under
+    /// `ChannelFairness` the channel's own count; link-level cells (-1) first either way.
+    fn rank(&self, chan: ChannelId, ctx: &SendCtx<'_>) -> f64 {
+        let head = ctx.priority(chan).unwrap_or(0.0);
+        match ctx.config().channel_fair_halflife {
+            Some(h) if head >= 0.0 => self.channel_count(chan, h, ctx.now()),
+            _ => head,
+        }
     }
 
     /// Give the room there is to waiting channels: quiet ones first, then the most deserving.
@@ -57,13 +100,14 @@ impl SharedRate {
                 .iter()
                 .enumerate()
                 .filter(|(_, c)| ctx.room(**c) > 0)
-                .map(|(i, c)| (i, ctx.priority(*c).unwrap_or(0.0)))
+                .map(|(i, c)| (i, self.rank(*c, ctx)))
                 .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
                 .map(|(i, _)| i);
             let Some(chan) = best.and_then(|i| self.waiting.remove(i)) else {
                 return;
             };
             let sent = ctx.transmit_up_to(chan, quantum.min(room), BatchClass::Bulk);
+            self.count_sent(chan, sent, ctx);
             if ctx.has_pending(chan) {
                 // Behind the others: equals take turns.
                 self.waiting.push_back(chan);
@@ -91,7 +135,9 @@ impl SharedRate {
             };
             i += 1;
             if ctx.priority(chan).is_some_and(|p| p < below) {
-                unpaid += ctx.transmit_up_to(chan, cap - unpaid, BatchClass::Quiet { below });
+                let sent = ctx.transmit_up_to(chan, cap - unpaid, BatchClass::Quiet { below });
+                self.count_sent(chan, sent, ctx);
+                unpaid += sent;
             }
         }
     }
@@ -120,6 +166,7 @@ impl ChannelScheduler for SharedRate {
 
     fn forget(&mut self, chan: ChannelId) {
         self.waiting.retain(|c| *c != chan);
+        self.sent.remove(&chan);
     }
 
     fn waiting(&self) -> Vec<ChannelId> {

@@ -101,6 +101,7 @@ fn shared(reserve: u64) -> SendConfig {
         paced: true,
         kind: ChannelSchedulerKind::SharedRate,
         quiet_reserve: reserve,
+        channel_fair_halflife: None,
     }
 }
 
@@ -110,6 +111,7 @@ fn direct() -> SendConfig {
         paced: false,
         kind: ChannelSchedulerKind::Direct,
         quiet_reserve: 0,
+        channel_fair_halflife: None,
     }
 }
 

@@ -12,7 +12,7 @@ use rand::Rng;
 use crate::sched::CircuitScheduler;
 use crate::{ChannelId, CircKey};
 
-use super::event::Event;
+use super::event::{CloseCause, Event};
 use super::Core;
 
 pub(super) struct Channel {
@@ -86,12 +86,13 @@ impl Core {
     pub fn connect_failed(&mut self, identity: IdentityKey, now: Instant) {
         if let Some(waiting) = self.waiting_for_channel.remove(&identity) {
             for key in waiting {
-                self.close_circuit_inner(
+                self.close_circuit_because(
                     key,
                     DestroyReason::CONNECTFAILED,
                     None,
                     now,
                     "connect failed",
+                    CloseCause::LinkLost,
                 );
             }
         }
@@ -118,12 +119,13 @@ impl Core {
         let ends: Vec<(CircId, CircKey)> =
             ch.circ_ids.iter().map(|(&id, &key)| (id, key)).collect();
         for (id, key) in ends {
-            self.close_circuit_inner(
+            self.close_circuit_because(
                 key,
                 DestroyReason::CHANNEL_CLOSED,
                 Some((chan, id)),
                 now,
                 "channel closed",
+                CloseCause::LinkLost,
             );
         }
     }

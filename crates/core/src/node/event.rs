@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use chive_cell::{EndReason, ResolvedAnswer};
+use chive_cell::{DestroyReason, EndReason, ResolvedAnswer};
 use chive_crypto::IdentityKey;
 
 use crate::{ChannelId, CircKey, StreamHandle};
@@ -113,5 +113,22 @@ pub enum Event {
         circ: CircKey,
         /// Why.
         reason: String,
+        /// Who ended it, for the client's relay-failure policy.
+        cause: CloseCause,
+        /// Hops whose handshake had completed (the path's length once built).
+        hops: usize,
     },
+}
+
+/// Who ended an origin circuit. A client blames relays from this: a lost link to the
+/// first hop names the guard; a DESTROY does not say which later hop failed (Tor stopped
+/// sending TRUNCATED for that reason), only that the circuit's far side went away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseCause {
+    /// This node closed it: a client's close, a build timeout, a protocol violation, a limit.
+    Local,
+    /// The link to the first hop failed: it could not be opened, or it closed (EOF, error).
+    LinkLost,
+    /// The first hop sent DESTROY with this reason (its own, or passed on from further along).
+    Destroyed(DestroyReason),
 }

@@ -53,7 +53,7 @@ mod stream;
 mod teardown;
 
 pub use config::{CoreConfig, HopSpec, RelayKeys};
-pub use event::{CoreError, Event};
+pub use event::{CloseCause, CoreError, Event};
 pub use inspect::{CellSample, CircuitStat, CoreStats};
 pub use oom::{
     max_mem_in_queues_auto, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,

@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 use crate::{ChannelId, CircKey};
 
 use super::circuit::{queue_id, Role, Side};
-use super::event::Event;
+use super::event::{CloseCause, Event};
 use super::Core;
 
 impl Core {
@@ -22,7 +22,9 @@ impl Core {
             .unwrap_or(DestroyReason::NONE);
         debug!(?key, %reason, "DESTROY received");
         let why = format!("destroyed by peer ({reason})");
-        self.close_circuit_inner(key, reason, Some((chan, cell.circ_id)), now, &why);
+        let except = Some((chan, cell.circ_id));
+        let cause = CloseCause::Destroyed(reason);
+        self.close_circuit_because(key, reason, except, now, &why, cause);
     }
 
     /// Close an origin circuit (for example when it is too dirty and idle).
@@ -58,8 +60,22 @@ impl Core {
         key: CircKey,
         reason: DestroyReason,
         except: Option<(ChannelId, CircId)>,
+        now: Instant,
+        why: &str,
+    ) {
+        self.close_circuit_because(key, reason, except, now, why, CloseCause::Local);
+    }
+
+    /// [`Core::close_circuit_inner`] naming who ended the circuit (for an origin circuit's
+    /// [`Event::CircuitClosed`]).
+    pub(super) fn close_circuit_because(
+        &mut self,
+        key: CircKey,
+        reason: DestroyReason,
+        except: Option<(ChannelId, CircId)>,
         _now: Instant,
         why: &str,
+        cause: CloseCause,
     ) {
         let Some(circ) = self.circuits.remove(&key) else {
             return;
@@ -88,9 +104,9 @@ impl Core {
         for waiting in self.waiting_for_channel.values_mut() {
             waiting.retain(|k| *k != key);
         }
-        let (edge, origin) = match circ.role {
-            Role::Relay { edge, .. } => (edge, false),
-            Role::Origin { edge, .. } => (Some(edge), true),
+        let (edge, origin, hops) = match circ.role {
+            Role::Relay { edge, .. } => (edge, false, 0),
+            Role::Origin { edge, crypto, .. } => (Some(edge), true, crypto.len()),
         };
         if let Some(edge) = edge {
             for s in edge.streams.into_values() {
@@ -106,6 +122,8 @@ impl Core {
             self.events.push_back(Event::CircuitClosed {
                 circ: key,
                 reason: why.to_string(),
+                cause,
+                hops,
             });
         }
     }

@@ -16,4 +16,5 @@ mod queue_limits;
 mod relay_early;
 mod same_channel;
 mod sched_liveness;
+mod stream_flow;
 mod truncate;

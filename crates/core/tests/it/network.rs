@@ -413,3 +413,53 @@ fn three_hop_echo_vegas() {
     let net = Net::with_cc(1000, CcKind::Vegas(VegasParams::default()));
     echo_roundtrip_on(net, 1000, 3 * 1024 * 1024);
 }
+
+/// The cause the client sees when circuit `circ` closed.
+fn close_cause(net: &Net, circ: CircKey) -> (chive_core::CloseCause, usize) {
+    net.events
+        .iter()
+        .find_map(|(n, e)| match e {
+            Event::CircuitClosed {
+                circ: c,
+                cause,
+                hops,
+                ..
+            } if *n == CLIENT && *c == circ => Some((*cause, *hops)),
+            _ => None,
+        })
+        .expect("the client reported no CircuitClosed")
+}
+
+/// An exit dies: the middle's link to it closes, the middle sends DESTROY (CHANNEL_CLOSED)
+/// back, the guard passes it on, and the client learns that reason (not which hop), with the
+/// stream closed. The client's own link to the guard closing is a lost link instead.
+#[test]
+fn a_dead_hop_reaches_the_client_as_destroy_and_a_dead_guard_as_a_lost_link() {
+    use chive_cell::DestroyReason;
+    use chive_core::CloseCause;
+    let mut net = Net::new(1000);
+    let circ = net.build();
+    let s = net.open(circ);
+    // Node 2 is the middle, node 3 the exit: the middle's channel to the exit goes.
+    let (&(_, chan), _) = net
+        .links
+        .iter()
+        .find(|((n, _), (peer, _))| *n == 2 && *peer == 3)
+        .unwrap();
+    net.nodes[2].channel_closed(chan, net.now);
+    net.run(1000);
+    assert!(!net.nodes[CLIENT].circuit_is_open(circ));
+    assert_eq!(
+        close_cause(&net, circ),
+        (CloseCause::Destroyed(DestroyReason::CHANNEL_CLOSED), 3)
+    );
+    assert!(net.events.iter().any(|(n, e)| *n == CLIENT
+        && matches!(e, Event::StreamClosed { stream, reason } if *stream == s && *reason == EndReason::DESTROY)));
+    // A second circuit; now the client's link to the guard closes.
+    let mut net = Net::new(1000);
+    let circ = net.build();
+    let (&(_, client_chan), _) = net.links.iter().find(|((n, _), _)| *n == CLIENT).unwrap();
+    net.nodes[CLIENT].channel_closed(client_chan, net.now);
+    net.run(10);
+    assert_eq!(close_cause(&net, circ), (CloseCause::LinkLost, 3));
+}

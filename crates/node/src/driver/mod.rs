@@ -251,7 +251,7 @@ fn hex_peer(peer: Option<IdentityKey>) -> String {
 
 /// The send path's settings for `cfg`: the write bucket (if any) decides pacing, whether the
 /// write rate is shared (`CrossChannelPriority` under a finite `BandwidthRate`) and the reserve.
-fn send_config(cfg: &DriverConfig) -> SendConfig {
+fn send_config(cfg: &DriverConfig, params: Option<&chive_dir::NetParams>) -> SendConfig {
     let bucket = cfg.limits.write_bucket.as_ref();
     SendConfig {
         outbuf_cells: cfg.outbuf_cells,
@@ -261,6 +261,7 @@ fn send_config(cfg: &DriverConfig) -> SendConfig {
             bucket.map_or(0, |b| b.rate().0),
         ),
         quiet_reserve: bucket.map_or(0, |b| b.reserve()),
+        channel_fair_halflife: cfg.tunables.channel_fair_halflife(params),
     }
 }
 
@@ -305,7 +306,7 @@ impl Driver {
     /// A driver around `core`.
     pub fn new(core: Core, cfg: DriverConfig) -> Self {
         let (tx, rx) = mpsc::channel(INPUT_QUEUE);
-        let send = SendPath::new(send_config(&cfg));
+        let send = SendPath::new(send_config(&cfg, None));
         Driver {
             core,
             cfg,
@@ -347,7 +348,7 @@ impl Driver {
             }
         };
         // The write bucket's rate and reserve may have changed with the tunables (SIGHUP).
-        let send = send_config(&self.cfg);
+        let send = send_config(&self.cfg, self.params.as_ref());
         if send != *self.send.config() {
             self.send.set_config(send, &mut self.core, now);
             self.drain_transmits(now);

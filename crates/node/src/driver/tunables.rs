@@ -22,9 +22,27 @@ pub struct Tunables {
     pub max_mem_in_queues: Option<usize>,
     /// The relay's own `DoS*` options, overriding the consensus.
     pub dos: DosOptions,
+    /// `ChannelFairness`: share the write rate between channels by each channel's recent
+    /// cells, then EWMA within the channel; unset = the consensus's `ChannelFairness`.
+    pub channel_fairness: Option<bool>,
 }
 
 impl Tunables {
+    /// The half-life (s) of the channels' cell counts under `ChannelFairness`, `None` if off:
+    /// the circuit scheduler's half-life, so a channel's count is the sum of its circuits'.
+    pub fn channel_fair_halflife(&self, params: Option<&chive_dir::NetParams>) -> Option<f64> {
+        let consensus = params.is_some_and(|p| p.get_spec(&chive_dir::CHANNEL_FAIRNESS) == 1);
+        if !self.channel_fairness.unwrap_or(consensus) {
+            return None;
+        }
+        match self.effective(params) {
+            Ok((SchedulerKind::Ewma { halflife } | SchedulerKind::EwmaDirect { halflife }, _)) => {
+                Some(halflife)
+            }
+            _ => Some(chive_core::sched::DEFAULT_HALFLIFE),
+        }
+    }
+
     /// The circuit policy and output bound in force, given the latest consensus parameters.
     ///
     /// A value the policy cannot use is an error naming the option (`Scheduler`,
@@ -92,6 +110,29 @@ mod tests {
         .effective(None)
         .unwrap();
         assert_eq!((kind, outbuf), (SchedulerKind::RoundRobin, 9));
+    }
+
+    #[test]
+    fn channel_fairness_follows_the_option_then_the_consensus() {
+        let mut on = chive_dir::NetParams::new();
+        on.set("ChannelFairness", 1).unwrap();
+        let t = tunables(None, Some(10.0));
+        assert_eq!(t.channel_fair_halflife(None), None, "off by default");
+        assert_eq!(t.channel_fair_halflife(Some(&on)), Some(10.0));
+        let local_off = Tunables {
+            channel_fairness: Some(false),
+            ..tunables(None, None)
+        };
+        assert_eq!(local_off.channel_fair_halflife(Some(&on)), None);
+        let local_on = Tunables {
+            channel_fairness: Some(true),
+            ..tunables(Some("rr"), None)
+        };
+        // Round-robin circuits: the channels' counts still decay, at the default half-life.
+        assert_eq!(
+            local_on.channel_fair_halflife(None),
+            Some(chive_core::sched::DEFAULT_HALFLIFE)
+        );
     }
 
     #[test]

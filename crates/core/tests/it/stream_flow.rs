@@ -5,7 +5,7 @@
 //! window, and a slow reader at the client still stops the exit packaging, within a bounded
 //! buffer.
 
-mod common;
+use crate::common;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

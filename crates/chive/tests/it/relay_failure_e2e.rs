@@ -1,0 +1,244 @@
+//! Relay failure end to end: a relay of a running download's circuit is killed with SIGKILL
+//! (the entry, the middle, the exit). The SOCKS application must see its connection close
+//! within 5 s (no hang), the client must mark the relay (down for the guard, suspect for a
+//! later hop; see chive_client::down), and the next fetch must succeed on a path without the
+//! dead relay within 5 s. Five relays, so that a full path remains after one dies.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+
+const RELAYS: usize = 5;
+
+/// Like `Network::start_alone`, with five relays (`relay1`..`relay5`): one test at a time, so
+/// the 5 s bounds measure the code, not several networks fighting over two cores.
+fn start(test: &str) -> Network {
+    let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let authority: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let auth_cfg = dir.join("auth.toml");
+    std::fs::write(
+        &auth_cfg,
+        format!(
+            "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{authority}\"\nConsensusInterval = 2\nTestingAllGuards = true\n",
+            dir.join("auth").display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args([
+            "authority",
+            "--config",
+            auth_cfg.to_str().unwrap(),
+            "--print-identity",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let authority_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let mut net = Network {
+        dir: dir.clone(),
+        children: Vec::new(),
+        socks: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        relays: Vec::new(),
+        metrics: Vec::new(),
+        relay_configs: Vec::new(),
+        authority,
+        authority_id: authority_id.clone(),
+        _turn: turn_alone(),
+    };
+    let a = spawn(
+        &dir,
+        "authority",
+        &["authority", "--config", auth_cfg.to_str().unwrap()],
+    );
+    net.children.push(("authority".into(), a));
+    for i in 1..=RELAYS {
+        let or: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let cfg = dir.join(format!("relay{i}.toml"));
+        let text = format!(
+            "Nickname = \"relay{i}\"\nDataDirectory = \"{}\"\nORPort = \"{or}\"\nAuthority = \"{authority}\"\n\
+             AuthorityIdentity = \"{authority_id}\"\nExitPolicy = [\"accept 127.0.0.0/8:*\", \"reject *:*\"]\n\
+             ExitPolicyRejectPrivate = false\n",
+            dir.join(format!("relay{i}")).display(),
+        );
+        std::fs::write(&cfg, &text).unwrap();
+        net.relays.push(or);
+        net.relay_configs.push((cfg.clone(), text));
+        let r = spawn(
+            &dir,
+            &format!("relay{i}"),
+            &["relay", "--config", cfg.to_str().unwrap()],
+        );
+        net.children.push((format!("relay{i}"), r));
+    }
+    let ccfg = dir.join("client.toml");
+    std::fs::write(
+        &ccfg,
+        format!(
+            "DataDirectory = \"{}\"\nSocksPort = \"{}\"\nAuthority = \"{authority}\"\nAuthorityIdentity = \"{authority_id}\"\nLog = \"debug\"\n",
+            dir.join("client").display(),
+            net.socks
+        ),
+    )
+    .unwrap();
+    let c = spawn(
+        &dir,
+        "client",
+        &["client", "--config", ccfg.to_str().unwrap()],
+    );
+    net.children.push(("client".into(), c));
+    let http = net.http.to_string();
+    net.children.push((
+        "httpd".into(),
+        spawn(&dir, "httpd", &["httpd", "--listen", &http]),
+    ));
+    wait_all_relays_listed(&net);
+    net.wait_ready();
+    net
+}
+
+/// Wait until a published consensus lists all five relays, then for the client to fetch it
+/// (ConsensusInterval is 2 s).
+fn wait_all_relays_listed(net: &Network) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let want = format!("relays={RELAYS}");
+    while !net
+        .log("authority")
+        .lines()
+        .any(|l| l.contains("published consensus") && l.contains(&want))
+    {
+        assert!(Instant::now() < deadline, "no consensus lists all relays");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+}
+
+/// The nicknames of the circuit carrying the streams of SOCKS user `user`, from the client's
+/// log ("stream attached" names the circuit, "launching circuit" its path).
+fn path_of(dir: &Path, user: &str) -> Option<Vec<String>> {
+    let log = std::fs::read_to_string(dir.join("client.log")).ok()?;
+    let field = |line: &str, name: &str| -> Option<String> {
+        let at = line.find(&format!("{name}="))? + name.len() + 1;
+        Some(line[at..].split_whitespace().next()?.to_string())
+    };
+    let key = log
+        .lines()
+        .filter(|l| l.contains("stream attached") && field(l, "isolation").as_deref() == Some(user))
+        .filter_map(|l| field(l, "key"))
+        .next_back()?;
+    let path = log
+        .lines()
+        .filter(|l| l.contains("launching circuit") && field(l, "key").as_deref() == Some(&key))
+        .filter_map(|l| field(l, "path"))
+        .next_back()?;
+    Some(path.split(',').map(str::to_string).collect())
+}
+
+/// Kill hop `hop` (0 = entry) of a running download's circuit; check the error, the mark and
+/// the recovery.
+fn kill_hop(test: &str, hop: usize) {
+    let mut net = start(test);
+    // The victim: a 1 GB download, read slowly so it is mid-transfer when the relay dies.
+    let mut s = socks_connect(net.socks, net.http, Some(("victim", "x"))).expect("victim connect");
+    write!(s, "GET /bytes/1000000000 HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut buf = vec![0u8; 65536];
+    let mut got = 0usize;
+    while got < 300_000 {
+        got += s.read(&mut buf).expect("victim download did not start");
+    }
+    let path = path_of(&net.dir, "victim").expect("no circuit for the victim in the client log");
+    assert_eq!(path.len(), 3, "{path:?}");
+    let dead = path[hop].clone();
+    let idx = net
+        .children
+        .iter()
+        .position(|(n, _)| *n == dead)
+        .expect("relay process");
+    let (_, mut child) = net.children.remove(idx);
+    child.kill().unwrap(); // SIGKILL
+    let killed = Instant::now();
+    let _ = child.wait();
+    eprintln!("{test}: killed {dead} (hop {hop} of {path:?}) after {got} bytes");
+
+    // The application's connection must end within 5 s, short of the full body.
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let ended = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break "EOF".to_string(),
+            Ok(n) => got += n,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(e) => break format!("error: {e}"),
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "{test}: the SOCKS connection still open 5 s after {dead} died; logs in {}",
+            net.dir.display()
+        );
+    };
+    let error_after = killed.elapsed();
+    assert!(got < 1_000_000_000);
+    eprintln!("{test}: the application saw {ended} {error_after:?} after the kill");
+
+    // The next fetch works, on a path without the dead relay, within 5 s.
+    let t0 = Instant::now();
+    let body = fetch(net.socks, net.http, 100_000, Some(("after", "x"))).unwrap_or_else(|e| {
+        panic!(
+            "{test}: fetch after the kill failed: {e}; logs in {}",
+            net.dir.display()
+        )
+    });
+    let recovery = t0.elapsed();
+    assert_eq!(body, pattern(100_000));
+    assert!(
+        recovery < Duration::from_secs(5),
+        "{test}: the next fetch took {recovery:?}"
+    );
+    let new_path = path_of(&net.dir, "after").expect("no circuit for the second fetch");
+    assert!(
+        !new_path.contains(&dead),
+        "{test}: new path {new_path:?} uses the dead {dead}"
+    );
+    eprintln!("{test}: next fetch on {new_path:?} took {recovery:?}");
+
+    // The client said which relay it blames, and how: the entry is surely down (its link
+    // closed); a later hop is at least suspect (a DESTROY does not say which hop died; it is
+    // surely down if it was also the first hop of another circuit).
+    let log = net.log("client");
+    let blames: &[&str] = if hop == 0 {
+        &["Down"]
+    } else {
+        &["Down", "Suspect"]
+    };
+    assert!(
+        log.lines().any(|l| l.contains("marking relay down")
+            && l.contains(&format!("relay={dead} "))
+            && blames.iter().any(|b| l.contains(&format!("blame={b}")))),
+        "{test}: the client did not mark {dead} {blames:?}; logs in {}",
+        net.dir.display()
+    );
+    net.check_alive();
+}
+
+#[test]
+fn killing_the_entry_mid_download_fails_the_stream_fast_and_the_next_fetch_works() {
+    kill_hop("kill-entry", 0);
+}
+
+#[test]
+fn killing_the_middle_mid_download_fails_the_stream_fast_and_the_next_fetch_works() {
+    kill_hop("kill-middle", 1);
+}
+
+#[test]
+fn killing_the_exit_mid_download_fails_the_stream_fast_and_the_next_fetch_works() {
+    kill_hop("kill-exit", 2);
+}
