@@ -35,6 +35,7 @@ impl Driver {
             self.secondaries.remove(&s.id);
         }
         self.send.remove_channel(chan);
+        self.switching.forget(chan);
         Some(io)
     }
 
@@ -45,8 +46,10 @@ impl Driver {
             initiator,
             features,
             bind_token,
+            fd,
             conn,
         } = up;
+        self.switching.link_fd(chan, fd);
         let split_ok = features.contains(SPLIT_DIRECTION) && peer.is_some();
         let split = SplitChannel::new(split_ok, initiator, bind_token, &self.split, now);
         // An accepted link that negotiated the feature may be another channel's second
@@ -80,6 +83,9 @@ impl Driver {
             return;
         }
         let (peer, initiator) = (io.peer, io.initiator);
+        if self.switch_link_opened(chan, peer, now) {
+            return;
+        }
         self.core.channel_opened(chan, peer, initiator, now);
         if self.split.mode == SplitMode::Always {
             self.start_split(chan, now);

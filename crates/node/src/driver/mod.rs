@@ -25,6 +25,7 @@
 //! and split-direction channels; `tasks.rs` the IO tasks; `tunables.rs` the runtime settings.
 
 mod links;
+mod switching;
 mod tasks;
 #[cfg(test)]
 mod tests;
@@ -54,6 +55,7 @@ use crate::client::ClientState;
 pub use tasks::WriteMsg;
 use tasks::{exit_connect, EXIT_CONNECT_TIMEOUT};
 pub use tasks::{spawn_stream_io, start_link, stop_on_signal, ConnHandles, StreamCmd, StreamIo};
+pub use switching::SwitchOptions;
 pub use tunables::Tunables;
 
 /// Capacity of the driver's input queue: readers wait (and stop reading their
@@ -78,6 +80,8 @@ pub enum Input {
     SplitFailed { chan: ChannelId, why: String },
     /// Opening a link to `identity` failed.
     ConnectFailed { identity: IdentityKey, why: String },
+    /// Opening a circuit-switching connection to `identity` failed.
+    SwitchConnectFailed { identity: IdentityKey, why: String },
     /// A cell arrived on connection `chan`.
     Cell { chan: ChannelId, cell: AnyCell },
     /// Connection `chan`'s writer finished writing a batch of `cells` cells.
@@ -133,6 +137,8 @@ pub struct LinkUp {
     pub features: FeatureSet,
     /// The link's split-direction bind token.
     pub bind_token: [u8; 32],
+    /// The TCP socket's descriptor (circuit switching reads its unsent bytes).
+    pub fd: std::os::fd::RawFd,
     pub conn: ConnHandles,
 }
 
@@ -251,6 +257,8 @@ pub struct Driver {
     secondaries: HashMap<ChannelId, ChannelId>,
     /// Which channel writes next and how much, and what each connection's writer holds.
     send: SendPath,
+    /// Circuit switching: options, per-connection congestion detectors, switch connects.
+    pub switching: switching::SwitchIo,
 }
 
 impl Driver {
@@ -273,6 +281,7 @@ impl Driver {
             relay_addrs: HashMap::new(),
             secondaries: HashMap::new(),
             send,
+            switching: switching::SwitchIo::default(),
         }
     }
 
@@ -290,6 +299,7 @@ impl Driver {
                 false
             }
         };
+        self.apply_switching();
         // The write bucket's rate and reserve may have changed with the tunables (SIGHUP).
         let send = send_config(&self.cfg);
         if send != *self.send.config() {
@@ -324,6 +334,7 @@ impl Driver {
     pub async fn run(mut self) {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut switch_tick = self.switching.timer();
         loop {
             let deadline = self.core.next_deadline();
             let sleep = async {
@@ -357,12 +368,18 @@ impl Driver {
                     self.core.handle_timeout(now);
                     self.flush(now);
                 }
+                _ = switch_tick.tick() => {
+                    let now = Instant::now();
+                    self.switch_tick(now);
+                    self.flush(now);
+                }
                 _ = tick.tick() => {
                     let now = Instant::now();
                     if let Some(client) = self.client.as_mut() {
                         client.tick(&mut self.core, now);
                     }
                     self.split_tick(now);
+                    self.switch_metrics();
                     if let Some(m) = self.metrics.as_mut() {
                         m.quiet_reserve = self.cfg.limits.write_bucket.as_ref().map_or(0, |b| b.reserve());
                         let stats = self.send.stats();
@@ -397,6 +414,9 @@ impl Driver {
             Input::ConnectFailed { identity, why } => {
                 warn!(peer = %identity, %why, "connect failed");
                 self.core.connect_failed(identity, now);
+            }
+            Input::SwitchConnectFailed { identity, why } => {
+                self.switch_connect_failed(identity, &why, now)
             }
             Input::Cell { chan, cell } => self.on_cell(chan, cell, now),
             Input::Paid { chan: conn, cells } => {
@@ -602,6 +622,7 @@ impl Driver {
                     }
                 });
             }
+            Event::ConnectSwitch { identity } => self.connect_switch(identity),
             Event::CloseChannel { chan, reason } => {
                 info!(?chan, %reason, "closing channel");
                 if let Some(io) = self.remove_channel(chan) {

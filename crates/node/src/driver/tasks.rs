@@ -104,6 +104,7 @@ pub async fn start_link(
     let peer = link.peer_identity;
     let features = link.features;
     let bind_token = link.bind_token();
+    let fd = link.raw_fd();
     let (reader, writer) = link.split(limits);
     let (conn, gate) = spawn_conn(chan, reader, writer, tx.clone());
     if tx
@@ -113,6 +114,7 @@ pub async fn start_link(
             initiator,
             features,
             bind_token,
+            fd,
             conn,
         }))
         .await
