@@ -79,9 +79,17 @@ fn uploads_stay_byte_exact_while_the_entry_switches_circuits() {
         "no switch happened; logs in {}",
         net.dir.display()
     );
-    assert_eq!(sum("chive_switch_accepted_total") >= 1, true, "no next hop accepted a move");
+    assert_eq!(
+        sum("chive_switch_accepted_total") >= 1,
+        true,
+        "no next hop accepted a move"
+    );
     assert_eq!(sum("chive_switch_cells_lost_total"), 0, "cells lost");
-    assert_eq!(sum("chive_switch_violations_total"), 0, "switch protocol violations");
+    assert_eq!(
+        sum("chive_switch_violations_total"),
+        0,
+        "switch protocol violations"
+    );
     assert_eq!(sum("chive_circuits_killed_total"), 0, "circuits killed");
     // The JSON-lines file has the switch records with their times.
     let records: Vec<serde_json::Value> = (1..=3)

@@ -403,6 +403,8 @@ fn switch_during_transfer_delivers_every_byte_once_in_order() {
     assert_eq!(m.accepted, 1, "{m:?}");
     assert_eq!(e.cells_lost + m.cells_lost, 0);
     assert_eq!(e.violations + m.violations, 0);
+    // The slow old connection made the hold-back necessary in both directions.
+    assert!(m.cells_held > 0 && e.cells_held > 0, "{e:?} {m:?}");
     let rec = net.nodes[E].poll_switch_record().expect("a switch record");
     assert_eq!(rec.outcome, SwitchOutcome::Switched);
     assert_eq!(rec.from, c1);

@@ -365,15 +365,56 @@ pub fn render(snap: &Snapshot) -> String {
     );
     let sw = &snap.switching;
     for (name, help, v) in [
-        ("chive_switches_total", "Circuits this entry moved to another connection (first cell sent there).", sw.switches),
-        ("chive_switch_triggers_total", "Congestion reports that chose a circuit to move.", sw.triggered),
-        ("chive_switch_refused_total", "Switches the next hop refused.", sw.refused),
-        ("chive_switch_timeouts_total", "Switches abandoned without SWITCH_ACK in time.", sw.timed_out),
-        ("chive_switch_failed_total", "Switches abandoned because the switch connection failed.", sw.failed),
-        ("chive_switch_accepted_total", "Circuits moved onto a new connection at this relay as next hop.", sw.accepted),
-        ("chive_switch_violations_total", "Switch requests or markers refused as protocol violations.", sw.violations),
-        ("chive_switch_cells_resent_total", "Cells sent twice by switching.", sw.cells_resent),
-        ("chive_switch_cells_lost_total", "Cells lost by switching (held cells dropped, or missing by a marker's count).", sw.cells_lost),
+        (
+            "chive_switches_total",
+            "Circuits this entry moved to another connection (first cell sent there).",
+            sw.switches,
+        ),
+        (
+            "chive_switch_triggers_total",
+            "Congestion reports that chose a circuit to move.",
+            sw.triggered,
+        ),
+        (
+            "chive_switch_refused_total",
+            "Switches the next hop refused.",
+            sw.refused,
+        ),
+        (
+            "chive_switch_timeouts_total",
+            "Switches abandoned without SWITCH_ACK in time.",
+            sw.timed_out,
+        ),
+        (
+            "chive_switch_failed_total",
+            "Switches abandoned because the switch connection failed.",
+            sw.failed,
+        ),
+        (
+            "chive_switch_accepted_total",
+            "Circuits moved onto a new connection at this relay as next hop.",
+            sw.accepted,
+        ),
+        (
+            "chive_switch_violations_total",
+            "Switch requests or markers refused as protocol violations.",
+            sw.violations,
+        ),
+        (
+            "chive_switch_cells_resent_total",
+            "Cells sent twice by switching.",
+            sw.cells_resent,
+        ),
+        (
+            "chive_switch_cells_lost_total",
+            "Cells lost by switching (held cells dropped, or missing by a marker's count).",
+            sw.cells_lost,
+        ),
+        (
+            "chive_switch_cells_held_total",
+            "Cells that overtook their SWITCH marker on the new connection and were held back.",
+            sw.cells_held,
+        ),
     ] {
         metric(name, "counter", help, v.to_string());
     }

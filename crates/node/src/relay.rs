@@ -327,7 +327,10 @@ impl RelayConfig {
                 bail!("SwitchGamma must lie strictly between 0 and 1");
             }
         }
-        for (name, v) in [("SwitchAlpha", self.switch_alpha), ("SwitchBeta", self.switch_beta)] {
+        for (name, v) in [
+            ("SwitchAlpha", self.switch_alpha),
+            ("SwitchBeta", self.switch_beta),
+        ] {
             if v.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
                 bail!("{name} must be between 0 and 1 (a fraction of SwitchBufferBytes)");
             }
@@ -337,19 +340,32 @@ impl RelayConfig {
                 bail!("SwitchAlpha ({a}) must not exceed SwitchBeta ({b})");
             }
         }
-        let ranged = |name: &str, v: Option<u32>, lo: u32, hi: u32| -> anyhow::Result<Option<u32>> {
-            match v {
-                Some(v) if !(lo..=hi).contains(&v) => bail!("{name} must be between {lo} and {hi}"),
-                v => Ok(v),
-            }
-        };
+        let ranged =
+            |name: &str, v: Option<u32>, lo: u32, hi: u32| -> anyhow::Result<Option<u32>> {
+                match v {
+                    Some(v) if !(lo..=hi).contains(&v) => {
+                        bail!("{name} must be between {lo} and {hi}")
+                    }
+                    v => Ok(v),
+                }
+            };
         Ok(crate::driver::SwitchOptions {
             mode,
             gamma: self.switch_gamma,
             alpha: self.switch_alpha,
             beta: self.switch_beta,
-            sample_interval_ms: ranged("SwitchSampleIntervalMsec", self.switch_sample_interval_msec, 10, 60_000)?,
-            buffer_bytes: ranged("SwitchBufferBytes", self.switch_buffer_bytes, 1024, 16_777_216)?,
+            sample_interval_ms: ranged(
+                "SwitchSampleIntervalMsec",
+                self.switch_sample_interval_msec,
+                10,
+                60_000,
+            )?,
+            buffer_bytes: ranged(
+                "SwitchBufferBytes",
+                self.switch_buffer_bytes,
+                1024,
+                16_777_216,
+            )?,
             timeout_ms: ranged("SwitchTimeoutMsec", self.switch_timeout_msec, 100, 120_000)?,
         })
     }
@@ -623,6 +639,32 @@ mod tests {
             "00".repeat(32)
         ))
         .expect("test config parses")
+    }
+
+    #[test]
+    fn switching_options_are_checked_and_named() {
+        let c = config("CircuitSwitching = \"connection\"\nSwitchAlpha = 0.05\nSwitchBeta = 0.1");
+        assert!(c.validate().is_ok());
+        let o = c.switch_options().unwrap();
+        assert_eq!(o.mode, Some(chive_dir::SwitchingMode::Connection));
+        assert_eq!((o.alpha, o.beta), (Some(0.05), Some(0.1)));
+        assert_eq!(
+            config("").switch_options().unwrap().mode,
+            None,
+            "consensus decides"
+        );
+        for (bad, name) in [
+            ("CircuitSwitching = \"sometimes\"", "CircuitSwitching"),
+            ("SwitchGamma = 1.0", "SwitchGamma"),
+            ("SwitchBeta = 1.5", "SwitchBeta"),
+            ("SwitchAlpha = 0.6\nSwitchBeta = 0.5", "SwitchAlpha"),
+            ("SwitchSampleIntervalMsec = 5", "SwitchSampleIntervalMsec"),
+            ("SwitchBufferBytes = 10", "SwitchBufferBytes"),
+            ("SwitchTimeoutMsec = 50", "SwitchTimeoutMsec"),
+        ] {
+            let err = config(bad).validate().expect_err(bad);
+            assert!(format!("{err:#}").contains(name), "{bad}: {err:#}");
+        }
     }
 
     #[test]

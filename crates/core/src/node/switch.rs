@@ -121,6 +121,9 @@ pub struct SwitchStats {
     pub cells_resent: u64,
     /// Cells lost: held cells dropped, or missing by a marker's count.
     pub cells_lost: u64,
+    /// Cells that arrived on a new connection before its marker on the old one and were held
+    /// back (both roles): how often the hold-back was needed for order.
+    pub cells_held: u64,
 }
 
 /// How a switch this node started ended (one [`SwitchRecord`] each).
@@ -735,6 +738,7 @@ impl Core {
             c.sw.recv[ix(Side::Prev)] = 0;
         }
         self.sw.stats.accepted += 1;
+        self.sw.stats.cells_held += released.len() as u64;
         info!(
             ?key,
             held = released.len(),
@@ -774,6 +778,7 @@ impl Core {
             c.sw.recv[ix(Side::Next)] = 0;
         }
         self.sw.stats.completed += 1;
+        self.sw.stats.cells_held += released.len() as u64;
         debug!(
             ?key,
             held = released.len(),

@@ -52,10 +52,10 @@ use chive_core::split::{Conn, SplitChannel, SplitConfig};
 
 use crate::client::ClientState;
 
+pub use switching::SwitchOptions;
 pub use tasks::WriteMsg;
 use tasks::{exit_connect, EXIT_CONNECT_TIMEOUT};
 pub use tasks::{spawn_stream_io, start_link, stop_on_signal, ConnHandles, StreamCmd, StreamIo};
-pub use switching::SwitchOptions;
 pub use tunables::Tunables;
 
 /// Capacity of the driver's input queue: readers wait (and stop reading their

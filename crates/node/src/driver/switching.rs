@@ -80,9 +80,11 @@ impl SwitchIo {
 impl Driver {
     /// Options over consensus parameters: the core's mode and timeout, the detectors' settings.
     pub(super) fn apply_switching(&mut self) {
-        let p = self.params.as_ref().map(|p| p.switching()).unwrap_or_else(|| {
-            chive_dir::NetParams::new().switching()
-        });
+        let p = self
+            .params
+            .as_ref()
+            .map(|p| p.switching())
+            .unwrap_or_else(|| chive_dir::NetParams::new().switching());
         let o = self.switching.options;
         let mode = match o.mode.unwrap_or(p.mode) {
             SwitchingMode::Off => SwitchMode::Off,
@@ -92,8 +94,9 @@ impl Driver {
         let frac = |m: u32| f64::from(m) / 1000.0;
         let beta = o.beta.unwrap_or(frac(p.beta_milli));
         let alpha = o.alpha.unwrap_or(frac(p.alpha_milli)).min(beta);
-        let interval =
-            Duration::from_millis(u64::from(o.sample_interval_ms.unwrap_or(p.sample_interval_ms)));
+        let interval = Duration::from_millis(u64::from(
+            o.sample_interval_ms.unwrap_or(p.sample_interval_ms),
+        ));
         let cfg = DetectorConfig::new(
             o.gamma.unwrap_or(frac(p.gamma_milli)),
             alpha,
@@ -106,7 +109,11 @@ impl Driver {
             timeout: Duration::from_millis(u64::from(o.timeout_ms.unwrap_or(p.timeout_ms))),
         };
         if settings != self.core.switching() {
-            info!(mode = mode.label(), timeout_ms = settings.timeout.as_millis() as u64, "circuit switching settings");
+            info!(
+                mode = mode.label(),
+                timeout_ms = settings.timeout.as_millis() as u64,
+                "circuit switching settings"
+            );
             self.core.set_switching(settings);
         }
         match cfg {
