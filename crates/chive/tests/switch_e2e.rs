@@ -79,9 +79,8 @@ fn uploads_stay_byte_exact_while_the_entry_switches_circuits() {
         "no switch happened; logs in {}",
         net.dir.display()
     );
-    assert_eq!(
+    assert!(
         sum("chive_switch_accepted_total") >= 1,
-        true,
         "no next hop accepted a move"
     );
     assert_eq!(sum("chive_switch_cells_lost_total"), 0, "cells lost");
@@ -108,5 +107,10 @@ fn uploads_stay_byte_exact_while_the_entry_switches_circuits() {
         .map(|r| r["switch_time_s"].as_f64().unwrap())
         .collect();
     assert!(!switched.is_empty(), "no switch record: {records:?}");
-    eprintln!("switch times (s): {switched:?}");
+    // On loopback the old connection rarely has a backlog, so cells seldom overtake the marker
+    // (tests/switching.rs in chive-core forces that case); reported for the record.
+    eprintln!(
+        "switch times (s): {switched:?}; cells held back: {}",
+        sum("chive_switch_cells_held_total")
+    );
 }
