@@ -67,6 +67,16 @@ impl CellCommand {
     pub const CREATED2: Self = Self(11);
     /// Padding negotiation.
     pub const PADDING_NEGOTIATE: Self = Self(12);
+    /// chive's own: on a new connection, prepare to carry a circuit moved from the sender's
+    /// other connection to the same relay (circuit switching; body [`SwitchConn`]). Fixed
+    /// length, like the switch's other cells: they travel in the core's per-channel output
+    /// with the circuit's cells, so a marker is ordered behind every cell handed before it.
+    pub const SWITCH_CONN: Self = Self(32);
+    /// chive's own: the answer to SWITCH_CONN (body [`SwitchAck`]).
+    pub const SWITCH_ACK: Self = Self(33);
+    /// chive's own: the sender's last cell for a circuit on the connection it leaves (body
+    /// [`SwitchMarker`]).
+    pub const SWITCH: Self = Self(34);
     /// Variable-length padding.
     pub const VPADDING: Self = Self(128);
     /// Link certificates.
@@ -85,14 +95,6 @@ impl CellCommand {
     /// chive's own: the sender's last cell on one connection of a split channel before it
     /// continues on the other (body [`Handoff`]).
     pub const HANDOFF: Self = Self(135);
-    /// chive's own: on a new connection, prepare to carry a circuit moved from the sender's
-    /// other connection to the same relay (circuit switching; body [`SwitchConn`]).
-    pub const SWITCH_CONN: Self = Self(136);
-    /// chive's own: the answer to SWITCH_CONN (body [`SwitchAck`]).
-    pub const SWITCH_ACK: Self = Self(137);
-    /// chive's own: the sender's last cell for a circuit on the connection it leaves (body
-    /// [`SwitchMarker`]).
-    pub const SWITCH: Self = Self(138);
 
     /// True for commands carried in variable-length cells: VERSIONS and every command >= 128
     /// (tor-spec's rule, so the framing never depends on knowing the command).
@@ -116,6 +118,9 @@ impl CellCommand {
             10 => "CREATE2",
             11 => "CREATED2",
             12 => "PADDING_NEGOTIATE",
+            32 => "SWITCH_CONN",
+            33 => "SWITCH_ACK",
+            34 => "SWITCH",
             128 => "VPADDING",
             129 => "CERTS",
             130 => "AUTH_CHALLENGE",
@@ -124,9 +129,6 @@ impl CellCommand {
             133 => "LINK_FEATURES",
             134 => "BIND",
             135 => "HANDOFF",
-            136 => "SWITCH_CONN",
-            137 => "SWITCH_ACK",
-            138 => "SWITCH",
             _ => return None,
         })
     }

@@ -28,6 +28,7 @@ pub use node::{
     CoreStats, Event, HopSpec, RelayKeys, CELL_MEM_COST, DEFAULT_MAX_MEM_IN_QUEUES,
     MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
+pub use node::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};
 pub use sched::{CircuitScheduler, QueueId, SchedulerKind};
 
 /// A channel: the logical link to one neighbour. Chosen by the driver, unique per core.

@@ -69,6 +69,15 @@ impl Link {
         self.bind_token
     }
 
+    /// The TCP socket's file descriptor, for reading kernel queue sizes (SIOCOUTQ: bytes
+    /// written but not yet sent) while the halves run in their tasks. Valid while the link is
+    /// open; the caller must not close it.
+    #[cfg(unix)]
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.stream.get_ref().0.get_ref().as_raw_fd()
+    }
+
     /// Split into independent reader and writer halves (usable from different tasks).
     pub fn split(self, limits: LinkLimits) -> (LinkReader, LinkWriter) {
         let (rd, wr) = tokio::io::split(self.stream);

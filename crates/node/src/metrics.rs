@@ -89,6 +89,9 @@ pub struct Snapshot {
     pub oom_channels_closed: u64,
     pub oom_bytes_freed: u64,
     pub dos: DosStats,
+    /// Circuit switching's counters and the sum of switch times (seconds).
+    pub switching: chive_core::SwitchStats,
+    pub switch_time_sum: f64,
 }
 
 const RECENT_DELAYS: usize = 2048;
@@ -187,6 +190,35 @@ impl Metrics {
                 }
                 snap.queue_delays.push_back(d);
             }
+        }
+    }
+
+    /// A switch this relay started ended: one `switch` record (docs/metrics.md).
+    pub fn switch_record(&mut self, r: &chive_core::SwitchRecord) {
+        let secs = r.ended.duration_since(r.triggered).as_secs_f64();
+        if let Some(f) = self.file.as_mut() {
+            let _ = writeln!(
+                f,
+                "{{\"type\":\"switch\",\"t\":{:.6},\"circ\":{},\"from\":{},\"to\":{},\"outcome\":\"{}\",\"triggered\":{:.6},\"switch_time_s\":{secs:.6}}}",
+                self.clock.unix(r.ended),
+                r.circ.0,
+                r.from.0,
+                r.to.map_or_else(|| "null".to_string(), |c| c.0.to_string()),
+                r.outcome.label(),
+                self.clock.unix(r.triggered),
+            );
+        }
+        if r.outcome == chive_core::SwitchOutcome::Switched {
+            if let Ok(mut snap) = self.shared.lock() {
+                snap.switch_time_sum += secs;
+            }
+        }
+    }
+
+    /// The core's switching counters, for the endpoint and the `relay` record.
+    pub fn switch_stats(&mut self, stats: chive_core::SwitchStats) {
+        if let Ok(mut snap) = self.shared.lock() {
+            snap.switching = stats;
         }
     }
 
@@ -453,6 +485,72 @@ pub fn render(snap: &Snapshot) -> String {
          chive_dos_connections_refused_total{{reason=\"concurrent\"}} {}\n\
          chive_dos_connections_refused_total{{reason=\"rate\"}} {}",
         snap.dos.connections_refused_concurrent, snap.dos.connections_refused_rate
+    let sw = &snap.switching;
+    for (name, help, v) in [
+        (
+            "chive_switches_total",
+            "Circuits this entry moved to another connection (first cell sent there).",
+            sw.switches,
+        ),
+        (
+            "chive_switch_triggers_total",
+            "Congestion reports that chose a circuit to move.",
+            sw.triggered,
+        ),
+        (
+            "chive_switch_refused_total",
+            "Switches the next hop refused.",
+            sw.refused,
+        ),
+        (
+            "chive_switch_timeouts_total",
+            "Switches abandoned without SWITCH_ACK in time.",
+            sw.timed_out,
+        ),
+        (
+            "chive_switch_failed_total",
+            "Switches abandoned because the switch connection failed.",
+            sw.failed,
+        ),
+        (
+            "chive_switch_accepted_total",
+            "Circuits moved onto a new connection at this relay as next hop.",
+            sw.accepted,
+        ),
+        (
+            "chive_switch_violations_total",
+            "Switch requests or markers refused as protocol violations.",
+            sw.violations,
+        ),
+        (
+            "chive_switch_cells_resent_total",
+            "Cells sent twice by switching.",
+            sw.cells_resent,
+        ),
+        (
+            "chive_switch_cells_lost_total",
+            "Cells lost by switching (held cells dropped, or missing by a marker's count).",
+            sw.cells_lost,
+        ),
+        (
+            "chive_switch_cells_held_total",
+            "Cells that overtook their SWITCH marker on the new connection and were held back.",
+            sw.cells_held,
+        ),
+    ] {
+        metric(name, "counter", help, v.to_string());
+    }
+    metric(
+        "chive_switch_time_seconds_sum",
+        "counter",
+        "Sum over switches of the time from the congestion report to the first cell on the new connection.",
+        format!("{:.6}", snap.switch_time_sum),
+    );
+    metric(
+        "chive_switch_time_seconds_count",
+        "counter",
+        "Switches timed (as chive_switches_total).",
+        sw.switches.to_string(),
     );
     let _ = writeln!(s, "# HELP chive_scheduler_info The circuit scheduler in use.\n# TYPE chive_scheduler_info gauge\nchive_scheduler_info{{policy=\"{}\"}} 1", snap.scheduler.replace('"', "'"));
     let mut d: Vec<f64> = snap.queue_delays.iter().copied().collect();

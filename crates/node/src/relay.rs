@@ -127,6 +127,18 @@ Config file options (TOML):
   DoSConnectionConnectRate = 20          the consensus; relays listed in the consensus
   DoSConnectionConnectBurst = 40         are exempt
   DoSConnectionConnectDefenseTimePeriod = 86400
+  CircuitSwitching = \"off\"        circuit switching (paper 003): \"off\", \"connection\" (an entry
+                                   moves its heaviest circuit off a congested connection onto a
+                                   second connection to the same relay) or \"path\" (not wired
+                                   yet: acts as off); default: the consensus CircuitSwitching
+  SwitchGamma = 0.7                the occupancy EWMA's γ (0..1, exclusive)
+  SwitchAlpha = 0.1                α: re-arm level, fraction of SwitchBufferBytes (<= β)
+  SwitchBeta = 0.5                 β: congestion level, fraction of SwitchBufferBytes
+  SwitchSampleIntervalMsec = 100   occupancy sample interval (10..60000)
+  SwitchBufferBytes = 32768        the buffer α and β are fractions of (1024..16777216)
+  SwitchTimeoutMsec = 2000         wait for SWITCH_ACK this long, then stay (100..120000)
+                                   (each Switch option defaults to its consensus parameter;
+                                   all are read at start only)
   PublishInterval = 30             seconds between descriptor uploads
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Scheduler,
@@ -225,6 +237,20 @@ pub struct RelayConfig {
     pub dos_conn_connect_burst: Option<i64>,
     #[serde(rename = "DoSConnectionConnectDefenseTimePeriod", default)]
     pub dos_conn_connect_defense_time_period: Option<i64>,
+    #[serde(rename = "CircuitSwitching", default)]
+    pub circuit_switching: Option<String>,
+    #[serde(rename = "SwitchGamma", default)]
+    pub switch_gamma: Option<f64>,
+    #[serde(rename = "SwitchAlpha", default)]
+    pub switch_alpha: Option<f64>,
+    #[serde(rename = "SwitchBeta", default)]
+    pub switch_beta: Option<f64>,
+    #[serde(rename = "SwitchSampleIntervalMsec", default)]
+    pub switch_sample_interval_msec: Option<u32>,
+    #[serde(rename = "SwitchBufferBytes", default)]
+    pub switch_buffer_bytes: Option<u32>,
+    #[serde(rename = "SwitchTimeoutMsec", default)]
+    pub switch_timeout_msec: Option<u32>,
 }
 
 fn default_exit_policy() -> Vec<String> {
@@ -383,6 +409,62 @@ impl RelayConfig {
         })
     }
 
+    /// The circuit-switching options, checked, with the option named in any error.
+    fn switch_options(&self) -> anyhow::Result<crate::driver::SwitchOptions> {
+        let mode = self
+            .circuit_switching
+            .as_deref()
+            .map(chive_dir::SwitchingMode::parse)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("CircuitSwitching: {e}"))?;
+        if let Some(g) = self.switch_gamma {
+            if !(g > 0.0 && g < 1.0) {
+                bail!("SwitchGamma must lie strictly between 0 and 1");
+            }
+        }
+        for (name, v) in [
+            ("SwitchAlpha", self.switch_alpha),
+            ("SwitchBeta", self.switch_beta),
+        ] {
+            if v.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
+                bail!("{name} must be between 0 and 1 (a fraction of SwitchBufferBytes)");
+            }
+        }
+        if let (Some(a), Some(b)) = (self.switch_alpha, self.switch_beta) {
+            if a > b {
+                bail!("SwitchAlpha ({a}) must not exceed SwitchBeta ({b})");
+            }
+        }
+        let ranged =
+            |name: &str, v: Option<u32>, lo: u32, hi: u32| -> anyhow::Result<Option<u32>> {
+                match v {
+                    Some(v) if !(lo..=hi).contains(&v) => {
+                        bail!("{name} must be between {lo} and {hi}")
+                    }
+                    v => Ok(v),
+                }
+            };
+        Ok(crate::driver::SwitchOptions {
+            mode,
+            gamma: self.switch_gamma,
+            alpha: self.switch_alpha,
+            beta: self.switch_beta,
+            sample_interval_ms: ranged(
+                "SwitchSampleIntervalMsec",
+                self.switch_sample_interval_msec,
+                10,
+                60_000,
+            )?,
+            buffer_bytes: ranged(
+                "SwitchBufferBytes",
+                self.switch_buffer_bytes,
+                1024,
+                16_777_216,
+            )?,
+            timeout_ms: ranged("SwitchTimeoutMsec", self.switch_timeout_msec, 100, 120_000)?,
+        })
+    }
+
     /// Link features this relay announces.
     fn features(&self) -> FeatureSet {
         match self.split_config().map(|c| c.mode) {
@@ -434,6 +516,7 @@ impl RelayConfig {
         check_unsent_limit(self.link_unsent_limit)?;
         check_congestion_control(self.link_congestion_control.as_deref())?;
         self.split_config()?;
+        self.switch_options()?;
         if self.publish_interval == 0 {
             bail!("PublishInterval must be at least 1 second");
         }
@@ -528,6 +611,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .map(|p| cfg.data_directory.join(p));
     driver.metrics = Metrics::start(metrics_file.as_deref(), cfg.metrics_port).await?;
     driver.split = cfg.split_config()?;
+    driver.switching.options = cfg.switch_options()?;
+    driver.apply_policy(Instant::now());
     let tx = driver.sender();
     let chan_ids = driver.chan_ids();
 
@@ -656,6 +741,32 @@ mod tests {
             "00".repeat(32)
         ))
         .expect("test config parses")
+    }
+
+    #[test]
+    fn switching_options_are_checked_and_named() {
+        let c = config("CircuitSwitching = \"connection\"\nSwitchAlpha = 0.05\nSwitchBeta = 0.1");
+        assert!(c.validate().is_ok());
+        let o = c.switch_options().unwrap();
+        assert_eq!(o.mode, Some(chive_dir::SwitchingMode::Connection));
+        assert_eq!((o.alpha, o.beta), (Some(0.05), Some(0.1)));
+        assert_eq!(
+            config("").switch_options().unwrap().mode,
+            None,
+            "consensus decides"
+        );
+        for (bad, name) in [
+            ("CircuitSwitching = \"sometimes\"", "CircuitSwitching"),
+            ("SwitchGamma = 1.0", "SwitchGamma"),
+            ("SwitchBeta = 1.5", "SwitchBeta"),
+            ("SwitchAlpha = 0.6\nSwitchBeta = 0.5", "SwitchAlpha"),
+            ("SwitchSampleIntervalMsec = 5", "SwitchSampleIntervalMsec"),
+            ("SwitchBufferBytes = 10", "SwitchBufferBytes"),
+            ("SwitchTimeoutMsec = 50", "SwitchTimeoutMsec"),
+        ] {
+            let err = config(bad).validate().expect_err(bad);
+            assert!(format!("{err:#}").contains(name), "{bad}: {err:#}");
+        }
     }
 
     #[test]

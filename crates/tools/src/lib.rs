@@ -13,3 +13,4 @@ pub mod delay;
 pub mod httpd;
 pub mod pattern;
 pub mod shape;
+pub mod sockq;

@@ -15,7 +15,7 @@
 use crate::reader::Reader;
 use crate::{CellError, CircId};
 
-/// SWITCH_CONN body (cell command 136, sent on the *new* connection with the circuit's new id):
+/// SWITCH_CONN body (cell command 32, sent on the *new* connection with the circuit's new id):
 /// `seq` (4) `old_circ_id` (4). Asks the next hop to prepare to carry the circuit that has id
 /// `old_circ_id` on the sender's other connection to it under this cell's circuit id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +71,7 @@ impl SwitchStatus {
     }
 }
 
-/// SWITCH_ACK body (cell command 137, on the new connection, same circuit id as the
+/// SWITCH_ACK body (cell command 33, on the new connection, same circuit id as the
 /// SWITCH_CONN): `seq` (4) `status` (1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SwitchAck {
@@ -103,7 +103,7 @@ impl SwitchAck {
     }
 }
 
-/// SWITCH body (cell command 138, on the *old* connection with the old circuit id, in each
+/// SWITCH body (cell command 34, on the *old* connection with the old circuit id, in each
 /// direction): `seq` (4) `cells` (8). The sender's last cell for the circuit on this
 /// connection; `cells` counts the circuit's cells it sent on this connection before it, so the
 /// receiver can check that none is missing.

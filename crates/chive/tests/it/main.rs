@@ -20,3 +20,4 @@ mod relay_failure_e2e;
 mod reserve_e2e;
 mod sched_e2e;
 mod split;
+mod switch_e2e;

@@ -19,6 +19,7 @@ use super::config::HopSpec;
 use super::event::Event;
 use super::queue::CellQueue;
 use super::stream::Edge;
+use super::switch::SwCounts;
 use super::Core;
 
 impl Core {
@@ -93,6 +94,7 @@ impl Core {
                 q_prev: CellQueue::default(),
                 q_next: CellQueue::default(),
                 cells_sent: 0,
+                sw: SwCounts::default(),
                 role: Role::Relay {
                     crypto: RelayHopCrypto::new(&km),
                     edge: None,
@@ -278,6 +280,7 @@ impl Core {
                 q_prev: CellQueue::default(),
                 q_next: CellQueue::default(),
                 cells_sent: 0,
+                sw: SwCounts::default(),
                 role: Role::Origin {
                     crypto: ClientCircuitCrypto::new(),
                     path,

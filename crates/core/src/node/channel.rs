@@ -101,6 +101,7 @@ impl Core {
     /// A channel closed (EOF, error, or after [`Event::CloseChannel`]): every
     /// circuit on it goes, and relays tell the other side with DESTROY.
     pub fn channel_closed(&mut self, chan: ChannelId, now: Instant) {
+        self.sw_channel_closed(chan, now);
         let Some(ch) = self.channels.remove(&chan) else {
             return;
         };

@@ -66,6 +66,8 @@ pub(super) struct Circuit {
     pub(super) q_next: CellQueue,
     /// Cells this circuit handed to its channels (both directions).
     pub(super) cells_sent: u64,
+    /// Relay cells per direction on the current connections (circuit switching's markers).
+    pub(super) sw: super::switch::SwCounts,
     pub(super) role: Role,
     pub(super) relay_early_seen: u8,
 }

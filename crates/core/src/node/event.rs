@@ -40,6 +40,14 @@ pub enum Event {
         /// The identity the peer must prove.
         identity: IdentityKey,
     },
+    /// Open a second link to this relay for circuit switching (docs/protocol.md, "Circuit
+    /// switching"); the ORPort is the consensus's. Answer with [`Core::switch_channel_opened`]
+    /// (not `channel_opened`: new circuits must not use it) or
+    /// [`Core::switch_connect_failed`].
+    ConnectSwitch {
+        /// The identity the peer must prove.
+        identity: IdentityKey,
+    },
     /// Close this channel (its circuits are already gone from the core).
     CloseChannel {
         /// The channel.

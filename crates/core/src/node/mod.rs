@@ -50,6 +50,7 @@ mod oom;
 mod queue;
 mod relay;
 mod stream;
+mod switch;
 mod teardown;
 
 pub use config::{CoreConfig, HopSpec, RelayKeys};
@@ -59,6 +60,7 @@ pub use oom::{
     max_mem_in_queues_auto, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
 pub use queue::CELL_MEM_COST;
+pub use switch::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};
 
 use channel::Channel;
 use circuit::{queue_id, Circuit, Role, Side};
@@ -86,6 +88,8 @@ pub struct Core {
     driver_bytes: usize,
     /// Per-address state of the DoS defences.
     dos: DosGuard,
+    /// Circuit switching (paper 003): switches in progress, switch connections, counters.
+    sw: switch::SwitchState,
 }
 
 impl Core {
@@ -111,6 +115,7 @@ impl Core {
             cell_samples: VecDeque::new(),
             driver_bytes: 0,
             dos,
+            sw: switch::SwitchState::default(),
         }
     }
 
@@ -193,6 +198,7 @@ impl Core {
                 } => Some(*deadline),
                 _ => None,
             })
+            .chain(self.sw_next_deadline())
             .min()
     }
 
@@ -213,6 +219,7 @@ impl Core {
         for key in expired {
             self.close_circuit_inner(key, DestroyReason::TIMEOUT, None, now, "build timed out");
         }
+        self.sw_handle_timeout(now);
     }
 
     /// A variable-length cell after the link handshake: padding is ignored,
@@ -229,12 +236,23 @@ impl Core {
         if !self.channels.contains_key(&chan) {
             return;
         }
+        // Cells on the ids of a circuit being switched go to the switching code first.
+        let cell = if self.sw.ends.is_empty() {
+            cell
+        } else {
+            match self.sw_intercept(chan, cell, now) {
+                Some(cell) => cell,
+                None => return,
+            }
+        };
         match cell.command {
             CellCommand::RELAY | CellCommand::RELAY_EARLY => self.on_relay(chan, cell, now),
             CellCommand::CREATE2 => self.on_create2(chan, cell, now),
             CellCommand::CREATED2 => self.on_created2(chan, cell, now),
             CellCommand::DESTROY => self.on_destroy(chan, cell, now),
             CellCommand::PADDING => {}
+            CellCommand::SWITCH_CONN => self.on_switch_conn(chan, cell, now),
+            CellCommand::SWITCH => self.on_switch_marker(chan, cell, now),
             other => {
                 debug!(?chan, command = %other, "ignoring unexpected cell");
             }

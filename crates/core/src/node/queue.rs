@@ -68,6 +68,14 @@ impl CellQueue {
     pub(super) fn clear(&mut self) {
         self.cells.clear();
     }
+
+    /// Give every queued cell a new circuit id (its circuit moved to another connection:
+    /// cells carry their id from when they were queued).
+    pub(super) fn set_circ_id(&mut self, id: chive_cell::CircId) {
+        for q in &mut self.cells {
+            q.cell.circ_id = id;
+        }
+    }
 }
 
 impl Core {
@@ -133,6 +141,12 @@ impl Core {
             };
             let left = queue.len();
             circ.cells_sent += 1;
+            if super::switch::counted(cell.command) {
+                circ.sw.sent[usize::from(side == Side::Next)] += 1;
+            }
+            if !self.sw.first_cell.is_empty() {
+                self.sw.cell_left(key, chan, now);
+            }
             if let Some(queued) = sampled {
                 if self.cell_samples.len() < MAX_PENDING_SAMPLES {
                     self.cell_samples.push_back(CellSample {

@@ -34,6 +34,8 @@ impl Core {
         // Both ends of a circuit may be on one channel (a hop extended back to the relay before it):
         // the direction is the end the cell's id names, not its channel.
         let from_prev = circ.prev == Some((chan, cell.circ_id)) && !circ.is_origin();
+        // Relay cells per direction on the current connection (circuit switching's markers).
+        circ.sw.recv[usize::from(!from_prev)] += 1;
         let early = cell.command == CellCommand::RELAY_EARLY;
         if early && !from_prev {
             // tor-spec §5.6: an inbound RELAY_EARLY MUST close the circuit (C tor does, at

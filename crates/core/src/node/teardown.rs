@@ -77,9 +77,15 @@ impl Core {
         why: &str,
         cause: CloseCause,
     ) {
+        let extra_ends = self.sw_circuit_closing(key);
         let Some(circ) = self.circuits.remove(&key) else {
             return;
         };
+        for end in extra_ends {
+            if Some(end) != except {
+                self.send_destroy(end.0, end.1, reason);
+            }
+        }
         self.stats.queued_cells = self
             .stats
             .queued_cells

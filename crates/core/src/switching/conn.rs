@@ -261,6 +261,11 @@ impl<T> MoverSwitch<T> {
         self.back.on_new_cell(cell)
     }
 
+    /// Backward cells held (arrived on C2 before the peer's marker).
+    pub fn held_backward(&self) -> usize {
+        self.back.held()
+    }
+
     /// Whether both directions are on C2 (the old circuit id may be reused).
     pub fn is_complete(&self) -> bool {
         self.state == MoverState::Moved && self.back.is_complete()
@@ -372,6 +377,11 @@ impl<T> PeerSwitch<T> {
                 cells: sent_on_old,
             },
         ))
+    }
+
+    /// Forward cells held (arrived on C2 before the mover's marker).
+    pub fn held(&self) -> usize {
+        self.fwd.held()
     }
 
     /// The mover sent DESTROY on C2's id (it gave up waiting for the ACK).

@@ -17,4 +17,5 @@ mod relay_early;
 mod same_channel;
 mod sched_liveness;
 mod stream_flow;
+mod switching;
 mod truncate;

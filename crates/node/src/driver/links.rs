@@ -38,6 +38,7 @@ impl Driver {
             self.secondaries.remove(&s.id);
         }
         self.send.remove_channel(chan);
+        self.switching.forget(chan);
         Some(io)
     }
 
@@ -49,8 +50,10 @@ impl Driver {
             addr,
             features,
             bind_token,
+            fd,
             conn,
         } = up;
+        self.switching.link_fd(chan, fd);
         let split_ok = features.contains(SPLIT_DIRECTION) && peer.is_some();
         let split = SplitChannel::new(split_ok, initiator, bind_token, &self.split, now);
         // An accepted link that negotiated the feature may be another channel's second
@@ -88,6 +91,9 @@ impl Driver {
             return;
         }
         let (peer, initiator) = (io.peer, io.initiator);
+        if self.switch_link_opened(chan, peer, now) {
+            return;
+        }
         self.core.channel_opened(chan, peer, initiator, now);
         self.tell_addr(chan, now);
         if self.split.mode == SplitMode::Always {

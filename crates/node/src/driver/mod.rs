@@ -26,6 +26,7 @@
 
 mod guard;
 mod links;
+mod switching;
 mod tasks;
 #[cfg(test)]
 mod tests;
@@ -52,6 +53,7 @@ use chive_core::split::{Conn, SplitChannel, SplitConfig};
 
 use crate::client::ClientState;
 
+pub use switching::SwitchOptions;
 pub use tasks::WriteMsg;
 use tasks::{exit_connect, EXIT_CONNECT_TIMEOUT};
 pub use tasks::{
@@ -97,6 +99,8 @@ pub enum Input {
         permit: tokio::sync::OwnedSemaphorePermit,
         credit: tokio::sync::OwnedSemaphorePermit,
     },
+    /// Opening a circuit-switching connection to `identity` failed.
+    SwitchConnectFailed { identity: IdentityKey, why: String },
     /// Connection `chan`'s writer finished writing a batch of `cells` cells.
     Written { chan: ChannelId, cells: usize },
     /// Connection `chan`'s writer took the write-bucket tokens for a batch of `cells` cells
@@ -162,6 +166,8 @@ pub struct LinkUp {
     pub features: FeatureSet,
     /// The link's split-direction bind token.
     pub bind_token: [u8; 32],
+    /// The TCP socket's descriptor (circuit switching reads its unsent bytes).
+    pub fd: std::os::fd::RawFd,
     pub conn: ConnHandles,
 }
 
@@ -300,6 +306,8 @@ pub struct Driver {
     cell_budget: CellBudget,
     /// Reused by `on_cell` for the cells the split state releases.
     recv_scratch: Vec<AnyCell>,
+    /// Circuit switching: options, per-connection congestion detectors, switch connects.
+    pub switching: switching::SwitchIo,
 }
 
 impl Driver {
@@ -324,6 +332,7 @@ impl Driver {
             send,
             cell_budget: Arc::new(tokio::sync::Semaphore::new(INPUT_CELLS)),
             recv_scratch: Vec::new(),
+            switching: switching::SwitchIo::default(),
         }
     }
 
@@ -347,6 +356,7 @@ impl Driver {
                 false
             }
         };
+        self.apply_switching();
         // The write bucket's rate and reserve may have changed with the tunables (SIGHUP).
         let send = send_config(&self.cfg, self.params.as_ref());
         if send != *self.send.config() {
@@ -402,6 +412,7 @@ impl Driver {
     pub async fn run(mut self) {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut switch_tick = self.switching.timer();
         loop {
             let deadline = self.core.next_deadline();
             let sleep = async {
@@ -437,12 +448,18 @@ impl Driver {
                     self.core.handle_timeout(now);
                     self.flush(now);
                 }
+                _ = switch_tick.tick() => {
+                    let now = Instant::now();
+                    self.switch_tick(now);
+                    self.flush(now);
+                }
                 _ = tick.tick() => {
                     let now = Instant::now();
                     if let Some(client) = self.client.as_mut() {
                         client.tick(&mut self.core, now);
                     }
                     self.split_tick(now);
+                    self.switch_metrics();
                     if let Some(m) = self.metrics.as_mut() {
                         m.quiet_reserve = self.cfg.limits.write_bucket.as_ref().map_or(0, |b| b.reserve());
                         let stats = self.send.stats();
@@ -486,6 +503,9 @@ impl Driver {
             Input::ConnectFailed { identity, why } => {
                 warn!(peer = %identity, %why, "connect failed");
                 self.core.connect_failed(identity, now);
+            }
+            Input::SwitchConnectFailed { identity, why } => {
+                self.switch_connect_failed(identity, &why, now)
             }
             Input::Cells {
                 chan,
@@ -722,6 +742,7 @@ impl Driver {
                     }
                 });
             }
+            Event::ConnectSwitch { identity } => self.connect_switch(identity),
             Event::CloseChannel { chan, reason } => {
                 info!(?chan, %reason, "closing channel");
                 if let Some(io) = self.remove_channel(chan) {

@@ -133,6 +133,7 @@ pub async fn start_link(
     let addr = link.peer_addr;
     let features = link.features;
     let bind_token = link.bind_token();
+    let fd = link.raw_fd();
     let (reader, writer) = link.split(limits);
     let conn = spawn_conn(chan, reader, writer, tx.clone());
     // A driver that is gone drops the handles, and with them the reader's gate.
@@ -144,6 +145,7 @@ pub async fn start_link(
             addr,
             features,
             bind_token,
+            fd,
             conn,
         }))
         .await;

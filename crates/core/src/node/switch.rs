@@ -1,0 +1,1051 @@
+//! Circuit switching, connection variant (paper 003, issue 16), wired into the core: the entry
+//! (the *mover*) moves its heaviest circuit off a congested connection C1 onto a second
+//! connection C2 to the same next hop (the *peer*), in order and without a lost cell.
+//! Protocol: docs/protocol.md, "Circuit switching"; the per-circuit state machines are
+//! [`crate::switching::conn`]; this file holds the tables that connect them to channels,
+//! circuit ids and queues.
+//!
+//! - The driver's detector reports a congested connection ([`Core::congested`]); the core picks
+//!   the heaviest circuit it is the entry of and sends SWITCH_CONN on the peer's *switch
+//!   connection* (one per peer, opened on demand with [`Event::ConnectSwitch`], never the
+//!   canonical channel new circuits use, and never switched from).
+//! - Every endpoint of a circuit in a switch is in `ends` (old and new); `handle_cell` routes
+//!   cells on them here first ([`Core::sw_intercept`]), so held cells, acknowledgements and
+//!   DESTROYs on the new id never reach the ordinary paths before the markers allow it.
+//! - Counters (`SwCounts`) give the relay cells of each circuit per direction on its current
+//!   connection: the markers carry them and the receiver checks them.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use chive_cell::{
+    Cell, CellCommand, CircId, DestroyReason, SwitchAck, SwitchConn, SwitchMarker, SwitchStatus,
+};
+use chive_crypto::IdentityKey;
+use tracing::{debug, info, warn};
+
+use crate::idmap::{LocalMap, LocalSet};
+use crate::switching::{AckOutcome, ConnViolation, MoverSwitch, PeerDrop, PeerSwitch};
+use crate::{ChannelId, CircKey};
+
+use super::channel::Channel;
+use super::circuit::{queue_id, Role, Side};
+use super::event::Event;
+use super::Core;
+
+/// Switch records waiting for the driver beyond this are dropped (bounded memory).
+const MAX_PENDING_RECORDS: usize = 1000;
+
+/// `CircuitSwitching`: which of the paper's two ways an entry uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SwitchMode {
+    /// No switching; SWITCH_CONN is answered DISABLED.
+    #[default]
+    Off,
+    /// Move the heaviest circuit onto a second connection to the same next hop.
+    Connection,
+    /// Ask the client to move its stream to a spare circuit (not wired yet: behaves as off).
+    Path,
+}
+
+impl SwitchMode {
+    /// Parse the option ("off", "connection", "path").
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(SwitchMode::Off),
+            "connection" => Ok(SwitchMode::Connection),
+            "path" => Ok(SwitchMode::Path),
+            other => Err(format!(
+                "{other:?} is not one of \"off\", \"connection\", \"path\""
+            )),
+        }
+    }
+
+    /// The consensus parameter `CircuitSwitching` (0 off, 1 connection, 2 path).
+    pub fn from_param(v: i32) -> Self {
+        match v {
+            1 => SwitchMode::Connection,
+            2 => SwitchMode::Path,
+            _ => SwitchMode::Off,
+        }
+    }
+
+    /// The option's spelling.
+    pub fn label(self) -> &'static str {
+        match self {
+            SwitchMode::Off => "off",
+            SwitchMode::Connection => "connection",
+            SwitchMode::Path => "path",
+        }
+    }
+}
+
+/// Switching settings of a core ([`Core::set_switching`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwitchSettings {
+    /// Mode.
+    pub mode: SwitchMode,
+    /// How long the mover waits for SWITCH_ACK (`SwitchTimeoutMsec`).
+    pub timeout: Duration,
+}
+
+impl Default for SwitchSettings {
+    fn default() -> Self {
+        SwitchSettings {
+            mode: SwitchMode::Off,
+            timeout: Duration::from_millis(2000),
+        }
+    }
+}
+
+/// Switching counters ([`Core::switch_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SwitchStats {
+    /// Congestion reports that picked a circuit to move (mover).
+    pub triggered: u64,
+    /// Circuits whose cells started flowing on the new connection (mover): switches done.
+    pub switches: u64,
+    /// Switches whose both directions finished (mover).
+    pub completed: u64,
+    /// Switches the peer refused (DISABLED, or a DESTROY on the new id).
+    pub refused: u64,
+    /// Switches abandoned because no SWITCH_ACK came in time.
+    pub timed_out: u64,
+    /// Switches abandoned because the switch connection could not be opened or closed early.
+    pub failed: u64,
+    /// Circuits this node accepted onto a new connection (peer).
+    pub accepted: u64,
+    /// Switch requests refused as protocol violations (peer).
+    pub violations: u64,
+    /// Cells sent twice (the connection variant never re-sends; kept for the record format).
+    pub cells_resent: u64,
+    /// Cells lost: held cells dropped, or missing by a marker's count.
+    pub cells_lost: u64,
+    /// Cells that arrived on a new connection before its marker on the old one and were held
+    /// back (both roles): how often the hold-back was needed for order.
+    pub cells_held: u64,
+}
+
+/// How a switch this node started ended (one [`SwitchRecord`] each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwitchOutcome {
+    /// The first cell left on the new connection.
+    Switched,
+    /// The peer refused.
+    Refused,
+    /// No acknowledgement in time.
+    TimedOut,
+    /// The switch connection failed, or the circuit closed first.
+    Failed,
+}
+
+impl SwitchOutcome {
+    /// For metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            SwitchOutcome::Switched => "switched",
+            SwitchOutcome::Refused => "refused",
+            SwitchOutcome::TimedOut => "timed_out",
+            SwitchOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// One switch started at this node, for the metrics' `switch` record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwitchRecord {
+    /// The circuit moved.
+    pub circ: CircKey,
+    /// The connection it left.
+    pub from: ChannelId,
+    /// The connection it went to (None if none was open yet).
+    pub to: Option<ChannelId>,
+    /// When the congestion report chose it.
+    pub triggered: Instant,
+    /// When it ended (for `Switched`: its first cell left on the new connection).
+    pub ended: Instant,
+    /// How.
+    pub outcome: SwitchOutcome,
+}
+
+/// Relay cells of one circuit per direction on its current connection in that direction.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct SwCounts {
+    /// Handed to the channel toward [prev, next].
+    pub(super) sent: [u64; 2],
+    /// Received from [prev, next].
+    pub(super) recv: [u64; 2],
+}
+
+fn ix(side: Side) -> usize {
+    match side {
+        Side::Prev => 0,
+        Side::Next => 1,
+    }
+}
+
+/// Whether a cell is one the markers count.
+pub(super) fn counted(command: CellCommand) -> bool {
+    command == CellCommand::RELAY || command == CellCommand::RELAY_EARLY
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum End {
+    /// The circuit's id on C1.
+    Old,
+    /// Its id on C2.
+    New,
+}
+
+enum Spare {
+    /// Being opened; circuits (and the connection they leave) waiting for it.
+    Opening(Vec<(CircKey, ChannelId, Instant)>),
+    Open(ChannelId),
+}
+
+struct Mover {
+    ms: MoverSwitch<Cell>,
+    old: (ChannelId, CircId),
+    new: (ChannelId, CircId),
+}
+
+struct Peer {
+    ps: PeerSwitch<Cell>,
+    old: (ChannelId, CircId),
+    new: (ChannelId, CircId),
+}
+
+/// The core's switching tables. See the module documentation.
+#[derive(Default)]
+pub(super) struct SwitchState {
+    settings: SwitchSettings,
+    /// Per next hop: the switch connection (mover side).
+    spare: HashMap<IdentityKey, Spare>,
+    /// Channels opened as switch connections (never canonical, never switched from).
+    switch_chans: LocalSet<ChannelId>,
+    movers: LocalMap<CircKey, Mover>,
+    peers: LocalMap<CircKey, Peer>,
+    /// Every endpoint of a circuit in a switch.
+    pub(super) ends: HashMap<(ChannelId, CircId), (CircKey, End)>,
+    /// Moved circuits whose first cell on the new connection has not left yet:
+    /// (trigger time, old channel, new channel).
+    pub(super) first_cell: LocalMap<CircKey, (Instant, ChannelId, ChannelId)>,
+    /// The next switch number per circuit (both roles).
+    seq: LocalMap<CircKey, u32>,
+    stats: SwitchStats,
+    records: VecDeque<SwitchRecord>,
+}
+
+impl SwitchState {
+    fn record(&mut self, r: SwitchRecord) {
+        if self.records.len() < MAX_PENDING_RECORDS {
+            self.records.push_back(r);
+        }
+    }
+
+    /// Called by `poll_transmit` for a cell of `key` leaving on `chan`: the switch-time figure.
+    pub(super) fn cell_left(&mut self, key: CircKey, chan: ChannelId, now: Instant) {
+        if let Some(&(triggered, from, to)) = self.first_cell.get(&key) {
+            if to == chan {
+                self.first_cell.remove(&key);
+                self.stats.switches += 1;
+                self.record(SwitchRecord {
+                    circ: key,
+                    from,
+                    to: Some(to),
+                    triggered,
+                    ended: now,
+                    outcome: SwitchOutcome::Switched,
+                });
+            }
+        }
+    }
+}
+
+impl Core {
+    /// Set the switching mode and timeout (relay option over consensus parameter).
+    pub fn set_switching(&mut self, settings: SwitchSettings) {
+        self.sw.settings = settings;
+    }
+
+    /// The switching settings in force.
+    pub fn switching(&self) -> SwitchSettings {
+        self.sw.settings
+    }
+
+    /// Switching counters.
+    pub fn switch_stats(&self) -> SwitchStats {
+        self.sw.stats
+    }
+
+    /// The next finished switch this node started (for the metrics' `switch` record).
+    pub fn poll_switch_record(&mut self) -> Option<SwitchRecord> {
+        self.sw.records.pop_front()
+    }
+
+    /// Whether `chan` is a switch connection (the driver samples only the others).
+    pub fn is_switch_channel(&self, chan: ChannelId) -> bool {
+        self.sw.switch_chans.contains(&chan)
+    }
+
+    /// Whether this node is the entry of a circuit on relay channel `chan`: the connections a
+    /// driver runs a congestion detector on (connection mode only).
+    pub fn may_switch_from(&self, chan: ChannelId) -> bool {
+        if self.sw.settings.mode != SwitchMode::Connection || self.is_switch_channel(chan) {
+            return false;
+        }
+        let Some(ch) = self.channels.get(&chan) else {
+            return false;
+        };
+        ch.peer.is_some()
+            && ch
+                .circ_ids
+                .iter()
+                .any(|(&id, key)| self.is_entry_circuit(*key, chan, id))
+    }
+
+    fn is_entry_circuit(&self, key: CircKey, chan: ChannelId, id: CircId) -> bool {
+        let Some(circ) = self.circuits.get(&key) else {
+            return false;
+        };
+        matches!(circ.role, Role::Relay { .. })
+            && circ.next == Some((chan, id))
+            && circ
+                .prev
+                .and_then(|(c, _)| self.channels.get(&c))
+                .is_some_and(|c| c.peer.is_none())
+    }
+
+    /// The driver's detector found `chan` congested: move the heaviest circuit this node is the
+    /// entry of (highest EWMA count) to the switch connection to the same peer. Returns the
+    /// circuit chosen, or None (mode not `connection`, a switch connection, fewer than two
+    /// circuits on the connection, no entry circuit, or too many switches pending to the peer).
+    pub fn congested(&mut self, chan: ChannelId, now: Instant) -> Option<CircKey> {
+        if self.sw.settings.mode != SwitchMode::Connection || self.is_switch_channel(chan) {
+            return None;
+        }
+        let ch = self.channels.get(&chan)?;
+        let peer = ch.peer?;
+        // Nothing to separate a lone circuit from.
+        if ch.circ_ids.len() < 2 {
+            return None;
+        }
+        let mut best: Option<(CircKey, f64)> = None;
+        for (&id, &key) in &ch.circ_ids {
+            if !self.is_entry_circuit(key, chan, id) || self.sw.movers.contains_key(&key) {
+                continue;
+            }
+            let count = ch
+                .sched
+                .ewma_count(queue_id(key, Side::Next), now)
+                .unwrap_or_else(|| self.circuits.get(&key).map_or(0, |c| c.cells_sent) as f64);
+            best = match best {
+                Some((b, w)) if w > count || (w == count && b < key) => Some((b, w)),
+                _ => Some((key, count)),
+            };
+        }
+        let (key, _) = best?;
+        let pending = self
+            .sw
+            .movers
+            .values()
+            .filter(|m| self.channels.get(&m.new.0).and_then(|c| c.peer) == Some(peer))
+            .count();
+        if pending >= crate::switching::MAX_PENDING_PER_PEER {
+            return None;
+        }
+        self.sw.stats.triggered += 1;
+        match self.sw.spare.get_mut(&peer) {
+            Some(Spare::Open(c2)) => {
+                let c2 = *c2;
+                self.send_switch_conn(key, chan, c2, now, now);
+            }
+            Some(Spare::Opening(waiting)) => waiting.push((key, chan, now)),
+            None => {
+                self.sw
+                    .spare
+                    .insert(peer, Spare::Opening(vec![(key, chan, now)]));
+                self.events
+                    .push_back(Event::ConnectSwitch { identity: peer });
+            }
+        }
+        info!(
+            ?key,
+            ?chan,
+            "connection congested: switching its heaviest circuit"
+        );
+        Some(key)
+    }
+
+    /// The switch connection the core asked for ([`Event::ConnectSwitch`]) finished its
+    /// handshake as `chan`: it becomes a channel to `peer` that new circuits do not use.
+    pub fn switch_channel_opened(&mut self, chan: ChannelId, peer: IdentityKey, now: Instant) {
+        self.channels.insert(
+            chan,
+            Channel {
+                peer: Some(peer),
+                initiator: true,
+                circ_ids: HashMap::new(),
+                sched: self.cfg.scheduler.build(),
+                urgent: VecDeque::new(),
+                buffered: 0,
+                buffered_since: None,
+                addr: None,
+                dos_tracked: false,
+            },
+        );
+        self.sw.switch_chans.insert(chan);
+        let waiting = match self.sw.spare.insert(peer, Spare::Open(chan)) {
+            Some(Spare::Opening(w)) => w,
+            _ => Vec::new(),
+        };
+        for (key, c1, triggered) in waiting {
+            self.send_switch_conn(key, c1, chan, triggered, now);
+        }
+    }
+
+    /// Opening the switch connection to `peer` failed: its waiting circuits stay where they are.
+    pub fn switch_connect_failed(&mut self, peer: IdentityKey, now: Instant) {
+        if let Some(Spare::Opening(waiting)) = self.sw.spare.remove(&peer) {
+            for (key, c1, triggered) in waiting {
+                self.sw.stats.failed += 1;
+                self.sw.record(SwitchRecord {
+                    circ: key,
+                    from: c1,
+                    to: None,
+                    triggered,
+                    ended: now,
+                    outcome: SwitchOutcome::Failed,
+                });
+            }
+        }
+    }
+
+    /// Step 1 of the protocol: SWITCH_CONN(seq, X) on C2 with a fresh id Y.
+    fn send_switch_conn(
+        &mut self,
+        key: CircKey,
+        c1: ChannelId,
+        c2: ChannelId,
+        triggered: Instant,
+        now: Instant,
+    ) {
+        let Some(circ) = self.circuits.get(&key) else {
+            return;
+        };
+        let Some((c, x)) = circ.next else { return };
+        if c != c1 || self.sw.movers.contains_key(&key) {
+            return;
+        }
+        let received_on_old = circ.sw.recv[ix(Side::Next)];
+        let Some(y) = self.alloc_switch_id(c2) else {
+            return;
+        };
+        let seq = self.sw.seq.get(&key).copied().unwrap_or(0);
+        let body = SwitchConn {
+            seq,
+            old_circ_id: x,
+        }
+        .encode();
+        let Ok(cell) = Cell::new(y, CellCommand::SWITCH_CONN, &body) else {
+            return;
+        };
+        let ms = MoverSwitch::new(
+            seq,
+            received_on_old,
+            self.cfg.max_circuit_queue,
+            triggered,
+            self.sw.settings.timeout,
+        );
+        self.sw.ends.insert((c1, x), (key, End::Old));
+        self.sw.ends.insert((c2, y), (key, End::New));
+        self.sw.movers.insert(
+            key,
+            Mover {
+                ms,
+                old: (c1, x),
+                new: (c2, y),
+            },
+        );
+        debug!(?key, seq, old = x, new = y, "SWITCH_CONN sent");
+        self.push_urgent(c2, cell);
+        let _ = now;
+    }
+
+    fn alloc_switch_id(&mut self, chan: ChannelId) -> Option<CircId> {
+        for _ in 0..8 {
+            let id = self.alloc_circ_id(chan)?;
+            if !self.sw.ends.contains_key(&(chan, id)) {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    fn push_urgent(&mut self, chan: ChannelId, cell: Cell) {
+        if let Some(ch) = self.channels.get_mut(&chan) {
+            ch.urgent.push_back(cell);
+            self.mark_ready(chan);
+        }
+    }
+
+    fn send_marker(&mut self, chan: ChannelId, id: CircId, marker: SwitchMarker) {
+        if let Ok(cell) = Cell::new(id, CellCommand::SWITCH, &marker.encode()) {
+            self.push_urgent(chan, cell);
+        }
+    }
+
+    /// Move one direction of `key` to `new`: its queue leaves the old channel's scheduler and
+    /// joins the new one's; the new id maps to the circuit.
+    fn rebind(&mut self, key: CircKey, side: Side, new: (ChannelId, CircId), now: Instant) {
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        let old = circ.endpoint(side);
+        match side {
+            Side::Prev => circ.prev = Some(new),
+            Side::Next => circ.next = Some(new),
+        }
+        circ.sw.sent[ix(side)] = 0;
+        circ.queue(side).set_circ_id(new.1);
+        let queued = circ.queue(side).len() > 0;
+        let q = queue_id(key, side);
+        if let Some((c1, _)) = old {
+            if let Some(ch) = self.channels.get_mut(&c1) {
+                ch.sched.deactivate(q);
+                ch.sched.forget(q);
+            }
+        }
+        if let Some(ch) = self.channels.get_mut(&new.0) {
+            ch.circ_ids.insert(new.1, key);
+            if queued {
+                ch.sched.activate(q, now);
+            }
+        }
+        if queued {
+            self.mark_ready(new.0);
+        }
+    }
+
+    /// A cell on an endpoint of a circuit in a switch. Returns the cell if the ordinary path
+    /// should still handle it.
+    pub(super) fn sw_intercept(
+        &mut self,
+        chan: ChannelId,
+        cell: Cell,
+        now: Instant,
+    ) -> Option<Cell> {
+        let Some(&(key, end)) = self.sw.ends.get(&(chan, cell.circ_id)) else {
+            return Some(cell);
+        };
+        let cmd = cell.command;
+        if end == End::Old {
+            if counted(cmd) {
+                let r = if let Some(m) = self.sw.movers.get_mut(&key) {
+                    m.ms.backward().on_old_cell()
+                } else if let Some(p) = self.sw.peers.get_mut(&key) {
+                    p.ps.on_old_cell()
+                } else {
+                    Ok(())
+                };
+                if let Err(v) = r {
+                    self.sw_violation(key, &v, now);
+                    return None;
+                }
+            }
+            return Some(cell);
+        }
+        // The new endpoint.
+        if self.sw.movers.contains_key(&key) {
+            return self.mover_new_cell(key, cell, now);
+        }
+        if self.sw.peers.contains_key(&key) {
+            self.peer_new_cell(key, cell, now);
+            return None;
+        }
+        Some(cell)
+    }
+
+    fn mover_new_cell(&mut self, key: CircKey, cell: Cell, now: Instant) -> Option<Cell> {
+        let m = self.sw.movers.get_mut(&key)?;
+        let moved = m.ms.state() == crate::switching::MoverState::Moved;
+        match cell.command {
+            CellCommand::SWITCH_ACK => {
+                let ack = match SwitchAck::decode(&cell.payload) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        self.sw_violation(key, &format!("malformed SWITCH_ACK: {e}"), now);
+                        return None;
+                    }
+                };
+                let sent = self
+                    .circuits
+                    .get(&key)
+                    .map_or(0, |c| c.sw.sent[ix(Side::Next)]);
+                match m.ms.on_ack(ack, sent) {
+                    Ok(AckOutcome::CutOver(marker)) => self.cut_over(key, marker, now),
+                    Ok(AckOutcome::Refused(status)) => {
+                        info!(?key, status = status.0, "switch refused by the next hop");
+                        self.end_mover(key, SwitchOutcome::Refused, now);
+                    }
+                    Ok(AckOutcome::Late) => {}
+                    Err(v) => self.sw_violation(key, &v, now),
+                }
+                None
+            }
+            CellCommand::DESTROY if !moved => {
+                // The peer refused the request (or dropped the reservation): stay on C1.
+                info!(
+                    ?key,
+                    "switch refused by the next hop (DESTROY on the new id)"
+                );
+                self.end_mover(key, SwitchOutcome::Refused, now);
+                None
+            }
+            CellCommand::DESTROY => {
+                // After the cut-over the new id is the circuit's: close it as usual.
+                self.sw_forget_state(key);
+                Some(cell)
+            }
+            c if counted(c) => match m.ms.on_new_cell(cell) {
+                Ok(None) => None,
+                Ok(Some(cell)) => Some(cell),
+                Err(v) => {
+                    self.sw_violation(key, &v, now);
+                    None
+                }
+            },
+            other => {
+                self.sw_violation(
+                    key,
+                    &format!("unexpected {other} on the new connection"),
+                    now,
+                );
+                None
+            }
+        }
+    }
+
+    fn peer_new_cell(&mut self, key: CircKey, cell: Cell, now: Instant) {
+        let Some(p) = self.sw.peers.get_mut(&key) else {
+            return;
+        };
+        match cell.command {
+            CellCommand::DESTROY => match p.ps.cancel() {
+                Some(PeerDrop::CloseCircuit) => {
+                    let held = self.held_of(key);
+                    self.sw.stats.cells_lost += held;
+                    self.sw_violation(key, &"switch cancelled with cells held", now);
+                }
+                _ => {
+                    debug!(?key, "switch reservation cancelled by the mover");
+                    self.sw_forget_state(key);
+                }
+            },
+            c if counted(c) => match p.ps.on_new_cell(cell) {
+                Ok(None) => {}
+                Ok(Some(cell)) => self.on_relay(cell_chan(&self.sw, key), cell, now),
+                Err(v) => self.sw_violation(key, &v, now),
+            },
+            other => self.sw_violation(
+                key,
+                &format!("unexpected {other} on the new connection"),
+                now,
+            ),
+        }
+    }
+
+    fn held_of(&self, key: CircKey) -> u64 {
+        if let Some(p) = self.sw.peers.get(&key) {
+            return p.ps.held() as u64;
+        }
+        0
+    }
+
+    /// Step 3: SWITCH_ACK(ACCEPTED): the marker closes C1 for the forward direction, later
+    /// cells go on C2.
+    fn cut_over(&mut self, key: CircKey, marker: SwitchMarker, now: Instant) {
+        let Some(m) = self.sw.movers.get(&key) else {
+            return;
+        };
+        let (old, new) = (m.old, m.new);
+        let triggered = m.ms.triggered_at();
+        self.send_marker(old.0, old.1, marker);
+        self.rebind(key, Side::Next, new, now);
+        self.sw.first_cell.insert(key, (triggered, old.0, new.0));
+        info!(
+            ?key,
+            seq = marker.seq,
+            cells = marker.cells,
+            "circuit cut over to the switch connection"
+        );
+    }
+
+    /// A SWITCH marker (cell command 138) on `chan`.
+    pub(super) fn on_switch_marker(&mut self, chan: ChannelId, cell: Cell, now: Instant) {
+        let Some(key) = self.lookup(chan, cell.circ_id) else {
+            debug!(
+                ?chan,
+                circ_id = cell.circ_id,
+                "SWITCH for unknown circuit: dropped"
+            );
+            return;
+        };
+        let marker = match SwitchMarker::decode(&cell.payload) {
+            Ok(m) => m,
+            Err(e) => return self.sw_violation(key, &format!("malformed SWITCH: {e}"), now),
+        };
+        let at = (chan, cell.circ_id);
+        if self.sw.peers.get(&key).is_some_and(|p| p.old == at) {
+            return self.peer_marker(key, marker, now);
+        }
+        if self.sw.movers.get(&key).is_some_and(|m| m.old == at) {
+            return self.mover_marker(key, marker, now);
+        }
+        self.sw_violation(key, &"SWITCH without an accepted switch", now);
+    }
+
+    /// Steps 4 and 5 at the peer: release the held forward cells, cut the backward direction
+    /// over behind its own marker.
+    fn peer_marker(&mut self, key: CircKey, marker: SwitchMarker, now: Instant) {
+        let sent = self
+            .circuits
+            .get(&key)
+            .map_or(0, |c| c.sw.sent[ix(Side::Prev)]);
+        let Some(p) = self.sw.peers.get_mut(&key) else {
+            return;
+        };
+        let (released, own) = match p.ps.on_marker(marker, sent) {
+            Ok(r) => r,
+            Err(v) => {
+                if let ConnViolation::WrongCount { claimed, received } = v {
+                    self.sw.stats.cells_lost += claimed.saturating_sub(received);
+                }
+                return self.sw_violation(key, &v, now);
+            }
+        };
+        let (old, new) = (p.old, p.new);
+        self.sw.peers.remove(&key);
+        self.sw.ends.remove(&old);
+        self.sw.ends.remove(&new);
+        *self.sw.seq.entry(key).or_insert(0) += 1;
+        self.send_marker(old.0, old.1, own);
+        self.rebind(key, Side::Prev, new, now);
+        if let Some(ch) = self.channels.get_mut(&old.0) {
+            ch.circ_ids.remove(&old.1);
+        }
+        if let Some(c) = self.circuits.get_mut(&key) {
+            c.sw.recv[ix(Side::Prev)] = 0;
+        }
+        self.sw.stats.accepted += 1;
+        self.sw.stats.cells_held += released.len() as u64;
+        info!(
+            ?key,
+            held = released.len(),
+            "circuit moved to the new connection (peer)"
+        );
+        for cell in released {
+            self.on_relay(new.0, cell, now);
+        }
+    }
+
+    /// Step 5 at the mover: the peer's marker ends the backward direction on C1.
+    fn mover_marker(&mut self, key: CircKey, marker: SwitchMarker, now: Instant) {
+        let Some(m) = self.sw.movers.get_mut(&key) else {
+            return;
+        };
+        if m.ms.state() != crate::switching::MoverState::Moved {
+            return self.sw_violation(key, &"SWITCH before the cut-over", now);
+        }
+        let released = match m.ms.backward().on_marker(marker) {
+            Ok(r) => r,
+            Err(v) => {
+                if let ConnViolation::WrongCount { claimed, received } = v {
+                    self.sw.stats.cells_lost += claimed.saturating_sub(received);
+                }
+                return self.sw_violation(key, &v, now);
+            }
+        };
+        let (old, new) = (m.old, m.new);
+        self.sw.movers.remove(&key);
+        self.sw.ends.remove(&old);
+        self.sw.ends.remove(&new);
+        *self.sw.seq.entry(key).or_insert(0) += 1;
+        if let Some(ch) = self.channels.get_mut(&old.0) {
+            ch.circ_ids.remove(&old.1);
+        }
+        if let Some(c) = self.circuits.get_mut(&key) {
+            c.sw.recv[ix(Side::Next)] = 0;
+        }
+        self.sw.stats.completed += 1;
+        self.sw.stats.cells_held += released.len() as u64;
+        debug!(
+            ?key,
+            held = released.len(),
+            "switch complete in both directions"
+        );
+        for cell in released {
+            self.on_relay(new.0, cell, now);
+        }
+    }
+
+    /// Step 2: SWITCH_CONN on `chan` with the new id the cell names.
+    pub(super) fn on_switch_conn(&mut self, chan: ChannelId, cell: Cell, now: Instant) {
+        let y = cell.circ_id;
+        if y == 0 {
+            debug!(?chan, "SWITCH_CONN on circuit id 0: dropped");
+            return;
+        }
+        let refuse = |core: &mut Core, why: &str, kill: Option<CircKey>| {
+            warn!(?chan, new_id = y, reason = why, "refusing SWITCH_CONN");
+            core.sw.stats.violations += 1;
+            core.send_destroy(chan, y, DestroyReason::PROTOCOL);
+            if let Some(key) = kill {
+                core.kill(key, &format!("bad SWITCH_CONN: {why}"), now);
+            }
+        };
+        let Some(peer) = self.channels.get(&chan).and_then(|c| c.peer) else {
+            return refuse(self, "from a client", None);
+        };
+        let req = match SwitchConn::decode(&cell.payload) {
+            Ok(r) => r,
+            Err(e) => return refuse(self, &format!("malformed: {e}"), None),
+        };
+        if let Some(key) = self.lookup(chan, y) {
+            return refuse(self, "new circuit id already in use", Some(key));
+        }
+        if let Some(&(key, _)) = self.sw.ends.get(&(chan, y)) {
+            return refuse(self, "new circuit id already in a switch", Some(key));
+        }
+        if self.sw.settings.mode != SwitchMode::Connection {
+            let ack = SwitchAck {
+                seq: req.seq,
+                status: SwitchStatus::DISABLED,
+            };
+            if let Ok(c) = Cell::new(y, CellCommand::SWITCH_ACK, &ack.encode()) {
+                self.push_urgent(chan, c);
+            }
+            return;
+        }
+        // The circuit: id X on another channel from the same peer, whose previous hop it is.
+        let found = self.channels.iter().find_map(|(&c, ch)| {
+            if c == chan || ch.peer != Some(peer) {
+                return None;
+            }
+            ch.circ_ids.get(&req.old_circ_id).map(|k| (c, *k))
+        });
+        let Some((c1, key)) = found else {
+            return refuse(self, "unknown circuit", None);
+        };
+        let Some(circ) = self.circuits.get(&key) else {
+            return refuse(self, "unknown circuit", None);
+        };
+        if circ.prev != Some((c1, req.old_circ_id)) || circ.is_origin() {
+            // The sender is the circuit's next hop (or it is ours): not the hop that may move it.
+            return refuse(self, "the sender is not the circuit's previous hop", None);
+        }
+        let received_on_old = circ.sw.recv[ix(Side::Prev)];
+        if self.sw.peers.contains_key(&key) || self.sw.movers.contains_key(&key) {
+            return refuse(self, "circuit already in a switch", Some(key));
+        }
+        let expected = self.sw.seq.get(&key).copied().unwrap_or(0);
+        if req.seq != expected {
+            return refuse(
+                self,
+                &format!(
+                    "switch number {} (expected {expected}): replayed or skipped",
+                    req.seq
+                ),
+                Some(key),
+            );
+        }
+        let pending = self
+            .sw
+            .peers
+            .values()
+            .filter(|p| self.channels.get(&p.new.0).and_then(|c| c.peer) == Some(peer))
+            .count();
+        if pending >= crate::switching::MAX_PENDING_PER_PEER {
+            // An honest mover keeps within the limit itself.
+            return refuse(self, "too many switches pending from this peer", None);
+        }
+        let (ps, ack) = PeerSwitch::accept(
+            req.seq,
+            received_on_old,
+            self.cfg.max_circuit_queue,
+            now,
+            self.sw.settings.timeout,
+        );
+        self.sw.ends.insert((c1, req.old_circ_id), (key, End::Old));
+        self.sw.ends.insert((chan, y), (key, End::New));
+        self.sw.peers.insert(
+            key,
+            Peer {
+                ps,
+                old: (c1, req.old_circ_id),
+                new: (chan, y),
+            },
+        );
+        debug!(?key, seq = req.seq, "SWITCH_CONN accepted");
+        if let Ok(c) = Cell::new(y, CellCommand::SWITCH_ACK, &ack.encode()) {
+            self.push_urgent(chan, c);
+        }
+    }
+
+    /// A switch rule broken: the circuit closes with a logged protocol error.
+    fn sw_violation(&mut self, key: CircKey, why: &dyn std::fmt::Display, now: Instant) {
+        self.sw.stats.violations += 1;
+        self.kill(key, &format!("circuit switching: {why}"), now);
+    }
+
+    /// The mover gives up before the cut-over (refused, timed out, connection failed).
+    fn end_mover(&mut self, key: CircKey, outcome: SwitchOutcome, now: Instant) {
+        let Some(m) = self.sw.movers.remove(&key) else {
+            return;
+        };
+        self.sw.ends.remove(&m.old);
+        self.sw.ends.remove(&m.new);
+        match outcome {
+            SwitchOutcome::Refused => self.sw.stats.refused += 1,
+            SwitchOutcome::TimedOut => self.sw.stats.timed_out += 1,
+            SwitchOutcome::Failed => self.sw.stats.failed += 1,
+            SwitchOutcome::Switched => {}
+        }
+        self.sw.record(SwitchRecord {
+            circ: key,
+            from: m.old.0,
+            to: Some(m.new.0),
+            triggered: m.ms.triggered_at(),
+            ended: now,
+            outcome,
+        });
+    }
+
+    fn sw_forget_state(&mut self, key: CircKey) {
+        if let Some(m) = self.sw.movers.remove(&key) {
+            self.sw.ends.remove(&m.old);
+            self.sw.ends.remove(&m.new);
+        }
+        if let Some(p) = self.sw.peers.remove(&key) {
+            self.sw.ends.remove(&p.old);
+            self.sw.ends.remove(&p.new);
+        }
+    }
+
+    /// A circuit is closing: forget its switch and return the endpoints it still holds besides
+    /// `prev` and `next` (they get a DESTROY too).
+    pub(super) fn sw_circuit_closing(&mut self, key: CircKey) -> Vec<(ChannelId, CircId)> {
+        self.sw.seq.remove(&key);
+        self.sw.first_cell.remove(&key);
+        if self.sw.ends.is_empty() {
+            return Vec::new();
+        }
+        let (prev, next) = self
+            .circuits
+            .get(&key)
+            .map_or((None, None), |c| (c.prev, c.next));
+        let mut extra = Vec::new();
+        let mut ends = Vec::new();
+        if let Some(m) = self.sw.movers.get(&key) {
+            ends.extend([m.old, m.new]);
+        }
+        if let Some(p) = self.sw.peers.get(&key) {
+            ends.extend([p.old, p.new]);
+        }
+        let lost = self.held_of(key)
+            + self
+                .sw
+                .movers
+                .get(&key)
+                .map_or(0, |m| m.ms.held_backward() as u64);
+        self.sw.stats.cells_lost += lost;
+        for e in ends {
+            if Some(e) != prev && Some(e) != next {
+                if let Some(ch) = self.channels.get_mut(&e.0) {
+                    ch.circ_ids.remove(&e.1);
+                }
+                extra.push(e);
+            }
+        }
+        self.sw_forget_state(key);
+        extra
+    }
+
+    /// `chan` is closing: switches that needed it end; a switch connection is forgotten.
+    pub(super) fn sw_channel_closed(&mut self, chan: ChannelId, now: Instant) {
+        if self.sw.switch_chans.remove(&chan) {
+            self.sw
+                .spare
+                .retain(|_, s| !matches!(s, Spare::Open(c) if *c == chan));
+        }
+        if self.sw.ends.is_empty() {
+            return;
+        }
+        let movers: Vec<CircKey> = self
+            .sw
+            .movers
+            .iter()
+            .filter(|(_, m)| m.new.0 == chan && m.ms.state() != crate::switching::MoverState::Moved)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in movers {
+            self.end_mover(key, SwitchOutcome::Failed, now);
+        }
+        let peers: Vec<CircKey> = self
+            .sw
+            .peers
+            .iter()
+            .filter(|(_, p)| p.new.0 == chan)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in peers {
+            let held = self.held_of(key);
+            if held == 0 {
+                self.sw_forget_state(key);
+            } else {
+                self.sw.stats.cells_lost += held;
+                self.sw_violation(key, &"new connection closed with cells held", now);
+            }
+        }
+    }
+
+    /// The earliest switch deadline (a mover waiting for SWITCH_ACK).
+    pub(super) fn sw_next_deadline(&self) -> Option<Instant> {
+        self.sw
+            .movers
+            .values()
+            .filter_map(|m| m.ms.next_deadline())
+            .min()
+    }
+
+    /// Time passed: movers without an acknowledgement give up (DESTROY on the new id cancels
+    /// the peer's reservation) and their circuits stay on C1. The peer keeps a reservation
+    /// until the marker, a DESTROY on the new id, or a connection closes: its acknowledgement
+    /// may be in flight while a timer would run, and cells behind a marker on a congested C1
+    /// may take long; a hostile mover holds at most `MAX_PENDING_PER_PEER` reservations of at
+    /// most `max_circuit_queue` cells each.
+    pub(super) fn sw_handle_timeout(&mut self, now: Instant) {
+        let expired: Vec<CircKey> = self
+            .sw
+            .movers
+            .iter_mut()
+            .filter_map(|(k, m)| m.ms.handle_timeout(now).then_some(*k))
+            .collect();
+        for key in expired {
+            if let Some(m) = self.sw.movers.get(&key) {
+                let new = m.new;
+                warn!(
+                    ?key,
+                    "no SWITCH_ACK in time: circuit stays on its connection"
+                );
+                self.send_destroy(new.0, new.1, DestroyReason::TIMEOUT);
+            }
+            self.end_mover(key, SwitchOutcome::TimedOut, now);
+        }
+    }
+}
+
+/// The channel a peer's held cells are released on (its new connection).
+fn cell_chan(sw: &SwitchState, key: CircKey) -> ChannelId {
+    sw.peers.get(&key).map_or(ChannelId(0), |p| p.new.0)
+}

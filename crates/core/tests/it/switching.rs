@@ -1,0 +1,767 @@
+//! Circuit switching, connection variant (paper 003, issue 16), through real cores: a client,
+//! an entry E, a middle M and an exit X in memory, links with a per-step write budget and a
+//! delay, simulated time. The entry moves a circuit from its congested connection to M onto a
+//! switch connection during a transfer; every byte arrives once and in order both ways. Then
+//! every hostile or failed switch: each closes at most its own circuit, the rest keeps flowing.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use chive_cell::{Cell, CellCommand, Destroy, DestroyReason, SwitchConn, SwitchMarker};
+use chive_core::{
+    ChannelId, CircKey, Core, CoreConfig, Event, HopSpec, RelayKeys, SchedulerKind, StreamHandle,
+    SwitchMode, SwitchOutcome, SwitchSettings,
+};
+use chive_crypto::ntor::NtorSecretKey;
+use chive_crypto::{IdentityKey, IdentityKeypair};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+const CLIENT: usize = 0;
+const E: usize = 1;
+const M: usize = 2;
+const X: usize = 3;
+
+struct Link {
+    peer: usize,
+    pchan: ChannelId,
+    budget: usize,
+    delay: u64,
+    /// Cells on the wire: (step they arrive, cell).
+    pipe: VecDeque<(u64, Cell)>,
+    /// Drop everything written (a peer that never answers).
+    blackhole: bool,
+    /// Circuit ids of the cells written, in order (for tests that forge cells).
+    ids: Vec<u32>,
+}
+
+struct Net {
+    nodes: Vec<Core>,
+    identities: Vec<Option<IdentityKey>>,
+    hops: Vec<HopSpec>,
+    links: HashMap<(usize, ChannelId), Link>,
+    next_chan: u64,
+    step_no: u64,
+    now: Instant,
+    received: HashMap<StreamHandle, Vec<u8>>,
+    credit: HashMap<StreamHandle, usize>,
+    events: Vec<(usize, Event)>,
+    echo: VecDeque<(usize, StreamHandle, Vec<u8>)>,
+    writable: BTreeSet<(usize, ChannelId)>,
+    /// Answer ConnectSwitch with a failure.
+    fail_switch_connect: bool,
+    /// Switch connections lose everything the peer writes (it never answers).
+    mute_switch_peer: bool,
+    /// Budget and delay of E's first link to M (the congested one).
+    slow: (usize, u64),
+}
+
+impl Net {
+    fn new(modes: [SwitchMode; 3]) -> Net {
+        // SW_DEBUG=1 prints the cores' logs (the reasons of closed circuits).
+        if std::env::var("SW_DEBUG").is_ok() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter("info")
+                .with_test_writer()
+                .try_init();
+        }
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut nodes = vec![Core::new(CoreConfig::default(), [1; 32])];
+        let mut identities = vec![None];
+        let mut hops = Vec::new();
+        for i in 0..3u8 {
+            let id = IdentityKeypair::generate(&mut rng).public();
+            let ntor = NtorSecretKey::generate(&mut rng);
+            hops.push(HopSpec {
+                identity: id,
+                ntor_key: ntor.public(),
+                addr: SocketAddr::from(([127, 0, 0, 1], 9000 + u16::from(i))),
+            });
+            let mut core = Core::new(
+                CoreConfig {
+                    relay: Some(RelayKeys { identity: id, ntor }),
+                    exit: true,
+                    scheduler: SchedulerKind::Ewma { halflife: 30.0 },
+                    ..CoreConfig::default()
+                },
+                [i + 2; 32],
+            );
+            core.set_switching(SwitchSettings {
+                mode: modes[usize::from(i)],
+                timeout: Duration::from_millis(2000),
+            });
+            nodes.push(core);
+            identities.push(Some(id));
+        }
+        Net {
+            nodes,
+            identities,
+            hops,
+            links: HashMap::new(),
+            next_chan: 1,
+            step_no: 0,
+            now: Instant::now(),
+            received: HashMap::new(),
+            credit: HashMap::new(),
+            events: Vec::new(),
+            echo: VecDeque::new(),
+            writable: BTreeSet::new(),
+            fail_switch_connect: false,
+            mute_switch_peer: false,
+            slow: (4, 20),
+        }
+    }
+
+    fn node_of(&self, id: &IdentityKey) -> usize {
+        self.identities
+            .iter()
+            .position(|i| i.as_ref() == Some(id))
+            .unwrap()
+    }
+
+    /// A link from `from` to `to`; returns (from's channel, to's channel).
+    fn connect(&mut self, from: usize, to: usize, switch: bool) -> (ChannelId, ChannelId) {
+        let (a, b) = (ChannelId(self.next_chan), ChannelId(self.next_chan + 1));
+        self.next_chan += 2;
+        let (budget, delay) = if from == E && to == M && !switch {
+            self.slow
+        } else {
+            (32, 2)
+        };
+        for (n, c, p, pc) in [(from, a, to, b), (to, b, from, a)] {
+            self.links.insert(
+                (n, c),
+                Link {
+                    peer: p,
+                    pchan: pc,
+                    budget,
+                    delay,
+                    pipe: VecDeque::new(),
+                    blackhole: switch && n == to && self.mute_switch_peer,
+                    ids: Vec::new(),
+                },
+            );
+        }
+        let (from_id, to_id) = (self.identities[from], self.identities[to]);
+        if switch {
+            self.nodes[from].switch_channel_opened(a, to_id.unwrap(), self.now);
+        } else {
+            self.nodes[from].channel_opened(a, to_id, true, self.now);
+        }
+        self.nodes[to].channel_opened(b, from_id, false, self.now);
+        (a, b)
+    }
+
+    fn step(&mut self) -> bool {
+        let mut busy = false;
+        for n in 0..self.nodes.len() {
+            if self.nodes[n].next_deadline().is_some_and(|d| d <= self.now) {
+                self.nodes[n].handle_timeout(self.now);
+            }
+            while let Some(ev) = self.nodes[n].poll_event() {
+                busy = true;
+                self.on_event(n, ev);
+            }
+        }
+        while let Some((n, stream, data)) = self.echo.pop_front() {
+            self.nodes[n].stream_data(stream, &data, self.now);
+        }
+        for n in 0..self.nodes.len() {
+            while let Some(c) = self.nodes[n].poll_ready_channel() {
+                self.writable.insert((n, c));
+            }
+        }
+        let chans: Vec<(usize, ChannelId)> = self.writable.iter().copied().collect();
+        for (n, chan) in chans {
+            let Some(link) = self.links.get_mut(&(n, chan)) else {
+                self.writable.remove(&(n, chan));
+                continue;
+            };
+            let mut out = Vec::new();
+            self.nodes[n].poll_transmit(chan, link.budget, self.now, &mut out);
+            if !self.nodes[n].has_pending(chan) {
+                self.writable.remove(&(n, chan));
+            }
+            if !link.blackhole {
+                for cell in out {
+                    busy = true;
+                    link.ids.push(cell.circ_id);
+                    link.pipe.push_back((self.step_no + link.delay, cell));
+                }
+            }
+        }
+        let keys: Vec<(usize, ChannelId)> = self.links.keys().copied().collect();
+        for k in keys {
+            let link = self.links.get_mut(&k).unwrap();
+            let (peer, pchan) = (link.peer, link.pchan);
+            let mut arrived = Vec::new();
+            while link.pipe.front().is_some_and(|(t, _)| *t <= self.step_no) {
+                arrived.push(link.pipe.pop_front().unwrap().1);
+            }
+            if !link.pipe.is_empty() {
+                busy = true;
+            }
+            for cell in arrived {
+                busy = true;
+                self.nodes[peer].handle_cell(pchan, cell, self.now);
+            }
+        }
+        self.step_no += 1;
+        self.now += Duration::from_millis(1);
+        busy
+    }
+
+    fn on_event(&mut self, n: usize, ev: Event) {
+        match ev {
+            Event::Connect { identity, .. } => {
+                let to = self.node_of(&identity);
+                self.connect(n, to, false);
+            }
+            Event::ConnectSwitch { identity } => {
+                if self.fail_switch_connect {
+                    self.nodes[n].switch_connect_failed(identity, self.now);
+                } else {
+                    let to = self.node_of(&identity);
+                    self.connect(n, to, true);
+                }
+            }
+            Event::ExitConnect { stream, .. } => {
+                let addr = SocketAddr::from(([127, 0, 0, 1], 80));
+                self.nodes[n].exit_connected(stream, addr, self.now);
+            }
+            Event::StreamWrite { stream, data } => {
+                if n == CLIENT {
+                    self.received
+                        .entry(stream)
+                        .or_default()
+                        .extend_from_slice(&data);
+                } else {
+                    self.echo.push_back((n, stream, data));
+                }
+                self.nodes[n].stream_flushed(stream, 1, self.now);
+            }
+            Event::StreamReadCredit { stream, bytes } if n == CLIENT => {
+                *self.credit.entry(stream).or_default() += bytes;
+            }
+            Event::CloseChannel { chan, .. } => {
+                self.nodes[n].channel_closed(chan, self.now);
+            }
+            other => self.events.push((n, other)),
+        }
+    }
+
+    fn run(&mut self, max_steps: usize) {
+        let mut idle = 0;
+        for _ in 0..max_steps {
+            if self.step() {
+                idle = 0;
+            } else {
+                idle += 1;
+                if idle > 3 {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Step `steps` times whether or not anything moves (timers).
+    fn idle(&mut self, steps: usize) {
+        for _ in 0..steps {
+            self.step();
+        }
+    }
+
+    fn build(&mut self) -> CircKey {
+        let circ = self.nodes[CLIENT].launch_circuit(self.hops.clone(), self.now);
+        self.run(2000);
+        assert!(
+            self.events
+                .iter()
+                .any(|(n, e)| *n == CLIENT && *e == Event::CircuitBuilt { circ }),
+            "circuit not built"
+        );
+        circ
+    }
+
+    fn open(&mut self, circ: CircKey) -> StreamHandle {
+        let s = self.nodes[CLIENT]
+            .open_stream(circ, "127.0.0.1", 80, self.now)
+            .unwrap();
+        self.run(2000);
+        s
+    }
+
+    /// Feed each stream its bytes as read credit allows, stepping, until every echo came back
+    /// or `steps` ran out; `at(step, net)` runs before each step.
+    fn transfer(
+        &mut self,
+        streams: &[(StreamHandle, Vec<u8>)],
+        steps: usize,
+        mut at: impl FnMut(usize, &mut Net),
+    ) {
+        let mut sent = vec![0usize; streams.len()];
+        for i in 0..steps {
+            at(i, self);
+            for (j, (s, data)) in streams.iter().enumerate() {
+                let credit = self.credit.entry(*s).or_default();
+                if sent[j] < data.len() && *credit > 0 {
+                    let n = (*credit).min(data.len() - sent[j]).min(4096);
+                    *credit -= n;
+                    self.nodes[CLIENT].stream_data(*s, &data[sent[j]..sent[j] + n], self.now);
+                    sent[j] += n;
+                }
+            }
+            self.step();
+            let done = streams
+                .iter()
+                .all(|(s, d)| self.received.get(s).map_or(0, |r| r.len()) >= d.len());
+            if done {
+                return;
+            }
+        }
+    }
+
+    /// E's channel to M that new circuits use, and M's end of it.
+    fn e_to_m(&self) -> (ChannelId, ChannelId) {
+        let ((_, c), l) = self
+            .links
+            .iter()
+            .filter(|((n, c), l)| *n == E && l.peer == M && !self.nodes[E].is_switch_channel(*c))
+            .min_by_key(|((_, c), _)| c.0)
+            .unwrap();
+        (*c, l.pchan)
+    }
+
+    fn killed(&self) -> u64 {
+        self.nodes.iter().map(|n| n.stats().circuits_killed).sum()
+    }
+
+    fn assert_exact(&self, streams: &[(StreamHandle, Vec<u8>)]) {
+        if std::env::var("SW_DEBUG").is_ok() {
+            for n in 0..4 {
+                eprintln!(
+                    "node {n}: {:?} {:?}\n{}",
+                    self.nodes[n].stats(),
+                    self.nodes[n].switch_stats(),
+                    self.nodes[n].debug_dump(self.now)
+                );
+            }
+            for ((n, c), l) in &self.links {
+                eprintln!(
+                    "link {n} {c:?} -> {} pipe {} cells {}",
+                    l.peer,
+                    l.pipe.len(),
+                    l.ids.len()
+                );
+            }
+        }
+        for (s, data) in streams {
+            let got = self.received.get(s).cloned().unwrap_or_default();
+            assert_eq!(got.len(), data.len(), "stream {s:?}: length");
+            assert!(
+                got == *data,
+                "stream {s:?}: bytes differ or are out of order"
+            );
+        }
+    }
+}
+
+fn pattern(n: usize, salt: u8) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8 ^ salt).collect()
+}
+
+const ALL: [SwitchMode; 3] = [SwitchMode::Connection; 3];
+
+/// Two circuits share E's slow connection to M; a bulk echo on one, a trickle on the other.
+fn two_circuits(net: &mut Net, bulk: usize) -> Vec<(StreamHandle, Vec<u8>)> {
+    let a = net.build();
+    let b = net.build();
+    let sa = net.open(a);
+    let sb = net.open(b);
+    vec![(sa, pattern(bulk, 0)), (sb, pattern(20_000, 0x5a))]
+}
+
+#[test]
+fn switch_during_transfer_delivers_every_byte_once_in_order() {
+    let mut net = Net::new(ALL);
+    let streams = two_circuits(&mut net, 1_500_000);
+    let (c1, _) = net.e_to_m();
+    let mut chosen = None;
+    net.transfer(&streams, 200_000, |i, net| {
+        if i == 300 {
+            chosen = net.nodes[E].congested(c1, net.now);
+        }
+    });
+    assert!(chosen.is_some(), "the entry chose no circuit to move");
+    net.run(5000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    let e = net.nodes[E].switch_stats();
+    let m = net.nodes[M].switch_stats();
+    assert_eq!((e.triggered, e.switches, e.completed), (1, 1, 1), "{e:?}");
+    assert_eq!(m.accepted, 1, "{m:?}");
+    assert_eq!(e.cells_lost + m.cells_lost, 0);
+    assert_eq!(e.violations + m.violations, 0);
+    // The slow old connection made the hold-back necessary in both directions.
+    assert!(m.cells_held > 0 && e.cells_held > 0, "{e:?} {m:?}");
+    let rec = net.nodes[E].poll_switch_record().expect("a switch record");
+    assert_eq!(rec.outcome, SwitchOutcome::Switched);
+    assert_eq!(rec.from, c1);
+    assert!(rec.ended > rec.triggered);
+    // The moved circuit's cells really went on the switch connection, both ways.
+    let sw: Vec<&Link> = net
+        .links
+        .iter()
+        .filter(|((n, c), _)| *n == E && net.nodes[E].is_switch_channel(*c))
+        .map(|(_, l)| l)
+        .collect();
+    assert_eq!(sw.len(), 1);
+    assert!(sw[0].ids.len() > 100, "few cells on the switch connection");
+    let back = &net.links[&(M, sw[0].pchan)];
+    assert!(
+        back.ids.len() > 100,
+        "few backward cells on the switch connection"
+    );
+    // The bulk circuit moved (highest EWMA count), the trickle stayed.
+    assert_eq!(
+        net.nodes[E].congested(c1, net.now),
+        None,
+        "one circuit left on C1"
+    );
+}
+
+#[test]
+fn a_second_switch_reuses_the_switch_connection() {
+    let mut net = Net::new(ALL);
+    let a = net.build();
+    let b = net.build();
+    let c = net.build();
+    let streams: Vec<(StreamHandle, Vec<u8>)> = [a, b, c]
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| (net.open(k), pattern(300_000, i as u8)))
+        .collect();
+    let (c1, _) = net.e_to_m();
+    net.transfer(&streams, 200_000, |i, net| {
+        if i == 200 || i == 400 {
+            assert!(net.nodes[E].congested(c1, net.now).is_some());
+        }
+    });
+    net.run(5000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    assert_eq!(net.nodes[E].switch_stats().completed, 2);
+    let switch_links = net
+        .links
+        .keys()
+        .filter(|(n, c)| *n == E && net.nodes[E].is_switch_channel(*c))
+        .count();
+    assert_eq!(switch_links, 1, "one switch connection per peer");
+}
+
+#[test]
+fn no_switch_when_off_or_alone() {
+    let mut net = Net::new([SwitchMode::Off; 3]);
+    let a = net.build();
+    let _b = net.build();
+    let (c1, _) = net.e_to_m();
+    assert_eq!(net.nodes[E].congested(c1, net.now), None, "mode off");
+    let mut net = Net::new(ALL);
+    let _a = net.build();
+    let (c1, _) = net.e_to_m();
+    assert_eq!(net.nodes[E].congested(c1, net.now), None, "a lone circuit");
+    // M is not the entry of anything: its connections never switch.
+    let mut net2 = Net::new(ALL);
+    let _ = net2.build();
+    let _ = net2.build();
+    let m_to_x = *net2
+        .links
+        .keys()
+        .find(|(n, c)| *n == M && net2.links[&(*n, *c)].peer == X)
+        .unwrap();
+    assert_eq!(net2.nodes[M].congested(m_to_x.1, net2.now), None);
+    let _ = a;
+}
+
+#[test]
+fn a_next_hop_with_switching_off_refuses_and_nothing_is_lost() {
+    let mut net = Net::new([
+        SwitchMode::Connection,
+        SwitchMode::Off,
+        SwitchMode::Connection,
+    ]);
+    let streams = two_circuits(&mut net, 400_000);
+    let (c1, _) = net.e_to_m();
+    net.transfer(&streams, 200_000, |i, net| {
+        if i == 100 {
+            assert!(net.nodes[E].congested(c1, net.now).is_some());
+        }
+    });
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    let e = net.nodes[E].switch_stats();
+    assert_eq!((e.refused, e.switches), (1, 0), "{e:?}");
+    let rec = net.nodes[E].poll_switch_record().unwrap();
+    assert_eq!(rec.outcome, SwitchOutcome::Refused);
+}
+
+#[test]
+fn no_ack_in_time_falls_back_to_the_old_connection() {
+    let mut net = Net::new(ALL);
+    // M's answers on the switch connection never arrive.
+    net.mute_switch_peer = true;
+    let streams = two_circuits(&mut net, 400_000);
+    let (c1, _) = net.e_to_m();
+    net.transfer(&streams, 200_000, |i, net| {
+        if i == 100 {
+            assert!(net.nodes[E].congested(c1, net.now).is_some());
+        }
+    });
+    net.idle(3000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    let e = net.nodes[E].switch_stats();
+    assert_eq!((e.timed_out, e.switches), (1, 0), "{e:?}");
+    assert_eq!(
+        net.nodes[E].poll_switch_record().unwrap().outcome,
+        SwitchOutcome::TimedOut
+    );
+    // The DESTROY on the new id cancelled M's reservation; the circuit stayed on C1.
+    assert_eq!(net.nodes[M].switch_stats().accepted, 0);
+}
+
+#[test]
+fn switch_connection_that_cannot_open_leaves_the_circuit() {
+    let mut net = Net::new(ALL);
+    net.fail_switch_connect = true;
+    let streams = two_circuits(&mut net, 200_000);
+    let (c1, _) = net.e_to_m();
+    net.transfer(&streams, 200_000, |i, net| {
+        if i == 50 {
+            assert!(net.nodes[E].congested(c1, net.now).is_some());
+        }
+    });
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    assert_eq!(net.nodes[E].switch_stats().failed, 1);
+}
+
+// ---- hostile requests: forged cells injected at M ----
+
+fn switch_conn(id: u32, seq: u32, old: u32) -> Cell {
+    Cell::new(
+        id,
+        CellCommand::SWITCH_CONN,
+        &SwitchConn {
+            seq,
+            old_circ_id: old,
+        }
+        .encode(),
+    )
+    .unwrap()
+}
+
+/// Two circuits built, streams open; a second plain channel from E to M for forged requests.
+/// Returns (net, streams, M's end of C1, M's end of the extra channel, the circuit ids E used
+/// on C1).
+#[allow(clippy::type_complexity)]
+fn hostile_setup() -> (
+    Net,
+    Vec<(StreamHandle, Vec<u8>)>,
+    ChannelId,
+    ChannelId,
+    Vec<u32>,
+) {
+    let mut net = Net::new(ALL);
+    let streams = two_circuits(&mut net, 50_000);
+    let (c1, m_c1) = net.e_to_m();
+    let mut ids: Vec<u32> = net.links[&(E, c1)].ids.clone();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 2, "two circuits on C1");
+    let (_, m_c2) = net.connect(E, M, false);
+    (net, streams, m_c1, m_c2, ids)
+}
+
+/// DESTROY cells node `n` has waiting on `chan`, with their reasons (taken off its queue).
+fn destroys(net: &mut Net, n: usize, chan: ChannelId) -> Vec<(u32, DestroyReason)> {
+    let mut out = Vec::new();
+    let now = net.now;
+    net.nodes[n].poll_transmit(chan, 1000, now, &mut out);
+    out.iter()
+        .filter(|c| c.command == CellCommand::DESTROY)
+        .map(|c| (c.circ_id, Destroy::decode(&c.payload).unwrap().reason))
+        .collect()
+}
+
+fn finish_and_check(net: &mut Net, streams: &[(StreamHandle, Vec<u8>)], killed: u64) {
+    net.transfer(streams, 100_000, |_, _| {});
+    assert_eq!(net.killed(), killed, "circuits killed");
+}
+
+#[test]
+fn hostile_requests_are_refused_and_others_keep_flowing() {
+    // Unknown circuit, malformed, from a client, from the next hop: refused with DESTROY on
+    // the new id, no circuit closed, both streams finish.
+    let (mut net, streams, _m_c1, m_c2, ids) = hostile_setup();
+    let now = net.now;
+    let before = net.nodes[M].switch_stats().violations;
+    net.nodes[M].handle_cell(m_c2, switch_conn(0x8000_0101, 0, 0x7777_7777), now);
+    let bad = Cell::new(0x8000_0102, CellCommand::SWITCH_CONN, &[0, 0, 0]).unwrap();
+    net.nodes[M].handle_cell(m_c2, bad, now);
+    assert_eq!(net.nodes[M].switch_stats().violations, before + 2);
+    assert_eq!(
+        destroys(&mut net, M, m_c2),
+        vec![
+            (0x8000_0101, DestroyReason::PROTOCOL),
+            (0x8000_0102, DestroyReason::PROTOCOL)
+        ]
+    );
+    // From the client, at E: a client has no identity, so it may never move a circuit.
+    let client_chan = *net
+        .links
+        .iter()
+        .find(|((n, _), l)| *n == E && l.peer == CLIENT)
+        .unwrap()
+        .0;
+    let ids_client: Vec<u32> = net.links[&(CLIENT, net.links[&client_chan].pchan)]
+        .ids
+        .clone();
+    net.nodes[E].handle_cell(client_chan.1, switch_conn(0x101, 0, ids_client[0]), now);
+    assert_eq!(net.nodes[E].switch_stats().violations, 1);
+    // From the next hop: X names the circuit's id on the M–X channel.
+    let (&(_, x_chan), _) = net
+        .links
+        .iter()
+        .find(|((n, _), l)| *n == X && l.peer == M)
+        .unwrap();
+    let m_x = net.links[&(X, x_chan)].pchan;
+    let mx_ids = net.links[&(M, m_x)].ids.clone();
+    net.nodes[M].handle_cell(m_x, switch_conn(0x0000_0201, 0, mx_ids[0]), now);
+    assert_eq!(net.nodes[M].switch_stats().violations, before + 3);
+    finish_and_check(&mut net, &streams, 0);
+    net.assert_exact(&streams);
+    let _ = ids;
+}
+
+#[test]
+fn replayed_or_concurrent_requests_close_only_their_circuit() {
+    // A request for a real circuit while one is pending: that circuit closes; the other
+    // circuit's stream finishes.
+    let (mut net, _streams, _m_c1, m_c2, ids) = hostile_setup();
+    let now = net.now;
+    net.nodes[M].handle_cell(m_c2, switch_conn(0x8000_0301, 0, ids[0]), now);
+    assert_eq!(net.nodes[M].switch_stats().violations, 0, "first is valid");
+    net.nodes[M].handle_cell(m_c2, switch_conn(0x8000_0302, 0, ids[0]), now);
+    assert_eq!(net.nodes[M].switch_stats().violations, 1);
+    assert_eq!(net.nodes[M].stats().circuits_killed, 1);
+    // A skipped switch number (replay of an old one looks the same: not the next number).
+    net.nodes[M].handle_cell(m_c2, switch_conn(0x8000_0303, 5, ids[1]), now);
+    assert_eq!(net.nodes[M].stats().circuits_killed, 2);
+}
+
+#[test]
+fn replayed_request_after_a_switch_closes_the_circuit() {
+    let mut net = Net::new(ALL);
+    let streams = two_circuits(&mut net, 300_000);
+    let (c1, _) = net.e_to_m();
+    net.transfer(&streams, 200_000, |i, net| {
+        if i == 100 {
+            net.nodes[E].congested(c1, net.now).unwrap();
+        }
+    });
+    net.run(3000);
+    net.assert_exact(&streams);
+    assert_eq!(net.nodes[M].switch_stats().accepted, 1);
+    // Replay the SWITCH_CONN E sent: its first cell on the switch connection, same id, same
+    // body. The id is the moved circuit's now: the circuit closes.
+    let (_, l) = net
+        .links
+        .iter()
+        .find(|((n, c), _)| *n == E && net.nodes[E].is_switch_channel(*c))
+        .unwrap();
+    let (m_sw, y) = (l.pchan, l.ids[0]);
+    let x = net.links[&(E, c1)].ids[0];
+    let now = net.now;
+    net.nodes[M].handle_cell(m_sw, switch_conn(y, 0, x), now);
+    assert_eq!(net.nodes[M].stats().circuits_killed, 1);
+    assert_eq!(net.nodes[M].stats().circuits, 1, "the other circuit lives");
+}
+
+#[test]
+fn too_many_pending_requests_are_refused() {
+    let mut net = Net::new(ALL);
+    let circs: Vec<CircKey> = (0..6).map(|_| net.build()).collect();
+    let (c1, _m_c1) = net.e_to_m();
+    // Make every circuit send a cell so its id shows on C1.
+    for &c in &circs {
+        let _ = net.open(c);
+    }
+    let mut ids: Vec<u32> = net.links[&(E, c1)].ids.clone();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 6);
+    let (_, m_c2) = net.connect(E, M, false);
+    let now = net.now;
+    for (i, &id) in ids.iter().enumerate() {
+        net.nodes[M].handle_cell(m_c2, switch_conn(0x8000_0400 + i as u32, 0, id), now);
+    }
+    let m = net.nodes[M].switch_stats();
+    assert_eq!(m.violations, 2, "{m:?}");
+    assert_eq!(net.nodes[M].stats().circuits_killed, 0);
+}
+
+#[test]
+fn unexpected_or_wrong_markers_close_their_circuit() {
+    let (mut net, streams, m_c1, m_c2, ids) = hostile_setup();
+    let now = net.now;
+    // A SWITCH without an accepted switch.
+    let marker = |id: u32, seq: u32, cells: u64| {
+        Cell::new(
+            id,
+            CellCommand::SWITCH,
+            &SwitchMarker { seq, cells }.encode(),
+        )
+        .unwrap()
+    };
+    net.nodes[M].handle_cell(m_c1, marker(ids[0], 0, 0), now);
+    assert_eq!(net.nodes[M].stats().circuits_killed, 1);
+    // An accepted switch, then a marker with a wrong count.
+    net.nodes[M].handle_cell(m_c2, switch_conn(0x8000_0501, 0, ids[1]), now);
+    net.nodes[M].handle_cell(m_c1, marker(ids[1], 0, 999_999), now);
+    assert_eq!(net.nodes[M].stats().circuits_killed, 2);
+    // Other relays' circuits are fine; nothing is left of the two at M.
+    assert_eq!(net.nodes[M].stats().circuits, 0);
+    let _ = streams;
+    // A DESTROY on a reserved new id cancels, it never closes the circuit.
+    let (mut net, streams, _m_c1, m_c2, ids) = hostile_setup();
+    let now = net.now;
+    net.nodes[M].handle_cell(m_c2, switch_conn(0x8000_0601, 0, ids[0]), now);
+    let d = Cell::new(
+        0x8000_0601,
+        CellCommand::DESTROY,
+        &Destroy {
+            reason: DestroyReason::TIMEOUT,
+        }
+        .encode(),
+    )
+    .unwrap();
+    net.nodes[M].handle_cell(m_c2, d, now);
+    assert_eq!(net.nodes[M].stats().circuits, 2);
+    // ... and the switch number was not used up: a fresh request is accepted.
+    net.nodes[M].handle_cell(m_c2, switch_conn(0x8000_0602, 0, ids[0]), now);
+    assert_eq!(net.nodes[M].switch_stats().violations, 0);
+    let d2 = Cell::new(
+        0x8000_0602,
+        CellCommand::DESTROY,
+        &Destroy {
+            reason: DestroyReason::TIMEOUT,
+        }
+        .encode(),
+    )
+    .unwrap();
+    net.nodes[M].handle_cell(m_c2, d2, now);
+    finish_and_check(&mut net, &streams, 0);
+    net.assert_exact(&streams);
+}

@@ -1,0 +1,238 @@
+//! Circuit switching's IO (paper 003, issue 16): one congestion detector per outbound relay
+//! connection this relay is the entry on, sampled on a timer; the switch connections the core
+//! asks for; the relay's options over the consensus parameters. The protocol and the choice of
+//! circuit are the core's ([`chive_core::Core::congested`], docs/protocol.md).
+//!
+//! A sample is the connection's occupancy: cells handed to its writer and not yet written
+//! (chive's outbuf, [`SendPath::in_flight`]) at 514 bytes each, plus the bytes the kernel holds
+//! unsent (SIOCOUTQ on the TCP socket). Refused writes (EAGAIN) are not reported to the
+//! detector: the writer task writes through tokio and TLS, which hide them; a full outbuf
+//! shows in the occupancy instead.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use chive_core::switching::{CongestionDetector, DetectorConfig, Occupancy};
+use chive_core::{ChannelId, SwitchMode, SwitchSettings};
+use chive_crypto::IdentityKey;
+use chive_dir::SwitchingMode;
+use tracing::{debug, info, warn};
+
+use super::tasks::start_link;
+use super::{Driver, Input};
+
+/// The relay's own switching options; `None` follows the consensus parameter.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SwitchOptions {
+    /// `CircuitSwitching`.
+    pub mode: Option<SwitchingMode>,
+    /// `SwitchGamma` (0..1, exclusive).
+    pub gamma: Option<f64>,
+    /// `SwitchAlpha` (fraction of `SwitchBufferBytes`).
+    pub alpha: Option<f64>,
+    /// `SwitchBeta` (fraction of `SwitchBufferBytes`).
+    pub beta: Option<f64>,
+    /// `SwitchSampleIntervalMsec`.
+    pub sample_interval_ms: Option<u32>,
+    /// `SwitchBufferBytes`.
+    pub buffer_bytes: Option<u32>,
+    /// `SwitchTimeoutMsec`.
+    pub timeout_ms: Option<u32>,
+}
+
+/// The driver's switching state.
+#[derive(Default)]
+pub struct SwitchIo {
+    /// The relay's options.
+    pub options: SwitchOptions,
+    config: Option<DetectorConfig>,
+    interval: Option<Duration>,
+    detectors: HashMap<ChannelId, CongestionDetector>,
+    /// Sockets of open links, for SIOCOUTQ.
+    fds: HashMap<ChannelId, RawFd>,
+    /// Links being opened as switch connections.
+    pending: HashSet<ChannelId>,
+}
+
+impl SwitchIo {
+    /// The sampling timer (the interval in force at start; a later change of
+    /// `SwitchSampleIntervalMsec` takes effect in the detectors, which skip early calls).
+    pub(super) fn timer(&self) -> tokio::time::Interval {
+        let every = self.interval.unwrap_or(Duration::from_millis(100));
+        let mut t = tokio::time::interval(every.min(Duration::from_millis(100)));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    }
+
+    pub(super) fn link_fd(&mut self, chan: ChannelId, fd: RawFd) {
+        self.fds.insert(chan, fd);
+    }
+
+    pub(super) fn forget(&mut self, chan: ChannelId) {
+        self.fds.remove(&chan);
+        self.detectors.remove(&chan);
+        self.pending.remove(&chan);
+    }
+}
+
+impl Driver {
+    /// Options over consensus parameters: the core's mode and timeout, the detectors' settings.
+    pub(super) fn apply_switching(&mut self) {
+        let p = self
+            .params
+            .as_ref()
+            .map(|p| p.switching())
+            .unwrap_or_else(|| chive_dir::NetParams::new().switching());
+        let o = self.switching.options;
+        let mode = match o.mode.unwrap_or(p.mode) {
+            SwitchingMode::Off => SwitchMode::Off,
+            SwitchingMode::Connection => SwitchMode::Connection,
+            SwitchingMode::Path => SwitchMode::Path,
+        };
+        let frac = |m: u32| f64::from(m) / 1000.0;
+        let beta = o.beta.unwrap_or(frac(p.beta_milli));
+        let alpha = o.alpha.unwrap_or(frac(p.alpha_milli)).min(beta);
+        let interval = Duration::from_millis(u64::from(
+            o.sample_interval_ms.unwrap_or(p.sample_interval_ms),
+        ));
+        let cfg = DetectorConfig::new(
+            o.gamma.unwrap_or(frac(p.gamma_milli)),
+            alpha,
+            beta,
+            interval,
+            u64::from(o.buffer_bytes.unwrap_or(p.buffer_bytes)),
+        );
+        let settings = SwitchSettings {
+            mode,
+            timeout: Duration::from_millis(u64::from(o.timeout_ms.unwrap_or(p.timeout_ms))),
+        };
+        if settings != self.core.switching() {
+            info!(
+                mode = mode.label(),
+                timeout_ms = settings.timeout.as_millis() as u64,
+                "circuit switching settings"
+            );
+            self.core.set_switching(settings);
+        }
+        match cfg {
+            Ok(cfg) => {
+                if self.switching.config != Some(cfg) {
+                    self.switching.config = Some(cfg);
+                    self.switching.interval = Some(interval);
+                    self.switching.detectors.clear();
+                }
+            }
+            Err(e) => warn!(error = %e, "switching detector settings not applied"),
+        }
+    }
+
+    /// Sample every outbound relay connection this relay is an entry on; report congestion.
+    pub(super) fn switch_tick(&mut self, now: Instant) {
+        let Some(cfg) = self.switching.config else {
+            return;
+        };
+        if self.core.switching().mode != SwitchMode::Connection {
+            if !self.switching.detectors.is_empty() {
+                self.switching.detectors.clear();
+            }
+            return;
+        }
+        let chans: Vec<ChannelId> = self
+            .chans
+            .keys()
+            .copied()
+            .filter(|c| self.core.may_switch_from(*c))
+            .collect();
+        self.switching.detectors.retain(|c, _| chans.contains(c));
+        for chan in chans {
+            let occupancy = Occupancy {
+                outbuf_cells: self.send.in_flight(chan) as u64,
+                kernel_unsent_bytes: self
+                    .switching
+                    .fds
+                    .get(&chan)
+                    .map_or(0, |fd| chive_tools::sockq::tcp_unsent_bytes(*fd)),
+            };
+            let det = self
+                .switching
+                .detectors
+                .entry(chan)
+                .or_insert_with(|| CongestionDetector::new(cfg));
+            let Some(sample) = det.sample(now, occupancy) else {
+                continue;
+            };
+            if let Some(trigger) = sample.trigger {
+                debug!(?chan, estimate = trigger.estimate_bytes, reason = ?trigger.reason, "connection congested");
+                self.core.congested(chan, now);
+            }
+        }
+    }
+
+    /// The core wants a switch connection to `identity`: dial it like any relay link.
+    pub(super) fn connect_switch(&mut self, identity: IdentityKey) {
+        let tx = self.tx.clone();
+        let Some(addr) = self.relay_addrs.get(&identity).copied() else {
+            // Not in the consensus: the core treats it as a failed connect.
+            let _ = tx.try_send(Input::SwitchConnectFailed {
+                identity,
+                why: "no address in the consensus".into(),
+            });
+            return;
+        };
+        let chan = ChannelId(self.next_chan.fetch_add(1, Ordering::Relaxed));
+        self.switching.pending.insert(chan);
+        let cfg = self.cfg.link.clone();
+        let limits = self.cfg.limits.clone();
+        tokio::spawn(async move {
+            match chive_net::connect(addr, Some(identity), &cfg).await {
+                Ok(link) => start_link(chan, link, true, limits, tx).await,
+                Err(e) => {
+                    let _ = tx
+                        .send(Input::SwitchConnectFailed {
+                            identity,
+                            why: e.to_string(),
+                        })
+                        .await;
+                }
+            }
+        });
+    }
+
+    pub(super) fn switch_connect_failed(&mut self, identity: IdentityKey, why: &str, now: Instant) {
+        warn!(peer = %identity, %why, "switch connection failed; circuits stay where they are");
+        self.core.switch_connect_failed(identity, now);
+    }
+
+    /// A link came up: if it is a switch connection, hand it to the core as one (not as the
+    /// peer's channel for new circuits). Returns whether it was.
+    pub(super) fn switch_link_opened(
+        &mut self,
+        chan: ChannelId,
+        peer: Option<IdentityKey>,
+        now: Instant,
+    ) -> bool {
+        if !self.switching.pending.remove(&chan) {
+            return false;
+        }
+        let Some(peer) = peer else {
+            return false;
+        };
+        info!(?chan, %peer, "switch connection up");
+        self.core.switch_channel_opened(chan, peer, now);
+        true
+    }
+
+    /// Switch records and counters for the metrics.
+    pub(super) fn switch_metrics(&mut self) {
+        let Some(m) = self.metrics.as_mut() else {
+            while self.core.poll_switch_record().is_some() {}
+            return;
+        };
+        while let Some(r) = self.core.poll_switch_record() {
+            m.switch_record(&r);
+        }
+        m.switch_stats(self.core.switch_stats());
+    }
+}
