@@ -18,6 +18,7 @@ pub mod dos;
 pub mod flow;
 mod idmap;
 mod node;
+pub mod onion;
 pub mod sched;
 pub mod split;
 pub mod switching;
