@@ -25,8 +25,8 @@ pub mod switching;
 
 pub use node::{
     max_mem_in_queues_auto, CellSample, CircuitStat, Core, CoreConfig, CoreError, CoreStats, Event,
-    HopSpec, RelayKeys, CELL_MEM_COST, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES,
-    OOM_RETAIN_PERCENT,
+    HopSpec, OnionRelayStats, RelayKeys, CELL_MEM_COST, DEFAULT_MAX_MEM_IN_QUEUES,
+    MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
 pub use sched::{CircuitScheduler, QueueId, SchedulerKind};
 

@@ -46,6 +46,7 @@ mod dos;
 mod event;
 mod exit;
 mod inspect;
+mod onion;
 mod oom;
 mod queue;
 mod relay;
@@ -55,6 +56,7 @@ mod teardown;
 pub use config::{CoreConfig, HopSpec, RelayKeys};
 pub use event::{CoreError, Event};
 pub use inspect::{CellSample, CircuitStat, CoreStats};
+pub use onion::OnionRelayStats;
 pub use oom::{
     max_mem_in_queues_auto, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
@@ -86,6 +88,8 @@ pub struct Core {
     driver_bytes: usize,
     /// Per-address state of the DoS defences.
     dos: DosGuard,
+    /// Introduction and rendezvous tables, joined circuits, service circuits (`onion.rs`).
+    onion: onion::OnionTables,
 }
 
 impl Core {
@@ -111,6 +115,7 @@ impl Core {
             cell_samples: VecDeque::new(),
             driver_bytes: 0,
             dos,
+            onion: Default::default(),
         }
     }
 

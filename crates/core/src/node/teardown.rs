@@ -64,6 +64,7 @@ impl Core {
         let Some(circ) = self.circuits.remove(&key) else {
             return;
         };
+        self.onion_circuit_gone(key, _now);
         self.stats.queued_cells = self
             .stats
             .queued_cells
