@@ -15,4 +15,5 @@ pub mod common;
 pub mod dirclient;
 pub mod driver;
 pub mod metrics;
+pub mod onion_dir;
 pub mod relay;
