@@ -15,5 +15,6 @@ pub mod common;
 pub mod dirclient;
 pub mod driver;
 pub mod metrics;
+pub mod onion_client;
 pub mod onion_dir;
 pub mod relay;
