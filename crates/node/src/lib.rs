@@ -17,4 +17,5 @@ pub mod driver;
 pub mod metrics;
 pub mod onion_client;
 pub mod onion_dir;
+pub mod onion_keys;
 pub mod relay;
