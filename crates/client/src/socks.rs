@@ -87,6 +87,43 @@ pub enum SocksReply {
     CommandNotSupported,
     /// The address type is not supported.
     AddressTypeNotSupported,
+    /// Proposal 304's onion-service errors (SOCKS5 extended codes 0xF0..0xF6, as Tor sends
+    /// them with `ExtendedErrors`); SOCKS4 sees a plain rejection.
+    Onion(OnionSocksError),
+}
+
+/// Why an `.onion` connection failed (proposal 304, "SOCKS5 extended error codes").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnionSocksError {
+    /// 0xF0: no descriptor for the address.
+    DescriptorNotFound,
+    /// 0xF1: the descriptor did not verify or parse.
+    InvalidDescriptor,
+    /// 0xF2: every introduction point failed.
+    IntroFailed,
+    /// 0xF3: the rendezvous did not complete.
+    RendezvousFailed,
+    /// 0xF4: the service requires client authorization, and none was given.
+    MissingClientAuth,
+    /// 0xF5: the client authorization given was refused.
+    WrongClientAuth,
+    /// 0xF6: the address is malformed (length, base32, version or checksum).
+    BadAddress,
+}
+
+impl OnionSocksError {
+    /// The SOCKS5 REP code.
+    pub fn code(self) -> u8 {
+        match self {
+            OnionSocksError::DescriptorNotFound => 0xF0,
+            OnionSocksError::InvalidDescriptor => 0xF1,
+            OnionSocksError::IntroFailed => 0xF2,
+            OnionSocksError::RendezvousFailed => 0xF3,
+            OnionSocksError::MissingClientAuth => 0xF4,
+            OnionSocksError::WrongClientAuth => 0xF5,
+            OnionSocksError::BadAddress => 0xF6,
+        }
+    }
 }
 
 impl SocksReply {
@@ -102,6 +139,7 @@ impl SocksReply {
             SocksReply::TtlExpired => 0x06,
             SocksReply::CommandNotSupported => 0x07,
             SocksReply::AddressTypeNotSupported => 0x08,
+            SocksReply::Onion(e) => e.code(),
         }
     }
 
@@ -737,6 +775,24 @@ mod tests {
             let mut input = vec![5, 1, 0, 5];
             input.extend_from_slice(&rest);
             let _ = rt.block_on(run(&input));
+        }
+    }
+
+    #[test]
+    fn proposal_304_codes() {
+        use OnionSocksError::*;
+        let all = [
+            (DescriptorNotFound, 0xF0),
+            (InvalidDescriptor, 0xF1),
+            (IntroFailed, 0xF2),
+            (RendezvousFailed, 0xF3),
+            (MissingClientAuth, 0xF4),
+            (WrongClientAuth, 0xF5),
+            (BadAddress, 0xF6),
+        ];
+        for (e, code) in all {
+            assert_eq!(SocksReply::Onion(e).v5_code(), code);
+            assert_eq!(SocksReply::Onion(e).v4_code(), 0x5B);
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod dos;
 pub mod flow;
 mod idmap;
 mod node;
+pub mod onion;
 pub mod sched;
 pub mod split;
 pub mod streamflow;
@@ -25,7 +26,7 @@ pub mod switching;
 
 pub use node::{
     max_mem_in_queues_auto, CellSample, CircuitStat, CloseCause, Core, CoreConfig, CoreError,
-    CoreStats, Event, HopSpec, RelayKeys, CELL_MEM_COST, DEFAULT_MAX_MEM_IN_QUEUES,
+    CoreStats, Event, HopSpec, OnionRelayStats, RelayKeys, CELL_MEM_COST, DEFAULT_MAX_MEM_IN_QUEUES,
     MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
 pub use node::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};

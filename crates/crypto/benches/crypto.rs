@@ -20,7 +20,7 @@ fn km(seed: u8) -> KeyMaterial {
     for (i, b) in k.iter_mut().enumerate() {
         *b = seed.wrapping_mul(37).wrapping_add(i as u8);
     }
-    KeyMaterial(k)
+    KeyMaterial::from_tor1_keys(&k)
 }
 
 fn relay_crypto(c: &mut Criterion<ThreadCpuTime>) {

@@ -21,7 +21,7 @@ pub use hs_ntor::{
 pub use identity::{IdentityKey, IdentityKeypair, Signature};
 pub use ntor::{
     client_create, client_finish, server_handshake, KeyMaterial, NtorClientState, NtorPublicKey,
-    NtorSecretKey, KEY_MATERIAL_LEN, NTOR_HTYPE, NTOR_ONIONSKIN_LEN, NTOR_REPLY_LEN,
+    NtorSecretKey, KEY_MATERIAL_LEN, NTOR_HTYPE, NTOR_ONIONSKIN_LEN, NTOR_REPLY_LEN, TOR1_KEYS_LEN,
 };
 pub use onion::{OnionAddress, OnionAddressError};
 pub use relay::{ClientCircuitCrypto, ClientHopCrypto, RelayHopCrypto};

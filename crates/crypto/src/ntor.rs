@@ -1,6 +1,6 @@
 //! The ntor circuit handshake, exactly as tor-spec ("The ntor handshake") defines it:
 //! curve25519 Diffie-Hellman, HMAC-SHA256 with the `ntor-curve25519-sha256-1` tweaks, and
-//! HKDF-SHA256 (RFC 5869, salt `t_key`, info `m_expand`) producing 72 bytes of key material.
+//! HKDF-SHA256 (RFC 5869, salt `t_key`, info `m_expand`) producing 92 bytes of key material.
 //!
 //! ```text
 //! client -> relay (CREATE2 HDATA, 84 bytes):  ID (20) | B (32) | X (32)
@@ -11,7 +11,8 @@
 //! verify       = H(secret_input, t_verify)
 //! auth_input   = verify | ID | B | Y | X | PROTOID | "Server"
 //! AUTH         = H(auth_input, t_mac)
-//! keys         = HKDF-SHA256(IKM = secret_input, salt = t_key, info = m_expand), 72 bytes
+//! keys         = HKDF-SHA256(IKM = secret_input, salt = t_key, info = m_expand), 92 bytes
+//!              = Df (20) | Db (20) | Kf (16) | Kb (16) | KH (20)
 //! ```
 //! where `H(x, t) = HMAC-SHA256(key = t, msg = x)`. Both sides refuse a Diffie-Hellman result
 //! that is all zeros (a small-order point sent by a malicious peer).
@@ -31,8 +32,10 @@ pub const NTOR_HTYPE: u16 = 2;
 pub const NTOR_ONIONSKIN_LEN: usize = 84;
 /// Length of the relay's reply: Y (32) + AUTH (32).
 pub const NTOR_REPLY_LEN: usize = 64;
-/// Length of the derived key material: Df 20, Db 20, Kf 16, Kb 16.
-pub const KEY_MATERIAL_LEN: usize = 72;
+/// Length of the derived key material: Df 20, Db 20, Kf 16, Kb 16, KH 20.
+pub const KEY_MATERIAL_LEN: usize = 92;
+/// Length of the tor1 part of the key material (Df, Db, Kf, Kb).
+pub const TOR1_KEYS_LEN: usize = 72;
 
 /// Length of the relay identity digest (`ID`).
 const ID_LEN: usize = 20;
@@ -113,13 +116,21 @@ impl NtorPublicKey {
     }
 }
 
-/// Key material derived by the handshake: Df (20) | Db (20) | Kf (16) | Kb (16).
+/// Key material derived by the handshake: Df (20) | Db (20) | Kf (16) | Kb (16) | KH (20).
 /// Zeroized on drop.
 pub struct KeyMaterial(pub [u8; KEY_MATERIAL_LEN]);
 
 impl KeyMaterial {
+    /// Key material from the 72 tor1 bytes alone (KH zero): for test vectors and benchmarks
+    /// that only exercise relay crypto.
+    pub fn from_tor1_keys(keys: &[u8; TOR1_KEYS_LEN]) -> Self {
+        let mut km = KeyMaterial([0u8; KEY_MATERIAL_LEN]);
+        km.0[..TOR1_KEYS_LEN].copy_from_slice(keys);
+        km
+    }
+
     /// Fixed sub-array of the key material. The ranges are compile-time constants inside the
-    /// 72-byte array, so the conversion cannot fail.
+    /// 92-byte array, so the conversion cannot fail.
     fn part<const N: usize>(&self, start: usize) -> &[u8; N] {
         self.0[start..start + N]
             .try_into()
@@ -144,6 +155,13 @@ impl KeyMaterial {
     /// Backward AES-128 key.
     pub fn kb(&self) -> &[u8; 16] {
         self.part(56)
+    }
+
+    /// KH, the circuit's handshake digest (tor-spec: the 20 bytes after Kb). An onion service
+    /// MACs its ESTABLISH_INTRO with it (rend-spec v3 HANDSHAKE_AUTH), binding the request to
+    /// the circuit it arrives on; only the service and the introduction point know it.
+    pub fn kh(&self) -> &[u8; 20] {
+        self.part(72)
     }
 }
 
@@ -220,9 +238,9 @@ fn derive(
     // HKDF-Extract with salt t_key is exactly KEY_SEED = H(secret_input, t_key) of tor-spec.
     let hk = hkdf::Hkdf::<Sha256>::new(Some(T_KEY), &secret_input);
     let mut km = KeyMaterial([0u8; KEY_MATERIAL_LEN]);
-    // 72 bytes is far below HKDF-SHA256's limit of 255 * 32, so expand cannot fail.
+    // 92 bytes is far below HKDF-SHA256's limit of 255 * 32, so expand cannot fail.
     hk.expand(M_EXPAND, &mut km.0)
-        .expect("72 bytes is a valid HKDF-SHA256 output length");
+        .expect("92 bytes is a valid HKDF-SHA256 output length");
     (auth, km, bad)
 }
 
@@ -383,10 +401,14 @@ mod tests {
         let (reply, server_km) =
             server_handshake_with_secret(y_sk, &id, &relay_sk, &onionskin).unwrap();
         assert_eq!(reply, created);
-        assert_eq!(server_km.0, keys);
+        assert_eq!(server_km.0[..72], keys);
 
         let client_km = client_finish(state, &reply).unwrap();
-        assert_eq!(client_km.0, keys);
+        assert_eq!(client_km.0[..72], keys);
+        // KH is bytes 72..92 of the same HKDF output (HKDF output is prefix-stable, so the
+        // published 72 bytes stay valid); the vector does not cover it, both ends must agree.
+        assert_eq!(client_km.kh(), server_km.kh());
+        assert_eq!(&client_km.0[72..], client_km.kh());
         assert_eq!(client_km.df()[..], keys[..20]);
         assert_eq!(client_km.db()[..], keys[20..40]);
         assert_eq!(client_km.kf()[..], keys[40..56]);
@@ -402,7 +424,8 @@ mod tests {
         let (reply, skm) = server_handshake(&mut rng, &id, &sk, &skin).unwrap();
         let ckm = client_finish(state, &reply).unwrap();
         assert_eq!(ckm.0, skm.0);
-        assert_ne!(ckm.0, [0u8; 72]);
+        assert_ne!(ckm.0, [0u8; KEY_MATERIAL_LEN]);
+        assert_ne!(ckm.kh(), &[0u8; 20]);
         // Key file round trip.
         assert_eq!(
             NtorSecretKey::from_bytes(sk.to_bytes()).public(),

@@ -19,8 +19,10 @@
 
 use aes::cipher::{KeyIvInit, StreamCipher};
 use sha1::{Digest, Sha1};
+use sha3::Sha3_256;
 use subtle::ConstantTimeEq;
 
+use crate::hs_ntor::HsKeyMaterial;
 use crate::ntor::KeyMaterial;
 use crate::CryptoError;
 
@@ -40,12 +42,55 @@ fn aes128_ctr(key: &[u8; 16], iv: &[u8; 16]) -> Aes128Ctr {
     Aes128Ctr::new(key.into(), iv.into())
 }
 
+/// AES-256 in counter mode, for the end-to-end hop of an onion-service circuit.
+type Aes256Ctr = ctr::Ctr128BE<aes::Aes256>;
+
+/// The keystream of one layer: tor1's AES-128, or AES-256 on the virtual hop that an onion
+/// client and service append to their circuits at the rendezvous point (rend-spec v3,
+/// "NTOR_KEY_SEED" expansion; C tor's `relay_crypto_init(.., is_hs_v3)`).
+#[derive(Clone)]
+// The tor1 variant is the per-cell hot path on every relay: kept inline on purpose.
+#[allow(clippy::large_enum_variant)]
+enum LayerCipher {
+    Aes128(Aes128Ctr),
+    /// Boxed: at most one virtual hop per circuit, and tor1 layers stay small and inline.
+    Aes256(Box<Aes256Ctr>),
+}
+
+/// The running digest of one layer: SHA-1 (tor1) or SHA3-256 (the virtual hop).
+#[derive(Clone)]
+enum LayerDigest {
+    Sha1(Sha1),
+    /// Boxed for the same reason as [`LayerCipher::Aes256`].
+    Sha3(Box<Sha3_256>),
+}
+
+impl LayerDigest {
+    fn update(&mut self, data: &[u8]) {
+        match self {
+            LayerDigest::Sha1(d) => d.update(data),
+            LayerDigest::Sha3(d) => Digest::update(d.as_mut(), data),
+        }
+    }
+
+    /// The first 20 bytes of the running digest: all of SHA-1; SHA3-256 truncated, as C tor
+    /// records it for SENDME v1 (`DIGEST_LEN`).
+    fn peek(&self) -> [u8; 20] {
+        let mut out = [0u8; 20];
+        match self {
+            LayerDigest::Sha1(d) => out.copy_from_slice(&d.clone().finalize()),
+            LayerDigest::Sha3(d) => out.copy_from_slice(&d.as_ref().clone().finalize()[..20]),
+        }
+        out
+    }
+}
+
 /// One direction of one hop: keystream plus running digest.
 #[derive(Clone)]
 struct Layer {
-    cipher: Aes128Ctr,
-    digest: Sha1,
-    /// Full running digest after the last cell this layer originated or recognized.
+    cipher: LayerCipher,
+    digest: LayerDigest,
+    /// Running digest (first 20 bytes) after the last cell this layer originated or recognized.
     last: [u8; 20],
 }
 
@@ -54,15 +99,30 @@ impl Layer {
         let mut digest = Sha1::new();
         digest.update(seed);
         Layer {
-            cipher: aes128_ctr(key, &[0u8; 16]),
-            digest,
+            cipher: LayerCipher::Aes128(aes128_ctr(key, &[0u8; 16])),
+            digest: LayerDigest::Sha1(digest),
+            last: [0u8; 20],
+        }
+    }
+
+    /// A layer of the onion-service virtual hop: AES-256-CTR (zero IV) and SHA3-256 seeded
+    /// with the 32-byte digest key.
+    fn new_hs(key: &[u8; 32], seed: &[u8; 32]) -> Self {
+        let mut digest = Sha3_256::new();
+        digest.update(seed);
+        Layer {
+            cipher: LayerCipher::Aes256(Box::new(Aes256Ctr::new(key.into(), &[0u8; 16].into()))),
+            digest: LayerDigest::Sha3(Box::new(digest)),
             last: [0u8; 20],
         }
     }
 
     /// Add or remove this layer's encryption (CTR mode is its own inverse).
     fn crypt(&mut self, payload: &mut [u8; PAYLOAD_LEN]) {
-        self.cipher.apply_keystream(payload);
+        match &mut self.cipher {
+            LayerCipher::Aes128(c) => c.apply_keystream(payload),
+            LayerCipher::Aes256(c) => c.apply_keystream(payload),
+        }
     }
 
     /// Set `recognized` and the digest field for a cell this end originates.
@@ -70,7 +130,7 @@ impl Layer {
         payload[RECOGNIZED].fill(0);
         payload[DIGEST].fill(0);
         self.digest.update(&payload[..]);
-        self.last = self.digest.clone().finalize().into();
+        self.last = self.digest.peek();
         payload[DIGEST].copy_from_slice(&self.last[..4]);
         self.last
     }
@@ -83,9 +143,9 @@ impl Layer {
         }
         let mut candidate = self.digest.clone();
         candidate.update(&payload[..DIGEST.start]);
-        candidate.update([0u8; 4]);
+        candidate.update(&[0u8; 4]);
         candidate.update(&payload[DIGEST.end..]);
-        let full: [u8; 20] = candidate.clone().finalize().into();
+        let full = candidate.peek();
         if bool::from(full[..4].ct_eq(&payload[DIGEST])) {
             self.digest = candidate;
             self.last = full;
@@ -163,6 +223,18 @@ impl ClientHopCrypto {
             forward: Layer::new(km.kf(), km.df()),
             backward: Layer::new(km.kb(), km.db()),
         }
+    }
+
+    /// The end-to-end (virtual) hop an onion client or service appends to its circuit once the
+    /// rendezvous completes, keyed from hs-ntor's 128 bytes `Df | Db | Kf | Kb` (AES-256-CTR,
+    /// SHA3-256 digests). The client uses them as given; the service (`service_side`) swaps the
+    /// directions, as C tor's `create_rend_cpath(.., is_service_side)` does, so that what one
+    /// end originates "forward" the other recognizes "backward".
+    pub fn new_hs(km: &HsKeyMaterial, service_side: bool) -> Self {
+        let f = Layer::new_hs(km.kf(), km.df());
+        let b = Layer::new_hs(km.kb(), km.db());
+        let (forward, backward) = if service_side { (b, f) } else { (f, b) };
+        ClientHopCrypto { forward, backward }
     }
 
     /// Originate a cell for this hop: set the digest, then add this hop's layer. Returns the
@@ -311,7 +383,7 @@ mod tests {
         for (i, b) in k.iter_mut().enumerate() {
             *b = seed.wrapping_mul(31).wrapping_add(i as u8);
         }
-        KeyMaterial(k)
+        KeyMaterial::from_tor1_keys(&k)
     }
 
     fn circuit() -> (ClientCircuitCrypto, Vec<RelayHopCrypto>) {

@@ -46,7 +46,7 @@ fn vectors() -> Vec<(usize, Vec<u8>)> {
 }
 
 fn key_material(i: usize) -> KeyMaterial {
-    KeyMaterial(*HOP_KEYS[i])
+    KeyMaterial::from_tor1_keys(HOP_KEYS[i])
 }
 
 /// The plaintext relay cells the vectors were made from, in order.

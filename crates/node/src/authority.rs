@@ -46,7 +46,8 @@ Config file options (TOML):
   Nickname = \"auth\"                1-19 letters or digits (required)
   DataDirectory = \"/path/auth\"     keys/identity.key and the latest consensus live here (required)
   DirPort = \"127.0.0.1:7000\"       HTTP listen address: GET /consensus, GET /identity,
-                                   POST /descriptor (required)
+                                   POST /descriptor, POST and GET /onion/<address>
+                                   (onion-service descriptors) (required)
   ConsensusInterval = 60           seconds between consensuses (1-86400)
   ConsensusValidity = 0            seconds a consensus stays valid; 0 = 3 x ConsensusInterval
   DescriptorLifetime = 0           drop relays whose last descriptor arrived longer ago;
@@ -188,6 +189,8 @@ pub(crate) struct Authority {
     settings: Settings,
     state: Mutex<State>,
     new_relay: Notify,
+    /// Onion-service descriptors (`onion_dir.rs`).
+    onions: crate::onion_dir::OnionStore,
 }
 
 impl Authority {
@@ -197,6 +200,7 @@ impl Authority {
             settings,
             state: Mutex::new(State::default()),
             new_relay: Notify::new(),
+            onions: Default::default(),
         }
     }
 
@@ -407,12 +411,64 @@ async fn handle(
         (&Method::GET, "/identity") => {
             text(StatusCode::OK, format!("{}\n", auth.key.public().to_hex()))
         }
+        (m, p) if p.starts_with(crate::onion_dir::ONION_PATH) => {
+            return Ok(onion_request(&auth, peer, m.clone(), p.to_string(), req).await)
+        }
         (_, "/descriptor" | "/consensus" | "/identity") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     };
     Ok(resp)
+}
+
+/// `POST` / `GET /onion/<address>`: the onion descriptor store.
+async fn onion_request(
+    auth: &Authority,
+    peer: SocketAddr,
+    method: Method,
+    path: String,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    use crate::onion_dir::parse_path;
+    let fail = |e: crate::onion_dir::StoreError| {
+        let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+        text(status, format!("{}\n", e.reason))
+    };
+    let addr = match parse_path(&path) {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    match method {
+        Method::GET => match auth.onions.get(&addr, unix_now()) {
+            Some(doc) => text(StatusCode::OK, Bytes::copy_from_slice(doc.as_bytes())),
+            None => text(StatusCode::NOT_FOUND, "no descriptor for this address\n"),
+        },
+        Method::POST => {
+            let limit = chive_dir::MAX_ONION_DESCRIPTOR_LEN;
+            let Ok(body) = Limited::new(req.into_body(), limit).collect().await else {
+                return text(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("onion descriptor unreadable or larger than {limit} bytes\n"),
+                );
+            };
+            let body = body.to_bytes();
+            let Ok(doc) = std::str::from_utf8(&body) else {
+                return text(StatusCode::BAD_REQUEST, "descriptor is not UTF-8 text\n");
+            };
+            match auth.onions.accept(&addr, doc, unix_now()) {
+                Ok(rev) => {
+                    info!(%peer, address = %addr, revision = rev, "onion descriptor accepted");
+                    text(StatusCode::OK, "accepted\n")
+                }
+                Err(e) => {
+                    warn!(%peer, address = %addr, reason = %e.reason, "onion descriptor refused");
+                    fail(e)
+                }
+            }
+        }
+        _ => text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
+    }
 }
 
 /// Serve HTTP on `listener` until the task is dropped.

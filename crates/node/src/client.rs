@@ -69,6 +69,9 @@ Config file options (TOML):
                                    checked at start; default: the system's
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SOCKS5 username/password isolate streams: distinct credentials never share a circuit.
+A host NAME.onion is an onion service: a malformed address fails at once with SOCKS5
+error 0xF6, an address without a descriptor at the authority with 0xF0, a descriptor that
+does not verify with 0xF1 (proposal 304). Connecting to the service is not wired in yet.
 A host written as HOST.NICKNAME.exit is reached through the relay NICKNAME as exit.";
 
 /// The client's config file.
@@ -229,6 +232,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         seed,
     )));
+    if let Some(c) = driver.client.as_mut() {
+        c.authority = Some(cfg.authority);
+    }
     let tx = driver.sender();
     let socks_tx = tx.clone();
     tokio::spawn(async move {
@@ -316,6 +322,8 @@ pub enum SocksAnswer {
 /// The client's part of the driver: circuit policy and SOCKS bookkeeping.
 pub struct ClientState {
     mgr: CircuitManager,
+    /// The authority, for onion descriptors (`onion_client.rs`).
+    authority: Option<SocketAddr>,
     /// Requests waiting for a circuit.
     waiting: HashMap<Ticket, oneshot::Sender<SocksAnswer>>,
     /// Streams whose BEGIN/RESOLVE is out.
@@ -337,6 +345,7 @@ impl ClientState {
     fn new(mgr: CircuitManager) -> Self {
         ClientState {
             mgr,
+            authority: None,
             waiting: HashMap::new(),
             opening: HashMap::new(),
         }
@@ -365,6 +374,14 @@ impl ClientState {
                     TargetAddr::Ip(a) => (a.ip().to_string(), a.port()),
                     TargetAddr::Domain(h, p) => (h.clone(), *p),
                 };
+                if crate::onion_client::is_onion_host(&host) {
+                    return match self.authority {
+                        Some(a) => crate::onion_client::handle_onion_request(&host, a, reply),
+                        None => {
+                            let _ = reply.send(SocksAnswer::Failed(SocksReply::GeneralFailure));
+                        }
+                    };
+                }
                 // Tor's IsolateSOCKSAuth: the credentials are the isolation key.
                 let isolation = match &req.auth {
                     Some((user, pass)) => {

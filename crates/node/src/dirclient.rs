@@ -63,7 +63,7 @@ pub async fn fetch_consensus(
 }
 
 /// A printable, bounded excerpt of an error body.
-fn quote(body: &[u8]) -> String {
+pub(crate) fn quote(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
     let mut out: String = text
         .trim()
@@ -78,7 +78,7 @@ fn quote(body: &[u8]) -> String {
 }
 
 /// One HTTP/1.1 request; returns (status, body).
-async fn request(
+pub(crate) async fn request(
     addr: SocketAddr,
     method: &str,
     path: &str,

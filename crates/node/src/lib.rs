@@ -16,4 +16,7 @@ pub mod dirclient;
 pub mod driver;
 pub mod limits;
 pub mod metrics;
+pub mod onion_client;
+pub mod onion_dir;
+pub mod onion_keys;
 pub mod relay;

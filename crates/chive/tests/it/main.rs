@@ -16,6 +16,7 @@ mod common;
 mod circuit_window_e2e;
 mod dos_e2e;
 mod e2e;
+mod onion_e2e;
 mod relay_failure_e2e;
 mod reserve_e2e;
 mod sched_e2e;

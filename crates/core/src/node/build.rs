@@ -102,6 +102,7 @@ impl Core {
                     extending: false,
                 },
                 relay_early_seen: 0,
+                kh: *km.kh(),
             },
         );
         if let Some(ch) = self.channels.get_mut(&chan) {
@@ -290,6 +291,7 @@ impl Core {
                     deadline: now + self.cfg.circuit_build_timeout,
                 },
                 relay_early_seen: 0,
+                kh: [0; 20],
             },
         );
         match first {
@@ -325,6 +327,7 @@ impl Core {
             Err(e) => return self.kill(key, &format!("ntor handshake failed: {e}"), now),
         };
         crypto.push_hop(ClientHopCrypto::new(&km));
+        circ.kh = *km.kh();
         let done = crypto.len();
         if done >= path.len() {
             *built = true;

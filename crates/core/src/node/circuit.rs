@@ -70,6 +70,9 @@ pub(super) struct Circuit {
     pub(super) sw: super::switch::SwCounts,
     pub(super) role: Role,
     pub(super) relay_early_seen: u8,
+    /// KH of the handshake with this relay (relay circuits) or with the last hop built
+    /// (origin circuits): what ESTABLISH_INTRO's HANDSHAKE_AUTH is keyed with.
+    pub(super) kh: [u8; 20],
 }
 
 impl Circuit {

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use chive_cell::{DestroyReason, EndReason, ResolvedAnswer};
+use chive_cell::{DestroyReason, EndReason, RelayCommand, ResolvedAnswer};
 use chive_crypto::IdentityKey;
 
 use crate::{ChannelId, CircKey, StreamHandle};
@@ -27,6 +27,9 @@ pub enum CoreError {
     /// The target could not be encoded (e.g. a host name too long).
     #[error("bad target: {0}")]
     BadTarget(String),
+    /// `send_onion_message` with a command that is not an onion request.
+    #[error("not an onion-service request")]
+    NotOnionMessage,
 }
 
 /// Output for the driver, in the order it must be acted on.
@@ -125,6 +128,28 @@ pub enum Event {
         cause: CloseCause,
         /// Hops whose handshake had completed (the path's length once built).
         hops: usize,
+    },
+    /// Onion client or service: the last hop of an origin circuit answered with an onion
+    /// message (INTRO_ESTABLISHED, INTRODUCE2, INTRODUCE_ACK, RENDEZVOUS_ESTABLISHED,
+    /// RENDEZVOUS2); the driver's service or client state machine (`crate::onion`) handles it.
+    OnionMessage {
+        /// The circuit.
+        circ: CircKey,
+        /// Which message.
+        command: RelayCommand,
+        /// Its body.
+        body: Vec<u8>,
+    },
+    /// Onion service: a client opened a stream to `port` through the virtual hop of `circ`.
+    /// Connect to the local target for that port (HiddenServicePort) and answer with
+    /// [`Core::exit_connected`] or [`Core::exit_failed`].
+    OnionStreamRequest {
+        /// The rendezvous circuit.
+        circ: CircKey,
+        /// The new stream.
+        stream: StreamHandle,
+        /// The virtual port the client asked for.
+        port: u16,
     },
 }
 

@@ -99,6 +99,12 @@ impl Core {
             return;
         }
         s.state = StreamState::Open;
+        if self.is_service_circuit(key) {
+            let body = Self::service_connected_body();
+            self.send_edge(key, RelayCommand::CONNECTED, sid, &body, now);
+            self.grant_credit(key, sid);
+            return;
+        }
         let body = Connected {
             addr: Some(addr.ip()),
             ttl: 300,

@@ -46,6 +46,7 @@ mod dos;
 mod event;
 mod exit;
 mod inspect;
+mod onion;
 mod oom;
 mod queue;
 mod relay;
@@ -56,6 +57,7 @@ mod teardown;
 pub use config::{CoreConfig, HopSpec, RelayKeys};
 pub use event::{CloseCause, CoreError, Event};
 pub use inspect::{CellSample, CircuitStat, CoreStats};
+pub use onion::OnionRelayStats;
 pub use oom::{
     max_mem_in_queues_auto, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
@@ -90,6 +92,8 @@ pub struct Core {
     dos: DosGuard,
     /// Circuit switching (paper 003): switches in progress, switch connections, counters.
     sw: switch::SwitchState,
+    /// Introduction and rendezvous tables, joined circuits, service circuits (`onion.rs`).
+    onion: onion::OnionTables,
 }
 
 impl Core {
@@ -116,6 +120,7 @@ impl Core {
             driver_bytes: 0,
             dos,
             sw: switch::SwitchState::default(),
+            onion: Default::default(),
         }
     }
 

@@ -13,6 +13,7 @@ use tracing::debug;
 use crate::{ChannelId, CircKey};
 
 use super::circuit::{Role, Side};
+use super::event::Event;
 use super::Core;
 
 /// RELAY_EARLY cells allowed per circuit (tor-spec).
@@ -58,6 +59,8 @@ impl Core {
                     } else if let Some((_, next_id)) = circ.next {
                         cell.circ_id = next_id;
                         self.enqueue(key, Side::Next, cell, now);
+                    } else if let Some(partner) = self.spliced_partner(key) {
+                        self.splice_forward(partner, cell, now);
                     } else {
                         self.kill(key, "unrecognized relay cell at the last hop", now);
                     }
@@ -109,6 +112,10 @@ impl Core {
             RelayCommand::SENDME => self.edge_sendme(key, sid, data, now),
             RelayCommand::XON | RelayCommand::XOFF => self.edge_xon_xoff(key, cmd, sid, data, now),
             RelayCommand::TRUNCATE => self.on_truncate(key, now),
+            RelayCommand::ESTABLISH_INTRO
+            | RelayCommand::INTRODUCE1
+            | RelayCommand::ESTABLISH_RENDEZVOUS
+            | RelayCommand::RENDEZVOUS1 => self.on_onion_request(key, cmd, data, now),
             RelayCommand::DROP => {}
             other => {
                 debug!(?key, command = %other, "ignoring relay command");
@@ -145,6 +152,14 @@ impl Core {
             _ if Some(hop) != last_hop => {
                 self.kill(key, &format!("{cmd} from hop {hop}, not the exit"), now)
             }
+            cmd if super::onion::is_onion_reply(cmd) => {
+                self.events.push_back(Event::OnionMessage {
+                    circ: key,
+                    command: cmd,
+                    body: data.to_vec(),
+                })
+            }
+            RelayCommand::BEGIN => self.on_service_begin(key, sid, data, now),
             RelayCommand::CONNECTED => self.client_connected(key, sid, data, now),
             RelayCommand::RESOLVED => self.client_resolved(key, sid, data, now),
             RelayCommand::DATA => self.edge_data(key, sid, data, digest, now),

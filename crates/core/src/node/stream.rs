@@ -387,7 +387,14 @@ impl Core {
     }
 
     /// Send a relay message from this circuit's edge toward its peer edge.
-    fn send_edge(&mut self, key: CircKey, cmd: RelayCommand, sid: u16, body: &[u8], now: Instant) {
+    pub(super) fn send_edge(
+        &mut self,
+        key: CircKey,
+        cmd: RelayCommand,
+        sid: u16,
+        body: &[u8],
+        now: Instant,
+    ) {
         let Some(circ) = self.circuits.get(&key) else {
             return;
         };

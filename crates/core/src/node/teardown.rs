@@ -73,7 +73,7 @@ impl Core {
         key: CircKey,
         reason: DestroyReason,
         except: Option<(ChannelId, CircId)>,
-        _now: Instant,
+        now: Instant,
         why: &str,
         cause: CloseCause,
     ) {
@@ -86,6 +86,7 @@ impl Core {
                 self.send_destroy(end.0, end.1, reason);
             }
         }
+        self.onion_circuit_gone(key, now);
         self.stats.queued_cells = self
             .stats
             .queued_cells

@@ -11,6 +11,7 @@ mod common;
 mod circuit_window;
 mod dos;
 mod network;
+mod onion;
 mod oom;
 mod queue_limits;
 mod relay_early;

@@ -795,6 +795,15 @@ impl Driver {
                     }
                 }
             }
+            // Onion services are not wired into the node yet (issue 19): no origin circuit
+            // here attaches a virtual hop or sends onion messages, so these cannot occur; a
+            // stray stream request is refused rather than left hanging.
+            Event::OnionStreamRequest { stream, .. } => {
+                self.core.exit_failed(stream, EndReason::EXITPOLICY, now);
+            }
+            Event::OnionMessage { circ, command, .. } => {
+                debug!(?circ, %command, "onion message without an onion role: ignored");
+            }
             ev @ (Event::StreamConnected { .. }
             | Event::Resolved { .. }
             | Event::CircuitBuilt { .. }

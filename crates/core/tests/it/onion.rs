@@ -1,0 +1,432 @@
+//! Onion services through real cores: a client, a service and four relays in memory, cells
+//! moved by the test on a virtual clock. The service registers an introduction point, the
+//! client waits at a rendezvous point and introduces itself, the service joins it there, and a
+//! stream flows through the end-to-end virtual hop byte for byte. Then the bad cases: an
+//! INTRODUCE that does not decrypt, a replayed one, an ESTABLISH_INTRO made for another
+//! circuit.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use chive_cell::RelayCommand;
+use chive_core::onion::{ClientRendezvous, IntroduceError, OnionServiceIntro};
+use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event, HopSpec, RelayKeys, StreamHandle};
+use chive_crypto::ntor::NtorSecretKey;
+use chive_crypto::{IdentityKey, IdentityKeypair, OnionAddress};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+const CLIENT: usize = 0;
+const SERVICE: usize = 1;
+/// Relays: node index = 2 + relay index.
+const GUARD_C: usize = 0;
+const INTRO: usize = 1;
+const REND: usize = 2;
+const GUARD_S: usize = 3;
+
+struct Net {
+    nodes: Vec<Core>,
+    identities: Vec<Option<IdentityKey>>,
+    hops: Vec<HopSpec>,
+    links: HashMap<(usize, ChannelId), (usize, ChannelId)>,
+    next_chan: u64,
+    now: Instant,
+    events: Vec<(usize, Event)>,
+    writable: BTreeSet<(usize, ChannelId)>,
+    /// Bytes each node's streams received.
+    received: HashMap<(usize, StreamHandle), Vec<u8>>,
+    /// Read credit granted per stream.
+    credit: HashMap<(usize, StreamHandle), usize>,
+    rng: StdRng,
+}
+
+impl Net {
+    fn new() -> Net {
+        let mut rng = StdRng::seed_from_u64(19);
+        let mut nodes = vec![
+            Core::new(CoreConfig::default(), [1; 32]),
+            Core::new(CoreConfig::default(), [2; 32]),
+        ];
+        let mut identities = vec![None, None];
+        let mut hops = Vec::new();
+        for i in 0..4u8 {
+            let id = IdentityKeypair::generate(&mut rng).public();
+            let ntor = NtorSecretKey::generate(&mut rng);
+            hops.push(HopSpec {
+                identity: id,
+                ntor_key: ntor.public(),
+                addr: SocketAddr::from(([127, 0, 0, 1], 9000 + u16::from(i))),
+            });
+            nodes.push(Core::new(
+                CoreConfig {
+                    relay: Some(RelayKeys { identity: id, ntor }),
+                    exit: false,
+                    ..CoreConfig::default()
+                },
+                [i + 3; 32],
+            ));
+            identities.push(Some(id));
+        }
+        Net {
+            nodes,
+            identities,
+            hops,
+            links: HashMap::new(),
+            next_chan: 1,
+            now: Instant::now(),
+            events: Vec::new(),
+            writable: BTreeSet::new(),
+            received: HashMap::new(),
+            credit: HashMap::new(),
+            rng,
+        }
+    }
+
+    fn relay(&mut self, i: usize) -> &mut Core {
+        &mut self.nodes[2 + i]
+    }
+
+    fn connect(&mut self, from: usize, identity: IdentityKey) {
+        let to = self
+            .identities
+            .iter()
+            .position(|i| *i == Some(identity))
+            .unwrap();
+        let (a, b) = (ChannelId(self.next_chan), ChannelId(self.next_chan + 1));
+        self.next_chan += 2;
+        self.links.insert((from, a), (to, b));
+        self.links.insert((to, b), (from, a));
+        let (fid, tid) = (self.identities[from], self.identities[to]);
+        self.nodes[from].channel_opened(a, tid, true, self.now);
+        self.nodes[to].channel_opened(b, fid, false, self.now);
+    }
+
+    fn step(&mut self) -> bool {
+        let mut busy = false;
+        for n in 0..self.nodes.len() {
+            while let Some(ev) = self.nodes[n].poll_event() {
+                busy = true;
+                match ev {
+                    Event::Connect { identity, .. } => self.connect(n, identity),
+                    Event::StreamWrite { stream, data } => {
+                        self.received
+                            .entry((n, stream))
+                            .or_default()
+                            .extend_from_slice(&data);
+                        self.nodes[n].stream_flushed(stream, 1, self.now);
+                    }
+                    Event::StreamReadCredit { stream, bytes } => {
+                        *self.credit.entry((n, stream)).or_default() += bytes;
+                    }
+                    other => self.events.push((n, other)),
+                }
+            }
+        }
+        for n in 0..self.nodes.len() {
+            while let Some(c) = self.nodes[n].poll_ready_channel() {
+                self.writable.insert((n, c));
+            }
+        }
+        let mut deliveries = Vec::new();
+        let chans: Vec<(usize, ChannelId)> = self.writable.iter().copied().collect();
+        for (n, chan) in chans {
+            let mut out = Vec::new();
+            self.nodes[n].poll_transmit(chan, 32, self.now, &mut out);
+            if !self.nodes[n].has_pending(chan) {
+                self.writable.remove(&(n, chan));
+            }
+            if !out.is_empty() {
+                deliveries.push((n, chan, out));
+            }
+        }
+        for (n, chan, cells) in deliveries {
+            busy = true;
+            let (peer, pchan) = self.links[&(n, chan)];
+            for cell in cells {
+                self.nodes[peer].handle_cell(pchan, cell, self.now);
+            }
+        }
+        self.now += Duration::from_millis(1);
+        busy
+    }
+
+    fn run(&mut self) {
+        let mut idle = 0;
+        for _ in 0..5000 {
+            if self.step() {
+                idle = 0;
+            } else {
+                idle += 1;
+                if idle > 3 {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn build(&mut self, node: usize, relays: &[usize]) -> CircKey {
+        let path = relays.iter().map(|&r| self.hops[r].clone()).collect();
+        let circ = self.nodes[node].launch_circuit(path, self.now);
+        self.run();
+        assert!(
+            self.nodes[node].circuit_is_open(circ),
+            "circuit not built: {:?}",
+            self.events
+        );
+        circ
+    }
+
+    /// The onion messages node `n` got on `circ` (taken out of the event list).
+    fn take_onion(&mut self, n: usize, circ: CircKey) -> Vec<(RelayCommand, Vec<u8>)> {
+        let mut got = Vec::new();
+        self.events.retain(|(node, e)| match e {
+            Event::OnionMessage {
+                circ: c,
+                command,
+                body,
+            } if *node == n && *c == circ => {
+                got.push((*command, body.clone()));
+                false
+            }
+            _ => true,
+        });
+        got
+    }
+
+    fn closed(&self, n: usize, circ: CircKey) -> bool {
+        self.events.iter().any(|(node, e)| {
+            *node == n && matches!(e, Event::CircuitClosed { circ: c, .. } if *c == circ)
+        })
+    }
+
+    fn send(&mut self, n: usize, circ: CircKey, cmd: RelayCommand, body: &[u8]) {
+        self.nodes[n]
+            .send_onion_message(circ, cmd, body, self.now)
+            .unwrap();
+        self.run();
+    }
+
+    /// Feed `data` into stream `s` of node `n` within its read credit, running the network.
+    fn feed(&mut self, n: usize, s: StreamHandle, data: &[u8], until: impl Fn(&Net) -> bool) {
+        let mut sent = 0;
+        for _ in 0..200_000 {
+            let c = self.credit.entry((n, s)).or_default();
+            if sent < data.len() && *c > 0 {
+                let k = (*c).min(data.len() - sent).min(4096);
+                *c -= k;
+                self.nodes[n].stream_data(s, &data[sent..sent + k], self.now);
+                sent += k;
+            }
+            self.step();
+            if sent == data.len() && until(self) {
+                return;
+            }
+        }
+        panic!("transfer did not finish");
+    }
+}
+
+/// A service with one introduction point registered at relay INTRO: (intro keys, circuit).
+fn service_online(net: &mut Net) -> (OnionServiceIntro, CircKey) {
+    let id = IdentityKeypair::generate(&mut net.rng);
+    let addr = OnionAddress::from_key(id.public());
+    let intro = OnionServiceIntro::generate(&mut net.rng, addr.subcredential(), 64);
+    let circ = net.build(SERVICE, &[GUARD_S, INTRO]);
+    let kh = net.nodes[SERVICE].last_hop_kh(circ).unwrap();
+    net.send(
+        SERVICE,
+        circ,
+        RelayCommand::ESTABLISH_INTRO,
+        &intro.establish_intro(&kh),
+    );
+    let got = net.take_onion(SERVICE, circ);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, RelayCommand::INTRO_ESTABLISHED);
+    assert_eq!(net.relay(INTRO).onion_relay_stats().intro_circuits, 1);
+    (intro, circ)
+}
+
+/// The client's rendezvous circuit waiting at REND, and its introduction circuit to INTRO
+/// with INTRODUCE1 sent and acknowledged. Returns (connection, rend circ, INTRODUCE1 body).
+fn client_introduces(
+    net: &mut Net,
+    intro: &OnionServiceIntro,
+    tamper: bool,
+) -> (ClientRendezvous, CircKey, Vec<u8>) {
+    let mut conn = ClientRendezvous::new(&mut net.rng, intro.public());
+    let rend = net.build(CLIENT, &[GUARD_C, REND]);
+    net.send(
+        CLIENT,
+        rend,
+        RelayCommand::ESTABLISH_RENDEZVOUS,
+        &conn.establish_rendezvous(),
+    );
+    let got = net.take_onion(CLIENT, rend);
+    assert_eq!(got[0].0, RelayCommand::RENDEZVOUS_ESTABLISHED);
+
+    let ic = net.build(CLIENT, &[GUARD_C, INTRO]);
+    let rp = net.hops[REND].clone();
+    let mut intro1 = conn.introduce1(&mut net.rng, &rp).unwrap();
+    if tamper {
+        let i = intro1.len() - 50;
+        intro1[i] ^= 0x80;
+    }
+    net.send(CLIENT, ic, RelayCommand::INTRODUCE1, &intro1);
+    let got = net.take_onion(CLIENT, ic);
+    assert_eq!(got[0].0, RelayCommand::INTRODUCE_ACK);
+    conn.on_introduce_ack(&got[0].1).unwrap();
+    (conn, rend, intro1)
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 % 253) as u8).collect()
+}
+
+#[test]
+fn a_stream_through_an_onion_service_is_byte_exact() {
+    let mut net = Net::new();
+    let (mut intro, intro_circ) = service_online(&mut net);
+    let (mut conn, rend, _) = client_introduces(&mut net, &intro, false);
+
+    // The service gets INTRODUCE2, accepts it, builds to the rendezvous point.
+    let got = net.take_onion(SERVICE, intro_circ);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, RelayCommand::INTRODUCE2);
+    let acc = intro.on_introduce2(&mut net.rng, &got[0].1).unwrap();
+    assert_eq!(acc.rendezvous_point.identity, net.hops[REND].identity);
+    let svc_rend = net.build(SERVICE, &[GUARD_S, REND]);
+    let (cmd, body) = &acc.rendezvous1;
+    net.nodes[SERVICE]
+        .send_onion_message(svc_rend, *cmd, body, net.now)
+        .unwrap();
+    net.nodes[SERVICE]
+        .attach_virtual_hop(svc_rend, &acc.keys, true)
+        .unwrap();
+    net.run();
+    assert_eq!(net.relay(REND).onion_relay_stats().rend_joined, 1);
+
+    // The client gets RENDEZVOUS2 and attaches its end of the virtual hop.
+    let got = net.take_onion(CLIENT, rend);
+    assert_eq!(got[0].0, RelayCommand::RENDEZVOUS2);
+    let keys = conn.on_rendezvous2(&got[0].1).unwrap();
+    net.nodes[CLIENT]
+        .attach_virtual_hop(rend, &keys, false)
+        .unwrap();
+
+    // A stream to virtual port 80.
+    let cs = net.nodes[CLIENT]
+        .open_stream(rend, "service.onion", 80, net.now)
+        .unwrap();
+    net.run();
+    let req = net
+        .events
+        .iter()
+        .find_map(|(n, e)| match e {
+            Event::OnionStreamRequest { circ, stream, port } if *n == SERVICE => {
+                Some((*circ, *stream, *port))
+            }
+            _ => None,
+        })
+        .expect("the service was asked for a stream");
+    assert_eq!((req.0, req.2), (svc_rend, 80));
+    let ss = req.1;
+    net.nodes[SERVICE].exit_connected(ss, SocketAddr::from(([127, 0, 0, 1], 8080)), net.now);
+    net.run();
+    assert!(net.events.iter().any(|(n, e)| *n == CLIENT
+        && matches!(e, Event::StreamConnected { stream, addr: None } if *stream == cs)));
+
+    // Request up, 300 KB down (many circuit and stream SENDMEs through the virtual hop).
+    let request = pattern(3000);
+    net.feed(CLIENT, cs, &request, |net| {
+        net.received.get(&(SERVICE, ss)).map_or(0, Vec::len) >= 3000
+    });
+    assert!(net.received[&(SERVICE, ss)] == request);
+    let page = pattern(300_000);
+    net.feed(SERVICE, ss, &page, |net| {
+        net.received.get(&(CLIENT, cs)).map_or(0, Vec::len) >= 300_000
+    });
+    assert!(net.received[&(CLIENT, cs)] == page, "bytes differ");
+    assert_eq!(
+        net.nodes
+            .iter()
+            .map(|n| n.stats().circuits_killed)
+            .sum::<u64>(),
+        0
+    );
+    assert_eq!(intro.stats.accepted, 1);
+
+    // Closing the client's circuit tears down the service's partner circuit at the RP.
+    net.nodes[CLIENT].close_circuit(rend, net.now);
+    net.run();
+    assert!(
+        net.closed(SERVICE, svc_rend),
+        "service circuit outlived its partner"
+    );
+}
+
+#[test]
+fn an_introduce_that_does_not_decrypt_is_dropped_and_counted() {
+    let mut net = Net::new();
+    let (mut intro, intro_circ) = service_online(&mut net);
+    let (_conn, _rend, _) = client_introduces(&mut net, &intro, true);
+    let got = net.take_onion(SERVICE, intro_circ);
+    assert_eq!(got[0].0, RelayCommand::INTRODUCE2);
+    assert_eq!(
+        intro.on_introduce2(&mut net.rng, &got[0].1).err(),
+        Some(IntroduceError::Undecryptable)
+    );
+    assert_eq!(intro.stats.undecryptable, 1);
+    assert_eq!(intro.stats.accepted, 0);
+    // The intro circuit stays up for the next client.
+    assert!(net.nodes[SERVICE].circuit_is_open(intro_circ));
+}
+
+#[test]
+fn a_replayed_introduce_is_detected() {
+    let mut net = Net::new();
+    let (mut intro, intro_circ) = service_online(&mut net);
+    let (_conn, _rend, intro1) = client_introduces(&mut net, &intro, false);
+    // Someone who saw the INTRODUCE1 sends it again on a circuit of its own.
+    let ic = net.build(CLIENT, &[GUARD_C, INTRO]);
+    net.send(CLIENT, ic, RelayCommand::INTRODUCE1, &intro1);
+    let got = net.take_onion(SERVICE, intro_circ);
+    assert_eq!(got.len(), 2);
+    assert!(intro.on_introduce2(&mut net.rng, &got[0].1).is_ok());
+    assert_eq!(
+        intro.on_introduce2(&mut net.rng, &got[1].1).err(),
+        Some(IntroduceError::Replayed)
+    );
+    assert_eq!(intro.stats.replayed, 1);
+}
+
+#[test]
+fn establish_intro_made_for_another_circuit_is_refused() {
+    let mut net = Net::new();
+    let id = IdentityKeypair::generate(&mut net.rng);
+    let addr = OnionAddress::from_key(id.public());
+    let intro = OnionServiceIntro::generate(&mut net.rng, addr.subcredential(), 64);
+    let a = net.build(SERVICE, &[GUARD_S, INTRO]);
+    let b = net.build(SERVICE, &[GUARD_S, INTRO]);
+    let kh_a = net.nodes[SERVICE].last_hop_kh(a).unwrap();
+    assert_ne!(Some(kh_a), net.nodes[SERVICE].last_hop_kh(b));
+    // Made (and signed) for circuit a, sent on b: the intro point closes b.
+    net.send(
+        SERVICE,
+        b,
+        RelayCommand::ESTABLISH_INTRO,
+        &intro.establish_intro(&kh_a),
+    );
+    assert!(net.closed(SERVICE, b));
+    assert!(net.take_onion(SERVICE, b).is_empty());
+    assert_eq!(net.relay(INTRO).onion_relay_stats().intro_circuits, 0);
+    // An INTRODUCE1 for it finds no service.
+    let mut conn = ClientRendezvous::new(&mut net.rng, intro.public());
+    let ic = net.build(CLIENT, &[GUARD_C, INTRO]);
+    let rp = net.hops[REND].clone();
+    let intro1 = conn.introduce1(&mut net.rng, &rp).unwrap();
+    net.send(CLIENT, ic, RelayCommand::INTRODUCE1, &intro1);
+    let got = net.take_onion(CLIENT, ic);
+    assert!(conn.on_introduce_ack(&got[0].1).is_err());
+    assert_eq!(net.relay(INTRO).onion_relay_stats().intro_refused, 1);
+}
