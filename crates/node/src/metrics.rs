@@ -478,13 +478,6 @@ pub fn render(snap: &Snapshot) -> String {
         "Sampled cells timed.",
         snap.samples_total.to_string(),
     );
-    let _ = writeln!(
-        s,
-        "# HELP chive_dos_connections_refused_total Connections refused by DoSConnection.\n\
-         # TYPE chive_dos_connections_refused_total counter\n\
-         chive_dos_connections_refused_total{{reason=\"concurrent\"}} {}\n\
-         chive_dos_connections_refused_total{{reason=\"rate\"}} {}",
-        snap.dos.connections_refused_concurrent, snap.dos.connections_refused_rate
     let sw = &snap.switching;
     for (name, help, v) in [
         (
@@ -551,6 +544,14 @@ pub fn render(snap: &Snapshot) -> String {
         "counter",
         "Switches timed (as chive_switches_total).",
         sw.switches.to_string(),
+    );
+    let _ = writeln!(
+        s,
+        "# HELP chive_dos_connections_refused_total Connections refused by DoSConnection.\n\
+         # TYPE chive_dos_connections_refused_total counter\n\
+         chive_dos_connections_refused_total{{reason=\"concurrent\"}} {}\n\
+         chive_dos_connections_refused_total{{reason=\"rate\"}} {}",
+        snap.dos.connections_refused_concurrent, snap.dos.connections_refused_rate
     );
     let _ = writeln!(s, "# HELP chive_scheduler_info The circuit scheduler in use.\n# TYPE chive_scheduler_info gauge\nchive_scheduler_info{{policy=\"{}\"}} 1", snap.scheduler.replace('"', "'"));
     let mut d: Vec<f64> = snap.queue_delays.iter().copied().collect();

@@ -223,8 +223,9 @@ impl Core {
         if edge.streams.contains_key(&sid) {
             return self.kill(key, "BEGIN for a stream id in use", now);
         }
+        let flow = edge.stream_flow();
         edge.streams
-            .insert(sid, Stream::new(handle, StreamState::Connecting));
+            .insert(sid, Stream::new(handle, StreamState::Connecting, flow));
         self.next_handle += 1;
         self.streams.insert(handle, (key, sid));
         self.events.push_back(Event::OnionStreamRequest {
