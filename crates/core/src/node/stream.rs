@@ -433,7 +433,7 @@ mod tests {
         let cap = pending.capacity();
         // Advance the head (one byte stays, or the deque would start over at 0) so that the
         // next bytes wrap around the buffer's end.
-        pending.extend(std::iter::repeat(9).take(cap - 2));
+        pending.extend(std::iter::repeat_n(9, cap - 2));
         pending.drain(..cap - 3);
         pending.extend(1..=4u8);
         assert_eq!(pending.capacity(), cap);
