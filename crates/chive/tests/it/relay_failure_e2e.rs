@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-
 const RELAYS: usize = 5;
 
 /// Like `Network::start_alone`, with five relays (`relay1`..`relay5`): one test at a time, so
