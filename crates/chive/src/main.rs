@@ -38,7 +38,7 @@ fn main() -> std::process::ExitCode {
     // reader and writer tasks hand it batches of cells: on a multi-threaded runtime each
     // hand-off between the driver (then on the main thread) and an IO task on a worker was a
     // futex wake-up and a context switch, ~300 per relayed MB and a fifth of a relay's CPU
-    // (docs/performance-profile.md). On one thread a hand-off is a queue push. Blocking work
+    // (docs/performance.md). On one thread a hand-off is a queue push. Blocking work
     // (DNS lookups) still goes to tokio's blocking pool.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
