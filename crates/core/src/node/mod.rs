@@ -52,6 +52,7 @@ mod queue;
 mod relay;
 mod stream;
 mod switch;
+mod switch_report;
 mod teardown;
 
 pub use config::{CoreConfig, HopSpec, RelayKeys};
@@ -62,7 +63,7 @@ pub use oom::{
     max_mem_in_queues_auto, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
 pub use queue::CELL_MEM_COST;
-pub use switch::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};
+pub use switch_report::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};
 
 use channel::Channel;
 use circuit::{queue_id, Circuit, Role, Side};

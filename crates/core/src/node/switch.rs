@@ -16,7 +16,7 @@
 //!   connection: the markers carry them and the receiver checks them.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use chive_cell::{
     Cell, CellCommand, CircId, DestroyReason, SwitchAck, SwitchConn, SwitchMarker, SwitchStatus,
@@ -28,6 +28,8 @@ use crate::idmap::{LocalMap, LocalSet};
 use crate::switching::{AckOutcome, ConnViolation, MoverSwitch, PeerDrop, PeerSwitch};
 use crate::{ChannelId, CircKey};
 
+use super::switch_report::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};
+
 use super::channel::Channel;
 use super::circuit::{queue_id, Role, Side};
 use super::event::Event;
@@ -35,138 +37,6 @@ use super::Core;
 
 /// Switch records waiting for the driver beyond this are dropped (bounded memory).
 const MAX_PENDING_RECORDS: usize = 1000;
-
-/// `CircuitSwitching`: which of the paper's two ways an entry uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SwitchMode {
-    /// No switching; SWITCH_CONN is answered DISABLED.
-    #[default]
-    Off,
-    /// Move the heaviest circuit onto a second connection to the same next hop.
-    Connection,
-    /// Ask the client to move its stream to a spare circuit (not wired yet: behaves as off).
-    Path,
-}
-
-impl SwitchMode {
-    /// Parse the option ("off", "connection", "path").
-    pub fn parse(s: &str) -> Result<Self, String> {
-        match s {
-            "off" => Ok(SwitchMode::Off),
-            "connection" => Ok(SwitchMode::Connection),
-            "path" => Ok(SwitchMode::Path),
-            other => Err(format!(
-                "{other:?} is not one of \"off\", \"connection\", \"path\""
-            )),
-        }
-    }
-
-    /// The consensus parameter `CircuitSwitching` (0 off, 1 connection, 2 path).
-    pub fn from_param(v: i32) -> Self {
-        match v {
-            1 => SwitchMode::Connection,
-            2 => SwitchMode::Path,
-            _ => SwitchMode::Off,
-        }
-    }
-
-    /// The option's spelling.
-    pub fn label(self) -> &'static str {
-        match self {
-            SwitchMode::Off => "off",
-            SwitchMode::Connection => "connection",
-            SwitchMode::Path => "path",
-        }
-    }
-}
-
-/// Switching settings of a core ([`Core::set_switching`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SwitchSettings {
-    /// Mode.
-    pub mode: SwitchMode,
-    /// How long the mover waits for SWITCH_ACK (`SwitchTimeoutMsec`).
-    pub timeout: Duration,
-}
-
-impl Default for SwitchSettings {
-    fn default() -> Self {
-        SwitchSettings {
-            mode: SwitchMode::Off,
-            timeout: Duration::from_millis(2000),
-        }
-    }
-}
-
-/// Switching counters ([`Core::switch_stats`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SwitchStats {
-    /// Congestion reports that picked a circuit to move (mover).
-    pub triggered: u64,
-    /// Circuits whose cells started flowing on the new connection (mover): switches done.
-    pub switches: u64,
-    /// Switches whose both directions finished (mover).
-    pub completed: u64,
-    /// Switches the peer refused (DISABLED, or a DESTROY on the new id).
-    pub refused: u64,
-    /// Switches abandoned because no SWITCH_ACK came in time.
-    pub timed_out: u64,
-    /// Switches abandoned because the switch connection could not be opened or closed early.
-    pub failed: u64,
-    /// Circuits this node accepted onto a new connection (peer).
-    pub accepted: u64,
-    /// Switch requests refused as protocol violations (peer).
-    pub violations: u64,
-    /// Cells sent twice (the connection variant never re-sends; kept for the record format).
-    pub cells_resent: u64,
-    /// Cells lost: held cells dropped, or missing by a marker's count.
-    pub cells_lost: u64,
-    /// Cells that arrived on a new connection before its marker on the old one and were held
-    /// back (both roles): how often the hold-back was needed for order.
-    pub cells_held: u64,
-}
-
-/// How a switch this node started ended (one [`SwitchRecord`] each).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SwitchOutcome {
-    /// The first cell left on the new connection.
-    Switched,
-    /// The peer refused.
-    Refused,
-    /// No acknowledgement in time.
-    TimedOut,
-    /// The switch connection failed, or the circuit closed first.
-    Failed,
-}
-
-impl SwitchOutcome {
-    /// For metrics.
-    pub fn label(self) -> &'static str {
-        match self {
-            SwitchOutcome::Switched => "switched",
-            SwitchOutcome::Refused => "refused",
-            SwitchOutcome::TimedOut => "timed_out",
-            SwitchOutcome::Failed => "failed",
-        }
-    }
-}
-
-/// One switch started at this node, for the metrics' `switch` record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SwitchRecord {
-    /// The circuit moved.
-    pub circ: CircKey,
-    /// The connection it left.
-    pub from: ChannelId,
-    /// The connection it went to (None if none was open yet).
-    pub to: Option<ChannelId>,
-    /// When the congestion report chose it.
-    pub triggered: Instant,
-    /// When it ended (for `Switched`: its first cell left on the new connection).
-    pub ended: Instant,
-    /// How.
-    pub outcome: SwitchOutcome,
-}
 
 /// Relay cells of one circuit per direction on its current connection in that direction.
 #[derive(Clone, Copy, Debug, Default)]
