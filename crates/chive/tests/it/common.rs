@@ -88,16 +88,22 @@ impl Network {
     /// Start an authority, three relays (`relay_extra[i]` appended to relay i+1's config), a
     /// client and `chive httpd`; return once a real fetch through the overlay works.
     pub fn start(test: &str, relay_extra: [&str; 3]) -> Network {
-        Self::start_with(shared_turn(), test, relay_extra)
+        Self::start_with(shared_turn(), test, &relay_extra)
     }
 
     /// [`Network::start`] for a test that measures timing: it waits until no other test of
     /// this binary runs, and none starts until it is done.
     pub fn start_alone(test: &str, relay_extra: [&str; 3]) -> Network {
-        Self::start_with(turn_alone(), test, relay_extra)
+        Self::start_with(turn_alone(), test, &relay_extra)
     }
 
-    fn start_with(turn: Turn, test: &str, relay_extra: [&str; 3]) -> Network {
+    /// [`Network::start_alone`] with `relays` relays (`relay1`..) and nothing added to their
+    /// configs.
+    pub fn start_alone_relays(test: &str, relays: usize) -> Network {
+        Self::start_with(turn_alone(), test, &vec![""; relays])
+    }
+
+    fn start_with(turn: Turn, test: &str, relay_extra: &[&str]) -> Network {
         let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -146,7 +152,7 @@ impl Network {
                 &["authority", "--config", auth_cfg.to_str().unwrap()],
             ),
         ));
-        for (i, relay_extra) in (1..=3).zip(relay_extra) {
+        for (i, relay_extra) in (1..).zip(relay_extra) {
             let or: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             let cfg = dir.join(format!("relay{i}.toml"));

@@ -12,93 +12,11 @@ use crate::common::*;
 
 const RELAYS: usize = 5;
 
-/// Like `Network::start_alone`, with five relays (`relay1`..`relay5`): one test at a time, so
-/// the 5 s bounds measure the code, not several networks fighting over two cores.
+/// A network of five relays (`relay1`..`relay5`), started alone, so the 5 s bounds measure the
+/// code, not several networks fighting over two cores; ready once every relay is listed.
 fn start(test: &str) -> Network {
-    let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let authority: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let auth_cfg = dir.join("auth.toml");
-    std::fs::write(
-        &auth_cfg,
-        format!(
-            "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{authority}\"\nConsensusInterval = 2\nTestingAllGuards = true\n",
-            dir.join("auth").display()
-        ),
-    )
-    .unwrap();
-    let out = std::process::Command::new(BIN)
-        .args([
-            "authority",
-            "--config",
-            auth_cfg.to_str().unwrap(),
-            "--print-identity",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let authority_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let mut net = Network {
-        dir: dir.clone(),
-        children: Vec::new(),
-        socks: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        relays: Vec::new(),
-        metrics: Vec::new(),
-        relay_configs: Vec::new(),
-        authority,
-        authority_id: authority_id.clone(),
-        _turn: turn_alone(),
-    };
-    let a = spawn(
-        &dir,
-        "authority",
-        &["authority", "--config", auth_cfg.to_str().unwrap()],
-    );
-    net.children.push(("authority".into(), a));
-    for i in 1..=RELAYS {
-        let or: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let cfg = dir.join(format!("relay{i}.toml"));
-        let text = format!(
-            "Nickname = \"relay{i}\"\nDataDirectory = \"{}\"\nORPort = \"{or}\"\nAuthority = \"{authority}\"\n\
-             AuthorityIdentity = \"{authority_id}\"\nExitPolicy = [\"accept 127.0.0.0/8:*\", \"reject *:*\"]\n\
-             ExitPolicyRejectPrivate = false\n",
-            dir.join(format!("relay{i}")).display(),
-        );
-        std::fs::write(&cfg, &text).unwrap();
-        net.relays.push(or);
-        net.relay_configs.push((cfg.clone(), text));
-        let r = spawn(
-            &dir,
-            &format!("relay{i}"),
-            &["relay", "--config", cfg.to_str().unwrap()],
-        );
-        net.children.push((format!("relay{i}"), r));
-    }
-    let ccfg = dir.join("client.toml");
-    std::fs::write(
-        &ccfg,
-        format!(
-            "DataDirectory = \"{}\"\nSocksPort = \"{}\"\nAuthority = \"{authority}\"\nAuthorityIdentity = \"{authority_id}\"\nLog = \"debug\"\n",
-            dir.join("client").display(),
-            net.socks
-        ),
-    )
-    .unwrap();
-    let c = spawn(
-        &dir,
-        "client",
-        &["client", "--config", ccfg.to_str().unwrap()],
-    );
-    net.children.push(("client".into(), c));
-    let http = net.http.to_string();
-    net.children.push((
-        "httpd".into(),
-        spawn(&dir, "httpd", &["httpd", "--listen", &http]),
-    ));
+    let net = Network::start_alone_relays(test, RELAYS);
     wait_all_relays_listed(&net);
-    net.wait_ready();
     net
 }
 
