@@ -144,6 +144,14 @@ impl Network {
             authority_id: authority_id.clone(),
             _turn: turn,
         };
+        // The httpd first: its port was only probed free, and every connection the relays and
+        // the client open takes an ephemeral port from the same range (seen: "Address
+        // already in use" when the httpd started last).
+        let http = net.http.to_string();
+        net.children.push((
+            "httpd".into(),
+            spawn(&dir, "httpd", &["httpd", "--listen", &http]),
+        ));
         net.children.push((
             "authority".into(),
             spawn(
@@ -193,11 +201,6 @@ impl Network {
                 "client",
                 &["client", "--config", ccfg.to_str().unwrap()],
             ),
-        ));
-        let http = net.http.to_string();
-        net.children.push((
-            "httpd".into(),
-            spawn(&dir, "httpd", &["httpd", "--listen", &http]),
         ));
         net.wait_ready();
         net

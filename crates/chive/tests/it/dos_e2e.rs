@@ -109,10 +109,12 @@ const STREAMS_PER_CIRCUIT: usize = 2;
 /// The relay's cap, and how far above `RSS before + cap` its RSS may go: the circuit queues'
 /// spare capacity (a `VecDeque` doubles, so up to as much again as the cells counted),
 /// allocator slack, per-circuit state, the honest transfer. Measured: peaks of 28-34 MiB
-/// above the RSS before the attack with the handler; without it (`CHIVE_SNIPER_MAXMEM="1 GB"`,
-/// which must make this test fail) the attack's ~75 MB of cells sit in the queues.
+/// above the RSS before the attack with the handler on a multi-threaded runtime, and once 50
+/// MiB in a clean-clone CI run on the single-threaded one; without the handler
+/// (`CHIVE_SNIPER_MAXMEM="1 GB"`, which must make this test fail) the attack's ~75 MB of cells
+/// sit in the queues: about 81 MiB above, beyond cap + margin.
 const SNIPER_CAP: u64 = 16 * MIB;
-const SNIPER_MARGIN: u64 = 32 * MIB;
+const SNIPER_MARGIN: u64 = 48 * MIB;
 
 #[test]
 fn sniper_attack_is_bounded_by_max_mem_in_queues() {
@@ -217,9 +219,10 @@ fn sniper_attack_is_bounded_by_max_mem_in_queues() {
     eprintln!("relay1 RSS over time: {}", trace.join(" "));
     assert!(
         peak <= before + SNIPER_CAP + SNIPER_MARGIN,
-        "relay1 RSS peaked at {} MiB, above {} MiB before + 16 MiB cap + 32 MiB margin",
+        "relay1 RSS peaked at {} MiB, above {} MiB before + 16 MiB cap + {} MiB margin",
         peak / MIB,
-        before / MIB
+        before / MIB,
+        SNIPER_MARGIN / MIB
     );
     assert!(killed > 0, "the OOM handler never ran; metrics:\n{scrape}");
     assert!(
