@@ -451,7 +451,15 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
         answers.refused.load(Ordering::Relaxed),
         answers.other.load(Ordering::Relaxed),
     );
-    let scrape = net.scrape(0);
+    // The metrics page is refreshed once a second: wait for the refusals seen on the wire.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut scrape = net.scrape(0);
+    while counter(&scrape, "chive_dos_circuits_refused_total") < refused
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(200));
+        scrape = net.scrape(0);
+    }
     let (mi, md) = (median(&idle), median(&during));
     eprintln!(
         "flood: {} CREATE2 sent in {flood_secs:.1} s, {created} CREATED2, {refused} DESTROY \
