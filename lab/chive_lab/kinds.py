@@ -123,6 +123,14 @@ class ExperimentKind:
         """The report's sentence about what one repetition does (None: warm-up + duration)."""
         return None
 
+    def onionperf_runs(self, out_dir: Path, scenario: Any) -> Any:
+        """``chive-lab export --onionperf``: the transfers of a run as ``{source: [RunData]}``
+        (one OnionPerf source each), for a kind that keeps its perf records elsewhere than
+        ``runs/<variant>/<rep>/clients/*.jsonl``; None: that generic layout, one source per
+        variant. A transfer is "in the window" (``RunData.window``) exactly when the kind's
+        analysis counts it, so the export recomputes summary.json's times."""
+        return None
+
 
 # Scenario ``kind`` -> "module:attribute" of its ExperimentKind instance (imported on first use).
 KINDS: dict[str, Any] = {

@@ -10,7 +10,9 @@ One document per run (``OUT/onionperf.analysis.json``)::
                          "tor": {"circuits": {}, "streams": {}}}}}
 
 One *source* per variant (OnionPerf's source is a measuring host; here each
-variant is its own configuration), named by the variant label reduced to
+variant is its own configuration; a kind may group otherwise, see
+:meth:`chive_lab.kinds.ExperimentKind.onionperf_runs`: ``paper004-window`` has one
+source per series, an exit setting), named by the label reduced to
 ``[A-Za-z0-9-]`` as OnionPerf's schema requires. Each transfer of ``chive perf``
 (every repetition, every client, warm-up included) is one tgen *stream* with
 OnionPerf's fields:
@@ -207,13 +209,16 @@ def document(runs_by_variant: Mapping[str, Sequence[an.RunData]]) -> dict[str, A
 def export_dir(out: Path, dest: Path | None = None) -> Path:
     """``chive-lab export --onionperf OUT``: read OUT's runs (as ``chive-lab analyze``
     does) and write the document to ``dest`` (default ``OUT/onionperf.analysis.json``)."""
+    from .kinds import get_kind
     from .manifest import scenario_of
 
     out = Path(out)
     scenario = scenario_of(out)
-    labels = [v.label for v in scenario.variants]
-    runs = {label: [an.load_run(path, label, rep, scenario.warmup, scenario.duration) for rep, path in reps]
-            for label, reps in an.discover_runs(out, labels).items()}
+    runs = get_kind(scenario.kind).onionperf_runs(out, scenario)
+    if runs is None:
+        labels = [v.label for v in scenario.variants]
+        runs = {label: [an.load_run(path, label, rep, scenario.warmup, scenario.duration) for rep, path in reps]
+                for label, reps in an.discover_runs(out, labels).items()}
     doc = document(runs)
     dest = Path(dest) if dest is not None else out / DEFAULT_NAME
     tmp = dest.with_name(dest.name + ".tmp")

@@ -157,3 +157,108 @@ def test_median_ci_and_missing_data():
     assert lo < 50.5 < hi and hi - lo < 25
     # A series with no fetches still gets a row, no KDE (stats.kde needs two values).
     assert stats.kde([1.0], [0.0, 1.0]) is None
+
+
+# ------------------------------------------------------------ fresh circuits
+FRESH = SCENARIO.with_name("paper004-fresh-circuit.toml")
+
+
+def test_fresh_circuit_gives_every_fetch_its_own_socks_user():
+    p = p4.Params()
+    reused = p4.torperf_argv("chive", "10.0.0.1:9050", "http://w/bytes/1", 1.0, 10.0, p, "chive-w101-40960")
+    fresh = p4.torperf_argv("chive", "10.0.0.1:9050", "http://w/bytes/1", 1.0, 10.0, p, "chive-w101-40960",
+                            fresh=True)
+    assert reused[reused.index("--socks-user") + 1] == "chive-w101-40960" and "--isolate" not in reused
+    assert "--isolate" in fresh and "--socks-user" not in fresh
+    assert fresh[fresh.index("--label") + 1] == "chive-w101-40960"  # the class stays the series-size
+    s = sc.load_scenario(FRESH)
+    assert s.kind == "paper004-window" and all(v.options.fresh_circuit for v in s.variants)
+    assert not any(v.options.fresh_circuit for v in sc.load_scenario(SCENARIO).variants)
+    series = {label for v in s.variants for label in v.options.exits}
+    t = s.options.targets
+    assert {t[k] for k in ("small", "large", "tor_small", "tor_large", "cc", "tor_cc")} <= series
+    v = {x.label: x.options for x in s.variants}
+    assert v["tor-w100-fresh"].params == {"cc_alg": 0, "circwindow": 100}
+    assert v["chive-fresh"].exits == {"chive-w101-fresh": 101, "chive-w1000-fresh": 1000}
+
+
+def _fresh_scenario(tmp_path: Path) -> tuple[sc.Scenario, str]:
+    text = FRESH.read_text().replace("sizes = [40960, 51200, 1048576]", "sizes = [40960, 1048576]")
+    path = tmp_path / "scenario.toml"
+    path.write_text(text)
+    return sc.load_scenario(path), text
+
+
+def _write_fresh_runs(out: Path, s: sc.Scenario) -> None:
+    rng = np.random.default_rng(7)
+    small, large = 40960, 1048576
+
+    def draw(mu: float, n: int = 30) -> list[float]:
+        return list(mu + rng.exponential(0.2, n))
+
+    _write_run(out, "chive-fresh", s.variant("chive-fresh").options.exits, {
+        ("chive-w101-fresh", small): draw(1.0), ("chive-w101-fresh", large): draw(9.0),
+        ("chive-w1000-fresh", small): draw(1.2), ("chive-w1000-fresh", large): draw(4.0)})
+    _write_run(out, "tor-w101-fresh", {}, {("tor-w101-fresh", small): draw(1.0)})
+    _write_run(out, "tor-vegas-fresh", {}, {("tor-vegas-fresh", small): draw(1.0),
+                                            ("tor-vegas-fresh", large): draw(3.0)})
+
+
+def test_transfer_measure_and_the_tor_window_note(tmp_path):
+    s, _ = _fresh_scenario(tmp_path)
+    _write_fresh_runs(tmp_path, s)
+    a = p4a.analyze(tmp_path, s)
+    e = a.summary["series"]["chive-w101-fresh"]["sizes"]["40960"]
+    # _fetch: the stream opens 0.3 s after the start, so transfer = ttlb - 0.3 for every fetch.
+    assert e["transfer"]["n"] == e["ttlb"]["n"] == 30
+    assert e["transfer"]["p50"] == pytest.approx(e["ttlb"]["p50"] - 0.3)
+    assert a.summary["series"]["chive-w101-fresh"]["fresh_circuit"] is True
+    ks = {(r["a"], r["b"], r["size"], r["measure"]) for r in a.summary["ks"]}
+    assert ("chive-w101-fresh", "chive-w1000-fresh", 1048576, "transfer") in ks
+    assert {"kde_transfer_40960", "cdf_transfer_1048576"} <= {f.name for f in a.figures}
+    md = (tmp_path / "paper004" / "comparison.md").read_text()
+    assert "circuit_sent_cell_for_sendme" in md and "## Fresh circuits" in md
+    # Without a tor series at a window that is not a multiple of 100, no such note.
+    s2 = sc.select_variants(s, ["chive-fresh", "tor-vegas-fresh"])
+    p4a.analyze(tmp_path, s2)
+    assert "circuit_sent_cell_for_sendme" not in (tmp_path / "paper004" / "comparison.md").read_text()
+
+
+def test_onionperf_export_of_a_paper004_run_recomputes_the_summary(tmp_path):
+    """`chive-lab export --onionperf` on this kind: one source per series; TTFB/TTLB of the
+    in-window successes, recomputed the way Tor Metrics does, equal summary.json's."""
+    from chive_lab.cli import main
+    from chive_lab.onionperf import source_name
+
+    out = tmp_path / "run"
+    out.mkdir()
+    s, text = _fresh_scenario(out)
+    _write_fresh_runs(out, s)
+    variants = ["chive-fresh", "tor-w101-fresh", "tor-vegas-fresh"]
+    (out / "manifest.json").write_text(json.dumps({"variants": variants, "quick": False}))
+    assert main(["analyze", str(out)]) == 0
+    assert main(["export", "--onionperf", str(out)]) == 0
+    summary = json.loads((out / "paper004" / "summary.json").read_text())
+    doc = json.loads((out / "onionperf.analysis.json").read_text())
+    assert doc["type"] == "onionperf" and doc["version"] == "4.0"
+    series = ["chive-w101-fresh", "chive-w1000-fresh", "tor-w101-fresh", "tor-vegas-fresh"]
+    assert set(doc["data"]) == {source_name(x) for x in series}
+    checked = 0
+    for label in series:
+        streams = doc["data"][source_name(label)]["tgen"]["streams"].values()
+        for size in (40960, 1048576):
+            want = summary["series"][label]["sizes"][str(size)]
+            mine = [x for x in streams if x["chive"]["class"] == f"{label}-{size}"]
+            ok = [x for x in mine if x["is_success"] and x["chive"]["in_window"]]
+            assert len(ok) == want["n"]
+            assert sum(1 for x in mine if x["is_error"] and x["chive"]["in_window"]
+                       and "cut at deadline" not in str(x["chive"]["error"])) == want["errors"]
+            if not ok:
+                continue
+            for measure, key in (("ttfb", "usecs-to-first-byte-recv"), ("ttlb", "usecs-to-last-byte-recv")):
+                got = stats.summarize([int(x["time_info"][key]) / 1e6 for x in ok])
+                for q in ("p10", "p25", "p50", "p75", "p90"):
+                    assert got[q] == pytest.approx(want[measure][q], abs=2e-6), (label, size, measure, q)
+                checked += 1
+            assert all(x["stream_info"]["recvsize"] == str(size) for x in ok)
+    assert checked == 2 * 7  # 3 series with both sizes, tor-w101-fresh with 40 KiB only

@@ -19,12 +19,19 @@ such hops):
 * W: the authority and the web server (``chive httpd``).
 
 Per exit and size one ``chive perf`` loop (its own SOCKS user, so its own circuits) fetches
-the file, pauses ``pause_s`` and fetches again, from ``warmup`` s for ``duration`` s.
+the file, pauses ``pause_s`` and fetches again, from ``warmup`` s for ``duration`` s. With
+``fresh_circuit`` the loop gives every fetch a new random SOCKS username instead (``chive perf
+--isolate``): chive and tor (IsolateSOCKSAuth, on by default) never share a circuit between
+credentials, so every fetch starts on a circuit with a full window, nothing of an earlier fetch
+in flight. The circuit set-up then falls into the time to connect (chive builds the pinned-exit
+circuit on demand; tor may hand out a clean circuit it built ahead), and the analysis's
+``transfer`` measure (stream open to last byte) is the part the window decides.
 
 Variants (:class:`VariantOptions`): ``impl`` (chive, or tor: Debian's tor in every role),
 ``params`` (consensus parameters, chive's names: ``cc_alg``, ``circwindow``), ``exits``
 (series label -> the exit's ``CircuitWindow``, 0 = the consensus window; tor exits take 0),
-``paper`` (the paper's finding for the report). Series labels are unique in a scenario.
+``paper`` (the paper's finding for the report), ``fresh_circuit`` (a new circuit per fetch).
+Series labels are unique in a scenario.
 
 Per run: ``perf-<series>-<size>.jsonl`` (transfer records), ``run.json``, node logs.
 Analysis: :mod:`.analysis`.
@@ -98,6 +105,7 @@ class VariantOptions:
     exits: dict[str, Any] = option(default_factory=dict, check=_check_exits,
                                    doc="series label -> CircuitWindow (0: the consensus')")
     paper: str = option("", doc="the paper's finding for this setting")
+    fresh_circuit: bool = option(False, doc="a new circuit per fetch (a random SOCKS username each)")
 
     def __post_init__(self) -> None:
         if self.impl == "tor" and any(self.exits.values()):
@@ -131,7 +139,7 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     end = warmup_s + measure_s
     info: dict[str, Any] = {"variant": variant, "rep": rep, "impl": v.impl, "params": p.__dict__,
                             "consensus": dict(v.params), "exits": {}, "measure_s": measure_s,
-                            "warmup_s": warmup_s}
+                            "warmup_s": warmup_s, "fresh_circuit": v.fresh_circuit}
     try:
         tb.up()
         ov = (TorOverlay if tor else netns.Overlay)(tb, out_dir / "net", binary=chive_bin,
@@ -172,7 +180,7 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
             for size in p.sizes:
                 url = _url(ov, tor, f"/bytes/{size}", exit_nick(i))
                 loops.append(_start_torperf(tb, ov, url, t0 + warmup_s, t0 + end, p, f"{label}-{size}",
-                                            out_dir / perf_stem(label, size)))
+                                            out_dir / perf_stem(label, size), fresh=v.fresh_circuit))
         say(f"{KIND_NAME}: {variant}: {end:g} s of fetches")
         no.wait_for_loops(loops, [], t0 + end + p.fetch_timeout)
         if isinstance(ov, TorOverlay):
@@ -188,16 +196,25 @@ def _url(ov: Any, tor: bool, path: str, exit_: str) -> str:
     return ov.url("httpd", path) if tor else ov.url("httpd", path, exit=exit_)
 
 
+def torperf_argv(binary: str, socks: str, url: str, start_delay: float, duration: float, p: Params,
+                 user: str, *, fresh: bool = False) -> list[str]:
+    """``chive perf``'s arguments for one torperf-style loop labelled ``user``: its own SOCKS
+    username (its own circuits, reused while not too dirty), or with ``fresh`` a random one
+    per fetch (``--isolate``: a new circuit for every fetch)."""
+    who = ["--isolate"] if fresh else ["--socks-user", user]
+    return [binary, "perf", "--socks", socks, "--url", url, "--count", "0",
+            "--duration", f"{max(1.0, duration):.3f}", "--start-delay", f"{max(0.0, start_delay):.3f}",
+            "--pause", f"{p.pause_s:g}", "--verify", "--timeout", f"{p.fetch_timeout:g}",
+            *who, "--label", user]
+
+
 def _start_torperf(tb: netns.Testbed, ov: Any, url: str, start: float, stop: float, p: Params,
-                   user: str, stem: Path):
+                   user: str, stem: Path, *, fresh: bool = False):
     """A torperf-style loop: fetch, pause ``p.pause_s``, fetch again, from ``start`` until
     ``stop`` (UNIX s); the fetch running at ``stop`` is completed (not cut), so the slow
     windows' 1 MiB fetches are not biased towards the fast ones."""
     now = time.time()
-    argv = [str(ov.binary), "perf", "--socks", ov.addr("perf"), "--url", url, "--count", "0",
-            "--duration", f"{max(1.0, stop - now):.3f}", "--start-delay", f"{max(0.0, start - now):.3f}",
-            "--pause", f"{p.pause_s:g}", "--verify", "--timeout", f"{p.fetch_timeout:g}",
-            "--socks-user", user, "--label", user]
+    argv = torperf_argv(str(ov.binary), ov.addr("perf"), url, start - now, stop - now, p, user, fresh=fresh)
     with open(f"{stem}.jsonl", "wb") as fh, open(f"{stem}.err", "wb") as fe:
         return tb.popen(ov.nodes["perf"].host, argv, stdout=fh, stderr=fe)
 
@@ -233,6 +250,11 @@ class Paper004(ExperimentKind):
         from .analysis import analyze
 
         return analyze(Path(out_dir), scenario)
+
+    def onionperf_runs(self, out_dir: Path, scenario: Any):
+        from .analysis import onionperf_runs
+
+        return onionperf_runs(Path(out_dir), scenario)
 
     def describe_run(self, scenario: Any) -> str | None:
         p = scenario.options if isinstance(scenario.options, Params) else Params()

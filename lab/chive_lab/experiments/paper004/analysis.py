@@ -1,6 +1,8 @@
 """Analysis of the ``paper004-window`` kind: per series (one exit setting) and size, the time
 to connect (``socks_connected - start``: circuit and stream set up), to the first byte and to
-the last byte (``first_byte``/``last_byte - start``, as torperf measured them); kernel density
+the last byte (``first_byte``/``last_byte - start``, as torperf measured them), and the
+``transfer`` (``last_byte - socks_connected``: stream open to last byte, without the circuit
+set-up a fresh-circuit fetch pays in its time to connect); kernel density
 plots (the paper's Figs 1-3) and ECDFs with 95% bands, each with its CSV; two-sample K–S tests
 between the windows; the issue's targets; ``comparison.md`` with the paper's findings beside
 ours. Summary keys: docs/summary-schema.md, section ``paper004-window``."""
@@ -19,13 +21,27 @@ from ... import stats
 from ...rundir import is_failed
 from . import KIND_NAME, Params, exit_nick, perf_stem
 
-MEASURES = {"connect": "time to connect", "ttfb": "time to first byte", "ttlb": "time to last byte"}
+MEASURES = {"connect": "time to connect", "ttfb": "time to first byte", "ttlb": "time to last byte",
+            "transfer": "stream open to last byte"}
 PAPER = {
     "connect": "Fig 1: the window does not change the time to connect (circuit and stream setup)",
     "ttfb": "Fig 2: the first byte arrives alike with both windows",
     "ttlb": "Fig 3: 101 cells faster for 40 KiB (fits one window), no difference for 50 KiB, "
             "clearly slower for 1 MiB (more round trips)",
+    "transfer": "not plotted in the paper (its Fig 3 includes the time to connect)",
 }
+#: Why tor (0.4.7+, fixed windows) closes a circuit whose circwindow is not a multiple of 100,
+#: from its source (src/core/or/congestion_control_common.c, sendme.c, circuitlist.c).
+TOR_WINDOW_NOTE = (
+    "tor with cc_alg=0 and a circwindow that is not a multiple of 100 closes its circuits at the "
+    "first SENDME: the exit's package window starts at circwindow (circuit_initial_package_window), "
+    "and circuit_sent_cell_for_sendme() records a cell's digest for authenticated SENDMEs when "
+    "(package_window - 1) % 100 == 0, i.e. at windows 101 and 1 for circwindow 101: the 1st and "
+    "the 101st cell. The client's deliver window always starts at 1000 (CIRCWINDOW_START), so it "
+    "sends its SENDME after the 100th cell, echoing that cell's digest; sendme_is_valid() pops the "
+    "1st cell's digest, the two differ and the exit closes the circuit. A fetch that fits in the "
+    "first 100 cells of a circuit (40 KiB on a fresh circuit) completes; one that needs a SENDME "
+    "fails. circwindow 100 records the 100th cell and works.")
 #: Default target declaration (scenario key ``targets``).
 DEFAULT_TARGETS = {"small": "chive-w101", "large": "chive-w1000", "tor_small": "tor-w101",
                    "tor_large": "tor-w1000", "cc": "chive-vegas", "tor_cc": "tor-vegas",
@@ -34,7 +50,12 @@ DEFAULT_TARGETS = {"small": "chive-w101", "large": "chive-w1000", "tor_small": "
 
 
 def measure(rec: an.Transfer, name: str) -> float | None:
-    """Seconds from the transfer's start to ``name``'s event (None if not reached)."""
+    """Seconds from the transfer's start to ``name``'s event, for ``transfer`` from the stream's
+    opening (socks_connected) to the last byte (None if not reached)."""
+    if name == "transfer":
+        if rec.last_byte is None or rec.socks_connected is None:
+            return None
+        return rec.last_byte - rec.socks_connected
     end = {"connect": rec.socks_connected, "ttfb": rec.first_byte, "ttlb": rec.last_byte}[name]
     return None if end is None else end - rec.start
 
@@ -46,14 +67,13 @@ def load_series(out_dir: Path, scenario: Any) -> dict[str, dict[str, Any]]:
     p = scenario.options if isinstance(scenario.options, Params) else Params()
     out: dict[str, dict[str, Any]] = {}
     for v in scenario.variants:
-        vdir = out_dir / "runs" / v.label
-        reps = sorted((d for d in vdir.glob("*") if (d / "run.json").is_file() and not is_failed(d)),
-                      key=lambda d: int(d.name) if d.name.isdigit() else 0) if vdir.is_dir() else []
+        reps = _rep_dirs(out_dir / "runs" / v.label)
         for label, window in v.options.exits.items():
             entry = out.setdefault(label, {"variant": v.label, "impl": v.options.impl,
                                            "window": window or v.options.params.get("circwindow", 1000),
                                            "cc_alg": v.options.params.get("cc_alg", 0),
-                                           "paper": v.options.paper, "sizes": {}})
+                                           "paper": v.options.paper,
+                                           "fresh_circuit": v.options.fresh_circuit, "sizes": {}})
             for size in p.sizes:
                 entry["sizes"].setdefault(size, {"reps": [], "errors": 0, "error_texts": []})
             for d in reps:
@@ -73,6 +93,41 @@ def load_series(out_dir: Path, scenario: Any) -> dict[str, dict[str, Any]]:
                             if len(cell["error_texts"]) < 3:
                                 cell["error_texts"].append(str(rec.error))
                     cell["reps"].append(ok)
+    return out
+
+
+def _rep_dirs(vdir: Path) -> list[Path]:
+    """A variant's repetition directories (with a run.json, not failed), in rep order."""
+    if not vdir.is_dir():
+        return []
+    return sorted((d for d in vdir.glob("*") if (d / "run.json").is_file() and not is_failed(d)),
+                  key=lambda d: int(d.name) if d.name.isdigit() else 0)
+
+
+def onionperf_runs(out_dir: Path, scenario: Any) -> dict[str, list[an.RunData]]:
+    """``chive-lab export --onionperf``: per series (one OnionPerf source), per repetition,
+    every torperf fetch of every size (warm-up, failures and cut fetches included) and the
+    progress samples. The window is this analysis's: a fetch counts from ``t0 + warmup_s``
+    on, with no end (the loops start no fetch after the end and the one running then is
+    kept), so the export's in-window successes are exactly what summary.json summarises."""
+    p = scenario.options if isinstance(scenario.options, Params) else Params()
+    out: dict[str, list[an.RunData]] = {}
+    for v in scenario.variants:
+        for d in _rep_dirs(out_dir / "runs" / v.label):
+            run = json.loads((d / "run.json").read_text())
+            for label in v.options.exits:
+                data = an.RunData(variant=label, rep=int(d.name) if d.name.isdigit() else 0,
+                                  t0=float(run["t0"]), warmup=float(run.get("warmup_s", 0.0)),
+                                  duration=math.inf, status=str(run.get("status", "ok")))
+                for size in p.sizes:
+                    stem = perf_stem(label, size)
+                    for obj in an.read_jsonl(d / f"{stem}.jsonl"):
+                        rec = an.parse_record(obj, f"{label}-{size}", client=stem)
+                        if isinstance(rec, an.Transfer):
+                            data.transfers.append(rec)
+                        elif isinstance(rec, an.ProgressSample):
+                            data.progress.append(rec)
+                out.setdefault(label, []).append(data)
     return out
 
 
@@ -169,7 +224,8 @@ def summarize(series: dict[str, dict[str, Any]], p: Params,
                 ci = median_ci(vals)
                 e[m]["p50_ci95"] = list(ci) if ci else None
             sizes[str(size)] = e
-        out["series"][label] = {k: s[k] for k in ("variant", "impl", "window", "cc_alg", "paper")} | {"sizes": sizes}
+        keys = ("variant", "impl", "window", "cc_alg", "paper", "fresh_circuit")
+        out["series"][label] = {k: s[k] for k in keys} | {"sizes": sizes}
     for a, b in ks_pairs(series, p.targets):
         for size in p.sizes:
             for m in MEASURES:
@@ -283,12 +339,13 @@ def table_rows(summary: Mapping[str, Any], p: Params) -> list[list[Any]]:
             ci = e["ttlb"].get("p50_ci95")
             rows.append([label, size // 1024, e["n"], e["errors"], _fmt(e["connect"]["p50"]),
                          _fmt(e["ttfb"]["p50"]), _fmt(e["ttlb"]["p50"]),
-                         f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "", _fmt(e["ttlb"]["p90"])])
+                         f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "", _fmt(e["ttlb"]["p90"]),
+                         _fmt(e["transfer"]["p50"])])
     return rows
 
 
 COLUMNS = ["series", "KiB", "n", "errors", "connect p50 s", "ttfb p50 s", "ttlb p50 s",
-           "ttlb p50 95% CI", "ttlb p90 s"]
+           "ttlb p50 95% CI", "ttlb p90 s", "transfer p50 s"]
 
 
 def write_comparison(out: Path, summary: Mapping[str, Any], p: Params) -> None:
@@ -311,6 +368,15 @@ def write_comparison(out: Path, summary: Mapping[str, Any], p: Params) -> None:
     for k, v in summary["targets"].items():
         lines.append(f"- **{k}**: {'met' if v['met'] else 'not met' if v['met'] is False else 'n/a'} — "
                      f"`{json.dumps({x: y for x, y in v.items() if x != 'met'})}`")
+    if any(x["impl"] == "tor" and not x["cc_alg"] and x["window"] % 100 for x in summary["series"].values()):
+        lines += ["", "## Tor at a circuit window that is not a multiple of 100", "", TOR_WINDOW_NOTE]
+    fresh = [label for label, x in summary["series"].items() if x.get("fresh_circuit")]
+    if fresh:
+        lines += ["", "## Fresh circuits", "",
+                  "Every fetch of " + ", ".join(fresh) + " ran on a new circuit (a random SOCKS "
+                  "username per fetch), so its time to connect includes building the circuit where the "
+                  "client had none ready, and `transfer` (stream open to last byte) is the part the "
+                  "window decides."]
     lines += ["", "## The paper's findings beside ours", ""]
     for m, text in PAPER.items():
         lines.append(f"- {MEASURES[m]}: paper — {text}.")
