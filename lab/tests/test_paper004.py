@@ -180,6 +180,9 @@ def test_fresh_circuit_gives_every_fetch_its_own_socks_user():
     v = {x.label: x.options for x in s.variants}
     assert v["tor-w100-fresh"].params == {"cc_alg": 0, "circwindow": 100}
     assert v["chive-fresh"].exits == {"chive-w101-fresh": 101, "chive-w1000-fresh": 1000}
+    # The network-wide small window (tor's circwindow is always network-wide) on chive too.
+    assert v["chive-net101-fresh"].params == {"cc_alg": 0, "circwindow": 101}
+    assert "chive-net101-fresh" in t["fixed"]
 
 
 def _fresh_scenario(tmp_path: Path) -> tuple[sc.Scenario, str]:
