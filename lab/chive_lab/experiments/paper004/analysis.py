@@ -340,7 +340,7 @@ def table_rows(summary: Mapping[str, Any], p: Params) -> list[list[Any]]:
             rows.append([label, size // 1024, e["n"], e["errors"], _fmt(e["connect"]["p50"]),
                          _fmt(e["ttfb"]["p50"]), _fmt(e["ttlb"]["p50"]),
                          f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "", _fmt(e["ttlb"]["p90"]),
-                         _fmt(e["transfer"]["p50"])])
+                         _fmt(e.get("transfer", {}).get("p50"))])  # absent in older summaries
     return rows
 
 
