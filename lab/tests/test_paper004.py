@@ -265,3 +265,36 @@ def test_onionperf_export_of_a_paper004_run_recomputes_the_summary(tmp_path):
                 checked += 1
             assert all(x["stream_info"]["recvsize"] == str(size) for x in ok)
     assert checked == 2 * 7  # 3 series with both sizes, tor-w101-fresh with 40 KiB only
+
+
+def test_pool_analyses_several_results_as_one_batch(tmp_path):
+    """`chive-lab pool` on paper004 results: the runs of both sources in one analysis (the
+    union of their variants), nothing copied, and a different testbed refused."""
+    from chive_lab.cli import main
+
+    srcs = []
+    for i, variants in enumerate((["chive-fresh", "tor-w101-fresh", "tor-vegas-fresh"], ["chive-fresh"])):
+        out = tmp_path / f"src{i}"
+        out.mkdir()
+        s, _ = _fresh_scenario(out)
+        _write_fresh_runs(out, s) if i == 0 else _write_run(out, "chive-fresh", {}, {
+            ("chive-w101-fresh", 40960): [1.0, 1.1, 1.2], ("chive-w1000-fresh", 40960): [2.0, 2.1]})
+        (out / "manifest.json").write_text(json.dumps({"variants": variants, "quick": False}))
+        srcs.append(out)
+    pooled = tmp_path / "pooled"
+    assert main(["pool", "--out", str(pooled), *map(str, srcs)]) == 0
+    summary = json.loads((pooled / "summary.json").read_text())
+    assert not (srcs[0] / "paper004").exists()  # never analysed: pool reads the raw runs
+    assert summary["series"]["chive-w101-fresh"]["sizes"]["40960"]["n"] == 30 + 3
+    assert summary["series"]["chive-w1000-fresh"]["sizes"]["40960"]["n"] == 30 + 2
+    assert summary["series"]["tor-vegas-fresh"]["sizes"]["40960"]["n"] == 30
+    assert summary["pooled"]["repetitions"]["chive-fresh"] == 2
+    assert (pooled / "paper004" / "comparison.md").is_file() and not (pooled / "runs").exists()
+    assert (pooled / "figures" / "cdf_ttlb_40960.csv").is_file()
+    assert json.loads((pooled / "pool.json").read_text())["sources"][1]["runs"] == {"chive-fresh": 1}
+    # Another testbed (delay) is refused.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "scenario.toml").write_text(FRESH.read_text().replace("delay_ms = 15.0", "delay_ms = 20.0"))
+    (other / "manifest.json").write_text(json.dumps({"variants": ["chive-fresh"], "quick": False}))
+    assert main(["pool", "--out", str(tmp_path / "p2"), str(srcs[0]), str(other)]) == 2

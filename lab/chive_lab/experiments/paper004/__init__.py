@@ -34,7 +34,7 @@ Variants (:class:`VariantOptions`): ``impl`` (chive, or tor: Debian's tor in eve
 Series labels are unique in a scenario.
 
 Per run: ``perf-<series>-<size>.jsonl`` (transfer records), ``run.json``, node logs.
-Analysis: :mod:`.analysis`.
+Analysis: :mod:`.analysis`; several results of one setup as one batch: :mod:`.pooling`.
 """
 
 from __future__ import annotations
@@ -250,6 +250,14 @@ class Paper004(ExperimentKind):
         from .analysis import analyze
 
         return analyze(Path(out_dir), scenario)
+
+    def pool(self, sources: list[Path], out: Path, **options: Any) -> dict[str, Any]:
+        """``chive-lab pool``: several results of one setup as one batch (see :mod:`.pooling`)."""
+        if options:
+            raise LabError(f"pool: kind {KIND_NAME!r} takes no option {sorted(options)[0]}")
+        from .pooling import pool
+
+        return pool(sources, out)
 
     def onionperf_runs(self, out_dir: Path, scenario: Any):
         from .analysis import onionperf_runs

@@ -60,14 +60,22 @@ def measure(rec: an.Transfer, name: str) -> float | None:
     return None if end is None else end - rec.start
 
 
-def load_series(out_dir: Path, scenario: Any) -> dict[str, dict[str, Any]]:
+def variant_reps(out_dir: Path, scenario: Any) -> dict[str, list[Path]]:
+    """Per variant label, its repetition directories under ``OUT/runs`` (see :func:`_rep_dirs`);
+    :mod:`.pooling` passes the directories of several results instead."""
+    return {v.label: _rep_dirs(out_dir / "runs" / v.label) for v in scenario.variants}
+
+
+def load_series(out_dir: Path, scenario: Any,
+                reps_of: Mapping[str, list[Path]] | None = None) -> dict[str, dict[str, Any]]:
     """Per series label: its variant, impl, window and, per size, the transfers of every
     repetition (``reps``: list of lists of :class:`~chive_lab.analysis.Transfer`) that started
     in the measurement window, plus failed counts."""
     p = scenario.options if isinstance(scenario.options, Params) else Params()
     out: dict[str, dict[str, Any]] = {}
+    reps_of = variant_reps(out_dir, scenario) if reps_of is None else reps_of
     for v in scenario.variants:
-        reps = _rep_dirs(out_dir / "runs" / v.label)
+        reps = reps_of.get(v.label, [])
         for label, window in v.options.exits.items():
             entry = out.setdefault(label, {"variant": v.label, "impl": v.options.impl,
                                            "window": window or v.options.params.get("circwindow", 1000),
@@ -144,20 +152,20 @@ def _cell_delays(path: Path, lo: float, hi: float) -> list[float]:
     return out
 
 
-def relay_delays(out_dir: Path, scenario: Any) -> dict[str, Any]:
+def relay_delays(out_dir: Path, scenario: Any,
+                 reps_of: Mapping[str, list[Path]] | None = None) -> dict[str, Any]:
     """Per chive series: the sojourn time (ms) of the cells its exit sampled during the
     measurement; per chive variant: those of the entry and middle relays. From the relays'
     metrics files (tor reports no per-cell times)."""
     out: dict[str, Any] = {"exit": {}, "entry_middle": {}}
+    reps_of = variant_reps(out_dir, scenario) if reps_of is None else reps_of
     for v in scenario.variants:
         if v.options.impl != "chive":
             continue
-        reps = sorted((out_dir / "runs" / v.label).glob("*/run.json"))
         shared: list[float] = []
         per_exit: dict[str, list[float]] = {label: [] for label in v.options.exits}
-        for rj in reps:
-            if is_failed(rj.parent):
-                continue
+        for d in reps_of.get(v.label, []):
+            rj = d / "run.json"
             run = json.loads(rj.read_text())
             lo = float(run["t0"]) + float(run.get("warmup_s", 0.0))
             hi = lo + float(run.get("measure_s", 0.0))
@@ -384,18 +392,20 @@ def write_comparison(out: Path, summary: Mapping[str, Any], p: Params) -> None:
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
 
 
-def analyze(out_dir: Path, scenario: Any) -> an.Analysis:
+def analyze(out_dir: Path, scenario: Any, reps_of: Mapping[str, list[Path]] | None = None) -> an.Analysis:
     """``chive-lab analyze``: summary, figures (written by the report into OUT/figures),
-    table and OUT/paper004/comparison.md + summary.json."""
+    table and OUT/paper004/comparison.md + summary.json. ``reps_of`` (variant label -> its
+    repetition directories) defaults to ``OUT/runs``; pooling passes several results' runs."""
     p = scenario.options if isinstance(scenario.options, Params) else Params()
-    series = load_series(out_dir, scenario)
+    reps_of = variant_reps(out_dir, scenario) if reps_of is None else reps_of
+    series = load_series(out_dir, scenario, reps_of)
     summary: dict[str, Any] = {"schema": 1, "kind": KIND_NAME, "units": {"time": "s", "relay_delay_ms": "ms"},
                                "params": {**p.__dict__, "duration": scenario.duration,
                                           "warmup": scenario.warmup},
                                "variants": {v.label: {"impl": v.options.impl, "consensus": dict(v.options.params),
                                                       "series": list(v.options.exits)}
                                             for v in scenario.variants},
-                               **summarize(series, p, relay_delays(out_dir, scenario))}
+                               **summarize(series, p, relay_delays(out_dir, scenario, reps_of))}
     own = out_dir / "paper004"
     own.mkdir(parents=True, exist_ok=True)
     (own / "summary.json").write_text(json.dumps(summary, indent=2, default=list))
