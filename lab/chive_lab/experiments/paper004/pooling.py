@@ -2,7 +2,9 @@
 ``chive-lab run`` outputs of one setup analysed as one batch. The runs stay where they are
 (OUT gets no ``runs/``): the analysis reads each source's ``runs/<variant>/<rep>``. Writes
 OUT/summary.json, OUT/paper004/{summary.json,comparison.md}, OUT/figures (PNG + CSV each),
-OUT/scenario.toml (the first source's) and OUT/pool.json (which source gave which runs)."""
+OUT/scenario.toml (the first source's) and OUT/pool.json (which source gave which runs).
+The first source's scenario also gives the ``[targets]``: name the newest result first when
+the scenario's targets changed since an older one."""
 
 from __future__ import annotations
 
