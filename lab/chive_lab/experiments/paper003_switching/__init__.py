@@ -97,6 +97,10 @@ class Params:
     #: host, each limited by its token bucket (chive/tor BandwidthRate: the queue forms in the
     #: circuit queues before the connection's buffer, so the detector sees little).
     relay_limit: str = option("link", choices=("link", "bucket"), doc="how relays are held to relay_rate")
+    #: ``relay_limit = "link"``: packets the switch's port towards a relay host holds (the
+    #: clients' uploads converge there in front of entry1; 100 packets are 0.8 s at 1.5 Mbit/s,
+    #: about what a 10/100 switch holds per port; the host side keeps 1000 with TSQ).
+    relay_port_packets: int = option(100, lo=1, hi=100_000, doc="switch port buffer towards each relay host")
     upload_bytes: int = option(12_300_000, lo=1024, hi=1024**3, doc="each client's upload")
     latency_bytes: int = option(512, lo=1, hi=65536, doc="the latency probe's response body")
     latency_pause_s: float = option(0.5, lo=0.05, hi=60.0, doc="pause between latency probes")
@@ -200,7 +204,8 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     hosts = [netns.HostSpec(h, netns.LinkSpec(None, delay_ms=d)) for h, d in zip(CLIENT_HOSTS, p.client_delays_ms)]
     if p.relay_limit == "link":
-        hosts += [netns.HostSpec(h, netns.LinkSpec(p.relay_rate, queue_at="host")) for h in RELAY_HOSTS.values()]
+        link = netns.LinkSpec(p.relay_rate, queue_at="host", switch_port_packets=p.relay_port_packets)
+        hosts += [netns.HostSpec(h, link) for h in RELAY_HOSTS.values()]
     else:
         hosts.append(netns.HostSpec(RELAY_HOST, netns.LinkSpec(None)))
     hosts.append(netns.HostSpec(WEB_HOST, netns.LinkSpec(None)))
@@ -311,7 +316,6 @@ class Paper003(ExperimentKind):
             print(f"chive-lab: {KIND_NAME}: skipping {', '.join(path)}: {reason}", file=sys.stderr)
 
     def run_repetition(self, ctx: RepetitionContext) -> None:
-        p = bulk.repetition_options(ctx, KIND_NAME, Params)
         label = ctx.variant.label
         run_dir = Path(ctx.run_dir)
         if ctx.variant.options.switching == "path" and label not in self.skipped:
@@ -322,6 +326,7 @@ class Paper003(ExperimentKind):
             (run_dir / "skipped.json").write_text(json.dumps({"variant": label, "reason": self.skipped[label]}))
             ctx.log(f"{label}: skipped: {self.skipped[label]}")
             return
+        p = bulk.repetition_options(ctx, KIND_NAME, Params)
         ctx.status(f"{label}: 4 uploads of {p.upload_bytes} bytes")
         run_repetition_raw(label, ctx.variant.options, ctx.rep, run_dir, p, chive_bin=ctx.binary,
                            progress=ctx.log)
