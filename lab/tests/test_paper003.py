@@ -158,7 +158,11 @@ def test_analysis_on_synthetic_runs(tmp_path):
     _write_run(out / "runs" / "connection" / "1", secs=secs_fast, rtt=1.0, switch_times=[0.01, 0.02, 0.03])
     (out / "runs" / "path" / "1").mkdir(parents=True)
     (out / "runs" / "path" / "1" / "skipped.json").write_text(json.dumps({"reason": "no path mode"}))
-    s = _scenario(tmp_path, ["multiplexed", "connection", "path"])
+    tor = out / "runs" / "tor-conflux" / "1"
+    _write_run(tor, secs={"C1": 8.0, "C2": 8.0, "C3": 8.0, "C4": 8.0}, rtt=1.5)
+    legs = ["entry1,middle1,exit", "entry2,middle2,exit"]
+    (tor / "tor.json").write_text(json.dumps({"stream_circuits": {"clientC1": {"up": legs, "lat": legs[:1]}}}))
+    s = _scenario(tmp_path, ["multiplexed", "connection", "path", "tor-conflux"])
     res = p3a.analyze(out, s)
     v = res.summary["variants"]
     assert v["path"]["skipped"] == "no path mode" and v["path"]["repetitions"] == 0
@@ -180,7 +184,9 @@ def test_analysis_on_synthetic_runs(tmp_path):
     assert t["switch_time_p50"]["met"] is True
     assert t["throughput_ratio"]["ratio"] == pytest.approx(200 / 75) and t["throughput_ratio"]["met"] is True
     assert t["latency_reduction"]["reduction"] == pytest.approx(0.5) and t["latency_reduction"]["met"] is True
-    assert t["not_below_conflux"]["met"] is None  # tor-conflux did not run
+    assert v["tor-conflux"]["switching"] is None and v["tor-conflux"]["drop_rate"] is None
+    assert v["tor-conflux"]["upload_circuits"] == [{"C1": legs}]
+    assert t["not_below_conflux"]["met"] is True  # 200 kB/s against 125 kB/s
     names = {f.name for f in res.figures}
     assert {"fig4_switch_time_cdf", "fig7_throughput_cdf", "fig8_latency_cdf", "drop_rate",
             "fig6_capacity_change_connection", "fig6_capacity_change_multiplexed"} <= names

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ... import analysis as an
 from ... import stats
 from ...rundir import is_failed
-from . import CLIENT_HOSTS, KIND_NAME, RELAYS, Params
+from . import CLIENT_HOSTS, KIND_NAME, RELAYS, UPLOAD_USER, Params
 
 #: A cell on the wire (the unit of the relays' cell counters).
 CELL_BYTES = 514
@@ -100,8 +100,13 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         cells_out = sum(int(r.get("cells_out") or 0) for r in _records(d / "metrics.jsonl", "relay"))
         prom = parse_prometheus((d / "metrics.prom").read_text()) if (d / "metrics.prom").is_file() else {}
         relays[nick] = {"rate": rate, "cells_out": cells_out, "prom": prom}
+    upload_paths: dict[str, list[str]] = {}
+    if (run_dir / "tor.json").is_file():  # tor: the circuits each client's upload used
+        ev = json.loads((run_dir / "tor.json").read_text())
+        for c, users in (ev.get("stream_circuits") or {}).items():
+            upload_paths[c.removeprefix("client")] = sorted(set(users.get(UPLOAD_USER, [])))
     return {"info": info, "t0": t0, "end": end, "uploads": uploads, "latency": latency,
-            "switches": switches, "relays": relays}
+            "switches": switches, "relays": relays, "upload_paths": upload_paths}
 
 
 def variant_runs(out_dir: Path, label: str) -> tuple[list[dict[str, Any]], str | None]:
@@ -164,6 +169,9 @@ def summarize_variant(v: Any, runs: list[dict[str, Any]], skipped: str | None, w
                    "per_client_Bps": {h: [r["uploads"][h]["throughput_Bps"] for r in runs] for h in CLIENT_HOSTS}}
     e["latency_s"] = stats.summarize([x for r in runs for x in r["latency"]])
     if o.impl != "chive":
+        # Circuits (entry,middle,exit) carrying each upload at the end, from tor's control port:
+        # two with conflux when both legs were linked.
+        e["upload_circuits"] = [r.get("upload_paths", {}) for r in runs]
         e["switching"] = None
         e["drop_rate"] = None
         e["capacity_change_Bps"] = {}
