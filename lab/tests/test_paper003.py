@@ -26,6 +26,7 @@ def test_scenario_declares_the_paper_testbed_and_variants():
     p = s.options
     assert p.client_delays_ms == (120.0, 60.0, 20.0, 10.0)
     assert p.relay_rate_bytes == 187500 and p.upload_bytes == 12_300_000 and p.relay_limit == "link"
+    assert p.rate_of("exit") == "3mbit"  # the paper's two exits in one
     v = {x.label: x.options for x in s.variants}
     assert v["multiplexed"].switching == "off" and v["connection"].switching == "connection"
     assert (v["connection"].alpha, v["connection"].beta) == (0.1, 0.5)
@@ -70,6 +71,8 @@ def test_relay_and_client_settings():
     assert tor == {"EntryNodes": ["entry1", "entry2"], "MiddleNodes": ["middle1", "middle2"], "ExitNodes": ["exit"]}
     link, bucket = p3.Params(), p3.Params(relay_limit="bucket")
     assert p3.relay_host(link, "entry2") == "G2" and p3.relay_host(bucket, "entry2") == "R"
+    assert link.rate_of("exit") == link.rate_of("entry1") == "1.5mbit"
+    assert p3.Params(exit_rate="3mbit").rate_of("exit") == "3mbit"
 
 
 def _fake_binary(tmp_path: Path, help_text: str) -> Path:

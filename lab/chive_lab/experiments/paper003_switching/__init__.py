@@ -92,6 +92,9 @@ class Params:
                                                  check=_check_delays,
                                                  doc="one-way delay of each client's access link")
     relay_rate: str = option("1.5mbit", check=bulk.check_rate, doc="every relay's rate")
+    #: The shared exit stands for the paper's two exits (OR1's and OR2's paths each had their
+    #: own), so by default it may carry both paths: None = ``relay_rate``.
+    exit_rate: str | None = option(None, check=bulk.check_rate, doc="the exit's rate (None: relay_rate)")
     #: "link": each relay on its own host behind a ``relay_rate`` link (the queue forms in the
     #: entry's socket, where the paper's detector looks); "bucket": all relays on one unshaped
     #: host, each limited by its token bucket (chive/tor BandwidthRate: the queue forms in the
@@ -115,6 +118,10 @@ class Params:
     def relay_rate_bytes(self) -> int:
         """``relay_rate`` in bytes per second (the relays' BandwidthRate)."""
         return netns.parse_rate(self.relay_rate) // 8
+
+    def rate_of(self, nick: str) -> str:
+        """The rate relay ``nick`` is held to."""
+        return (self.exit_rate or self.relay_rate) if nick == EXIT else self.relay_rate
 
 
 @dataclass(frozen=True)
@@ -204,16 +211,17 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     hosts = [netns.HostSpec(h, netns.LinkSpec(None, delay_ms=d)) for h, d in zip(CLIENT_HOSTS, p.client_delays_ms)]
     if p.relay_limit == "link":
-        link = netns.LinkSpec(p.relay_rate, queue_at="host", switch_port_packets=p.relay_port_packets)
-        hosts += [netns.HostSpec(h, link) for h in RELAY_HOSTS.values()]
+        hosts += [netns.HostSpec(h, netns.LinkSpec(p.rate_of(nick), queue_at="host",
+                                                   switch_port_packets=p.relay_port_packets))
+                  for nick, h in RELAY_HOSTS.items()]
     else:
         hosts.append(netns.HostSpec(RELAY_HOST, netns.LinkSpec(None)))
     hosts.append(netns.HostSpec(WEB_HOST, netns.LinkSpec(None)))
     tb = netns.Testbed(hosts, chive_bin=chive_bin, progress=say)
     tor = v.impl == "tor"
     bucket = p.relay_limit == "bucket"
-    rate = p.relay_rate_bytes
-    info: dict[str, Any] = {"variant": variant, "rep": rep, "impl": v.impl, "relay_rate_Bps": rate,
+    info: dict[str, Any] = {"variant": variant, "rep": rep, "impl": v.impl, "relay_rate_Bps": p.relay_rate_bytes,
+                            "exit_rate_Bps": netns.parse_rate(p.rate_of(EXIT)) // 8, "relay_limit": p.relay_limit,
                             "upload_bytes": p.upload_bytes, "client_delays_ms": list(p.client_delays_ms),
                             "switching": v.switching, "alpha": v.alpha, "beta": v.beta,
                             "conflux": v.conflux, "spare_path": v.spare_path}
@@ -224,6 +232,7 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
         ov.add_authority(WEB_HOST, port=DIR_PORT)
         for i, (nick, port) in enumerate(RELAYS.items()):
             host = relay_host(p, nick)
+            rate = netns.parse_rate(p.rate_of(nick)) // 8
             if tor:
                 # The same 10 ms refill as chive's bucket (the lab's rule for rate-limited tor).
                 torrc = {"BandwidthRate": rate, "BandwidthBurst": rate, "TokenBucketRefillInterval": 10}
@@ -341,7 +350,7 @@ class Paper003(ExperimentKind):
         delays = "/".join(f"{d:g}" for d in p.client_delays_ms)
         limit = "access links" if p.relay_limit == "link" else "token buckets"
         return (f"4 clients ({delays} ms one-way on their access links) each upload {p.upload_bytes} bytes "
-                f"at once through relays held to {p.relay_rate} by their {limit} (path 1: entry1, middle1, exit; path 2: "
+                f"at once through relays held to {p.relay_rate} (the exit {p.rate_of(EXIT)}) by their {limit} (path 1: entry1, middle1, exit; path 2: "
                 f"entry2, middle2, exit), with a {p.latency_bytes}-byte latency probe every "
                 f"{p.latency_pause_s:g} s beside each upload")
 
