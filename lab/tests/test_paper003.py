@@ -221,6 +221,19 @@ def test_a_failed_upload_or_a_lost_cell_misses_lossless(tmp_path):
     assert t["switch_time_p50"]["met"] is False  # 0.5 s > 50 ms
 
 
+def test_conflux_legs_from_circuit_status(tmp_path):
+    text = ("4 BUILT $A~entry1,$B~middle2,$C~exit BUILD_FLAGS=NEED_CAPACITY PURPOSE=CONFLUX_LINKED CONFLUX_ID=X1\n"
+            "5 BUILT $D~entry2,$E~middle1,$C~exit PURPOSE=CONFLUX_LINKED SOCKS_USERNAME=\"up\" CONFLUX_ID=X1\n"
+            "6 BUILT $A~entry1,$E~middle1,$C~exit PURPOSE=CONFLUX_LINKED CONFLUX_ID=X2\n"
+            "7 EXTENDED $A~entry1 PURPOSE=GENERAL\n"
+            "8 BUILT $A~entry1,$E~middle1,$C~exit PURPOSE=GENERAL SOCKS_USERNAME=\"lat\"\n")
+    path = tmp_path / "circuit-status.txt"
+    path.write_text(text)
+    assert p3a.conflux_legs(path, "up") == ["entry1,middle2,exit", "entry2,middle1,exit"]
+    assert p3a.conflux_legs(path, "lat") == []  # not a conflux leg
+    assert p3a.conflux_legs(tmp_path / "missing.txt", "up") == []
+
+
 def test_parse_prometheus_sums_label_sets():
     text = "# HELP a\n# TYPE a counter\na 1\nb{x=\"1\"} 2\nb{x=\"2\"} 3.5\nbad line here\n"
     assert p3a.parse_prometheus(text) == {"a": 1.0, "b": 5.5}

@@ -59,6 +59,24 @@ def _records(path: Path, kind: str) -> list[dict[str, Any]]:
     return [o for o in an.read_jsonl(path) if isinstance(o, dict) and o.get("type") == kind] if path.is_file() else []
 
 
+def conflux_legs(path: Path, user: str) -> list[str]:
+    """From a tor client's ``GETINFO circuit-status`` text: the paths (``entry,middle,exit``) of
+    every circuit in the conflux set of ``user``'s circuit (tor names the SOCKS user on one leg
+    only); empty when the file is missing or the user's circuit is not a conflux leg."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) < 3 or parts[1] != "BUILT":
+            continue
+        kv = dict(p.split("=", 1) for p in parts[3:] if "=" in p)
+        hops = ",".join(h.split("~", 1)[-1] for h in parts[2].split(","))
+        rows.append((hops, kv.get("CONFLUX_ID"), kv.get("SOCKS_USERNAME", "").strip('"')))
+    ids = {cid for _h, cid, u in rows if u == user and cid}
+    return sorted({h for h, cid, _u in rows if cid in ids})
+
+
 def load_run(run_dir: Path) -> dict[str, Any]:
     """One repetition's measurements: uploads (per client: ok, bytes, seconds, throughput,
     error), latency samples (s) during the uploads, switch records, per relay the per-second
@@ -105,6 +123,10 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         ev = json.loads((run_dir / "tor.json").read_text())
         for c, users in (ev.get("stream_circuits") or {}).items():
             upload_paths[c.removeprefix("client")] = sorted(set(users.get(UPLOAD_USER, [])))
+        for h in CLIENT_HOSTS:  # conflux: every leg of the upload's set (only one names the user)
+            legs = conflux_legs(run_dir / "net" / f"client{h}" / "circuit-status.txt", UPLOAD_USER)
+            if legs:
+                upload_paths[h] = legs
     return {"info": info, "t0": t0, "end": end, "uploads": uploads, "latency": latency,
             "switches": switches, "relays": relays, "upload_paths": upload_paths}
 
