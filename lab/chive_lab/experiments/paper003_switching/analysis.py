@@ -85,6 +85,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     t0 = float(info["t0"])
     end = float(info.get("uploads_done") or math.inf)
     uploads: dict[str, dict[str, Any]] = {}
+    last: list[float] = []
     for h in CLIENT_HOSTS:
         recs = [r for o in an.read_jsonl(run_dir / f"upload-{h}.jsonl")
                 if isinstance(r := an.parse_record(o, "upload", h), an.Transfer)]
@@ -98,7 +99,10 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         secs = r.metric("ttlb")
         uploads[h] = {"ok": r.ok, "bytes": r.bytes, "seconds": secs,
                       "throughput_Bps": r.goodput, "error": r.error}
-        end = min(end, r.last_byte) if r.last_byte is not None and not math.isfinite(end) else end
+        if r.last_byte is not None:
+            last.append(r.last_byte)
+    if not math.isfinite(end) and last:  # run.json without uploads_done: the last upload's end
+        end = max(last)
     latency: list[float] = []
     for h in CLIENT_HOSTS:
         for o in an.read_jsonl(run_dir / f"latency-{h}.jsonl"):
