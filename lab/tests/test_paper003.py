@@ -75,29 +75,33 @@ def test_relay_and_client_settings():
     assert p3.Params(exit_rate="3mbit").rate_of("exit") == "3mbit"
 
 
-def _fake_binary(tmp_path: Path, help_text: str) -> Path:
+def _fake_binary(tmp_path: Path, client_help: str) -> Path:
     path = tmp_path / "chive"
-    path.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.write({help_text!r})\n")
+    path.write_text(f"#!{sys.executable}\nimport sys\n"
+                    f"sys.stdout.write({client_help!r} if sys.argv[1:2] == ['client'] else '')\n")
     path.chmod(0o755)
     return path
 
 
 def test_path_variant_is_skipped_while_the_binary_has_no_path_mode(tmp_path):
-    old = _fake_binary(tmp_path, '  CircuitSwitching = "off"   ... or "path" (not wired\n   yet: acts as off)\n')
-    assert "not wired" in p3.path_mode_unavailable(old)
+    old = _fake_binary(tmp_path, '  EntryNodes = ["relayA"]   first hops\n  Log = "info"\n')
+    assert "no CircuitSwitching option" in p3.path_mode_unavailable(old)
     new = tmp_path / "new"
     new.mkdir()
-    assert p3.path_mode_unavailable(_fake_binary(new, '"path" (a spare circuit through another entry)\n')) is None
+    help_ = '  CircuitSwitching = "path"        paper 003\'s path switching\n'
+    assert p3.path_mode_unavailable(_fake_binary(new, help_)) is None
     s = sc.load_scenario(SCENARIO, quick=True)
     kind = p3.Paper003()
     variant = next(v for v in s.variants if v.label == "path")
+    assert p3.client_options(variant.options) == {"CircuitSwitching": "path", "MetricsFile": "metrics.jsonl"}
+    assert p3.client_options(p3.VariantOptions(switching="connection")) == {}
     run_dir = tmp_path / "runs" / "path" / "1"
     run_dir.mkdir(parents=True)
     logged: list[str] = []
     ctx = RepetitionContext(scenario=s, variant=variant, rep=1, run_dir=run_dir, seed=1, backend=None,
                             binary=old, log=logged.append)
     kind.run_repetition(ctx)  # no testbed: skipped before anything starts
-    assert "not wired" in json.loads((run_dir / "skipped.json").read_text())["reason"]
+    assert "no CircuitSwitching" in json.loads((run_dir / "skipped.json").read_text())["reason"]
     assert logged and "skipped" in logged[0]
 
 
@@ -123,7 +127,8 @@ def _latency(k: int, rtt: float) -> dict:
 
 
 def _write_run(d: Path, *, secs: dict[str, float], rtt: float, switch_times: list[float] = (),
-               lost: int = 0, error: str | None = None, rate_after: float = 150_000.0) -> None:
+               lost: int = 0, error: str | None = None, rate_after: float = 150_000.0,
+               path_switch: float | None = None) -> None:
     d.mkdir(parents=True)
     (d / "run.json").write_text(json.dumps({"t0": T0, "uploads_done": T0 + max(secs.values())}))
     for h, s in secs.items():
@@ -146,6 +151,11 @@ def _write_run(d: Path, *, secs: dict[str, float], rtt: float, switch_times: lis
                 f"chive_switch_cells_lost_total {lost if nick == 'middle1' else 0}\n"
                 "chive_switch_cells_resent_total 0\nchive_switch_cells_held_total{kind=\"a\"} 3\n")
         (nd / "metrics.prom").write_text(prom)
+    if path_switch is not None:  # a path switch the client C2 recorded
+        cd = d / "net" / "clientC2"
+        cd.mkdir(parents=True)
+        (cd / "metrics.jsonl").write_text(json.dumps({"type": "switch", "t": T0 + 12, "mode": "path", "circ": 3,
+                                                      "outcome": "switched", "switch_time_s": path_switch}) + "\n")
 
 
 def _scenario(tmp_path: Path, labels: list[str]):
@@ -209,11 +219,13 @@ def test_a_failed_upload_or_a_lost_cell_misses_lossless(tmp_path):
     secs = {"C1": 10.0, "C2": 5.0, "C3": 5.0, "C4": 4.0}
     _write_run(out / "runs" / "multiplexed" / "1", secs=secs, rtt=1.0,
                error="upload reply mismatch: sha256 abc != def")
-    _write_run(out / "runs" / "connection" / "1", secs=secs, rtt=1.0, switch_times=[0.5], lost=2)
+    _write_run(out / "runs" / "connection" / "1", secs=secs, rtt=1.0, switch_times=[0.5], lost=2, path_switch=0.7)
     res = p3a.analyze(out, _scenario(tmp_path, ["multiplexed", "connection"]))
     v = res.summary["variants"]
     assert v["multiplexed"]["upload"]["failed"] == 1 and "sha256" in v["multiplexed"]["upload"]["errors"][0]
     assert v["connection"]["switching"]["cells_lost"] == 2
+    assert v["connection"]["switching"]["switches"] == 2  # the entry's and the client's (path) switch
+    assert v["connection"]["switching"]["switch_time_s"]["p50"] == pytest.approx(0.6)
     assert v["connection"]["switching"]["bytes_lost"] == 2 * p3a.CELL_BYTES
     assert v["connection"]["drop_rate"] == pytest.approx(2 / 4000)  # both entries sent 2000 cells
     t = res.summary["targets"]

@@ -37,6 +37,10 @@ Variants (:class:`VariantOptions`): ``impl`` (chive or tor), ``switching`` (chiv
 connection variants with different (α, β) is the Fig 4 sweep), ``conflux`` (tor clients'
 ``ConfluxEnabled``), ``spare_path``, ``relay`` (more chive relay options), ``paper``.
 
+A ``switching = "path"`` variant is skipped (``skipped.json`` with the reason) while the binary's
+client has no ``CircuitSwitching`` option; otherwise its clients get ``CircuitSwitching = "path"``
+and a ``MetricsFile`` (the client starts path switches and records them).
+
 Per run: ``upload-<client>.jsonl``, ``latency-<client>.jsonl`` (perf records), ``run.json``,
 the nodes' directories under ``net/`` (chive relays: ``metrics.jsonl`` with ``switch`` and
 per-second ``relay`` records, ``metrics.prom`` scraped at the end; tor: ``tor.json``).
@@ -74,8 +78,8 @@ EXIT = "exit"
 METRICS_PORT0 = 9301
 SOCKS_PORT, HTTP_PORT, DIR_PORT = 9050, 8080, 7000
 UPLOAD_USER, LATENCY_USER = "up", "lat"
-#: A chive binary whose relay help says this has no path switching yet (it acts as off).
-_PATH_NOT_WIRED = re.compile(r'"path"\s*\(not\s+wired', re.S)
+#: The client option a binary with path switching documents in ``chive client --help``.
+_CLIENT_PATH_OPTION = re.compile(r"^\s*CircuitSwitching\s*=", re.M)
 
 
 def _check_delays(value: tuple[float, ...], path: str) -> tuple[float, ...]:
@@ -151,18 +155,27 @@ class VariantOptions:
 
 def path_mode_unavailable(binary: Path | None = None) -> str | None:
     """Why chive's ``CircuitSwitching = "path"`` cannot be measured with this binary (None:
-    it can): its relay help still says path mode is not wired and acts as off."""
+    it can): path switching needs the client's ``CircuitSwitching`` option (the spare circuit is
+    the client's), which binaries without path switching do not have."""
     from ...network import default_binary
 
     binary = Path(binary) if binary is not None else default_binary()
     try:
-        r = subprocess.run([str(binary), "relay", "--help"], capture_output=True, text=True, timeout=20)
+        r = subprocess.run([str(binary), "client", "--help"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"cannot ask {binary} about path mode: {e}"
-    if _PATH_NOT_WIRED.search(r.stdout + r.stderr):
-        return (f"{binary}: CircuitSwitching = \"path\" is not wired into relays and clients yet "
-                "(acts as off); the variant is declared and skipped (issue 16, branch switch-path)")
+    if not _CLIENT_PATH_OPTION.search(r.stdout + r.stderr):
+        return (f"{binary}: the client has no CircuitSwitching option, so this binary has no path "
+                "switching (issue 16, branch switch-path); the variant is declared and skipped")
     return None
+
+
+def client_options(v: VariantOptions) -> dict[str, Any]:
+    """A chive client's options beyond its pins: path switching is the client's (its spare circuit
+    and its ``switch`` records, hence a MetricsFile)."""
+    if v.switching == "path":
+        return {"CircuitSwitching": "path", "MetricsFile": "metrics.jsonl"}
+    return {}
 
 
 def relay_host(p: Params, nick: str) -> str:
@@ -246,7 +259,7 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
                 ov.add_client(h, f"client{h}", port=SOCKS_PORT, extra=client_pins(v),
                               torrc={"ConfluxEnabled": 1 if v.conflux else 0})
             else:
-                ov.add_client(h, f"client{h}", port=SOCKS_PORT, extra=client_pins(v))
+                ov.add_client(h, f"client{h}", port=SOCKS_PORT, extra={**client_pins(v), **client_options(v)})
         ov.add_httpd(WEB_HOST, "httpd", port=HTTP_PORT)
         ov.start(timeout=150 if tor else 90)
         if tor:

@@ -79,7 +79,8 @@ def conflux_legs(path: Path, user: str) -> list[str]:
 
 def load_run(run_dir: Path) -> dict[str, Any]:
     """One repetition's measurements: uploads (per client: ok, bytes, seconds, throughput,
-    error), latency samples (s) during the uploads, switch records, per relay the per-second
+    error), latency samples (s) during the uploads, switch records (relays' and, for path
+    switching, clients'), per relay the per-second
     forwarding rate and the switching counters."""
     info = json.loads((run_dir / "run.json").read_text())
     t0 = float(info["t0"])
@@ -112,6 +113,9 @@ def load_run(run_dir: Path) -> dict[str, Any]:
                 if v is not None and v >= 0:
                     latency.append(v)
     switches: list[dict[str, Any]] = []
+    for h in CLIENT_HOSTS:  # path switching: the client starts the switch and records it
+        for sw in _records(run_dir / "net" / f"client{h}" / "metrics.jsonl", "switch"):
+            switches.append({**sw, "relay": f"client{h}"})
     relays: dict[str, dict[str, Any]] = {}
     for nick in RELAYS:
         d = run_dir / "net" / nick
