@@ -321,32 +321,35 @@ class Paper003(ExperimentKind):
     needs_chive_binary = True
 
     def __init__(self) -> None:
-        #: Variant label -> why preflight skips it (written to the run as ``skipped.json``).
-        self.skipped: dict[str, str] = {}
+        #: Binary path -> why it cannot run path switching (None: it can); asked once per binary.
+        self._path_reason: dict[str, str | None] = {}
+
+    def path_reason(self, binary: Path | None = None) -> str | None:
+        """:func:`path_mode_unavailable` for ``binary`` (default: $CHIVE_BIN or target/release), cached."""
+        from ...network import default_binary
+
+        key = str(Path(binary) if binary is not None else default_binary())
+        if key not in self._path_reason:
+            self._path_reason[key] = path_mode_unavailable(Path(key))
+        return self._path_reason[key]
 
     def preflight(self, scenario: Any) -> None:
         """Refuse tor variants without tor; skip (with the reason) the path variants while the
         binary has no path switching."""
         check_tor_variants(KIND_NAME, [v.label for v in scenario.variants],
                            [v.label for v in scenario.variants if v.options.impl == "tor"])
-        self.skipped = {}
         path = [v.label for v in scenario.variants if v.options.switching == "path"]
-        reason = path_mode_unavailable() if path else None
+        reason = self.path_reason() if path else None  # the default binary; --chive-bin is asked again
         if reason:
-            for label in path:
-                self.skipped[label] = reason
             print(f"chive-lab: {KIND_NAME}: skipping {', '.join(path)}: {reason}", file=sys.stderr)
 
     def run_repetition(self, ctx: RepetitionContext) -> None:
         label = ctx.variant.label
         run_dir = Path(ctx.run_dir)
-        if ctx.variant.options.switching == "path" and label not in self.skipped:
-            reason = path_mode_unavailable(ctx.binary)
-            if reason:
-                self.skipped[label] = reason
-        if label in self.skipped:
-            (run_dir / "skipped.json").write_text(json.dumps({"variant": label, "reason": self.skipped[label]}))
-            ctx.log(f"{label}: skipped: {self.skipped[label]}")
+        reason = self.path_reason(ctx.binary) if ctx.variant.options.switching == "path" else None
+        if reason:
+            (run_dir / "skipped.json").write_text(json.dumps({"variant": label, "reason": reason}))
+            ctx.log(f"{label}: skipped: {reason}")
             return
         p = bulk.repetition_options(ctx, KIND_NAME, Params)
         ctx.status(f"{label}: 4 uploads of {p.upload_bytes} bytes")
