@@ -13,6 +13,8 @@ mod dos;
 mod network;
 mod onion;
 mod oom;
+mod path_hostile;
+mod path_switching;
 mod queue_limits;
 mod relay_early;
 mod same_channel;
