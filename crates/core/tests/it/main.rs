@@ -13,6 +13,7 @@ mod dos;
 mod network;
 mod onion;
 mod oom;
+mod path_client;
 mod path_hostile;
 mod path_switching;
 mod queue_limits;
