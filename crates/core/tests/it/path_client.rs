@@ -248,3 +248,71 @@ fn congested_moves_the_next_cell_to_the_spare_with_a_switch() {
     );
     assert_eq!(got[0].1, 1u32.to_be_bytes());
 }
+
+#[test]
+fn congested_from_a_hop_other_than_the_entry_closes_the_circuit() {
+    // Client → R (a real relay core) → F (a fake last hop held by the test), so a relay that
+    // is not the entry can send CONGESTED.
+    let (c_to_r, r_from_c, r_to_f) = (ChannelId(1), ChannelId(1), ChannelId(2));
+    let mut r = crate::common::relay(3, CoreConfig::default());
+    let mut rng = StdRng::seed_from_u64(6);
+    let f_id = IdentityKeypair::generate(&mut rng).public();
+    let f_ntor = NtorSecretKey::generate(&mut rng);
+    let f_hop = HopSpec {
+        identity: f_id,
+        ntor_key: f_ntor.public(),
+        addr: SocketAddr::from(([127, 0, 0, 1], 9201)),
+    };
+    let now = Instant::now();
+    let mut client = Core::new(CoreConfig::default(), [8; 32]);
+    client.channel_opened(c_to_r, Some(r.hop.identity), true, now);
+    r.core.channel_opened(r_from_c, None, false, now);
+    r.core.channel_opened(r_to_f, Some(f_id), true, now);
+    let circ = client.launch_circuit(vec![r.hop.clone(), f_hop.clone()], now);
+    let mut f_side = None;
+    for _ in 0..10 {
+        for cell in drain(&mut client, c_to_r, now) {
+            r.core.handle_cell(r_from_c, cell, now);
+        }
+        for cell in drain(&mut r.core, r_from_c, now) {
+            client.handle_cell(c_to_r, cell, now);
+        }
+        for cell in drain(&mut r.core, r_to_f, now) {
+            if cell.command == CellCommand::CREATE2 {
+                let body = Create2::decode(&cell.payload).unwrap();
+                let (reply, km) =
+                    ntor::server_handshake(&mut rng, &f_id.ntor_id(), &f_ntor, &body.handshake)
+                        .unwrap();
+                let created = Created2 {
+                    handshake: reply.to_vec(),
+                }
+                .encode()
+                .unwrap();
+                let c = Cell::new(cell.circ_id, CellCommand::CREATED2, &created).unwrap();
+                r.core.handle_cell(r_to_f, c, now);
+                f_side = Some((cell.circ_id, RelayHopCrypto::new(&km)));
+            }
+        }
+    }
+    let events: Vec<Event> = std::iter::from_fn(|| client.poll_event()).collect();
+    assert!(events.contains(&Event::CircuitBuilt { circ }), "{events:?}");
+    let (id, mut crypto) = f_side.expect("R extended to F");
+    let mut payload = relay_payload(RelayCommand::CONGESTED, 0, &[0]).unwrap();
+    crypto.originate_backward(&mut payload);
+    r.core.handle_cell(
+        r_to_f,
+        Cell::from_payload(id, CellCommand::RELAY, payload),
+        now,
+    );
+    for cell in drain(&mut r.core, r_from_c, now) {
+        client.handle_cell(c_to_r, cell, now);
+    }
+    let events: Vec<Event> = std::iter::from_fn(|| client.poll_event()).collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::CircuitClosed { circ: c, .. } if *c == circ)),
+        "{events:?}"
+    );
+    assert_eq!(client.switch_stats().violations, 1);
+}
