@@ -16,13 +16,17 @@
 //!   guard, including the persistent one, and the middles of every circuit.
 //! - A circuit that fails blames relays as [`crate::down`] says: new paths avoid them for
 //!   `relay_retry`, and a guard marked down is replaced at the next circuit.
+//! - Path switching (paper 003; the core's switching mode is `path`): every exit circuit is
+//!   linked at once (`Core::path_link`) and gets a spare through another entry and middle to
+//!   the same exit (`Core::path_add_spare`); spares never take streams themselves, and one
+//!   lost is replaced at the next tick.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chive_core::{CircKey, CloseCause, Core, HopSpec, StreamHandle};
+use chive_core::{CircKey, CloseCause, Core, HopSpec, StreamHandle, SwitchMode};
 use chive_crypto::ntor::NtorPublicKey;
 use chive_crypto::IdentityKey;
 use chive_dir::{Consensus, ConsensusRelay};
@@ -31,7 +35,9 @@ use rand::SeedableRng;
 use tracing::{debug, info, warn};
 
 use crate::down::{blame, Blame, DownList};
-use crate::path::{choose_guard, parse_exit_notation, select_path, PathRequest, PathTarget};
+use crate::path::{
+    choose_guard, parse_exit_notation, select_path, select_spare_path, PathRequest, PathTarget,
+};
 
 /// Circuit manager settings.
 #[derive(Clone, Debug)]
@@ -114,7 +120,15 @@ struct CircInfo {
     dirty_since: Option<Instant>,
     /// A request made this circuit for itself (pinned exit, unusual target).
     waiting: Vec<(Ticket, StreamRequest, u32)>,
+    /// Path switching: this circuit is the spare of that home circuit (it takes no streams).
+    spare_of: Option<CircKey>,
+    /// Path switching: when a spare for this circuit was last launched or found impossible.
+    spare_tried: Option<Instant>,
 }
+
+/// Path switching: a home circuit whose spare went (or could not be built) gets another try
+/// after this long.
+const SPARE_RETRY: Duration = Duration::from_secs(5);
 
 /// The client's circuit policy. See the module docs.
 pub struct CircuitManager {
@@ -239,6 +253,9 @@ impl CircuitManager {
         pin: Option<&str>,
         now: Instant,
     ) -> bool {
+        if info.spare_of.is_some() {
+            return false;
+        }
         if let Some(iso) = &info.isolation {
             if *iso != req.isolation {
                 return false;
@@ -449,9 +466,52 @@ impl CircuitManager {
                 isolation: None,
                 dirty_since: None,
                 waiting: Vec::new(),
+                spare_of: None,
+                spare_tried: None,
             },
         );
         Ok(key)
+    }
+
+    /// Path switching: build a spare for `home` (same exit, another entry and middle).
+    fn launch_spare(&mut self, core: &mut Core, home: CircKey, now: Instant) {
+        let (Some(cons), Some(info)) = (self.consensus.clone(), self.circuits.get_mut(&home))
+        else {
+            return;
+        };
+        info.spare_tried = Some(now);
+        let Some(path) = select_spare_path(
+            &cons,
+            &info.path,
+            &self.cfg.entry_nodes,
+            &self.cfg.middle_nodes,
+            &mut self.rng,
+        ) else {
+            warn!(
+                ?home,
+                "no spare path: no other entry and middle to the same exit"
+            );
+            return;
+        };
+        let names: Vec<&str> = path.iter().map(|r| r.nickname.as_str()).collect();
+        let ids: Vec<IdentityKey> = path.iter().map(|r| r.identity).collect();
+        let key = core.launch_circuit(path.iter().map(|r| hop_spec(r)).collect(), now);
+        info!(?key, ?home, path = %names.join(","), "launching spare circuit");
+        let (exit, exit_nickname) = (info.exit, info.exit_nickname.clone());
+        self.circuits.insert(
+            key,
+            CircInfo {
+                path: ids,
+                exit,
+                exit_nickname,
+                built: false,
+                isolation: None,
+                dirty_since: None,
+                waiting: Vec::new(),
+                spare_of: Some(home),
+                spare_tried: None,
+            },
+        );
     }
 
     /// The core reported [`chive_core::Event::CircuitBuilt`].
@@ -460,6 +520,23 @@ impl CircuitManager {
             return;
         };
         info.built = true;
+        if let Some(home) = info.spare_of {
+            if let Err(e) = core.path_add_spare(home, circ, now) {
+                debug!(?circ, ?home, error = %e, "spare not linked (its home is gone); closing it");
+                self.circuits.remove(&circ);
+                core.close_circuit(circ, now);
+            }
+            return;
+        }
+        if core.switching().mode == SwitchMode::Path
+            && info.path.len() >= 3
+            && core.path_link(circ, now).is_ok()
+        {
+            self.launch_spare(core, circ, now);
+        }
+        let Some(info) = self.circuits.get_mut(&circ) else {
+            return;
+        };
         let waiting = std::mem::take(&mut info.waiting);
         for (ticket, req, attempts) in waiting {
             // Re-place: the circuit is built and suits them, unless a stream of
@@ -518,10 +595,27 @@ impl CircuitManager {
         if self.consensus.is_none() {
             return;
         }
+        // Path switching: a linked circuit whose spare went gets another.
+        let spareless: Vec<CircKey> = self
+            .circuits
+            .iter()
+            .filter(|(k, c)| {
+                c.built
+                    && c.spare_of.is_none()
+                    && c.spare_tried
+                        .is_none_or(|t| now.duration_since(t) >= SPARE_RETRY)
+                    && core.path_set_of(**k) == Some(None)
+                    && !self.circuits.values().any(|s| s.spare_of == Some(**k))
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for home in spareless {
+            self.launch_spare(core, home, now);
+        }
         let clean = self
             .circuits
             .values()
-            .filter(|c| c.isolation.is_none() && c.waiting.is_empty())
+            .filter(|c| c.isolation.is_none() && c.waiting.is_empty() && c.spare_of.is_none())
             .count();
         let building = self.circuits.values().filter(|c| !c.built).count();
         let want = self.cfg.preemptive_circuits.saturating_sub(clean);

@@ -371,6 +371,54 @@ pub fn select_path<'c, R: Rng>(
     Ok(path)
 }
 
+/// A spare path for paper 003's path switching (issue 16): the same exit as `primary`
+/// (`[guard, middle, exit]`, identities), through an entry and a middle that are on neither
+/// leg, chosen as usual (entry: Guard-flagged first; both bandwidth-weighted) among
+/// `entry_nodes` / `middle_nodes` when those restrict. `None` when the consensus offers no
+/// such pair or the exit left it.
+pub fn select_spare_path<'c, R: Rng>(
+    consensus: &'c Consensus,
+    primary: &[IdentityKey],
+    entry_nodes: &[String],
+    middle_nodes: &[String],
+    rng: &mut R,
+) -> Option<Vec<&'c ConsensusRelay>> {
+    let exit_id = primary.last()?;
+    let exit = consensus
+        .relays
+        .iter()
+        .find(|r| usable(r) && r.identity == *exit_id)?;
+    let entry = NodeFilter::new(entry_nodes);
+    let middle = NodeFilter::new(middle_nodes);
+    let free: Vec<&ConsensusRelay> = consensus
+        .relays
+        .iter()
+        .filter(|r| usable(r) && !primary.contains(&r.identity))
+        .collect();
+    let entries: Vec<&ConsensusRelay> = free.iter().copied().filter(|r| entry.allows(r)).collect();
+    let flagged: Vec<&ConsensusRelay> = entries
+        .iter()
+        .copied()
+        .filter(|r| r.flags.contains(RelayFlags::GUARD))
+        .collect();
+    // Prefer an entry that leaves a middle to choose.
+    let has_middle = |g: &ConsensusRelay| {
+        free.iter()
+            .any(|m| m.identity != g.identity && middle.allows(m))
+    };
+    let good = |v: &[&'c ConsensusRelay]| -> Vec<&'c ConsensusRelay> {
+        v.iter().copied().filter(|r| has_middle(r)).collect()
+    };
+    let guard = pick_tiered(&[good(&flagged), good(&entries)], rng)?;
+    let middles: Vec<&ConsensusRelay> = free
+        .iter()
+        .copied()
+        .filter(|r| r.identity != guard.identity && middle.allows(r))
+        .collect();
+    let mid = pick_weighted(&middles, rng)?;
+    Some(vec![guard, mid, exit])
+}
+
 /// Choose a guard for a client that has none: bandwidth-weighted among Guard-flagged
 /// usable relays, or among all usable relays if none has the flag. With a non-empty
 /// `entry_nodes` (Tor's EntryNodes), among the usable relays it lists instead, Guard

@@ -31,6 +31,7 @@ use crate::common::{
 use crate::driver::{
     spawn_stream_io, stop_on_signal, Driver, DriverConfig, Input, StreamCmd, StreamIo, Tunables,
 };
+use crate::metrics::Metrics;
 
 /// Command-line arguments of `chive client`.
 #[derive(clap::Args, Debug)]
@@ -67,6 +68,16 @@ Config file options (TOML):
                                    this much, not behind megabytes of kernel send buffer
   LinkCongestionControl = \"bbr\"    TCP congestion control for link sockets (TCP_CONGESTION),
                                    checked at start; default: the system's
+  CircuitSwitching = \"path\"        paper 003's path switching: every exit circuit is linked to a
+                                   spare through another entry and middle to the same exit, and
+                                   the upload moves to it when the entry reports congestion
+                                   (relays need CircuitSwitching = \"path\" too). \"off\" or
+                                   \"connection\" (a relay-side mode) keep one circuit; default:
+                                   the consensus CircuitSwitching
+  SwitchTimeoutMsec = 2000         a path switch waits this long for SWITCH_CONFIRM, then falls
+                                   back to the old circuit (100..120000; default: the consensus)
+  MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among
+                                   them one `switch` record per path switch; default none
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SOCKS5 username/password isolate streams: distinct credentials never share a circuit.
 A host NAME.onion is an onion service: a malformed address fails at once with SOCKS5
@@ -111,6 +122,15 @@ pub struct ClientConfig {
     /// TCP_CONGESTION on link sockets (unset: the system's default).
     #[serde(rename = "LinkCongestionControl", default)]
     pub link_congestion_control: Option<String>,
+    /// Path switching (paper 003): "path" keeps a linked spare per exit circuit.
+    #[serde(rename = "CircuitSwitching", default)]
+    pub circuit_switching: Option<String>,
+    /// How long a path switch waits for its confirmation.
+    #[serde(rename = "SwitchTimeoutMsec", default)]
+    pub switch_timeout_msec: Option<u32>,
+    /// JSON-lines metrics file (relative: in the DataDirectory).
+    #[serde(rename = "MetricsFile", default)]
+    pub metrics_file: Option<PathBuf>,
 }
 
 impl ClientConfig {
@@ -126,7 +146,28 @@ impl ClientConfig {
         check_node_list("MiddleNodes", &self.middle_nodes)?;
         check_unsent_limit(self.link_unsent_limit)?;
         check_congestion_control(self.link_congestion_control.as_deref())?;
+        self.switch_options()?;
         Ok(authority_id)
+    }
+
+    /// `CircuitSwitching` and `SwitchTimeoutMsec`, checked, with the option named in errors.
+    fn switch_options(&self) -> anyhow::Result<crate::driver::SwitchOptions> {
+        let mode = self
+            .circuit_switching
+            .as_deref()
+            .map(chive_dir::SwitchingMode::parse)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("CircuitSwitching: {e}"))?;
+        if let Some(t) = self.switch_timeout_msec {
+            if !(100..=120_000).contains(&t) {
+                anyhow::bail!("SwitchTimeoutMsec: 100..120000");
+            }
+        }
+        Ok(crate::driver::SwitchOptions {
+            mode,
+            timeout_ms: self.switch_timeout_msec,
+            ..Default::default()
+        })
     }
 
     /// The link sockets' settings. A client never constrains its socket buffers.
@@ -220,6 +261,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             exit_policy: None,
         },
     );
+    driver.switching.options = cfg.switch_options()?;
+    let metrics_file = cfg
+        .metrics_file
+        .as_ref()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(|p| cfg.data_directory.join(p));
+    if metrics_file.is_some() {
+        driver.metrics = Metrics::start(metrics_file.as_deref(), None).await?;
+    }
+    driver.apply_switching();
     rand::rngs::OsRng.fill_bytes(&mut seed);
     driver.client = Some(ClientState::new(CircuitManager::new(
         CircMgrConfig {

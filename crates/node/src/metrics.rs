@@ -199,8 +199,9 @@ impl Metrics {
         if let Some(f) = self.file.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"type\":\"switch\",\"t\":{:.6},\"circ\":{},\"from\":{},\"to\":{},\"outcome\":\"{}\",\"triggered\":{:.6},\"switch_time_s\":{secs:.6}}}",
+                "{{\"type\":\"switch\",\"t\":{:.6},\"mode\":\"{}\",\"circ\":{},\"from\":{},\"to\":{},\"outcome\":\"{}\",\"triggered\":{:.6},\"switch_time_s\":{secs:.6}}}",
                 self.clock.unix(r.ended),
+                r.mode.label(),
                 r.circ.0,
                 r.from.0,
                 r.to.map_or_else(|| "null".to_string(), |c| c.0.to_string()),
@@ -524,6 +525,26 @@ pub fn render(snap: &Snapshot) -> String {
             "chive_switch_cells_lost_total",
             "Cells lost by switching (held cells dropped, or missing by a marker's count).",
             sw.cells_lost,
+        ),
+        (
+            "chive_switch_congested_sent_total",
+            "Path variant, entry: CONGESTED messages sent to clients.",
+            sw.congested_sent,
+        ),
+        (
+            "chive_switch_congested_received_total",
+            "Path variant, client: CONGESTED messages received (acted on or not).",
+            sw.congested_received,
+        ),
+        (
+            "chive_switch_path_out_of_order_total",
+            "Path variant, exit: cells that arrived ahead of their turn and were buffered.",
+            sw.path_out_of_order,
+        ),
+        (
+            "chive_switch_path_duplicates_total",
+            "Path variant, exit: second copies dropped (after a fallback's resend).",
+            sw.path_duplicates,
         ),
         (
             "chive_switch_cells_held_total",

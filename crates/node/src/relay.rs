@@ -129,14 +129,18 @@ Config file options (TOML):
   DoSConnectionConnectDefenseTimePeriod = 86400
   CircuitSwitching = \"off\"        circuit switching (paper 003): \"off\", \"connection\" (an entry
                                    moves its heaviest circuit off a congested connection onto a
-                                   second connection to the same relay) or \"path\" (not wired
-                                   yet: acts as off); default: the consensus CircuitSwitching
+                                   second connection to the same relay) or \"path\" (an entry
+                                   tells the client of its heaviest circuit to move its upload
+                                   to a spare circuit; an exit answers CONFLUX_LINK and puts the
+                                   client's cells back in order); default: the consensus
+                                   CircuitSwitching
   SwitchGamma = 0.7                the occupancy EWMA's γ (0..1, exclusive)
   SwitchAlpha = 0.1                α: re-arm level, fraction of SwitchBufferBytes (<= β)
   SwitchBeta = 0.5                 β: congestion level, fraction of SwitchBufferBytes
   SwitchSampleIntervalMsec = 100   occupancy sample interval (10..60000)
   SwitchBufferBytes = 32768        the buffer α and β are fractions of (1024..16777216)
-  SwitchTimeoutMsec = 2000         wait for SWITCH_ACK this long, then stay (100..120000)
+  SwitchTimeoutMsec = 2000         wait for SWITCH_ACK this long, then stay (100..120000); path
+                                   mode: the client's wait for SWITCH_CONFIRM (consensus value)
                                    (each Switch option defaults to its consensus parameter;
                                    all are read at start only)
   PublishInterval = 30             seconds between descriptor uploads

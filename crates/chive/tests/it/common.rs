@@ -88,22 +88,28 @@ impl Network {
     /// Start an authority, three relays (`relay_extra[i]` appended to relay i+1's config), a
     /// client and `chive httpd`; return once a real fetch through the overlay works.
     pub fn start(test: &str, relay_extra: [&str; 3]) -> Network {
-        Self::start_with(shared_turn(), test, &relay_extra)
+        Self::start_with(shared_turn(), test, &relay_extra, "")
+    }
+
+    /// [`Network::start`] with any number of relays and `client_extra` appended to the
+    /// client's config.
+    pub fn start_custom(test: &str, relay_extra: &[&str], client_extra: &str) -> Network {
+        Self::start_with(shared_turn(), test, relay_extra, client_extra)
     }
 
     /// [`Network::start`] for a test that measures timing: it waits until no other test of
     /// this binary runs, and none starts until it is done.
     pub fn start_alone(test: &str, relay_extra: [&str; 3]) -> Network {
-        Self::start_with(turn_alone(), test, &relay_extra)
+        Self::start_with(turn_alone(), test, &relay_extra, "")
     }
 
     /// [`Network::start_alone`] with `relays` relays (`relay1`..) and nothing added to their
     /// configs.
     pub fn start_alone_relays(test: &str, relays: usize) -> Network {
-        Self::start_with(turn_alone(), test, &vec![""; relays])
+        Self::start_with(turn_alone(), test, &vec![""; relays], "")
     }
 
-    fn start_with(turn: Turn, test: &str, relay_extra: &[&str]) -> Network {
+    fn start_with(turn: Turn, test: &str, relay_extra: &[&str], client_extra: &str) -> Network {
         let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -188,7 +194,7 @@ impl Network {
         std::fs::write(
             &ccfg,
             format!(
-                "DataDirectory = \"{}\"\nSocksPort = \"{}\"\nAuthority = \"{authority}\"\nAuthorityIdentity = \"{authority_id}\"\nLog = \"debug\"\n",
+                "DataDirectory = \"{}\"\nSocksPort = \"{}\"\nAuthority = \"{authority}\"\nAuthorityIdentity = \"{authority_id}\"\nLog = \"debug\"\n{client_extra}\n",
                 dir.join("client").display(),
                 net.socks
             ),

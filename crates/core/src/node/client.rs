@@ -74,15 +74,11 @@ impl Core {
             .get_mut(&circ_key)
             .ok_or(CoreError::NoSuchCircuit)?;
         let Role::Origin {
-            edge,
-            built: true,
-            crypto,
-            ..
+            edge, built: true, ..
         } = &mut circ.role
         else {
             return Err(CoreError::CircuitNotOpen);
         };
-        let last = crypto.len() - 1;
         let sid = (0..u16::MAX)
             .map(|i| edge.next_stream_id.wrapping_add(i))
             .find(|id| *id != 0 && !edge.streams.contains_key(id))
@@ -92,7 +88,8 @@ impl Core {
         edge.streams.insert(sid, Stream::new(handle, state, flow));
         self.next_handle += 1;
         self.streams.insert(handle, (circ_key, sid));
-        self.send_relay_forward(circ_key, last, cmd, sid, body, false, now);
+        // Through send_edge: a linked set sequences BEGIN like every multiplexed cell.
+        self.send_edge(circ_key, cmd, sid, body, now);
         Ok(handle)
     }
 

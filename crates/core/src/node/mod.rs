@@ -48,6 +48,7 @@ mod exit;
 mod inspect;
 mod onion;
 mod oom;
+mod path;
 mod queue;
 mod relay;
 mod stream;
@@ -93,6 +94,8 @@ pub struct Core {
     dos: DosGuard,
     /// Circuit switching (paper 003): switches in progress, switch connections, counters.
     sw: switch::SwitchState,
+    /// Circuit switching, path variant: linked sets at the client and the exit (`path.rs`).
+    path: path::PathTables,
     /// Introduction and rendezvous tables, joined circuits, service circuits (`onion.rs`).
     onion: onion::OnionTables,
 }
@@ -121,6 +124,7 @@ impl Core {
             driver_bytes: 0,
             dos,
             sw: switch::SwitchState::default(),
+            path: path::PathTables::default(),
             onion: Default::default(),
         }
     }
@@ -205,6 +209,7 @@ impl Core {
                 _ => None,
             })
             .chain(self.sw_next_deadline())
+            .chain(self.path_next_deadline())
             .min()
     }
 
@@ -226,6 +231,7 @@ impl Core {
             self.close_circuit_inner(key, DestroyReason::TIMEOUT, None, now, "build timed out");
         }
         self.sw_handle_timeout(now);
+        self.path_handle_timeout(now);
     }
 
     /// A variable-length cell after the link handshake: padding is ignored,

@@ -95,6 +95,24 @@ impl Core {
             Err(e) => return self.kill(key, &format!("malformed relay cell: {e}"), now),
         };
         let (cmd, sid, data) = (msg.command, msg.stream_id, msg.data);
+        if super::path::is_path_command(cmd) {
+            return self.path_relay_message(key, cmd, data, now);
+        }
+        // A leg of a linked set: multiplexed cells are put in order across the legs first
+        // (DATA counted in this leg's circuit window); other stream cells act on the home.
+        if let Some(set) = self.path_exit_set(key) {
+            if super::path::multiplexed(cmd) {
+                if cmd == RelayCommand::DATA && !self.edge_data_window(key, digest, now) {
+                    return;
+                }
+                return self.path_exit_cell(set, key, cmd, sid, data, now);
+            }
+            if sid != 0 {
+                if let Some(home) = self.path_home_of(key) {
+                    return self.relay_stream_cell(home, cmd, sid, data, now);
+                }
+            }
+        }
         match cmd {
             RelayCommand::EXTEND2 => {
                 if !early {
@@ -119,6 +137,26 @@ impl Core {
             RelayCommand::DROP => {}
             other => {
                 debug!(?key, command = %other, "ignoring relay command");
+            }
+        }
+    }
+
+    /// A stream-level cell that is not sequenced (stream SENDME, XON, XOFF) for a linked
+    /// set's home, whichever leg it came on.
+    fn relay_stream_cell(
+        &mut self,
+        home: CircKey,
+        cmd: RelayCommand,
+        sid: u16,
+        data: &[u8],
+        now: Instant,
+    ) {
+        match cmd {
+            RelayCommand::SENDME => self.edge_sendme(home, sid, data, now),
+            RelayCommand::XON | RelayCommand::XOFF => self.edge_xon_xoff(home, cmd, sid, data, now),
+            RelayCommand::DROP => {}
+            other => {
+                debug!(?home, command = %other, "ignoring relay command on a linked leg");
             }
         }
     }
@@ -149,6 +187,9 @@ impl Core {
             RelayCommand::TRUNCATED => {
                 self.close_circuit_inner(key, DestroyReason::FINISHED, None, now, "truncated")
             }
+            cmd if super::path::is_path_command(cmd) => {
+                self.path_client_message(key, hop, last_hop, cmd, data, now)
+            }
             _ if Some(hop) != last_hop => {
                 self.kill(key, &format!("{cmd} from hop {hop}, not the exit"), now)
             }
@@ -160,6 +201,22 @@ impl Core {
                 })
             }
             RelayCommand::BEGIN => self.on_service_begin(key, sid, data, now),
+            // A leg of a linked set: stream cells act on the home's streams, whichever leg
+            // the exit sent them on; circuit-level flow control stays with the leg.
+            cmd if sid != 0 && self.path_home_of(key).is_some_and(|h| h != key) => {
+                let home = self.path_home_of(key).unwrap_or(key);
+                match cmd {
+                    RelayCommand::DATA => {
+                        if self.edge_data_window(key, digest, now) {
+                            self.edge_data_stream(home, sid, data, now)
+                        }
+                    }
+                    RelayCommand::CONNECTED => self.client_connected(home, sid, data, now),
+                    RelayCommand::RESOLVED => self.client_resolved(home, sid, data, now),
+                    RelayCommand::END => self.edge_end(home, sid, data, now),
+                    other => self.relay_stream_cell(home, other, sid, data, now),
+                }
+            }
             RelayCommand::CONNECTED => self.client_connected(key, sid, data, now),
             RelayCommand::RESOLVED => self.client_resolved(key, sid, data, now),
             RelayCommand::DATA => self.edge_data(key, sid, data, digest, now),

@@ -196,13 +196,40 @@ impl Core {
         digest: [u8; 20],
         now: Instant,
     ) {
+        if self.edge_data_window(key, digest, now) {
+            self.edge_data_stream(key, sid, data, now);
+        }
+    }
+
+    /// The circuit-level part of a DATA cell: count it in `key`'s window (a linked set's
+    /// legs each keep their own) and send a circuit SENDME when due. False if the circuit
+    /// is gone or was closed for DATA without an edge.
+    pub(super) fn edge_data_window(
+        &mut self,
+        key: CircKey,
+        digest: [u8; 20],
+        now: Instant,
+    ) -> bool {
         let Some(circ) = self.circuits.get_mut(&key) else {
-            return;
+            return false;
         };
         let Some(edge) = circ.edge_mut() else {
-            return self.kill(key, "DATA on a circuit without streams", now);
+            self.kill(key, "DATA on a circuit without streams", now);
+            return false;
         };
-        let circuit_sendme = edge.window.on_data_received(digest);
+        if let Some(d) = edge.window.on_data_received(digest) {
+            let body = Sendme { digest: Some(d) }.encode();
+            self.send_edge(key, RelayCommand::SENDME, 0, &body, now);
+        }
+        true
+    }
+
+    /// The stream part of a DATA cell, on the circuit that holds the stream (a linked set's
+    /// home).
+    pub(super) fn edge_data_stream(&mut self, key: CircKey, sid: u16, data: &[u8], now: Instant) {
+        let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) else {
+            return;
+        };
         let outcome = match edge.streams.get_mut(&sid) {
             Some(s) if s.state != StreamState::Resolving => match s.flow.on_data_received(now) {
                 Ok(xoff) => Ok((s.handle, xoff)),
@@ -211,10 +238,6 @@ impl Core {
             // DATA for a stream that just ended crosses our END: not an error.
             _ => Err(String::new()),
         };
-        if let Some(d) = circuit_sendme {
-            let body = Sendme { digest: Some(d) }.encode();
-            self.send_edge(key, RelayCommand::SENDME, 0, &body, now);
-        }
         match outcome {
             Ok((handle, xoff)) => {
                 self.events.push_back(Event::StreamWrite {
@@ -265,6 +288,10 @@ impl Core {
                 return self.kill(key, &e.to_string(), now);
             }
             self.package_all(key, now);
+            // A linked spare's window opened: its home's streams may go on it.
+            if let Some(home) = self.path_home_of(key).filter(|h| *h != key) {
+                self.package_all(home, now);
+            }
         } else {
             let Some(s) = edge.streams.get_mut(&sid) else {
                 return;
@@ -332,13 +359,19 @@ impl Core {
     /// circuit queue allow; then END it if the local side is done; then grant more credit.
     fn package_stream(&mut self, key: CircKey, sid: u16, now: Instant) {
         loop {
+            // A linked set's home packages on the leg its sender uses now (None: blocked
+            // until a switch is confirmed or falls back).
+            let (circ_open, queued) = match self.path_package_leg(key) {
+                Some(leg) => self.circuits.get_mut(&leg).map_or((false, 0), |c| {
+                    let queued = c.queue(c.edge_out_side()).len();
+                    (c.edge().is_some_and(|e| e.window.can_package()), queued)
+                }),
+                None => (false, 0),
+            };
             let Some(circ) = self.circuits.get_mut(&key) else {
                 return;
             };
-            let side = circ.edge_out_side();
-            let queued = circ.queue(side).len();
             let Some(edge) = circ.edge_mut() else { return };
-            let circ_open = edge.window.can_package();
             let Some(s) = edge.streams.get_mut(&sid) else {
                 return;
             };
@@ -395,6 +428,9 @@ impl Core {
         body: &[u8],
         now: Instant,
     ) {
+        if super::path::multiplexed(cmd) && self.path_route(key, cmd, sid, body, now) {
+            return;
+        }
         let Some(circ) = self.circuits.get(&key) else {
             return;
         };

@@ -107,6 +107,18 @@ pub(super) struct SwitchState {
 }
 
 impl SwitchState {
+    pub(super) fn settings(&self) -> SwitchSettings {
+        self.settings
+    }
+
+    pub(super) fn stats_mut(&mut self) -> &mut SwitchStats {
+        &mut self.stats
+    }
+
+    pub(super) fn push_record(&mut self, r: SwitchRecord) {
+        self.record(r);
+    }
+
     fn record(&mut self, r: SwitchRecord) {
         if self.records.len() < MAX_PENDING_RECORDS {
             self.records.push_back(r);
@@ -126,6 +138,7 @@ impl SwitchState {
                     triggered,
                     ended: now,
                     outcome: SwitchOutcome::Switched,
+                    mode: SwitchMode::Connection,
                 });
             }
         }
@@ -161,7 +174,7 @@ impl Core {
     /// Whether this node is the entry of a circuit on relay channel `chan`: the connections a
     /// driver runs a congestion detector on (connection mode only).
     pub fn may_switch_from(&self, chan: ChannelId) -> bool {
-        if self.sw.settings.mode != SwitchMode::Connection || self.is_switch_channel(chan) {
+        if self.sw.settings.mode == SwitchMode::Off || self.is_switch_channel(chan) {
             return false;
         }
         let Some(ch) = self.channels.get(&chan) else {
@@ -174,7 +187,7 @@ impl Core {
                 .any(|(&id, key)| self.is_entry_circuit(*key, chan, id))
     }
 
-    fn is_entry_circuit(&self, key: CircKey, chan: ChannelId, id: CircId) -> bool {
+    pub(super) fn is_entry_circuit(&self, key: CircKey, chan: ChannelId, id: CircId) -> bool {
         let Some(circ) = self.circuits.get(&key) else {
             return false;
         };
@@ -191,6 +204,9 @@ impl Core {
     /// circuit chosen, or None (mode not `connection`, a switch connection, fewer than two
     /// circuits on the connection, no entry circuit, or too many switches pending to the peer).
     pub fn congested(&mut self, chan: ChannelId, now: Instant) -> Option<CircKey> {
+        if self.sw.settings.mode == SwitchMode::Path && !self.is_switch_channel(chan) {
+            return self.path_congested(chan, now);
+        }
         if self.sw.settings.mode != SwitchMode::Connection || self.is_switch_channel(chan) {
             return None;
         }
@@ -286,6 +302,7 @@ impl Core {
                     triggered,
                     ended: now,
                     outcome: SwitchOutcome::Failed,
+                    mode: SwitchMode::Connection,
                 });
             }
         }
@@ -788,6 +805,7 @@ impl Core {
             triggered: m.ms.triggered_at(),
             ended: now,
             outcome,
+            mode: SwitchMode::Connection,
         });
     }
 

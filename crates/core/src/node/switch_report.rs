@@ -14,7 +14,8 @@ pub enum SwitchMode {
     Off,
     /// Move the heaviest circuit onto a second connection to the same next hop.
     Connection,
-    /// Ask the client to move its stream to a spare circuit (not wired yet: behaves as off).
+    /// Ask the client to move its streams to a spare circuit (entry: CONGESTED; exit: answer
+    /// CONFLUX_LINK and restore order; client: keep a linked spare).
     Path,
 }
 
@@ -94,6 +95,14 @@ pub struct SwitchStats {
     /// Cells that arrived on a new connection before its marker on the old one and were held
     /// back (both roles): how often the hold-back was needed for order.
     pub cells_held: u64,
+    /// Path variant, entry: CONGESTED messages sent to clients.
+    pub congested_sent: u64,
+    /// Path variant, client: CONGESTED messages received (acted on or not).
+    pub congested_received: u64,
+    /// Path variant, exit: cells that arrived ahead of their turn and were buffered.
+    pub path_out_of_order: u64,
+    /// Path variant, exit: copies dropped (a number already delivered or buffered).
+    pub path_duplicates: u64,
 }
 
 /// How a switch this node started ended (one [`SwitchRecord`] each).
@@ -121,7 +130,10 @@ impl SwitchOutcome {
     }
 }
 
-/// One switch started at this node, for the metrics' `switch` record.
+/// One switch started at this node, for the metrics' `switch` record. Connection variant: at
+/// the entry, `ended` is when the circuit's first cell left on the new connection. Path
+/// variant: at the client, `triggered` is CONGESTED's arrival and `ended` when the first cell
+/// was queued on the new leg (recorded once the exit confirmed the switch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SwitchRecord {
     /// The circuit moved.
@@ -136,4 +148,7 @@ pub struct SwitchRecord {
     pub ended: Instant,
     /// How.
     pub outcome: SwitchOutcome,
+    /// Which variant: connection (`circ` moved to connection `to`) or path (the client moved
+    /// home circuit `circ`'s streams to its other leg, whose first hop is on `to`).
+    pub mode: SwitchMode,
 }

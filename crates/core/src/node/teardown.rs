@@ -87,6 +87,7 @@ impl Core {
             }
         }
         self.onion_circuit_gone(key, now);
+        self.path_circuit_gone(key, now);
         self.stats.queued_cells = self
             .stats
             .queued_cells

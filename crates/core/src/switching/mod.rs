@@ -11,8 +11,8 @@
 //!
 //! The wire formats are in chive-cell (`SwitchConn`, `SwitchAck`, `SwitchMarker`,
 //! `ConfluxLink`, `ConfluxSwitch`, `SwitchConfirm`, `Congested`); the protocol is described in
-//! docs/protocol.md, "Circuit switching". Not here: wiring these into `Core`'s circuits, the
-//! driver's sampling of sockets, metrics (see the crate README, "Not here").
+//! docs/protocol.md, "Circuit switching". Not here: wiring these into `Core`'s circuits
+//! (`node/switch.rs`, `node/path.rs`), the driver's sampling of sockets, metrics.
 
 pub mod conn;
 pub mod detector;

@@ -254,6 +254,13 @@ impl<T: Clone> PathSender<T> {
         self.pending.is_some()
     }
 
+    /// Whether [`PathSender::send`] would refuse with [`SendError::Blocked`].
+    pub fn is_blocked(&self) -> bool {
+        self.pending
+            .as_ref()
+            .is_some_and(|p| p.kept.len() >= self.limits.max_unconfirmed.max(1))
+    }
+
     /// Highest number sent.
     pub fn sent(&self) -> u64 {
         self.sent

@@ -1,5 +1,6 @@
 //! Circuit switching's IO (paper 003, issue 16): one congestion detector per outbound relay
-//! connection this relay is the entry on, sampled on a timer; the switch connections the core
+//! connection this relay is the entry on, sampled on a timer (both variants: in `path` mode
+//! the core answers a trigger with CONGESTED to the client instead of moving the circuit); the switch connections the core
 //! asks for; the relay's options over the consensus parameters. The protocol and the choice of
 //! circuit are the core's ([`chive_core::Core::congested`], docs/protocol.md).
 //!
@@ -79,7 +80,7 @@ impl SwitchIo {
 
 impl Driver {
     /// Options over consensus parameters: the core's mode and timeout, the detectors' settings.
-    pub(super) fn apply_switching(&mut self) {
+    pub(crate) fn apply_switching(&mut self) {
         let p = self
             .params
             .as_ref()
@@ -133,7 +134,7 @@ impl Driver {
         let Some(cfg) = self.switching.config else {
             return;
         };
-        if self.core.switching().mode != SwitchMode::Connection {
+        if self.core.switching().mode == SwitchMode::Off {
             if !self.switching.detectors.is_empty() {
                 self.switching.detectors.clear();
             }

@@ -1,0 +1,897 @@
+//! Circuit switching, path variant (paper 003 section 4.3.2, issue 16), wired into the core:
+//! a client's circuit (the *home* leg, which holds the streams) linked to a spare circuit
+//! through another entry and middle to the same exit; the entry's CONGESTED moves the client's
+//! sending to the other leg, and the exit puts the client's cells back in order.
+//! Protocol: docs/protocol.md, "Path variant"; the sequencing state machines are
+//! [`crate::switching::path`]; this file holds the tables that connect them to circuits.
+//!
+//! - Client: [`Core::path_link`] (LINK on a fresh circuit: it becomes a set's home) and
+//!   [`Core::path_add_spare`] (LINK on the spare with the same nonce; it joins the sender on
+//!   LINKED). Forward multiplexed cells (BEGIN, DATA, END, RESOLVE) of the home's streams go
+//!   through the [`PathSender`] ([`Core::path_route`]); the exit's backward stream cells may
+//!   come on any leg and apply to the home's streams, circuit-level flow control stays per leg.
+//! - Exit: LINK with a new nonce makes a set whose home is that circuit; later LINKs with the
+//!   nonce add legs. Multiplexed cells from any leg pass the [`PathReceiver`] and are acted on
+//!   in order as the home's; CONFLUX_SWITCH gets a SWITCH_CONFIRM. The download direction is
+//!   not sequenced: the exit sends on its home leg only.
+//! - Entry: [`Core::congested`] in path mode sends CONGESTED (from hop 1) on the heaviest
+//!   circuit whose previous hop is a client (`path_congested`).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use chive_cell::{
+    ConfluxLink, ConfluxSwitch, Congested, CongestionReason, DestroyReason, RelayCommand,
+    SwitchConfirm,
+};
+use rand::RngCore;
+use tracing::{debug, info, warn};
+
+use crate::idmap::LocalMap;
+use crate::switching::{
+    Arrival, ConfirmOutcome, Fallback, PathLimits, PathReceiver, PathSender, SendError,
+};
+use crate::{ChannelId, CircKey};
+
+use super::circuit::{queue_id, Role, Side};
+use super::event::CoreError;
+use super::switch_report::{SwitchMode, SwitchOutcome, SwitchRecord};
+use super::Core;
+
+/// A multiplexed relay message: what the sender keeps for a fallback and the receiver
+/// buffers out of order.
+type Msg = (RelayCommand, u16, Vec<u8>);
+
+/// Multiplexed cells a client may defer while its sender is blocked (BEGIN and END only:
+/// DATA waits in the stream). Beyond it the set fails.
+const MAX_DEFERRED: usize = 4096;
+
+/// Whether a relay command is sequenced across the legs (prop 329's multiplexed list).
+pub(super) fn multiplexed(cmd: RelayCommand) -> bool {
+    matches!(
+        cmd,
+        RelayCommand::BEGIN
+            | RelayCommand::DATA
+            | RelayCommand::END
+            | RelayCommand::CONNECTED
+            | RelayCommand::RESOLVE
+            | RelayCommand::RESOLVED
+    )
+}
+
+/// The relay commands of the path variant (never passed to the stream code).
+pub(super) fn is_path_command(cmd: RelayCommand) -> bool {
+    matches!(
+        cmd,
+        RelayCommand::CONFLUX_LINK
+            | RelayCommand::CONFLUX_LINKED
+            | RelayCommand::CONFLUX_LINKED_ACK
+            | RelayCommand::CONFLUX_SWITCH
+            | RelayCommand::SWITCH_CONFIRM
+            | RelayCommand::CONGESTED
+    )
+}
+
+struct ClientSet {
+    nonce: [u8; 32],
+    sender: PathSender<Msg>,
+    /// The linked spare.
+    spare: Option<CircKey>,
+    /// A spare whose LINKED has not come yet, and until when it may take.
+    linking: Option<(CircKey, Instant)>,
+    /// The switch in progress: CONGESTED's arrival, the channels left and taken, and when the
+    /// first cell went on the new leg.
+    switch: Option<PendingRecord>,
+    /// BEGIN / END cells that could not go while the sender was blocked, in order.
+    deferred: VecDeque<Msg>,
+}
+
+#[derive(Clone, Copy)]
+struct PendingRecord {
+    triggered: Instant,
+    from: ChannelId,
+    to: Option<ChannelId>,
+    first_cell: Option<Instant>,
+}
+
+struct ExitSet {
+    home: CircKey,
+    legs: Vec<CircKey>,
+    recv: PathReceiver<Msg>,
+}
+
+/// The core's path-switching tables. See the module documentation.
+#[derive(Default)]
+pub(super) struct PathTables {
+    /// Client: home leg → its set.
+    client: LocalMap<CircKey, ClientSet>,
+    /// Client: spare leg (linked or linking) → home.
+    client_spare: LocalMap<CircKey, CircKey>,
+    /// Exit: sets by id.
+    exit: HashMap<u64, ExitSet>,
+    /// Exit: nonce → set id. The nonce is a secret: never logged.
+    exit_nonce: HashMap<[u8; 32], u64>,
+    /// Exit: leg → set id.
+    exit_leg: LocalMap<CircKey, u64>,
+    next_set: u64,
+}
+
+impl Core {
+    fn path_limits(&self) -> PathLimits {
+        PathLimits {
+            confirm_timeout: self.sw.settings().timeout,
+            ..PathLimits::default()
+        }
+    }
+
+    fn first_chan(&self, key: CircKey) -> Option<ChannelId> {
+        self.circuits.get(&key)?.next.map(|(c, _)| c)
+    }
+
+    fn fresh_origin(&self, key: CircKey) -> Result<(), CoreError> {
+        match self.circuits.get(&key).map(|c| &c.role) {
+            None => Err(CoreError::NoSuchCircuit),
+            Some(Role::Origin {
+                built: true, edge, ..
+            }) if edge.streams.is_empty() && edge.next_stream_id == 1 => Ok(()),
+            Some(_) => Err(CoreError::CircuitNotOpen),
+        }
+    }
+
+    /// Client, path mode: make the fresh, built circuit `circ` the home leg of a linked set
+    /// (CONFLUX_LINK to its last hop). Call before any stream uses it.
+    pub fn path_link(&mut self, circ: CircKey, now: Instant) -> Result<(), CoreError> {
+        self.fresh_origin(circ)?;
+        if self.path.client.contains_key(&circ) || self.path.client_spare.contains_key(&circ) {
+            return Err(CoreError::CircuitNotOpen);
+        }
+        let mut nonce = [0u8; 32];
+        self.rng.fill_bytes(&mut nonce);
+        let limits = self.path_limits();
+        self.path.client.insert(
+            circ,
+            ClientSet {
+                nonce,
+                sender: PathSender::new(circ, limits),
+                spare: None,
+                linking: None,
+                switch: None,
+                deferred: VecDeque::new(),
+            },
+        );
+        self.send_link(circ, nonce, now);
+        Ok(())
+    }
+
+    /// Client: link the fresh, built circuit `spare` (same exit, another entry and middle)
+    /// to `home`'s set. It carries cells once its LINKED arrives; without one within the
+    /// circuit build timeout it is closed.
+    pub fn path_add_spare(
+        &mut self,
+        home: CircKey,
+        spare: CircKey,
+        now: Instant,
+    ) -> Result<(), CoreError> {
+        self.fresh_origin(spare)?;
+        if self.path.client.contains_key(&spare) || self.path.client_spare.contains_key(&spare) {
+            return Err(CoreError::CircuitNotOpen);
+        }
+        let deadline = now + self.cfg.circuit_build_timeout;
+        let set = self
+            .path
+            .client
+            .get_mut(&home)
+            .ok_or(CoreError::NoSuchCircuit)?;
+        if set.spare.is_some() || set.linking.is_some() {
+            return Err(CoreError::CircuitNotOpen);
+        }
+        set.linking = Some((spare, deadline));
+        let nonce = set.nonce;
+        self.path.client_spare.insert(spare, home);
+        self.send_link(spare, nonce, now);
+        Ok(())
+    }
+
+    /// Client: whether `circ` is the home leg of a set, and its spare (linked or linking).
+    pub fn path_set_of(&self, circ: CircKey) -> Option<Option<CircKey>> {
+        let set = self.path.client.get(&circ)?;
+        Some(set.spare.or(set.linking.map(|(s, _)| s)))
+    }
+
+    /// Client: whether `circ` is some set's spare (linked or linking).
+    pub fn path_is_spare(&self, circ: CircKey) -> bool {
+        self.path.client_spare.contains_key(&circ)
+    }
+
+    /// Client: the leg a home's cells go on now (for tests and logs).
+    pub fn path_current_leg(&self, home: CircKey) -> Option<CircKey> {
+        self.path.client.get(&home)?.sender.current()
+    }
+
+    fn send_link(&mut self, circ: CircKey, nonce: [u8; 32], now: Instant) {
+        let body = ConfluxLink {
+            nonce,
+            last_seqno_sent: 0,
+            last_seqno_recv: 0,
+            desired_ux: 0,
+        }
+        .encode();
+        self.send_edge(circ, RelayCommand::CONFLUX_LINK, 0, &body, now);
+    }
+
+    /// Client, packaging: the leg DATA for `home`'s streams would go on, or None if the
+    /// sender is blocked (waiting for a confirmation) or has no leg. Circuits outside a set
+    /// package on themselves.
+    pub(super) fn path_package_leg(&self, key: CircKey) -> Option<CircKey> {
+        match self.path.client.get(&key) {
+            None => Some(key),
+            Some(set) if set.sender.is_blocked() || !set.deferred.is_empty() => None,
+            Some(set) => set.sender.current(),
+        }
+    }
+
+    /// Client: send a multiplexed message of `home`'s streams through its set. Returns false
+    /// if `home` is not a set's home (the caller sends it as usual).
+    pub(super) fn path_route(
+        &mut self,
+        home: CircKey,
+        cmd: RelayCommand,
+        sid: u16,
+        body: &[u8],
+        now: Instant,
+    ) -> bool {
+        let Some(set) = self.path.client.get_mut(&home) else {
+            return false;
+        };
+        let msg = (cmd, sid, body.to_vec());
+        if !set.deferred.is_empty() {
+            if set.deferred.len() >= MAX_DEFERRED {
+                self.path_client_fail(home, "too many cells deferred behind a switch", now);
+                return true;
+            }
+            set.deferred.push_back(msg);
+            return true;
+        }
+        self.path_send_now(home, msg, now);
+        true
+    }
+
+    fn path_send_now(&mut self, home: CircKey, msg: Msg, now: Instant) {
+        let Some(set) = self.path.client.get_mut(&home) else {
+            return;
+        };
+        match set.sender.send(now, &msg) {
+            Ok(out) => {
+                if let Some(sw) = out.switch {
+                    if let Some(rec) = set.switch.as_mut() {
+                        rec.first_cell.get_or_insert(now);
+                    }
+                    let body = ConfluxSwitch {
+                        relative_seq: sw.relative_seq,
+                    }
+                    .encode();
+                    self.send_to_exit(sw.leg, RelayCommand::CONFLUX_SWITCH, 0, &body, now);
+                }
+                let (cmd, sid, body) = msg;
+                self.send_to_exit(out.leg, cmd, sid, &body, now);
+            }
+            Err(SendError::Blocked) => {
+                if set.deferred.len() >= MAX_DEFERRED {
+                    self.path_client_fail(home, "too many cells deferred behind a switch", now);
+                } else {
+                    set.deferred.push_back(msg);
+                }
+            }
+            Err(SendError::NoLeg) => self.path_client_fail(home, "no leg left", now),
+            Err(SendError::TooFar) => {
+                self.path_client_fail(home, "relative sequence number overflow", now)
+            }
+        }
+    }
+
+    /// Send a relay message from the client to `leg`'s last hop, bypassing the set.
+    fn send_to_exit(
+        &mut self,
+        leg: CircKey,
+        cmd: RelayCommand,
+        sid: u16,
+        body: &[u8],
+        now: Instant,
+    ) {
+        let Some(Role::Origin { crypto, .. }) = self.circuits.get(&leg).map(|c| &c.role) else {
+            return;
+        };
+        let last = crypto.len().saturating_sub(1);
+        self.send_relay_forward(leg, last, cmd, sid, body, false, now);
+    }
+
+    /// Client: after a confirmation or fallback, send what waited and package again.
+    fn path_resume(&mut self, home: CircKey, now: Instant) {
+        while let Some(set) = self.path.client.get_mut(&home) {
+            if set.sender.is_blocked() {
+                break;
+            }
+            let Some(msg) = set.deferred.pop_front() else {
+                break;
+            };
+            self.path_send_now(home, msg, now);
+        }
+        self.package_all(home, now);
+    }
+
+    /// Client: the set cannot go on (no leg, a protocol violation): close the home (its
+    /// streams end, the SOCKS applications see their connections closed) and the spare.
+    fn path_client_fail(&mut self, home: CircKey, why: &str, now: Instant) {
+        warn!(
+            ?home,
+            reason = why,
+            "linked circuits failed; closing their streams"
+        );
+        self.kill(home, &format!("linked set: {why}"), now);
+    }
+
+    /// The home of the set `key` belongs to (client side), if any.
+    pub(super) fn path_home_of(&self, key: CircKey) -> Option<CircKey> {
+        if self.path.client.contains_key(&key) {
+            return Some(key);
+        }
+        if let Some(h) = self.path.client_spare.get(&key) {
+            return Some(*h);
+        }
+        let id = self.path.exit_leg.get(&key)?;
+        self.path.exit.get(id).map(|s| s.home)
+    }
+
+    /// Client: a path message from hop `hop` of `key`.
+    pub(super) fn path_client_message(
+        &mut self,
+        key: CircKey,
+        hop: usize,
+        last_hop: Option<usize>,
+        cmd: RelayCommand,
+        data: &[u8],
+        now: Instant,
+    ) {
+        if cmd == RelayCommand::CONGESTED {
+            if hop != 0 {
+                self.sw.stats_mut().violations += 1;
+                return self.kill(
+                    key,
+                    &format!("CONGESTED from hop {hop}, not the entry"),
+                    now,
+                );
+            }
+            if let Err(e) = Congested::decode(data) {
+                self.sw.stats_mut().violations += 1;
+                return self.kill(key, &format!("malformed CONGESTED: {e}"), now);
+            }
+            return self.path_on_congested(key, now);
+        }
+        if Some(hop) != last_hop {
+            self.sw.stats_mut().violations += 1;
+            return self.kill(key, &format!("{cmd} from hop {hop}, not the exit"), now);
+        }
+        match cmd {
+            RelayCommand::CONFLUX_LINKED => self.path_on_linked(key, data, now),
+            RelayCommand::SWITCH_CONFIRM => self.path_on_confirm(key, data, now),
+            other => {
+                self.sw.stats_mut().violations += 1;
+                self.kill(key, &format!("{other} toward the client"), now)
+            }
+        }
+    }
+
+    fn path_on_linked(&mut self, key: CircKey, data: &[u8], now: Instant) {
+        let link = match ConfluxLink::decode(data) {
+            Ok(l) => l,
+            Err(e) => return self.kill(key, &format!("malformed CONFLUX_LINKED: {e}"), now),
+        };
+        let home = self.path_home_of(key);
+        let Some(set) = home.and_then(|h| self.path.client.get_mut(&h)) else {
+            return self.kill(key, "CONFLUX_LINKED on a circuit that sent no LINK", now);
+        };
+        if link.nonce != set.nonce {
+            return self.kill(key, "CONFLUX_LINKED with another set's nonce", now);
+        }
+        if Some(key) == home {
+            debug!(?key, "home leg linked at the exit");
+            return;
+        }
+        match set.linking {
+            Some((spare, _)) if spare == key => {
+                set.linking = None;
+                if set.sender.add_leg(key).is_ok() {
+                    set.spare = Some(key);
+                    info!(home = ?home, spare = ?key, "spare circuit linked");
+                }
+            }
+            _ => self.kill(key, "CONFLUX_LINKED repeated", now),
+        }
+    }
+
+    fn path_on_confirm(&mut self, key: CircKey, data: &[u8], now: Instant) {
+        let seq = match SwitchConfirm::decode(data) {
+            Ok(c) => c.seq,
+            Err(e) => {
+                self.sw.stats_mut().violations += 1;
+                return self.kill(key, &format!("malformed SWITCH_CONFIRM: {e}"), now);
+            }
+        };
+        let Some(home) = self.path_home_of(key) else {
+            self.sw.stats_mut().violations += 1;
+            return self.kill(key, "SWITCH_CONFIRM on a circuit that is not linked", now);
+        };
+        let Some(set) = self.path.client.get_mut(&home) else {
+            return;
+        };
+        match set.sender.on_confirm(key, seq) {
+            Ok(ConfirmOutcome::Confirmed { triggered_at }) => {
+                let rec = set.switch.take();
+                self.sw.stats_mut().switches += 1;
+                self.sw.stats_mut().completed += 1;
+                let (from, to, first) = rec.map_or((ChannelId(0), None, now), |r| {
+                    (r.from, r.to, r.first_cell.unwrap_or(now))
+                });
+                self.sw.push_record(SwitchRecord {
+                    circ: home,
+                    from,
+                    to: to.or(self.first_chan(key)),
+                    triggered: rec.map_or(triggered_at, |r| r.triggered),
+                    ended: first,
+                    outcome: SwitchOutcome::Switched,
+                    mode: SwitchMode::Path,
+                });
+                debug!(?home, leg = ?key, "path switch confirmed");
+                self.path_resume(home, now);
+            }
+            Ok(ConfirmOutcome::Stale) => {}
+            Err(e) => {
+                self.sw.stats_mut().violations += 1;
+                self.path_client_fail(home, &e.to_string(), now);
+            }
+        }
+    }
+
+    /// Client: the entry of `key` reports its connection congested.
+    fn path_on_congested(&mut self, key: CircKey, now: Instant) {
+        self.sw.stats_mut().congested_received += 1;
+        let from = self.first_chan(key);
+        let Some(home) = self.path_home_of(key) else {
+            debug!(?key, "CONGESTED on a circuit without a spare: ignored");
+            return;
+        };
+        let Some(set) = self.path.client.get_mut(&home) else {
+            return;
+        };
+        let (Some(spare), Some(current)) = (set.spare, set.sender.current()) else {
+            debug!(?key, "CONGESTED before the spare is linked: ignored");
+            return;
+        };
+        if current != key {
+            // Not on this leg any more (or not yet): nothing to move.
+            return;
+        }
+        let to = if key == home { spare } else { home };
+        if set.sender.switch_to(to, now).is_err() {
+            // A switch waits for its confirmation: one at a time.
+            return;
+        }
+        set.switch = Some(PendingRecord {
+            triggered: now,
+            from: from.unwrap_or(ChannelId(0)),
+            to: None,
+            first_cell: None,
+        });
+        let to_chan = self.first_chan(to);
+        if let Some(rec) = self
+            .path
+            .client
+            .get_mut(&home)
+            .and_then(|s| s.switch.as_mut())
+        {
+            rec.to = to_chan;
+        }
+        self.sw.stats_mut().triggered += 1;
+        info!(?home, from = ?key, ?to, "entry congested: moving the streams to the other leg");
+        // Anything waiting (stream data) goes on the new leg now.
+        self.package_all(home, now);
+    }
+
+    /// Client: time passed (switch confirmations, spares that never linked).
+    pub(super) fn path_handle_timeout(&mut self, now: Instant) {
+        let homes: Vec<CircKey> = self.path.client.keys().copied().collect();
+        for home in homes {
+            let Some(set) = self.path.client.get_mut(&home) else {
+                continue;
+            };
+            if let Some((spare, deadline)) = set.linking {
+                if deadline <= now {
+                    set.linking = None;
+                    self.close_circuit_inner(
+                        spare,
+                        DestroyReason::FINISHED,
+                        None,
+                        now,
+                        "spare circuit not linked in time",
+                    );
+                    continue;
+                }
+            }
+            let Some(set) = self.path.client.get_mut(&home) else {
+                continue;
+            };
+            if let Some(fb) = set.sender.handle_timeout(now) {
+                self.path_fallback(home, fb, true, now);
+            }
+        }
+    }
+
+    pub(super) fn path_next_deadline(&self) -> Option<Instant> {
+        self.path
+            .client
+            .values()
+            .flat_map(|s| [s.sender.next_deadline(), s.linking.map(|(_, d)| d)])
+            .flatten()
+            .min()
+    }
+
+    fn path_fallback(&mut self, home: CircKey, fb: Fallback<Msg>, timed_out: bool, now: Instant) {
+        let rec = self
+            .path
+            .client
+            .get_mut(&home)
+            .and_then(|s| s.switch.take());
+        if timed_out {
+            self.sw.stats_mut().timed_out += 1;
+        } else {
+            self.sw.stats_mut().failed += 1;
+        }
+        if let Some(r) = rec {
+            self.sw.push_record(SwitchRecord {
+                circ: home,
+                from: r.from,
+                to: r.to,
+                triggered: r.triggered,
+                ended: now,
+                outcome: if timed_out {
+                    SwitchOutcome::TimedOut
+                } else {
+                    SwitchOutcome::Failed
+                },
+                mode: SwitchMode::Path,
+            });
+        }
+        match fb {
+            Fallback::Resend {
+                switch,
+                cells,
+                abandoned,
+            } => {
+                warn!(
+                    ?home,
+                    ?abandoned,
+                    resent = cells.len(),
+                    timed_out,
+                    "path switch not confirmed: back to the old leg, resending"
+                );
+                self.sw.stats_mut().cells_resent += cells.len() as u64;
+                if let Some(sw) = switch {
+                    let body = ConfluxSwitch {
+                        relative_seq: sw.relative_seq,
+                    }
+                    .encode();
+                    self.send_to_exit(sw.leg, RelayCommand::CONFLUX_SWITCH, 0, &body, now);
+                    for (_, (cmd, sid, body)) in cells {
+                        self.send_to_exit(sw.leg, cmd, sid, &body, now);
+                    }
+                }
+                if let Some(set) = self.path.client.get_mut(&home) {
+                    if set.spare == Some(abandoned) {
+                        set.spare = None;
+                    }
+                }
+                if abandoned != home && self.circuits.contains_key(&abandoned) {
+                    self.close_circuit_inner(
+                        abandoned,
+                        DestroyReason::FINISHED,
+                        None,
+                        now,
+                        "spare leg abandoned after a failed switch",
+                    );
+                }
+                self.path_resume(home, now);
+            }
+            Fallback::Failed { unconfirmed } => {
+                self.sw.stats_mut().cells_lost += unconfirmed as u64;
+                self.path_client_fail(home, "switch failed with no leg to fall back to", now);
+            }
+        }
+    }
+
+    /// A circuit is going (its entry is already out of `circuits`): dissolve or shrink its set.
+    pub(super) fn path_circuit_gone(&mut self, key: CircKey, now: Instant) {
+        if let Some(set) = self.path.client.remove(&key) {
+            if let Some(r) = set.switch.filter(|_| set.sender.is_pending()) {
+                self.sw.stats_mut().failed += 1;
+                self.sw.push_record(SwitchRecord {
+                    circ: key,
+                    from: r.from,
+                    to: r.to,
+                    triggered: r.triggered,
+                    ended: now,
+                    outcome: SwitchOutcome::Failed,
+                    mode: SwitchMode::Path,
+                });
+            }
+            for spare in set.spare.into_iter().chain(set.linking.map(|(s, _)| s)) {
+                self.path.client_spare.remove(&spare);
+                self.close_circuit_inner(
+                    spare,
+                    DestroyReason::FINISHED,
+                    None,
+                    now,
+                    "its home circuit closed",
+                );
+            }
+            return;
+        }
+        if let Some(home) = self.path.client_spare.remove(&key) {
+            let Some(set) = self.path.client.get_mut(&home) else {
+                return;
+            };
+            if set.linking.is_some_and(|(s, _)| s == key) {
+                set.linking = None;
+            }
+            if set.spare == Some(key) {
+                set.spare = None;
+            }
+            if let Some(fb) = set.sender.leg_closed(key) {
+                self.path_fallback(home, fb, false, now);
+            }
+            return;
+        }
+        if let Some(id) = self.path.exit_leg.remove(&key) {
+            let Some(set) = self.path.exit.get_mut(&id) else {
+                return;
+            };
+            if set.home == key {
+                self.path_exit_dissolve(id, None, now);
+            } else {
+                set.legs.retain(|l| *l != key);
+                set.recv.leg_closed(key);
+            }
+        }
+    }
+
+    /// Exit: close every leg of set `id` (`why`: a protocol violation, logged; None: the home
+    /// closed and took the set with it).
+    fn path_exit_dissolve(&mut self, id: u64, why: Option<&str>, now: Instant) {
+        let Some(set) = self.path.exit.remove(&id) else {
+            return;
+        };
+        self.path.exit_nonce.retain(|_, v| *v != id);
+        for leg in &set.legs {
+            self.path.exit_leg.remove(leg);
+        }
+        if let Some(why) = why {
+            self.sw.stats_mut().violations += 1;
+            warn!(home = ?set.home, legs = set.legs.len(), reason = why,
+                  "linked set closed for a protocol violation");
+        }
+        for leg in set.legs {
+            match why {
+                Some(w) => self.kill(leg, &format!("linked set: {w}"), now),
+                None => self.close_circuit_inner(
+                    leg,
+                    DestroyReason::FINISHED,
+                    None,
+                    now,
+                    "its linked set's home closed",
+                ),
+            }
+        }
+    }
+
+    /// A path message recognized at a relay, forward from the client.
+    pub(super) fn path_relay_message(
+        &mut self,
+        key: CircKey,
+        cmd: RelayCommand,
+        data: &[u8],
+        now: Instant,
+    ) {
+        match cmd {
+            RelayCommand::CONFLUX_LINK => self.path_on_link(key, data, now),
+            RelayCommand::CONFLUX_LINKED_ACK => {}
+            RelayCommand::CONFLUX_SWITCH => {
+                let Some(&id) = self.path.exit_leg.get(&key) else {
+                    self.sw.stats_mut().violations += 1;
+                    return self.kill(key, "CONFLUX_SWITCH on a circuit that is not linked", now);
+                };
+                let rel = match ConfluxSwitch::decode(data) {
+                    Ok(s) => s.relative_seq,
+                    Err(e) => {
+                        return self.path_exit_dissolve(
+                            id,
+                            Some(&format!("malformed CONFLUX_SWITCH: {e}")),
+                            now,
+                        )
+                    }
+                };
+                let Some(set) = self.path.exit.get_mut(&id) else {
+                    return;
+                };
+                if let Err(e) = set.recv.on_switch(key, rel) {
+                    return self.path_exit_dissolve(id, Some(&e.to_string()), now);
+                }
+                while let Some((leg, seq)) = self
+                    .path
+                    .exit
+                    .get_mut(&id)
+                    .and_then(|s| s.recv.poll_confirm())
+                {
+                    let body = SwitchConfirm { seq }.encode();
+                    self.send_relay_backward(leg, RelayCommand::SWITCH_CONFIRM, 0, &body, now);
+                }
+            }
+            other => {
+                self.sw.stats_mut().violations += 1;
+                self.kill(key, &format!("{other} from the client's side"), now)
+            }
+        }
+    }
+
+    fn path_on_link(&mut self, key: CircKey, data: &[u8], now: Instant) {
+        if self.sw.settings().mode != SwitchMode::Path {
+            debug!(?key, "CONFLUX_LINK while path switching is off: ignored");
+            return;
+        }
+        let link = match ConfluxLink::decode(data) {
+            Ok(l) => l,
+            Err(e) => return self.kill(key, &format!("malformed CONFLUX_LINK: {e}"), now),
+        };
+        let Some(circ) = self.circuits.get(&key) else {
+            return;
+        };
+        match &circ.role {
+            Role::Relay { edge: None, .. } if circ.next.is_none() && self.cfg.exit => {}
+            Role::Relay { edge: Some(_), .. } => {
+                self.sw.stats_mut().violations += 1;
+                return self.kill(key, "CONFLUX_LINK on a circuit that carried streams", now);
+            }
+            _ => {
+                self.sw.stats_mut().violations += 1;
+                return self.kill(key, "CONFLUX_LINK at a relay that is not the exit", now);
+            }
+        }
+        if self.path.exit_leg.contains_key(&key) {
+            self.sw.stats_mut().violations += 1;
+            return self.kill(key, "CONFLUX_LINK repeated", now);
+        }
+        let limits = self.path_limits();
+        let id = match self.path.exit_nonce.get(&link.nonce) {
+            Some(&id) => {
+                let Some(set) = self.path.exit.get_mut(&id) else {
+                    return;
+                };
+                if let Err(e) = set.recv.add_leg(key) {
+                    self.sw.stats_mut().violations += 1;
+                    return self.kill(key, &format!("CONFLUX_LINK refused: {e}"), now);
+                }
+                set.legs.push(key);
+                id
+            }
+            None => {
+                let id = self.path.next_set;
+                self.path.next_set += 1;
+                self.path.exit_nonce.insert(link.nonce, id);
+                self.path.exit.insert(
+                    id,
+                    ExitSet {
+                        home: key,
+                        legs: vec![key],
+                        recv: PathReceiver::new(key, limits),
+                    },
+                );
+                id
+            }
+        };
+        self.path.exit_leg.insert(key, id);
+        // Every leg keeps its own circuit window for the DATA it carries.
+        let window = self.new_circuit_window();
+        if let Some(Role::Relay { edge, .. }) = self.circuits.get_mut(&key).map(|c| &mut c.role) {
+            edge.get_or_insert_with(|| super::stream::Edge::new(window));
+        }
+        debug!(?key, set = id, "circuit linked");
+        let body = ConfluxLink {
+            last_seqno_sent: 0,
+            last_seqno_recv: 0,
+            ..link
+        }
+        .encode();
+        self.send_relay_backward(key, RelayCommand::CONFLUX_LINKED, 0, &body, now);
+    }
+
+    /// Exit: whether `key` is a leg of a linked set (its multiplexed cells are sequenced).
+    pub(super) fn path_exit_set(&self, key: CircKey) -> Option<u64> {
+        self.path.exit_leg.get(&key).copied()
+    }
+
+    /// Exit: a multiplexed cell arrived on leg `key` of set `id` (its circuit-level flow
+    /// control is already counted on `key`): sequence it and act on what is now in order.
+    pub(super) fn path_exit_cell(
+        &mut self,
+        id: u64,
+        key: CircKey,
+        cmd: RelayCommand,
+        sid: u16,
+        data: &[u8],
+        now: Instant,
+    ) {
+        let Some(set) = self.path.exit.get_mut(&id) else {
+            return;
+        };
+        let before = set.recv.buffered();
+        match set.recv.on_cell(key, (cmd, sid, data.to_vec())) {
+            Ok(Arrival::Accepted) => {
+                if set.recv.buffered() > before {
+                    self.sw.stats_mut().path_out_of_order += 1;
+                }
+            }
+            Ok(Arrival::Duplicate) => {
+                self.sw.stats_mut().path_duplicates += 1;
+                return;
+            }
+            Err(e) => return self.path_exit_dissolve(id, Some(&e.to_string()), now),
+        }
+        let home = set.home;
+        while let Some((cmd, sid, data)) = self
+            .path
+            .exit
+            .get_mut(&id)
+            .and_then(|s| s.recv.poll_deliver())
+        {
+            match cmd {
+                RelayCommand::BEGIN => self.on_begin(home, sid, &data, now),
+                RelayCommand::RESOLVE => self.on_resolve(home, sid, &data, now),
+                RelayCommand::DATA => self.edge_data_stream(home, sid, &data, now),
+                RelayCommand::END => self.edge_end(home, sid, &data, now),
+                other => self.kill(home, &format!("{other} toward the exit"), now),
+            }
+        }
+    }
+
+    /// Entry, path mode: the detector found `chan` congested. Send CONGESTED to the client of
+    /// the heaviest circuit on it this relay is the entry of.
+    pub(super) fn path_congested(&mut self, chan: ChannelId, now: Instant) -> Option<CircKey> {
+        let ch = self.channels.get(&chan)?;
+        let mut best: Option<(CircKey, f64)> = None;
+        for (&id, &key) in &ch.circ_ids {
+            if !self.is_entry_circuit(key, chan, id) {
+                continue;
+            }
+            let count = ch
+                .sched
+                .ewma_count(queue_id(key, Side::Next), now)
+                .unwrap_or_else(|| self.circuits.get(&key).map_or(0, |c| c.cells_sent) as f64);
+            best = match best {
+                Some((b, w)) if w > count || (w == count && b < key) => Some((b, w)),
+                _ => Some((key, count)),
+            };
+        }
+        let (key, _) = best?;
+        let body = Congested {
+            reason: CongestionReason::OVERFULL,
+        }
+        .encode();
+        self.send_relay_backward(key, RelayCommand::CONGESTED, 0, &body, now);
+        self.sw.stats_mut().congested_sent += 1;
+        self.sw.stats_mut().triggered += 1;
+        info!(
+            ?key,
+            ?chan,
+            "connection congested: told the heaviest circuit's client"
+        );
+        Some(key)
+    }
+}

@@ -1,0 +1,279 @@
+//! Circuit switching, path variant, at the exit, cell by cell (the hand-driven path of
+//! `common`): a fake client links circuits through R to the exit X and sends what an honest
+//! client would not. Every unexpected or malformed request closes its circuit (or the linked
+//! set it names) with a logged protocol error; another circuit through the same relays keeps
+//! answering. And the exit's reordering itself, with the arrival order chosen by the test.
+
+use chive_cell::{ConfluxLink, ConfluxSwitch, RelayCommand, SwitchConfirm};
+use chive_core::{Event, SwitchMode, SwitchSettings};
+
+use crate::common::{destroys, Circ, Path};
+
+fn path_exit() -> Path {
+    let mut p = Path::new(Default::default());
+    p.x.core.set_switching(SwitchSettings {
+        mode: SwitchMode::Path,
+        ..SwitchSettings::default()
+    });
+    p
+}
+
+fn link_body(nonce: u8) -> Vec<u8> {
+    ConfluxLink {
+        nonce: [nonce; 32],
+        last_seqno_sent: 0,
+        last_seqno_recv: 0,
+        desired_ux: 0,
+    }
+    .encode()
+}
+
+/// Send `cmd` to X on `circ` and carry it there.
+fn to_x(p: &mut Path, circ: &mut Circ, cmd: RelayCommand, sid: u16, body: &[u8]) {
+    p.send(circ, 1, cmd, sid, body, false);
+    p.r_to_x();
+}
+
+/// Carry X's answers back and decrypt those of `circ`.
+fn from_x(p: &mut Path, circ: &mut Circ) -> Vec<(RelayCommand, Vec<u8>)> {
+    p.x_to_r();
+    p.read(circ).into_iter().map(|m| (m.cmd, m.data)).collect()
+}
+
+/// Two circuits linked in one set at X (LINKED on each).
+fn linked(p: &mut Path) -> (Circ, Circ) {
+    let mut a = p.create2();
+    let mut b = p.create2();
+    for c in [&mut a, &mut b] {
+        to_x(p, c, RelayCommand::CONFLUX_LINK, 0, &link_body(1));
+        let got = from_x(p, c);
+        assert_eq!(got, vec![(RelayCommand::CONFLUX_LINKED, link_body(1))]);
+    }
+    (a, b)
+}
+
+/// Whether X closed `circ` (a DESTROY toward R for its id on R's side is enough: R then
+/// destroys toward the client).
+fn closed(p: &mut Path, circ: &Circ) -> bool {
+    p.x_to_r();
+    let cells = p.cells_for_client();
+    destroys(&cells).iter().any(|(id, _)| *id == circ.id)
+}
+
+/// X's stream writes, in order, from its events.
+fn writes(p: &mut Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(ev) = p.x.core.poll_event() {
+        if let Event::StreamWrite { data, .. } = ev {
+            out.extend_from_slice(&data);
+        }
+    }
+    out
+}
+
+#[test]
+fn the_exit_puts_cells_from_two_legs_back_in_order() {
+    let mut p = path_exit();
+    let (mut a, mut b) = linked(&mut p);
+    // seq 1: BEGIN on A.
+    to_x(&mut p, &mut a, RelayCommand::BEGIN, 1, b"127.0.0.1:80\0");
+    p.connect_at_x();
+    // The client sent seq 2 ("one") on A, then switched: SWITCH(+2) and seq 3 ("two") on B.
+    // B's cells arrive first.
+    p.send(
+        &mut b,
+        1,
+        RelayCommand::CONFLUX_SWITCH,
+        0,
+        &ConfluxSwitch { relative_seq: 2 }.encode(),
+        false,
+    );
+    p.send(&mut b, 1, RelayCommand::DATA, 1, b"two", false);
+    p.r_to_x();
+    assert_eq!(writes(&mut p), b"", "seq 3 delivered before seq 2");
+    assert_eq!(p.x.core.switch_stats().path_out_of_order, 1);
+    // X confirms the switch on B with the leg's counter after the SWITCH.
+    let back = from_x(&mut p, &mut b);
+    assert!(
+        back.contains(&(
+            RelayCommand::SWITCH_CONFIRM,
+            SwitchConfirm { seq: 2 }.encode()
+        )),
+        "{back:?}"
+    );
+    to_x(&mut p, &mut a, RelayCommand::DATA, 1, b"one");
+    assert_eq!(writes(&mut p), b"onetwo");
+    // A copy of seq 3 (a fallback's resend) on A is dropped.
+    p.send(&mut a, 1, RelayCommand::DATA, 1, b"two", false);
+    p.send(&mut a, 1, RelayCommand::DATA, 1, b"three", false);
+    p.r_to_x();
+    assert_eq!(writes(&mut p), b"three");
+    assert_eq!(p.x.core.switch_stats().path_duplicates, 1);
+    assert_eq!(p.x.core.stats().circuits_killed, 0);
+}
+
+#[test]
+fn a_switch_on_an_unlinked_circuit_closes_it_only() {
+    let mut p = path_exit();
+    let (mut a, _b) = linked(&mut p);
+    let mut c = p.create2();
+    to_x(
+        &mut p,
+        &mut c,
+        RelayCommand::CONFLUX_SWITCH,
+        0,
+        &ConfluxSwitch { relative_seq: 1 }.encode(),
+    );
+    assert!(closed(&mut p, &c));
+    assert_eq!(p.x.core.switch_stats().violations, 1);
+    assert!(p.x_answers(&mut a, 1), "the linked set stopped answering");
+}
+
+#[test]
+fn malformed_repeated_or_out_of_range_switches_close_the_set() {
+    let bad: [&[(RelayCommand, Vec<u8>)]; 3] = [
+        // Malformed: 2 bytes.
+        &[(RelayCommand::CONFLUX_SWITCH, vec![0, 1])],
+        // Replayed: two SWITCHes with no cell between.
+        &[
+            (
+                RelayCommand::CONFLUX_SWITCH,
+                ConfluxSwitch { relative_seq: 0 }.encode(),
+            ),
+            (
+                RelayCommand::CONFLUX_SWITCH,
+                ConfluxSwitch { relative_seq: 0 }.encode(),
+            ),
+        ],
+        // Beyond the 2048-cell window.
+        &[(
+            RelayCommand::CONFLUX_SWITCH,
+            ConfluxSwitch { relative_seq: 5000 }.encode(),
+        )],
+    ];
+    for (i, msgs) in bad.iter().enumerate() {
+        let mut p = path_exit();
+        let (a, mut b) = linked(&mut p);
+        let mut other = p.create2();
+        for (cmd, body) in msgs.iter() {
+            p.send(&mut b, 1, *cmd, 0, body, false);
+        }
+        p.r_to_x();
+        p.x_to_r();
+        let gone: Vec<u32> = destroys(&p.cells_for_client())
+            .iter()
+            .map(|(id, _)| *id)
+            .collect();
+        assert!(
+            gone.contains(&a.id) && gone.contains(&b.id),
+            "case {i}: set not closed: {gone:?}"
+        );
+        assert_eq!(p.x.core.switch_stats().violations, 1, "case {i}");
+        assert!(
+            p.x_answers(&mut other, 1),
+            "case {i}: another circuit stopped answering"
+        );
+    }
+}
+
+#[test]
+fn a_data_cell_beyond_the_window_closes_the_set() {
+    let mut p = path_exit();
+    let (a, mut b) = linked(&mut p);
+    // B jumps to the window's last number; the cell after it is beyond.
+    p.send(
+        &mut b,
+        1,
+        RelayCommand::CONFLUX_SWITCH,
+        0,
+        &ConfluxSwitch { relative_seq: 2047 }.encode(),
+        false,
+    );
+    p.send(&mut b, 1, RelayCommand::DATA, 1, b"x", false);
+    p.send(&mut b, 1, RelayCommand::DATA, 1, b"y", false);
+    p.r_to_x();
+    p.x_to_r();
+    let gone: Vec<u32> = destroys(&p.cells_for_client())
+        .iter()
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(gone.contains(&a.id) && gone.contains(&b.id), "{gone:?}");
+    // The buffer held at most the window.
+    assert!(p.x.core.switch_stats().path_out_of_order <= 2048);
+}
+
+#[test]
+fn unexpected_links_close_their_circuit() {
+    // A LINK after the circuit carried a stream.
+    let mut p = path_exit();
+    let mut c = p.create2();
+    to_x(&mut p, &mut c, RelayCommand::BEGIN, 1, b"127.0.0.1:80\0");
+    to_x(&mut p, &mut c, RelayCommand::CONFLUX_LINK, 0, &link_body(2));
+    assert!(closed(&mut p, &c));
+    // A LINK repeated on one circuit.
+    let mut p = path_exit();
+    let mut c = p.create2();
+    to_x(&mut p, &mut c, RelayCommand::CONFLUX_LINK, 0, &link_body(2));
+    to_x(&mut p, &mut c, RelayCommand::CONFLUX_LINK, 0, &link_body(2));
+    assert!(closed(&mut p, &c));
+    // A malformed LINK.
+    let mut p = path_exit();
+    let mut c = p.create2();
+    to_x(&mut p, &mut c, RelayCommand::CONFLUX_LINK, 0, &[1, 2, 3]);
+    assert!(closed(&mut p, &c));
+    // A LINK to a relay that is not the last hop (R, hop 0 of a two-hop circuit).
+    let mut p = path_exit();
+    p.r.core.set_switching(SwitchSettings {
+        mode: SwitchMode::Path,
+        ..SwitchSettings::default()
+    });
+    let mut c = p.create2();
+    p.send(
+        &mut c,
+        0,
+        RelayCommand::CONFLUX_LINK,
+        0,
+        &link_body(2),
+        false,
+    );
+    let cells = p.cells_for_client();
+    assert!(destroys(&cells).iter().any(|(id, _)| *id == c.id));
+    // A fifth leg.
+    let mut p = path_exit();
+    let mut legs: Vec<Circ> = (0..5).map(|_| p.create2()).collect();
+    for c in legs.iter_mut().take(4) {
+        to_x(&mut p, c, RelayCommand::CONFLUX_LINK, 0, &link_body(3));
+    }
+    to_x(
+        &mut p,
+        &mut legs[4],
+        RelayCommand::CONFLUX_LINK,
+        0,
+        &link_body(3),
+    );
+    assert!(closed(&mut p, &legs[4]));
+    assert!(p.x_answers(&mut legs[0], 1));
+}
+
+#[test]
+fn client_side_messages_sent_to_the_exit_close_the_circuit() {
+    for cmd in [
+        RelayCommand::SWITCH_CONFIRM,
+        RelayCommand::CONGESTED,
+        RelayCommand::CONFLUX_LINKED,
+    ] {
+        let mut p = path_exit();
+        let (mut a, _b) = linked(&mut p);
+        to_x(&mut p, &mut a, cmd, 0, &[0; 8]);
+        assert!(closed(&mut p, &a), "{cmd} did not close the circuit");
+    }
+}
+
+#[test]
+fn an_exit_with_switching_off_ignores_link() {
+    let mut p = Path::new(Default::default());
+    let mut c = p.create2();
+    to_x(&mut p, &mut c, RelayCommand::CONFLUX_LINK, 0, &link_body(4));
+    assert_eq!(from_x(&mut p, &mut c), vec![]);
+    assert!(p.x_answers(&mut c, 1));
+}
