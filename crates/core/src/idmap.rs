@@ -5,6 +5,8 @@
 //! is not worth paying on the per-cell path (a forwarded cell does several lookups; SipHash was
 //! 10–15% of a middle relay's per-cell time in `benches/forward.rs`). Maps keyed by what a peer
 //! chooses (circuit ids on a link, stream ids on a circuit) keep std's seeded SipHash.
+//! `LocalMap` is public for the driver's maps keyed by the same ids (`ChannelId`,
+//! `StreamHandle`).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -12,7 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// splitmix64's finaliser over the id's `u64`: every input bit affects every output bit, so
 /// sequential ids spread over the table.
 #[derive(Default, Clone, Copy)]
-pub(crate) struct LocalIdHasher(u64);
+pub struct LocalIdHasher(u64);
 
 impl Hasher for LocalIdHasher {
     fn finish(&self) -> u64 {
@@ -35,7 +37,7 @@ impl Hasher for LocalIdHasher {
 }
 
 /// A map keyed by a core-allocated id.
-pub(crate) type LocalMap<K, V> = HashMap<K, V, BuildHasherDefault<LocalIdHasher>>;
+pub type LocalMap<K, V> = HashMap<K, V, BuildHasherDefault<LocalIdHasher>>;
 /// A set of core-allocated ids.
 pub(crate) type LocalSet<K> = HashSet<K, BuildHasherDefault<LocalIdHasher>>;
 

@@ -281,6 +281,14 @@ impl ClientCircuitCrypto {
         Self::default()
     }
 
+    /// A circuit with no hops yet and room for `hops` (a path's length: each hop's state is
+    /// ~1.9 KB, so growing a `Vec` to 4 for a 3-hop path would hold one hop's worth unused).
+    pub fn with_hops(hops: usize) -> Self {
+        ClientCircuitCrypto {
+            hops: Vec::with_capacity(hops),
+        }
+    }
+
     /// Add the next hop (after its CREATED2 / EXTENDED2).
     pub fn push_hop(&mut self, hop: ClientHopCrypto) {
         self.hops.push(hop);

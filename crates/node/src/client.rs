@@ -15,7 +15,7 @@ use chive_client::path::valid_node_spec;
 use chive_client::socks::{
     accept_socks, send_reply, SocksCommand, SocksReply, SocksRequest, TargetAddr,
 };
-use chive_core::{Core, CoreConfig, Event, StreamHandle};
+use chive_core::{Core, CoreConfig, Event, LocalMap, StreamHandle};
 use chive_crypto::IdentityKey;
 use chive_net::{FeatureSet, LinkConfig, LinkLimits};
 use rand::RngCore;
@@ -415,7 +415,7 @@ impl ClientState {
     pub fn on_input(
         &mut self,
         core: &mut Core,
-        _streams: &mut HashMap<StreamHandle, StreamIo>,
+        _streams: &mut LocalMap<StreamHandle, StreamIo>,
         input: ClientInput,
         now: Instant,
     ) {
@@ -467,7 +467,7 @@ impl ClientState {
     pub fn poll(
         &mut self,
         _core: &mut Core,
-        streams: &mut HashMap<StreamHandle, StreamIo>,
+        streams: &mut LocalMap<StreamHandle, StreamIo>,
         _now: Instant,
     ) -> bool {
         self.take_outcomes(streams)
@@ -479,7 +479,7 @@ impl ClientState {
     /// transmits) and its CONNECTED or END come back, so the core's event for a stream may be
     /// handled before the manager's "started" outcome for it. Without this the reply was
     /// dropped and the SOCKS client waited until the exit's server gave up (30 s).
-    fn take_outcomes(&mut self, streams: &mut HashMap<StreamHandle, StreamIo>) -> bool {
+    fn take_outcomes(&mut self, streams: &mut LocalMap<StreamHandle, StreamIo>) -> bool {
         let mut any = false;
         while let Some((ticket, outcome)) = self.mgr.poll_outcome() {
             any = true;
@@ -503,7 +503,7 @@ impl ClientState {
     pub fn on_event(
         &mut self,
         core: &mut Core,
-        streams: &mut HashMap<StreamHandle, StreamIo>,
+        streams: &mut LocalMap<StreamHandle, StreamIo>,
         ev: Event,
         now: Instant,
     ) {
@@ -546,7 +546,7 @@ impl ClientState {
     /// A stream ended; if it never opened, fail its SOCKS request. Returns true if handled.
     pub fn on_stream_closed(
         &mut self,
-        streams: &mut HashMap<StreamHandle, StreamIo>,
+        streams: &mut LocalMap<StreamHandle, StreamIo>,
         stream: StreamHandle,
         reason: EndReason,
     ) -> bool {

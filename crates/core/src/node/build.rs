@@ -88,7 +88,7 @@ impl Core {
         .encode();
         self.circuits.insert(
             key,
-            Circuit {
+            Box::new(Circuit {
                 prev: Some((chan, circ_id)),
                 next: None,
                 q_prev: CellQueue::default(),
@@ -103,7 +103,7 @@ impl Core {
                 },
                 relay_early_seen: 0,
                 kh: *km.kh(),
-            },
+            }),
         );
         if let Some(ch) = self.channels.get_mut(&chan) {
             ch.circ_ids.insert(circ_id, key);
@@ -253,7 +253,7 @@ impl Core {
                     ..
                 },
             ..
-        }) = self.circuits.get_mut(&key)
+        }) = self.circuits.get_mut(&key).map(Box::as_mut)
         {
             *pending_extend = None;
             *extending = false;
@@ -272,10 +272,11 @@ impl Core {
     pub fn launch_circuit(&mut self, path: Vec<HopSpec>, now: Instant) -> CircKey {
         let key = self.alloc_key();
         let first = path.first().cloned();
+        let hops = path.len();
         let window = self.new_circuit_window();
         self.circuits.insert(
             key,
-            Circuit {
+            Box::new(Circuit {
                 prev: None,
                 next: None,
                 q_prev: CellQueue::default(),
@@ -283,7 +284,7 @@ impl Core {
                 cells_sent: 0,
                 sw: SwCounts::default(),
                 role: Role::Origin {
-                    crypto: ClientCircuitCrypto::new(),
+                    crypto: ClientCircuitCrypto::with_hops(hops),
                     path,
                     handshake: None,
                     built: false,
@@ -292,7 +293,7 @@ impl Core {
                 },
                 relay_early_seen: 0,
                 kh: [0; 20],
-            },
+            }),
         );
         match first {
             None => self.close_circuit_inner(key, DestroyReason::INTERNAL, None, now, "empty path"),
@@ -362,7 +363,7 @@ impl Core {
     /// Whether an origin circuit is built and usable.
     pub fn circuit_is_open(&self, circ: CircKey) -> bool {
         matches!(
-            self.circuits.get(&circ),
+            self.circuits.get(&circ).map(Box::as_ref),
             Some(Circuit {
                 role: Role::Origin { built: true, .. },
                 ..

@@ -111,3 +111,29 @@ impl Circuit {
         matches!(self.role, Role::Origin { .. })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sizes that make up a circuit's heap (a `Circuit` lives inline in the core's map):
+    /// printed for the record (`--nocapture`), bounded so growth is a decision.
+    #[test]
+    fn circuit_size_audit() {
+        use std::mem::size_of;
+        let sizes = [
+            ("Circuit", size_of::<Circuit>()),
+            ("Role", size_of::<Role>()),
+            ("RelayHopCrypto", size_of::<RelayHopCrypto>()),
+            ("ClientCircuitCrypto", size_of::<ClientCircuitCrypto>()),
+            ("Edge", size_of::<Edge>()),
+            ("CellQueue", size_of::<CellQueue>()),
+            ("Create2", size_of::<Create2>()),
+            ("SwCounts", size_of::<super::super::switch::SwCounts>()),
+        ];
+        for (name, n) in sizes {
+            eprintln!("size_of::<{name}>() = {n}");
+        }
+        assert!(size_of::<Circuit>() <= 2304, "{sizes:?}");
+    }
+}

@@ -34,6 +34,7 @@ use tracing::debug;
 use crate::cc::CcKind;
 use crate::dos::DosGuard;
 use crate::idmap::{LocalMap, LocalSet};
+use crate::sched::QueueId;
 use crate::sched::SchedulerKind;
 use crate::{ChannelId, CircKey, StreamHandle};
 
@@ -77,7 +78,9 @@ pub struct Core {
     chan_by_identity: HashMap<IdentityKey, ChannelId>,
     /// Circuits waiting for a channel to this identity.
     waiting_for_channel: HashMap<IdentityKey, Vec<CircKey>>,
-    circuits: LocalMap<CircKey, Circuit>,
+    /// Boxed: a `Circuit` is ~2.3 KB (mostly its relay crypto), and a map stores entries
+    /// inline, so its free slots (up to half after a resize) would each cost that much.
+    circuits: LocalMap<CircKey, Box<Circuit>>,
     /// Stream handle → (circuit, stream id).
     streams: LocalMap<StreamHandle, (CircKey, u16)>,
     next_key: u64,
@@ -88,6 +91,8 @@ pub struct Core {
     stats: CoreStats,
     sample_counter: u64,
     cell_samples: VecDeque<CellSample>,
+    /// Queues that emptied holding a grown buffer, with when to free it (`queue.rs`).
+    emptied_queues: VecDeque<(Instant, QueueId)>,
     /// Bytes the driver reported holding for all channels (counted against `MaxMemInQueues`).
     driver_bytes: usize,
     /// Per-address state of the DoS defences.
@@ -121,6 +126,7 @@ impl Core {
             stats: CoreStats::default(),
             sample_counter: 0,
             cell_samples: VecDeque::new(),
+            emptied_queues: VecDeque::new(),
             driver_bytes: 0,
             dos,
             sw: switch::SwitchState::default(),
@@ -210,10 +216,12 @@ impl Core {
             })
             .chain(self.sw_next_deadline())
             .chain(self.path_next_deadline())
+            .chain(self.queue_sweep_deadline())
             .min()
     }
 
-    /// Time passed: close origin circuits that did not build in time.
+    /// Time passed: close origin circuits that did not build in time, free the buffers of
+    /// queues that stayed empty.
     pub fn handle_timeout(&mut self, now: Instant) {
         let expired: Vec<CircKey> = self
             .circuits
@@ -232,6 +240,7 @@ impl Core {
         }
         self.sw_handle_timeout(now);
         self.path_handle_timeout(now);
+        self.sweep_emptied_queues(now);
     }
 
     /// A variable-length cell after the link handshake: padding is ignored,

@@ -3,6 +3,10 @@
 //! `max_circuit_queue` is killed, all queues together count against `MaxMemInQueues` (the OOM
 //! handler in `oom.rs` kills the circuits holding the oldest cells), and edges stop packaging
 //! above [`QUEUE_HIGHWATER`] and resume at [`QUEUE_LOWWATER`].
+//!
+//! A queue's buffer is released once it has been empty for [`QUEUE_RELEASE_AFTER`] (at once
+//! if it never grew past the smallest allocation): an idle circuit holds no cell buffers, and
+//! a busy one keeps its grown buffer between batches (no regrowth copies per batch).
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -20,6 +24,14 @@ pub(super) const QUEUE_HIGHWATER: usize = 256;
 
 /// Resume packaging once the queue has drained below this.
 const QUEUE_LOWWATER: usize = 64;
+
+/// An emptied queue whose buffer holds more than this many cells keeps it for
+/// [`QUEUE_RELEASE_AFTER`]; a smaller one is released at once (reallocating it costs one
+/// allocation and no copy: `VecDeque`'s first allocation holds 4 cells).
+const QUEUE_KEEP_CELLS: usize = 4;
+
+/// How long an emptied queue keeps a grown buffer before [`Core::handle_timeout`] frees it.
+pub(super) const QUEUE_RELEASE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A cell waiting in a circuit queue, with when it was queued: the OOM handler kills the
 /// circuits whose oldest cell is oldest (`node/oom.rs`), and sampled cells report their
@@ -39,6 +51,10 @@ pub const CELL_MEM_COST: usize = std::mem::size_of::<QueuedCell>();
 #[derive(Default)]
 pub(super) struct CellQueue {
     cells: VecDeque<QueuedCell>,
+    /// When the queue last became empty while holding a grown buffer (`None` otherwise).
+    emptied: Option<Instant>,
+    /// Whether the queue is on `Core::emptied_queues` (at most once).
+    listed: bool,
 }
 
 impl CellQueue {
@@ -60,13 +76,55 @@ impl CellQueue {
         self.cells.len()
     }
 
+    /// Called when a pop left the queue empty at `now`: release a small buffer now; for a
+    /// grown one, note the time and return whether the queue must be listed for the sweep.
+    fn emptied_at(&mut self, now: Instant) -> bool {
+        if self.cells.capacity() <= QUEUE_KEEP_CELLS {
+            self.cells = VecDeque::new();
+            return false;
+        }
+        self.emptied = Some(now);
+        !std::mem::replace(&mut self.listed, true)
+    }
+
+    /// The sweep's visit: free the buffer if the queue has stayed empty since `deadline -
+    /// QUEUE_RELEASE_AFTER`; otherwise the time to look again (still listed), if any.
+    fn sweep(&mut self, now: Instant) -> Option<Instant> {
+        match self.emptied {
+            Some(t) if self.cells.is_empty() => {
+                let due = t + QUEUE_RELEASE_AFTER;
+                if due <= now {
+                    self.cells = VecDeque::new();
+                    self.emptied = None;
+                    self.listed = false;
+                    None
+                } else {
+                    Some(due)
+                }
+            }
+            _ => {
+                // Busy again: listed anew when it next empties.
+                self.emptied = None;
+                self.listed = false;
+                None
+            }
+        }
+    }
+
+    /// Heap bytes of this queue's buffer.
+    #[cfg(test)]
+    fn buffer_bytes(&self) -> usize {
+        self.cells.capacity() * std::mem::size_of::<QueuedCell>()
+    }
+
     /// When the oldest cell still queued was queued.
     pub(super) fn oldest(&self) -> Option<Instant> {
         self.cells.front().map(|q| q.queued)
     }
 
     pub(super) fn clear(&mut self) {
-        self.cells.clear();
+        self.cells = VecDeque::new();
+        self.emptied = None;
     }
 
     /// Give every queued cell a new circuit id (its circuit moved to another connection:
@@ -161,6 +219,10 @@ impl Core {
             ch.sched.cell_sent(q, now);
             if left == 0 {
                 ch.sched.deactivate(q);
+                if circ.queue(side).emptied_at(now) {
+                    self.emptied_queues
+                        .push_back((now + QUEUE_RELEASE_AFTER, q));
+                }
             }
             if left == QUEUE_LOWWATER && circ.edge_out_side() == side && circ.edge_mut().is_some() {
                 drained_edges.push(key);
@@ -211,6 +273,36 @@ impl Core {
         self.check_mem_in_queues(now);
     }
 
+    /// When the sweep of emptied queues next has work ([`QUEUE_RELEASE_AFTER`] after the
+    /// oldest listed queue emptied).
+    pub(super) fn queue_sweep_deadline(&self) -> Option<Instant> {
+        self.emptied_queues.front().map(|(due, _)| *due)
+    }
+
+    /// Free the buffers of queues empty for [`QUEUE_RELEASE_AFTER`]. Each queue is listed at
+    /// most once (its `listed` flag), so the list is bounded by the number of queues.
+    pub(super) fn sweep_emptied_queues(&mut self, now: Instant) {
+        let mut again = Vec::new();
+        while let Some(&(due, q)) = self.emptied_queues.front() {
+            if due > now {
+                break;
+            }
+            self.emptied_queues.pop_front();
+            let (key, side) = queue_of(q);
+            if let Some(circ) = self.circuits.get_mut(&key) {
+                if let Some(next) = circ.queue(side).sweep(now) {
+                    again.push((next, q));
+                }
+            }
+        }
+        // The list stays in due order: entries are appended at now + QUEUE_RELEASE_AFTER,
+        // a re-listed one may be due earlier than the last of them.
+        for e in again {
+            let pos = self.emptied_queues.partition_point(|(d, _)| *d <= e.0);
+            self.emptied_queues.insert(pos, e);
+        }
+    }
+
     pub(super) fn mark_ready(&mut self, chan: ChannelId) {
         if self.ready_set.insert(chan) {
             self.ready.push_back(chan);
@@ -247,5 +339,42 @@ mod tests {
         q.clear();
         assert_eq!((q.len(), q.oldest()), (0, None));
         assert!(CELL_MEM_COST >= std::mem::size_of::<Cell>() + std::mem::size_of::<Instant>());
+    }
+
+    /// An emptied queue holds no buffer if it never grew; a grown one keeps its buffer until
+    /// the sweep finds it empty for QUEUE_RELEASE_AFTER, and keeps it if it filled again.
+    #[test]
+    fn emptied_queues_give_their_buffer_back() {
+        let t0 = Instant::now();
+        let cell = || Cell::new(1, CellCommand::RELAY, &[]).unwrap();
+        let mut q = CellQueue::default();
+        q.push(cell(), t0, false);
+        q.pop();
+        assert!(!q.emptied_at(t0), "a 4-cell buffer is not listed");
+        assert_eq!(q.buffer_bytes(), 0);
+
+        for _ in 0..40 {
+            q.push(cell(), t0, false);
+        }
+        while q.pop().is_some() {}
+        assert!(q.emptied_at(t0), "a grown buffer is listed");
+        assert!(!q.emptied_at(t0), "and listed once");
+        assert!(q.buffer_bytes() >= 40 * CELL_MEM_COST);
+        let half = t0 + QUEUE_RELEASE_AFTER / 2;
+        assert_eq!(q.sweep(half), Some(t0 + QUEUE_RELEASE_AFTER));
+        assert_eq!(q.sweep(t0 + QUEUE_RELEASE_AFTER), None);
+        assert_eq!(q.buffer_bytes(), 0);
+
+        // Filled again before the sweep: the buffer stays, the queue is unlisted.
+        for _ in 0..40 {
+            q.push(cell(), t0, false);
+        }
+        while q.pop().is_some() {}
+        assert!(q.emptied_at(t0));
+        q.push(cell(), half, false);
+        assert_eq!(q.sweep(t0 + QUEUE_RELEASE_AFTER), None);
+        assert!(q.buffer_bytes() > 0);
+        q.pop();
+        assert!(q.emptied_at(half), "listed again when it empties again");
     }
 }

@@ -6,10 +6,12 @@
 //! reaches the shared helpers with `use crate::common;`). Run one file's tests with
 //! `cargo test --release -p chive-core --test it <name>::`.
 
+mod alloc_count;
 mod common;
 
 mod circuit_window;
 mod dos;
+mod heap;
 mod network;
 mod onion;
 mod oom;

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use chive_cell::{AnyCell, CellCommand, EndReason, ResolvedAnswer, VarCell};
 pub use chive_core::chansched::BatchClass;
 use chive_core::chansched::{ChannelSchedulerKind, SendConfig, SendPath, Transmit};
-use chive_core::{ChannelId, Core, Event, SchedulerKind, StreamHandle};
+use chive_core::{ChannelId, Core, Event, LocalMap, SchedulerKind, StreamHandle};
 use chive_crypto::IdentityKey;
 use chive_dir::ExitPolicy;
 use chive_net::{FeatureSet, LinkConfig, LinkLimits};
@@ -289,8 +289,10 @@ pub struct Driver {
     tx: mpsc::Sender<Input>,
     rx: mpsc::Receiver<Input>,
     next_chan: Arc<AtomicU64>,
-    chans: HashMap<ChannelId, ChanIo>,
-    pub streams: HashMap<StreamHandle, StreamIo>,
+    // Keyed by ids the core allocates: the core's cheap hasher, not SipHash (looked up per
+    // batch on the send and receive paths).
+    chans: LocalMap<ChannelId, ChanIo>,
+    pub streams: LocalMap<StreamHandle, StreamIo>,
     pub client: Option<ClientState>,
     pub metrics: Option<crate::metrics::Metrics>,
     params: Option<chive_dir::NetParams>,
@@ -299,7 +301,7 @@ pub struct Driver {
     /// Relays' ORPorts from the latest consensus (where second connections go).
     relay_addrs: HashMap<IdentityKey, SocketAddr>,
     /// Second connections: connection id → channel.
-    secondaries: HashMap<ChannelId, ChannelId>,
+    secondaries: LocalMap<ChannelId, ChannelId>,
     /// Which channel writes next and how much, and what each connection's writer holds.
     send: SendPath,
     /// Bounds the cells waiting in the input queue (handed to each link reader).
@@ -321,14 +323,14 @@ impl Driver {
             tx,
             rx,
             next_chan: Arc::new(AtomicU64::new(1)),
-            chans: HashMap::new(),
-            streams: HashMap::new(),
+            chans: LocalMap::default(),
+            streams: LocalMap::default(),
             client: None,
             metrics: None,
             params: None,
             split: SplitConfig::default(),
             relay_addrs: HashMap::new(),
-            secondaries: HashMap::new(),
+            secondaries: LocalMap::default(),
             send,
             cell_budget: Arc::new(tokio::sync::Semaphore::new(INPUT_CELLS)),
             recv_scratch: Vec::new(),

@@ -11,7 +11,7 @@ use chive_core::chansched::BatchClass;
 use chive_core::{ChannelId, StreamHandle};
 use chive_dir::ExitPolicy;
 use chive_net::{Link, LinkLimits, LinkReader, LinkWriter};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::AbortHandle;
@@ -323,11 +323,10 @@ pub fn spawn_stream_io(
     mut credit_rx: mpsc::UnboundedReceiver<usize>,
     tx: mpsc::Sender<Input>,
 ) {
-    let (mut rd, mut wr) = tcp.into_split();
+    let (rd, mut wr) = tcp.into_split();
     let rtx = tx.clone();
     tokio::spawn(async move {
         let mut credit = 0usize;
-        let mut buf = vec![0u8; STREAM_READ_CHUNK];
         loop {
             if credit == 0 {
                 match credit_rx.recv().await {
@@ -336,26 +335,35 @@ pub fn spawn_stream_io(
                 }
                 continue;
             }
-            let want = credit.min(buf.len());
             tokio::select! {
                 more = credit_rx.recv() => match more {
                     Some(n) => credit += n,
                     None => return,
                 },
-                r = rd.read(&mut buf[..want]) => match r {
-                    Ok(0) => {
-                        let _ = rtx.send(Input::StreamEof { stream }).await;
-                        return;
-                    }
-                    Ok(n) => {
-                        credit -= n;
-                        if rtx.send(Input::StreamData { stream, data: buf[..n].to_vec() }).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => {
+                ready = rd.readable() => {
+                    if let Err(e) = ready {
                         let _ = rtx.send(Input::StreamError { stream, why: e.to_string() }).await;
                         return;
+                    }
+                    // The buffer exists only once there is something to read (an idle stream
+                    // holds none) and is handed to the driver as read (no copy).
+                    let mut data = Vec::with_capacity(credit.min(STREAM_READ_CHUNK));
+                    match rd.try_read_buf(&mut data) {
+                        Ok(0) => {
+                            let _ = rtx.send(Input::StreamEof { stream }).await;
+                            return;
+                        }
+                        Ok(n) => {
+                            credit -= n;
+                            if rtx.send(Input::StreamData { stream, data }).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => {
+                            let _ = rtx.send(Input::StreamError { stream, why: e.to_string() }).await;
+                            return;
+                        }
                     }
                 },
             }
