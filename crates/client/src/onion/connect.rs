@@ -630,3 +630,7 @@ impl OnionConnector {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "connect_tests.rs"]
+mod tests;

@@ -124,6 +124,8 @@ pub struct OnionService {
     retry_publish_at: Option<Instant>,
     revision: u64,
     guard: Option<IdentityKey>,
+    /// Relays recently replaced as introduction points (avoided while others exist).
+    replaced: VecDeque<IdentityKey>,
     actions: VecDeque<ServiceAction>,
     counters: ServiceCounters,
     rng: StdRng,
@@ -145,6 +147,7 @@ impl OnionService {
             retry_publish_at: None,
             revision: 0,
             guard: None,
+            replaced: VecDeque::new(),
             actions: VecDeque::new(),
             counters: ServiceCounters::default(),
             rng: StdRng::from_seed(seed),
@@ -255,6 +258,10 @@ impl OnionService {
         if slot.failures >= MAX_INTRO_FAILURES {
             let old = self.slots.remove(i);
             add_stats(&mut self.counters.introduce, &old.keys.stats);
+            if self.replaced.len() >= 8 {
+                self.replaced.pop_front();
+            }
+            self.replaced.push_back(old.hop.identity);
             info!(relay = %old.hop.identity, "introduction point replaced after repeated failures");
         }
     }
@@ -399,11 +406,17 @@ impl OnionService {
         if self.slots.len() >= want {
             return;
         }
-        let mut cands: Vec<_> = usable_relays(consensus)
+        let unused: Vec<_> = usable_relays(consensus)
             .into_iter()
             .filter(|r| !self.slots.iter().any(|s| s.hop.identity == r.identity))
             .collect();
+        // Relays just replaced go last.
+        let (mut cands, mut later): (Vec<_>, Vec<_>) = unused
+            .into_iter()
+            .partition(|r| !self.replaced.contains(&r.identity));
         cands.shuffle(&mut self.rng);
+        later.shuffle(&mut self.rng);
+        cands.extend(later);
         let sub = self.address.subcredential();
         for r in cands.into_iter().take(want - self.slots.len()) {
             self.slots.push(IntroSlot {
@@ -481,3 +494,7 @@ fn add_stats(total: &mut ServiceStats, s: &ServiceStats) {
     total.replayed += s.replayed;
     total.bad_rendezvous_point += s.bad_rendezvous_point;
 }
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;
