@@ -4,7 +4,7 @@
 //! - **Introduction points**: `ServiceConfig::intro_points` distinct relays from the
 //!   consensus, each with its own auth and encryption keys and a circuit ending there that
 //!   sends ESTABLISH_INTRO (keyed with the circuit's KH). A circuit that closes is rebuilt after
-//!   a backoff (1 s, doubling, at most 30 s); after [`MAX_INTRO_FAILURES`] failures in a row
+//!   a backoff (1 s, doubling, at most 15 s); after [`MAX_INTRO_FAILURES`] failures in a row
 //!   the relay is replaced by another with fresh keys. An intro point whose replay cache asks
 //!   for rotation gets fresh keys and a new circuit.
 //! - **Descriptor**: signed with the service identity, listing the established introduction
