@@ -44,7 +44,10 @@ $(VENV_STAMP): lab/pyproject.toml
 build: deps
 	$(CARGO) build --release
 
+# check-features first: a crate that the build and the tests resolve with different features
+# would compile twice here, and the test build would replace the binary pytest runs.
 test: build
+	$(PYTHON) .ci/check-features
 	$(CARGO) test --release --workspace
 	$(VENV)/bin/pytest -q lab/tests
 

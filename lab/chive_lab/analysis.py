@@ -306,7 +306,8 @@ class Series:
 
 @dataclass
 class Figure:
-    """A figure: its data is written verbatim to ``<name>.csv`` beside ``<name>.png``."""
+    """A figure: its data is written to ``<name>.csv`` beside ``<name>.png`` (floats at
+    6 significant digits, :func:`chive_lab.figures.csv_cell`)."""
 
     name: str
     title: str

@@ -5,6 +5,10 @@ plotted data beside it as CSV (``<name>.png`` + ``<name>.csv``).
 matplotlib and the data rows for the CSV. :func:`write_figure` renders the
 generic :class:`chive_lab.analysis.Figure` (series, bands, reference lines)
 through it, with one CSV row per plotted point.
+
+Floats are written with 6 significant digits (:func:`csv_cell`): more than a figure or
+a reader of its CSV can use, and results/ is kept small (17-digit floats made CSVs
+three times larger).
 """
 
 from __future__ import annotations
@@ -21,10 +25,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .analysis import Figure  # noqa: E402
 
-__all__ = ["CSV_HEADER", "save_plot", "write_csv", "write_figure"]
+__all__ = ["CSV_DIGITS", "CSV_HEADER", "csv_cell", "save_plot", "write_csv", "write_figure"]
 
 #: Columns of a generic figure's CSV: one row per plotted point.
 CSV_HEADER = ("series", "x", "y", "lo", "hi")
+
+#: Significant digits of a float in a figure's CSV.
+CSV_DIGITS = 6
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell: floats (Python's and numpy's) with :data:`CSV_DIGITS` significant
+    digits (``nan``/``inf`` as before), everything else as it is (ints and already
+    formatted strings keep every digit)."""
+    if isinstance(value, float) or (hasattr(value, "dtype") and getattr(value.dtype, "kind", "") == "f"):
+        return f"{float(value):.{CSV_DIGITS}g}"
+    return value
 
 
 def save_plot(directory: Path, name: str, header: Sequence[str], rows: Iterable[Sequence[Any]],
@@ -39,7 +55,7 @@ def save_plot(directory: Path, name: str, header: Sequence[str], rows: Iterable[
         w = csv.writer(f, lineterminator=lineterminator)
         w.writerow(header)
         for row in rows:
-            w.writerow(row)
+            w.writerow([csv_cell(v) for v in row])
     if draw is not None:
         fig = draw(plt)
         try:
@@ -61,7 +77,7 @@ def write_csv(fig: Figure, path: Path) -> None:
         w = csv.writer(f)
         w.writerow(CSV_HEADER)
         for row in _rows(fig):
-            w.writerow(row)
+            w.writerow([csv_cell(v) for v in row])
 
 
 def _draw(fig: Figure, plt: Any) -> Any:

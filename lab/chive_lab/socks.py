@@ -10,7 +10,10 @@ distinct circuits).
 from __future__ import annotations
 
 import socket
+import sys
+import threading
 from dataclasses import dataclass, field
+from typing import Callable
 from urllib.parse import urlsplit
 
 from .errors import LabError
@@ -262,3 +265,40 @@ def fetch(
     with sock:
         sock.settimeout(timeout)
         return http_get(sock, host, port, path, max_body=max_body)
+
+
+def bulk_download(
+    proxy: str,
+    http: str,
+    stop: threading.Event,
+    on_bytes: Callable[[int], None],
+    *,
+    username: str,
+    exit_relay: str | None = None,
+    size: int = 10_000_000_000,
+) -> None:
+    """A continuous download through ``proxy`` until ``stop`` is set: ``GET /bytes/<size>``
+    from the ``http://host:port`` server (through ``exit_relay`` by .exit notation if given),
+    on the circuit of SOCKS user ``username``, again whenever a transfer ends or fails (0.5 s
+    after a failure, which is logged to stderr). ``on_bytes(n)`` counts what arrives; the
+    body is not checked. Returns within about a second of ``stop``."""
+    host, port = parse_hostport(http.removeprefix("http://"))
+    if exit_relay:
+        host = f"{host}.{exit_relay}.exit"
+    while not stop.is_set():
+        try:
+            s = socks5_connect(proxy, host, port, username=username, password="x")
+            with s:
+                s.settimeout(1.0)
+                s.sendall(f"GET /bytes/{size} HTTP/1.0\r\n\r\n".encode())
+                while not stop.is_set():
+                    try:
+                        data = s.recv(65536)
+                    except TimeoutError:
+                        continue
+                    if not data:
+                        break
+                    on_bytes(len(data))
+        except (OSError, SocksError) as e:
+            print(f"{username}: {e}; retrying", file=sys.stderr)
+            stop.wait(0.5)

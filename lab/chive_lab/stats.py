@@ -12,6 +12,7 @@ report.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -31,6 +32,7 @@ __all__ = [
     "ks_test",
     "mean",
     "mean_ci",
+    "quartiles",
     "representative",
     "slot_means",
     "slot_stats",
@@ -212,6 +214,15 @@ def _add_point(out: np.ndarray, t0: float, bin_s: float, t: float, amount: float
 
 # ---------------------------------------------------------------------------
 # Per-second throughput series (one value per second of a run, per flow)
+
+
+def quartiles(xs: Sequence[float]) -> dict[str, float | int | None]:
+    """p25, p50, p75 (inclusive method, as :func:`statistics.quantiles`) and n; with fewer than
+    two values only the median (or nothing) is known."""
+    if len(xs) < 2:
+        return {"p25": None, "p50": xs[0] if xs else None, "p75": None, "n": len(xs)}
+    q = statistics.quantiles(sorted(xs), n=4, method="inclusive")
+    return {"p25": q[0], "p50": q[1], "p75": q[2], "n": len(xs)}
 
 
 def t90(n: int) -> float:

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -36,7 +35,8 @@ import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from chive_lab.socks import SocksError, socks5_connect  # noqa: E402
+from chive_lab.socks import SocksError, bulk_download, socks5_connect  # noqa: E402
+from chive_lab.stats import quartiles  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / ".venv" / "bin" / "chive-lab"
@@ -47,13 +47,6 @@ CONFIGS = {
     "ewma+fair": ["Scheduler=ewma", "ChannelFairness=true"],
     "rr": ["Scheduler=rr"],
 }
-
-
-def quantiles(xs):
-    if len(xs) < 2:
-        return {"p25": None, "p50": xs[0] if xs else None, "p75": None, "n": len(xs)}
-    q = statistics.quantiles(sorted(xs), n=4, method="inclusive")
-    return {"p25": q[0], "p50": q[1], "p75": q[2], "n": len(xs)}
 
 
 def free_port():
@@ -86,31 +79,6 @@ def start_client(netdir, name, middles):
     proc = subprocess.Popen([str(CHIVE), "client", "--config", str(d / "client.toml")],
                             stdout=subprocess.DEVNULL, stderr=log)
     return proc, f"127.0.0.1:{port}"
-
-
-def bulk(socks, http, user, stop, counters, key, exit_relay=None):
-    """A continuous download on the circuit of SOCKS user `user` (through `exit_relay` if
-    given, by .exit notation); counts bytes into counters[key]."""
-    host, port = http.removeprefix("http://").rsplit(":", 1)
-    if exit_relay:
-        host = f"{host}.{exit_relay}.exit"
-    while not stop.is_set():
-        try:
-            s = socks5_connect(socks, host, int(port), username=user, password="x")
-            s.settimeout(1.0)
-            s.sendall(b"GET /bytes/10000000000 HTTP/1.0\r\n\r\n")
-            while not stop.is_set():
-                try:
-                    data = s.recv(65536)
-                except TimeoutError:
-                    continue
-                if not data:
-                    break
-                counters[key] += len(data)
-            s.close()
-        except (OSError, SocksError) as e:
-            print(f"{user}: {e}; retrying", file=sys.stderr)
-            stop.wait(0.5)
 
 
 def wait_fetch(socks, http, deadline):
@@ -172,12 +140,15 @@ def run_one(name, args, outdir):
             wait_fetch(socks, http, deadline)
         stop = threading.Event()
         counters = {"gamer": 0, "single": 0}
-        threads = [threading.Thread(target=bulk, args=(clients["gamer"], http, f"g{i}", stop, counters, "gamer",
-                                                         exits.get("gamer")),
-                                    daemon=True) for i in range(args.circuits)]
-        threads.append(threading.Thread(target=bulk, args=(clients["single"], http, "s", stop, counters, "single",
-                                                         exits.get("single")),
-                                        daemon=True))
+        def download(client, user):
+            def add(n):
+                counters[client] += n
+            return threading.Thread(target=bulk_download, args=(clients[client], http, stop, add),
+                                    kwargs={"username": user, "exit_relay": exits.get(client)},
+                                    daemon=True)
+
+        threads = [download("gamer", f"g{i}") for i in range(args.circuits)]
+        threads.append(download("single", "s"))
         for t in threads:
             t.start()
         stop.wait(args.warmup)
@@ -199,7 +170,7 @@ def run_one(name, args, outdir):
         return {"gamer_Bps": gamer, "single_Bps": single,
                 "gamer_over_single": gamer / single if single else None,
                 "gamer_circuits": len(circuits), "seconds": elapsed,
-                "share_of_rate": (gamer + single) / RATE, "web": quantiles(web)}
+                "share_of_rate": (gamer + single) / RATE, "web": quartiles(web)}
     finally:
         for p in procs:
             p.terminate()

@@ -20,7 +20,6 @@ import os
 import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -28,19 +27,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from chive_lab.socks import SocksError, socks5_connect  # noqa: E402
+from chive_lab.socks import bulk_download  # noqa: E402
+from chive_lab.stats import quartiles  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / ".venv" / "bin" / "chive-lab"
 # $CHIVE_BIN, as chive-lab: measure a copy while the tree is rebuilt.
 CHIVE = Path(os.environ.get("CHIVE_BIN", ROOT / "target" / "release" / "chive"))
 RATE = 1_000_000
-
-
-def quantiles(xs):
-    xs = sorted(xs)
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return {"p25": q[0], "p50": q[1], "p75": q[2], "n": len(xs)}
 
 
 def fetch_times(socks, url, samples, out):
@@ -56,28 +50,6 @@ def fetch_times(socks, url, samples, out):
         if r.get("type", "transfer") == "transfer" and not r.get("error"):
             times.append(r["last_byte"] - r["start"])
     return times
-
-
-def bulk(socks, http, index, stop, counters):
-    """A continuous download on its own circuit; counts bytes until `stop`."""
-    host, port = http.removeprefix("http://").rsplit(":", 1)
-    while not stop.is_set():
-        try:
-            s = socks5_connect(socks, host, int(port), username=f"bulk{index}", password="x")
-            s.settimeout(1.0)
-            s.sendall(b"GET /bytes/10000000000 HTTP/1.0\r\n\r\n")
-            while not stop.is_set():
-                try:
-                    data = s.recv(65536)
-                except TimeoutError:
-                    continue
-                if not data:
-                    break
-                counters[index] += len(data)
-            s.close()
-        except (OSError, SocksError) as e:
-            print(f"bulk{index}: {e}; retrying", file=sys.stderr)
-            stop.wait(0.5)
 
 
 def run_one(scheduler, args, outdir):
@@ -96,7 +68,13 @@ def run_one(scheduler, args, outdir):
         idle = fetch_times(socks, small, args.samples, outdir / f"{label}-idle.jsonl")
         stop = threading.Event()
         counters = [0, 0]
-        threads = [threading.Thread(target=bulk, args=(socks, http, i, stop, counters), daemon=True)
+        def count(i):
+            def add(n):
+                counters[i] += n
+            return add
+
+        threads = [threading.Thread(target=bulk_download, args=(socks, http, stop, count(i)),
+                                    kwargs={"username": f"bulk{i}"}, daemon=True)
                    for i in range(2)]
         for t in threads:
             t.start()
@@ -113,7 +91,7 @@ def run_one(scheduler, args, outdir):
         stop.set()
         for t in threads:
             t.join(timeout=5)
-        return {"idle": quantiles(idle), "load": quantiles(load),
+        return {"idle": quartiles(idle), "load": quartiles(load),
                 "bulk_alone_Bps": alone, "bulk_alone_share_of_rate": alone / RATE,
                 "bulk_goodput_Bps": goodput, "bulk_share_of_rate": goodput / RATE,
                 "web_goodput_Bps": web, "total_share_of_rate": (goodput + web) / RATE}

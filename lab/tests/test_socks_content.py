@@ -198,3 +198,23 @@ def test_argument_bounds():
         socks.socks5_connect("127.0.0.1:1", "host", 80, username="")
     with pytest.raises(LabError, match="only http"):
         socks.fetch("https://example/")
+
+
+def test_bulk_download_repeats_until_stopped(http_server, socks_proxy):
+    """The lab scripts' load generator: each transfer's bytes are counted, a finished transfer
+    starts again, and it returns soon after ``stop``."""
+    stop = threading.Event()
+    got: list[int] = []
+
+    def count(n):
+        got.append(n)
+        if sum(got) >= 350_000:
+            stop.set()
+
+    t = threading.Thread(target=socks.bulk_download, args=(socks_proxy, http_server, stop, count),
+                         kwargs={"username": "bulk0", "size": 100_000}, daemon=True)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive(), "bulk_download did not return after stop"
+    # four transfers of 100 000 bytes (each with its HTTP head) were needed to pass 350 000
+    assert 350_000 <= sum(got) < 4 * 100_000 + 4 * 1000

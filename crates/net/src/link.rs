@@ -363,6 +363,11 @@ impl Accepting {
 
     /// Run the TLS handshake and the link handshake as responder, within [`HANDSHAKE_TIMEOUT`].
     pub async fn handshake(self) -> Result<Link, LinkError> {
+        self.handshake_within(HANDSHAKE_TIMEOUT).await
+    }
+
+    /// [`Accepting::handshake`] within `limit`: [`LinkError::Timeout`] once it has passed.
+    pub async fn handshake_within(self, limit: std::time::Duration) -> Result<Link, LinkError> {
         let Accepting {
             tcp,
             peer_addr,
@@ -384,7 +389,7 @@ impl Accepting {
             )
             .await
         };
-        tokio::time::timeout(HANDSHAKE_TIMEOUT, fut)
+        tokio::time::timeout(limit, fut)
             .await
             .map_err(|_| LinkError::Timeout)?
     }

@@ -1,0 +1,1 @@
+//! No code. This crate exists for its `[dependencies]`: see `Cargo.toml` and `README.md`.
