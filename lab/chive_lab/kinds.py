@@ -132,6 +132,7 @@ KINDS: dict[str, Any] = {
     "client-uplink": "chive_lab.experiments.client_uplink:KIND",  # a client uploading while it downloads
     "idle-vs-load": "chive_lab.experiments.idle_vs_load:KIND",  # web idle vs under load, 3-hop goodput
     "paper004-window": "chive_lab.experiments.paper004:KIND",  # circuit windows, torperf-style, with tor
+    "paper001-onion": "chive_lab.experiments.paper001_onion:KIND",  # onion-service set-up under load, with tor
 }
 
 
