@@ -352,7 +352,10 @@ class TorOverlay(Overlay):
         node = self.tor_nodes[name]
         argv = [sys.executable, "-m", "chive_lab.tor_netns", what, "--dir", str(node.dir),
                 "--control-port", str(node.control_port), "--metrics-port", str(node.metrics_port)]
-        r = self.tb.sh(self.nodes[name].host, argv, check=False, timeout=20)
+        try:
+            r = self.tb.sh(self.nodes[name].host, argv, check=False, timeout=20)
+        except subprocess.TimeoutExpired as e:
+            raise LabError(f"{what} of {name} took over {e.timeout:g} s (a loaded machine?)", node=name) from e
         if r.returncode != 0:
             raise LabError(f"{what} of {name} failed: {(r.stdout + r.stderr).strip()[-300:]}",
                            node=name)

@@ -194,24 +194,34 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{100 * x:+.1f}%"
 
 
+def _s(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f} s"
+
+
+def _neg_pct(x: float | None) -> str:
+    return "n/a" if x is None else _pct(-x)
+
+
 def paper_lines(summary: Mapping[str, Any]) -> list[str]:
-    """The paper's numbers beside ours (first-fetch set-up mean, reduction against rr)."""
+    """The paper's numbers beside ours (first-fetch set-up, change against rr, later set-ups)."""
     pn, t = summary.get("paper", {}), summary.get("targets", {})
     lines = ["| | paper (live Tor, 2009) | ours |", "|---|---|---|"]
     if not t.get("declared"):
         return lines + ["", "(the scenario declares no targets: no variant to compare)"]
-    rr, ewma = t["ewma_below_rr"]["rr"], t["ewma_below_rr"]["ewma"]
+    rr, ewma, tor = t["ewma_below_rr"]["rr"], t["ewma_below_rr"]["ewma"], t["ewma_vs_tor"]["tor"]
     mid = t["ewma_middle_vs_rr"]["ewma_middle"]
     stat = t["statistic"]
-    lines += [f"| first-fetch set-up {stat}, round-robin | {pn.get('rr_mean_s', '')} s | {_fmt(rr[1])} s ({rr[0]}) |",
-              f"| the same, EWMA on 2 of 7 hops | {pn.get('ewma_mean_s', '')} s | {_fmt(mid[1])} s ({mid[0]}) |",
-              f"| change, 2 of 7 hops | {_pct(-pn['reduction']) if 'reduction' in pn else ''} | "
-              f"{_pct(None if t['ewma_middle_vs_rr']['reduction'] is None else -t['ewma_middle_vs_rr']['reduction'])} |",
-              f"| the same, EWMA on every relay | (expected larger) | {_fmt(ewma[1])} s ({ewma[0]}), "
-              f"{_pct(None if t['ewma_below_rr']['reduction'] is None else -t['ewma_below_rr']['reduction'])} |"]
+    paper_change = _neg_pct(pn["reduction"]) if "reduction" in pn else ""
+    lines += [f"| first-fetch set-up ({stat}), round-robin | {pn.get('rr_mean_s', '')} s | {_s(rr[1])} ({rr[0]}) |",
+              f"| the same, EWMA on 2 of 7 hops | {pn.get('ewma_mean_s', '')} s | {_s(mid[1])} ({mid[0]}) |",
+              f"| change against round-robin, 2 of 7 hops | {paper_change} | "
+              f"{_neg_pct(t['ewma_middle_vs_rr']['reduction'])} |",
+              f"| the same, EWMA on every relay | not measured (expected a larger change) | {_s(ewma[1])} "
+              f"({ewma[0]}), {_neg_pct(t['ewma_below_rr']['reduction'])} |",
+              f"| the same, tor 0.4.9 (KIST + EWMA) | — | {_s(tor[1])} ({tor[0]}) |"]
     if "later_setup_mean_s" in pn:
-        later = [f"{label} {_fmt(e['setup_later']['mean'])} s" for label, e in summary["variants"].items()]
-        lines.append(f"| set-up of the later three fetches, mean | {pn['later_setup_mean_s']} s | {', '.join(later)} |")
+        later = [f"{label} {_s(e['setup_later']['mean'])}" for label, e in summary["variants"].items()]
+        lines.append(f"| set-up of the later fetches (mean) | {pn['later_setup_mean_s']} s | {', '.join(later)} |")
     if pn.get("note"):
         lines += ["", f"Paper: {pn['note']}."]
     return lines
@@ -230,9 +240,9 @@ def write_comparison(out: Path, summary: Mapping[str, Any]) -> None:
     else:
         a, b = t["ewma_below_rr"], t["ewma_vs_tor"]
         lines.append(f"- EWMA at least {100 * a['needed']:.0f}% below rr in first-fetch set-up "
-                     f"({t['statistic']}): **{_verdict(a['met'])}** — reduction {_pct(a['reduction'])}")
+                     f"({t['statistic']}): **{_verdict(a['met'])}** — change {_neg_pct(a['reduction'])}")
         lines.append(f"- EWMA at most {b['needed']:g} of tor's first-fetch set-up ({t['statistic']}): "
-                     f"**{_verdict(b['met'])}** — ratio {_fmt(b['ratio'], 3)}")
+                     f"**{_verdict(b['met'])}** — ratio {_fmt(b['ratio'], 3) or 'n/a'}")
     errs = [f"{label}: {', '.join(e['error_texts'])}" for label, e in summary["variants"].items() if e["error_texts"]]
     if errs:
         lines += ["", "## Failed fetches (first three per variant)", "", *[f"- {x}" for x in errs]]
