@@ -179,6 +179,8 @@ def _write_run(out: Path, variant: str, first: list[float], t0: float = 1000.0, 
                                for i in range(4)]
     files[1].append({"type": "transfer", "seq": 0, "start": t0 + 90, "bytes": 0, "status": None,
                      "error": "socks: general failure", "socks_user": "c1g99"})
+    # After the failed first fetch, the next one builds the circuits: neither first nor later.
+    files[1] += [_fetch(t0 + 91 + i, i, 7.0, 0.5, "c1g99") for i in (1, 2)]
     for i, recs in enumerate(files):
         (d / f"{p1.onion_stem(i)}.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
 
@@ -195,6 +197,7 @@ def test_analysis_measures_first_fetch_setup_and_judges_targets(tmp_path):
     a = p1a.analyze(tmp_path, s)
     e = a.summary["variants"]["chive-rr"]
     assert e["setup_first"]["n"] == 30 and e["groups"] == 31 and e["errors"] == 1 and e["first_errors"] == 1
+    assert e["dropped"] == 2
     assert e["setup_first"]["mean"] == pytest.approx(float(np.mean(rr)))
     assert e["setup_later"]["n"] == 90 and e["setup_later"]["p50"] == pytest.approx(0.1)
     assert e["fetch"]["n"] == 120 and e["fetch"]["p50"] == pytest.approx(0.5)

@@ -52,15 +52,16 @@ def _rep_dirs(out_dir: Path, label: str) -> list[Path]:
 
 def load_variants(out_dir: Path, scenario: Any) -> dict[str, dict[str, Any]]:
     """Per variant label: impl, its settings, and per repetition the successful fetches of
-    groups that started in the measurement window (``reps``: list of lists of
-    :class:`~chive_lab.analysis.Transfer`), with counts of groups and failed fetches."""
+    groups whose first fetch started in the measurement window (``reps``: list of lists of
+    :class:`~chive_lab.analysis.Transfer`), with counts of groups and failed fetches; the later
+    fetches of a group whose first fetch failed are left out (``dropped``)."""
     p = scenario.options if isinstance(scenario.options, Params) else Params()
     out: dict[str, dict[str, Any]] = {}
     for v in scenario.variants:
         o = v.options
         entry = out[v.label] = {"impl": o.impl, "scheduler": o.scheduler or None,
                                 "prioritised": o.prioritised if o.impl == "chive" else None,
-                                "paper": o.paper, "reps": [], "groups": 0, "errors": 0,
+                                "paper": o.paper, "reps": [], "groups": 0, "errors": 0, "dropped": 0,
                                 "first_errors": 0, "error_texts": [], "service_ready_s": []}
         for d in _rep_dirs(out_dir, v.label):
             run = json.loads((d / "run.json").read_text())
@@ -69,11 +70,23 @@ def load_variants(out_dir: Path, scenario: Any) -> dict[str, dict[str, Any]]:
                 entry["service_ready_s"].append(float(run["service_ready_s"]))
             ok: list[an.Transfer] = []
             for i in range(p.clients):
+                # Group (SOCKS user) -> whether its first fetch started in the window and
+                # succeeded: later fetches count only then (after a failed first fetch the
+                # next one builds the circuits, and is neither a first nor a reusing fetch).
+                first_ok: dict[str, bool] = {}
                 for obj in an.read_jsonl(d / f"{onion_stem(i)}.jsonl"):
                     rec = an.parse_record(obj, "onion", client=onion_stem(i))
-                    if not isinstance(rec, an.Transfer) or rec.start < lo:
+                    if not isinstance(rec, an.Transfer):
                         continue
-                    entry["groups"] += rec.seq == 0
+                    group = str(obj.get("socks_user"))
+                    if rec.seq == 0:
+                        first_ok[group] = rec.start >= lo and rec.ok
+                        if rec.start < lo:
+                            continue
+                        entry["groups"] += 1
+                    elif not first_ok.get(group, False):
+                        entry["dropped"] += rec.start >= lo
+                        continue
                     if rec.ok:
                         ok.append(rec)
                     elif not rec.censored:
@@ -100,7 +113,7 @@ def summarize(data: Mapping[str, Mapping[str, Any]], p: Params) -> dict[str, Any
     out: dict[str, Any] = {"variants": {}}
     for label, v in data.items():
         e: dict[str, Any] = {k: v[k] for k in ("impl", "scheduler", "prioritised", "paper", "groups",
-                                                "errors", "first_errors", "error_texts")}
+                                                "errors", "first_errors", "dropped", "error_texts")}
         e["repetitions"] = len(v["reps"])
         e["service_ready_s"] = v["service_ready_s"]
         for m in MEASURES:
