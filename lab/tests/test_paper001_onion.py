@@ -30,7 +30,7 @@ ONION = "a" * 56 + ".onion"
 def test_scenario_declares_the_paper_setup():
     s = sc.load_scenario(SCENARIO)
     assert s.kind == "paper001-onion" and isinstance(s.options, p1.Params)
-    assert s.options.fetches == 4 and s.options.bulk_loops >= 1
+    assert s.options.fetches == 4 and s.options.bulk_loops >= 1 and s.options.relay_rate == 500000
     v = {x.label: x.options for x in s.variants}
     assert v["chive-rr"].scheduler == "rr" and v["chive-ewma"].scheduler == "ewma"
     assert v["chive-ewma-middle"].prioritised == "middle" and v["tor"].impl == "tor"
@@ -49,6 +49,9 @@ def test_scenario_declares_the_paper_setup():
 def test_variant_options_are_checked():
     with pytest.raises(LabError, match="takes no scheduler"):
         p1.VariantOptions(impl="tor", scheduler="ewma")
+    with pytest.raises(LabError, match="tor's minimum"):
+        p1._check_relay_rate(1000, "relay_rate")
+    assert p1._check_relay_rate(0, "relay_rate") == 0
     with pytest.raises(LabError, match="needs scheduler"):
         p1.VariantOptions(impl="chive")
     with pytest.raises(LabError, match="not relay.Scheduler"):

@@ -10,7 +10,12 @@ open) and the page download separately (Fig 14). The average first-fetch set-up 
 middle relay).
 
 Testbed (netns backend, root): six hosts, each behind its own access link of ``rate`` with
-``delay_ms`` of one-way delay:
+``delay_ms`` of one-way delay, every relay limited to ``relay_rate`` bytes/s (chive
+``BandwidthRate``; tor ``BandwidthRate``/``BandwidthBurst``, 10 ms refill). The limit puts the
+queues inside the relays, where a circuit scheduler acts: each exit carries one bulk download,
+each entry and middle two, so the middles (and entries) are where cells wait, as in the paper's
+two prioritised middles. Without it the web server's own uplink is the narrowest point and the
+relays forward what arrives without a queue:
 
 * C: the onion clients (one SOCKS client, ``clients`` fetch loops) and the client-side bulk
   client; S: the onion service (a client with ``HiddenServiceDir``), the web server it
@@ -58,6 +63,7 @@ from ...errors import LabError, RunFailed
 from ...kinds import ExperimentKind, RepetitionContext
 from ...network import default_binary
 from ...options import option
+from ...tor import MIN_BANDWIDTH_RATE, TOKEN_BUCKET_REFILL_MS
 from ...tor_netns import TorOverlay, check_tor_variants
 from .. import bulk
 from .. import netns_overlay as no
@@ -74,6 +80,12 @@ SCHEDULERS = ("rr", "ewma")
 SERVICE_OPTION = "HiddenServiceDir"
 
 
+def _check_relay_rate(value: int, path: str) -> int:
+    if value and value < MIN_BANDWIDTH_RATE:
+        raise LabError(f"{path}: 0 (no limit) or at least {MIN_BANDWIDTH_RATE} bytes/s (tor's minimum)")
+    return value
+
+
 @dataclass(frozen=True)
 class Params(bulk.TestbedParams):
     """The scenario's keys of this kind (``scenario.options``)."""
@@ -81,6 +93,8 @@ class Params(bulk.TestbedParams):
     queue_at: str = option("host", choices=("host", "switch"))
     delay_ms: float = option(15.0, lo=0.0, hi=500.0, doc="one-way delay of every access link")
     other_relays: int = option(4, lo=3, hi=12, doc="relays on R (rendezvous, intro, HSDir, exits)")
+    relay_rate: int = option(500000, lo=0, hi=10**10, check=_check_relay_rate,
+                             doc="every relay's BandwidthRate = BandwidthBurst, bytes/s (0: none)")
     clients: int = option(2, lo=1, hi=16, doc="onion fetch loops running side by side")
     fetches: int = option(4, lo=1, hi=16, doc="fetches per group (only the first builds circuits)")
     page_bytes: int = option(51200, lo=1, hi=16 * 1024 * 1024, doc="size of the page fetched")
@@ -167,9 +181,12 @@ def _build(tb: netns.Testbed, out_dir: Path, v: VariantOptions, p: Params, chive
         host = hosts.get(nick, "R")
         port = RELAY_PORT0 + i if host != "R" else OTHER_PORT0 + i
         if tor:
-            ov.add_relay(host, nick, port=port)
+            # As the lab's loopback tor relays under a rate limit: a 10 ms refill like chive's.
+            limit = {"BandwidthRate": p.relay_rate, "BandwidthBurst": p.relay_rate,
+                     "TokenBucketRefillInterval": TOKEN_BUCKET_REFILL_MS} if p.relay_rate else None
+            ov.add_relay(host, nick, port=port, torrc=limit)
         else:
-            ov.add_relay(host, nick, port=port,
+            ov.add_relay(host, nick, port=port, bandwidth_rate=p.relay_rate or None,
                          overrides={**v.relay, "Scheduler": v.relay_scheduler(nick)})
     ov.add_httpd("W", "httpd", port=HTTP_BULK)
     ov.add_httpd("S", "page", port=HTTP_PAGE)
