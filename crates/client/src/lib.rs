@@ -6,10 +6,14 @@
 //!   preemptive circuits), driving a sans-IO [`chive_core::Core`].
 //! - [`down`]: relays the client believes down after a failure, and for how long.
 //! - [`cc`]: the consensus's congestion-control parameters as the core's policy choice.
+//! - [`onion`]: onion services: a service's introduction points, descriptor and rendezvous
+//!   circuits ([`onion::OnionService`]), and a client's connections to services
+//!   ([`onion::OnionConnector`]), driving the core's onion state machines.
 #![forbid(unsafe_code)]
 
 pub mod cc;
 pub mod circmgr;
 pub mod down;
+pub mod onion;
 pub mod path;
 pub mod socks;

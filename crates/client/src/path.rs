@@ -371,6 +371,70 @@ pub fn select_path<'c, R: Rng>(
     Ok(path)
 }
 
+/// Choose the relays before a fixed last hop `last` (an onion service's introduction or
+/// rendezvous point, which need not be an exit nor even in the consensus): a path of
+/// `req.hops` relays in all, so `req.hops - 1` are returned, `[guard, middles...]`, distinct
+/// from each other and from `last`. `req.target` and `req.exit_nickname` are ignored; the guard
+/// preference, `entry_nodes` and `middle_nodes` apply as in [`select_path`]. With fewer usable
+/// relays than that, the path is shortened (down to the guard alone), since a small testbed
+/// must still reach the point.
+pub fn select_path_to<'c, R: Rng>(
+    consensus: &'c Consensus,
+    req: &PathRequest,
+    last: &IdentityKey,
+    rng: &mut R,
+) -> Result<Vec<&'c ConsensusRelay>, PathError> {
+    if req.hops < 2 || req.hops > MAX_HOPS {
+        return Err(PathError::BadHopCount(req.hops));
+    }
+    let others: Vec<&ConsensusRelay> = consensus
+        .relays
+        .iter()
+        .filter(|r| usable(r) && r.identity != *last)
+        .collect();
+    if others.is_empty() {
+        return Err(PathError::NotEnoughRelays {
+            need: 2,
+            have: others.len() + 1,
+        });
+    }
+    let entry = NodeFilter::new(req.entry_nodes);
+    let middle = NodeFilter::new(req.middle_nodes);
+    let preferred = req
+        .guard
+        .and_then(|id| others.iter().copied().find(|r| r.identity == *id))
+        .filter(|r| entry.allows(r));
+    let guard = match preferred {
+        Some(g) => g,
+        None => {
+            let listed: Vec<&ConsensusRelay> =
+                others.iter().copied().filter(|r| entry.allows(r)).collect();
+            let flagged: Vec<&ConsensusRelay> = listed
+                .iter()
+                .copied()
+                .filter(|r| entry.restricted() || r.flags.contains(RelayFlags::GUARD))
+                .collect();
+            pick_tiered(&[flagged, listed], rng).ok_or_else(|| entry.error("EntryNodes"))?
+        }
+    };
+    let mut path = vec![guard];
+    for _ in 0..req.hops - 2 {
+        let rest: Vec<&ConsensusRelay> = others
+            .iter()
+            .copied()
+            .filter(|r| !path.iter().any(|p| p.identity == r.identity) && middle.allows(r))
+            .collect();
+        match pick_weighted(&rest, rng) {
+            Some(m) => path.push(m),
+            None if middle.restricted() && path.len() < 2 => {
+                return Err(middle.error("MiddleNodes"))
+            }
+            None => break,
+        }
+    }
+    Ok(path)
+}
+
 /// Choose a guard for a client that has none: bandwidth-weighted among Guard-flagged
 /// usable relays, or among all usable relays if none has the flag. With a non-empty
 /// `entry_nodes` (Tor's EntryNodes), among the usable relays it lists instead, Guard

@@ -87,7 +87,7 @@ pub enum SocksReply {
     CommandNotSupported,
     /// The address type is not supported.
     AddressTypeNotSupported,
-    /// Proposal 304's onion-service errors (SOCKS5 extended codes 0xF0..0xF6, as Tor sends
+    /// Proposal 304's onion-service errors (SOCKS5 extended codes 0xF0..0xF7, as Tor sends
     /// them with `ExtendedErrors`); SOCKS4 sees a plain rejection.
     Onion(OnionSocksError),
 }
@@ -109,6 +109,8 @@ pub enum OnionSocksError {
     WrongClientAuth,
     /// 0xF6: the address is malformed (length, base32, version or checksum).
     BadAddress,
+    /// 0xF7: the introduction or rendezvous did not finish in time.
+    IntroTimedOut,
 }
 
 impl OnionSocksError {
@@ -122,6 +124,7 @@ impl OnionSocksError {
             OnionSocksError::MissingClientAuth => 0xF4,
             OnionSocksError::WrongClientAuth => 0xF5,
             OnionSocksError::BadAddress => 0xF6,
+            OnionSocksError::IntroTimedOut => 0xF7,
         }
     }
 }
@@ -789,6 +792,7 @@ mod tests {
             (MissingClientAuth, 0xF4),
             (WrongClientAuth, 0xF5),
             (BadAddress, 0xF6),
+            (IntroTimedOut, 0xF7),
         ];
         for (e, code) in all {
             assert_eq!(SocksReply::Onion(e).v5_code(), code);

@@ -11,12 +11,15 @@ use chive_cell::{EndReason, ResolvedAnswer};
 use chive_client::circmgr::{
     CircMgrConfig, CircuitManager, Outcome, RequestKind, StreamRequest, Ticket,
 };
+use chive_client::onion::connect::ConnectorConfig;
+use chive_client::onion::{OnionConnector, OnionPaths, OnionService, ServiceConfig};
 use chive_client::path::valid_node_spec;
 use chive_client::socks::{
     accept_socks, send_reply, SocksCommand, SocksReply, SocksRequest, TargetAddr,
 };
 use chive_core::{Core, CoreConfig, Event, StreamHandle};
 use chive_crypto::IdentityKey;
+use chive_dir::OnionDescriptor;
 use chive_net::{FeatureSet, LinkConfig, LinkLimits};
 use rand::RngCore;
 use serde::Deserialize;
@@ -67,11 +70,18 @@ Config file options (TOML):
                                    this much, not behind megabytes of kernel send buffer
   LinkCongestionControl = \"bbr\"    TCP congestion control for link sockets (TCP_CONGESTION),
                                    checked at start; default: the system's
+  HiddenServiceDir = \"/path\"       run an onion service: its key (created if missing; the
+                                   directory must be 0700, the key 0600) and `hostname`,
+                                   which holds its address NAME.onion
+  HiddenServicePort = [\"80 127.0.0.1:8080\"]  virtual port and local target (IP:PORT,
+                                   default 127.0.0.1:VIRTPORT); required with HiddenServiceDir
+  HiddenServiceNumIntroductionPoints = 3   introduction points (1..10)
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SOCKS5 username/password isolate streams: distinct credentials never share a circuit.
-A host NAME.onion is an onion service: a malformed address fails at once with SOCKS5
-error 0xF6, an address without a descriptor at the authority with 0xF0, a descriptor that
-does not verify with 0xF1 (proposal 304). Connecting to the service is not wired in yet.
+A host NAME.onion is an onion service, reached through a rendezvous circuit (reused by
+later streams with the same SOCKS credentials). Failures answer with proposal 304's SOCKS5
+codes: malformed address 0xF6 (at once), no descriptor at the authority 0xF0, a descriptor
+that does not verify 0xF1, introduction failed 0xF2, rendezvous failed 0xF3, timed out 0xF7.
 A host written as HOST.NICKNAME.exit is reached through the relay NICKNAME as exit.";
 
 /// The client's config file.
@@ -111,6 +121,18 @@ pub struct ClientConfig {
     /// TCP_CONGESTION on link sockets (unset: the system's default).
     #[serde(rename = "LinkCongestionControl", default)]
     pub link_congestion_control: Option<String>,
+    /// Onion service directory (key, hostname); unset = no service.
+    #[serde(rename = "HiddenServiceDir", default)]
+    pub hidden_service_dir: Option<PathBuf>,
+    /// `"VIRTPORT [IP:PORT]"` lines for the service.
+    #[serde(rename = "HiddenServicePort", default)]
+    pub hidden_service_port: Vec<String>,
+    /// Introduction points the service keeps.
+    #[serde(
+        rename = "HiddenServiceNumIntroductionPoints",
+        default = "default_intro_points"
+    )]
+    pub hidden_service_intro_points: usize,
 }
 
 impl ClientConfig {
@@ -126,7 +148,39 @@ impl ClientConfig {
         check_node_list("MiddleNodes", &self.middle_nodes)?;
         check_unsent_limit(self.link_unsent_limit)?;
         check_congestion_control(self.link_congestion_control.as_deref())?;
+        self.service_ports()?;
+        if !(1..=chive_dir::MAX_INTRO_POINTS).contains(&self.hidden_service_intro_points) {
+            anyhow::bail!(
+                "HiddenServiceNumIntroductionPoints: 1..{}",
+                chive_dir::MAX_INTRO_POINTS
+            );
+        }
         Ok(authority_id)
+    }
+
+    /// The service's ports; an error names the option (ports without a directory, a
+    /// directory without ports, a malformed line, a virtual port given twice).
+    fn service_ports(&self) -> anyhow::Result<Vec<(u16, SocketAddr)>> {
+        match (
+            &self.hidden_service_dir,
+            self.hidden_service_port.is_empty(),
+        ) {
+            (None, true) => return Ok(Vec::new()),
+            (None, false) => anyhow::bail!("HiddenServicePort given without HiddenServiceDir"),
+            (Some(_), true) => {
+                anyhow::bail!("HiddenServiceDir needs at least one HiddenServicePort")
+            }
+            (Some(_), false) => {}
+        }
+        let mut ports: Vec<(u16, SocketAddr)> = Vec::new();
+        for line in &self.hidden_service_port {
+            let (virt, target) = crate::onion_keys::parse_port(line)?;
+            if ports.iter().any(|(v, _)| *v == virt) {
+                anyhow::bail!("HiddenServicePort: virtual port {virt} given twice");
+            }
+            ports.push((virt, target));
+        }
+        Ok(ports)
     }
 
     /// The link sockets' settings. A client never constrains its socket buffers.
@@ -171,6 +225,9 @@ fn default_build_timeout() -> u64 {
 }
 fn default_relay_retry() -> u64 {
     60
+}
+fn default_intro_points() -> usize {
+    3
 }
 
 /// How long a SOCKS request may wait for its stream to open.
@@ -232,10 +289,43 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         seed,
     )));
+    let tx = driver.sender();
+    let paths = OnionPaths {
+        entry_nodes: cfg.entry_nodes.clone(),
+        middle_nodes: cfg.middle_nodes.clone(),
+    };
+    let service = match &cfg.hidden_service_dir {
+        Some(dir) => {
+            let sd = crate::onion_keys::load_or_create(dir)?;
+            info!(address = %sd.address, dir = %dir.display(), "onion service");
+            rand::rngs::OsRng.fill_bytes(&mut seed);
+            Some(OnionService::new(
+                ServiceConfig {
+                    identity: sd.identity,
+                    ports: cfg.service_ports()?,
+                    intro_points: cfg.hidden_service_intro_points,
+                    descriptor_lifetime: Duration::from_secs(3 * 3600),
+                    paths: paths.clone(),
+                },
+                seed,
+            ))
+        }
+        None => None,
+    };
+    rand::rngs::OsRng.fill_bytes(&mut seed);
     if let Some(c) = driver.client.as_mut() {
         c.authority = Some(cfg.authority);
+        c.tx = Some(tx.clone());
+        c.service = service;
+        c.onion = OnionConnector::new(
+            ConnectorConfig {
+                max_dirtiness: Duration::from_secs(cfg.max_circuit_dirtiness),
+                paths,
+                ..ConnectorConfig::default()
+            },
+            seed,
+        );
     }
-    let tx = driver.sender();
     let socks_tx = tx.clone();
     tokio::spawn(async move {
         loop {
@@ -303,6 +393,14 @@ pub enum ClientInput {
         req: SocksRequest,
         reply: oneshot::Sender<SocksAnswer>,
     },
+    /// The descriptor fetch for an `.onion` request finished (`onion_client.rs`).
+    OnionDescriptor {
+        target: crate::onion_client::OnionTarget,
+        result: Result<OnionDescriptor, SocksReply>,
+        reply: oneshot::Sender<SocksAnswer>,
+    },
+    /// The onion service's descriptor upload failed (it is retried).
+    ServicePublishFailed,
 }
 
 /// What the driver tells a SOCKS connection.
@@ -323,11 +421,19 @@ pub enum SocksAnswer {
 pub struct ClientState {
     mgr: CircuitManager,
     /// The authority, for onion descriptors (`onion_client.rs`).
-    authority: Option<SocketAddr>,
+    pub(crate) authority: Option<SocketAddr>,
+    /// The driver's input queue, for the onion tasks' answers.
+    pub(crate) tx: Option<mpsc::Sender<Input>>,
     /// Requests waiting for a circuit.
     waiting: HashMap<Ticket, oneshot::Sender<SocksAnswer>>,
     /// Streams whose BEGIN/RESOLVE is out.
-    opening: HashMap<StreamHandle, oneshot::Sender<SocksAnswer>>,
+    pub(crate) opening: HashMap<StreamHandle, oneshot::Sender<SocksAnswer>>,
+    /// Connections to onion services.
+    pub(crate) onion: OnionConnector,
+    /// `.onion` requests waiting for their connection, by the connector's ticket.
+    pub(crate) onion_waiting: HashMap<u64, oneshot::Sender<SocksAnswer>>,
+    /// The onion service this client runs (HiddenServiceDir), if any.
+    pub(crate) service: Option<OnionService>,
 }
 
 fn socks_error(reason: EndReason) -> SocksReply {
@@ -346,8 +452,12 @@ impl ClientState {
         ClientState {
             mgr,
             authority: None,
+            tx: None,
             waiting: HashMap::new(),
             opening: HashMap::new(),
+            onion: OnionConnector::new(ConnectorConfig::default(), [0; 32]),
+            onion_waiting: HashMap::new(),
+            service: None,
         }
     }
 
@@ -358,6 +468,10 @@ impl ClientState {
         now: Instant,
     ) {
         debug!(relays = consensus.relays.len(), "using new consensus");
+        self.onion.set_consensus(consensus.clone());
+        if let Some(svc) = self.service.as_mut() {
+            svc.set_consensus(core, consensus.clone(), now);
+        }
         self.mgr.set_consensus(core, consensus, now);
     }
 
@@ -374,14 +488,6 @@ impl ClientState {
                     TargetAddr::Ip(a) => (a.ip().to_string(), a.port()),
                     TargetAddr::Domain(h, p) => (h.clone(), *p),
                 };
-                if crate::onion_client::is_onion_host(&host) {
-                    return match self.authority {
-                        Some(a) => crate::onion_client::handle_onion_request(&host, a, reply),
-                        None => {
-                            let _ = reply.send(SocksAnswer::Failed(SocksReply::GeneralFailure));
-                        }
-                    };
-                }
                 // Tor's IsolateSOCKSAuth: the credentials are the isolation key.
                 let isolation = match &req.auth {
                     Some((user, pass)) => {
@@ -393,6 +499,15 @@ impl ClientState {
                     }
                     None => Vec::new(),
                 };
+                if crate::onion_client::is_onion_host(&host) {
+                    let req = crate::onion_client::OnionRequest {
+                        host,
+                        port,
+                        command: req.command,
+                        isolation,
+                    };
+                    return self.onion_request(core, req, reply, now);
+                }
                 let kind = match req.command {
                     SocksCommand::Connect => RequestKind::Connect,
                     SocksCommand::Resolve => RequestKind::Resolve,
@@ -409,6 +524,16 @@ impl ClientState {
                 );
                 self.waiting.insert(ticket, reply);
             }
+            ClientInput::OnionDescriptor {
+                target,
+                result,
+                reply,
+            } => self.onion_descriptor(core, target, result, reply, now),
+            ClientInput::ServicePublishFailed => {
+                if let Some(svc) = self.service.as_mut() {
+                    svc.publish_failed(now);
+                }
+            }
         }
     }
 
@@ -419,7 +544,8 @@ impl ClientState {
         streams: &mut HashMap<StreamHandle, StreamIo>,
         _now: Instant,
     ) -> bool {
-        self.take_outcomes(streams)
+        let a = self.take_outcomes(streams);
+        a | self.service_actions()
     }
 
     /// Move finished circuit requests from the manager into `opening` (or answer their
@@ -429,7 +555,7 @@ impl ClientState {
     /// handled before the manager's "started" outcome for it. Without this the reply was
     /// dropped and the SOCKS client waited until the exit's server gave up (30 s).
     fn take_outcomes(&mut self, streams: &mut HashMap<StreamHandle, StreamIo>) -> bool {
-        let mut any = false;
+        let mut any = self.take_onion_outcomes(streams);
         while let Some((ticket, outcome)) = self.mgr.poll_outcome() {
             any = true;
             let Some(reply) = self.waiting.remove(&ticket) else {
@@ -484,10 +610,42 @@ impl ClientState {
                     let _ = reply.send(SocksAnswer::Resolved(answers));
                 }
             }
-            Event::CircuitBuilt { circ } => self.mgr.on_circuit_built(core, circ, now),
+            Event::CircuitBuilt { circ } => {
+                if self.onion.owns(circ) {
+                    self.onion.on_circuit_built(core, circ, now);
+                } else if let Some(svc) = self.service.as_mut().filter(|s| s.owns(circ)) {
+                    svc.on_circuit_built(core, circ, now);
+                } else {
+                    self.mgr.on_circuit_built(core, circ, now);
+                }
+            }
             Event::CircuitClosed {
-                circ, cause, hops, ..
-            } => self.mgr.on_circuit_closed(core, circ, cause, hops, now),
+                circ,
+                cause,
+                hops,
+                reason,
+            } => {
+                if self.onion.owns(circ) {
+                    self.onion.on_circuit_closed(core, circ, &reason, now);
+                } else if let Some(svc) = self.service.as_mut().filter(|s| s.owns(circ)) {
+                    svc.on_circuit_closed(circ, &reason, now);
+                } else {
+                    self.mgr.on_circuit_closed(core, circ, cause, hops, now);
+                }
+            }
+            Event::OnionMessage {
+                circ,
+                command,
+                body,
+            } => {
+                if self.onion.owns(circ) {
+                    self.onion.on_onion_message(core, circ, command, &body, now);
+                } else if let Some(svc) = self.service.as_mut().filter(|s| s.owns(circ)) {
+                    svc.on_onion_message(core, circ, command, &body, now);
+                } else {
+                    debug!(?circ, %command, "onion message on a circuit no onion role owns");
+                }
+            }
             _ => {}
         }
     }
@@ -513,6 +671,10 @@ impl ClientState {
 
     pub fn tick(&mut self, core: &mut Core, now: Instant) {
         self.mgr.tick(core, now);
+        self.onion.tick(core, now);
+        if let Some(svc) = self.service.as_mut() {
+            svc.tick(core, now, crate::common::unix_now());
+        }
     }
 }
 

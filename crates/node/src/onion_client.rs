@@ -1,22 +1,31 @@
-//! `.onion` hostnames at the SOCKS port (issue 19), as far as the client goes so far.
+//! `.onion` hostnames at the SOCKS port, and the IO around the client's onion roles (issue 19).
 //!
 //! A malformed address is answered at once with proposal 304's 0xF6, without touching the
-//! network. A well-formed one has its descriptor fetched from the authority and verified:
-//! none held → 0xF0, one that does not verify → 0xF1. Connecting through a verified
-//! descriptor (rendezvous circuit, INTRODUCE1, RENDEZVOUS2, the virtual hop: chive-core has
-//! all of it, `chive_core::onion`) is not wired into this client yet, so such a request ends
-//! in a general failure with a log line saying so.
+//! network. A request for an address this client already has a joined rendezvous circuit
+//! (or a connection attempt in flight) for, with the same SOCKS isolation, goes straight to
+//! [`chive_client::onion::OnionConnector`]. Otherwise the descriptor is fetched and verified
+//! in a task of its own (none held → 0xF0, one that does not verify → 0xF1) and handed back to
+//! the driver ([`ClientInput::OnionDescriptor`]), which starts the connection: rendezvous,
+//! introduction, RENDEZVOUS2, then the stream's BEGIN on the joined circuit (0xF2 / 0xF3 /
+//! 0xF7 on failure). The service side's IO (descriptor upload, local connections for
+//! `HiddenServicePort`) is here too; its policy is [`chive_client::onion::OnionService`].
 
 use std::net::SocketAddr;
+use std::time::Instant;
 
-use chive_client::socks::{OnionSocksError, SocksReply};
+use chive_client::onion::{ConnectKey, OnionOutcome, ServiceAction};
+use chive_client::socks::{OnionSocksError, SocksCommand, SocksReply};
+use chive_core::{CircKey, Core, StreamHandle};
 use chive_crypto::OnionAddress;
+use chive_dir::OnionDescriptor;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
-use crate::client::SocksAnswer;
+use crate::client::{ClientInput, ClientState, SocksAnswer};
 use crate::common::unix_now;
-use crate::onion_dir::{fetch_onion_descriptor, FetchError};
+use crate::driver::{Input, StreamIo};
+use crate::onion_dir::{fetch_onion_descriptor, publish_onion_descriptor, FetchError};
+use std::collections::HashMap;
 
 /// Is `host` an onion-service name (`….onion`, any case)?
 pub fn is_onion_host(host: &str) -> bool {
@@ -42,55 +51,167 @@ pub fn fetch_error_reply(e: &FetchError) -> SocksReply {
     }
 }
 
-/// Answer a SOCKS request for `host` (an `.onion` name): at once if malformed, else after
-/// fetching and verifying the descriptor in a task of its own (the driver does not wait).
-pub fn handle_onion_request(
-    host: &str,
-    authority: SocketAddr,
-    reply: oneshot::Sender<SocksAnswer>,
-) {
-    let addr = match parse_onion_host(host) {
-        Ok(a) => a,
-        Err(code) => {
-            info!(host = %host.chars().take(80).collect::<String>(), "malformed onion address");
-            let _ = reply.send(SocksAnswer::Failed(code));
-            return;
-        }
-    };
-    tokio::spawn(async move {
-        let code = match fetch_onion_descriptor(authority, &addr, unix_now()).await {
-            Ok(desc) => {
-                warn!(address = %addr, intro_points = desc.intro_points.len(),
-                      "onion descriptor verified, but connecting to onion services is not wired into chive client yet");
-                SocksReply::GeneralFailure
-            }
-            Err(e) => {
-                info!(address = %addr, error = ?e, "onion descriptor fetch failed");
-                fetch_error_reply(&e)
-            }
-        };
-        let _ = reply.send(SocksAnswer::Failed(code));
-    });
+/// A request for an onion host, as the SOCKS layer gave it.
+pub struct OnionRequest {
+    /// The host name (kept for BEGIN, as Tor sends it).
+    pub host: String,
+    /// The virtual port.
+    pub port: u16,
+    /// CONNECT or RESOLVE.
+    pub command: SocksCommand,
+    /// SOCKS isolation key.
+    pub isolation: Vec<u8>,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A connection's target once the address parsed: the connector's key, host and port.
+pub struct OnionTarget {
+    /// Address and isolation.
+    pub key: ConnectKey,
+    /// The host name as given.
+    pub host: String,
+    /// The virtual port.
+    pub port: u16,
+}
 
-    #[test]
-    fn onion_hosts() {
-        let addr = "pg6mmjiyjmcrsslvykfwnntlaru7p5svn6y2ymmju6nubxndf4pscryd.onion";
-        assert!(is_onion_host(addr));
-        assert!(is_onion_host(&addr.to_uppercase()));
-        assert!(!is_onion_host("example.com"));
-        assert!(!is_onion_host("onion"));
-        assert!(parse_onion_host(addr).is_ok());
-        assert!(parse_onion_host(&format!("www.{addr}")).is_ok());
-        let bad = SocksReply::Onion(OnionSocksError::BadAddress);
-        // Checksum broken (last character before the version changed).
-        let broken = addr.replacen("cryd", "crya", 1);
-        assert_eq!(parse_onion_host(&broken), Err(bad));
-        assert_eq!(parse_onion_host("short.onion"), Err(bad));
-        assert_eq!(parse_onion_host(".onion"), Err(bad));
+impl ClientState {
+    /// A SOCKS request for an `.onion` host.
+    pub(crate) fn onion_request(
+        &mut self,
+        core: &mut Core,
+        req: OnionRequest,
+        reply: oneshot::Sender<SocksAnswer>,
+        now: Instant,
+    ) {
+        let address = match parse_onion_host(&req.host) {
+            Ok(a) => a,
+            Err(code) => {
+                info!(host = %req.host.chars().take(80).collect::<String>(), "malformed onion address");
+                let _ = reply.send(SocksAnswer::Failed(code));
+                return;
+            }
+        };
+        if req.command != SocksCommand::Connect {
+            // Nothing to resolve: an onion service has no address to tell.
+            let _ = reply.send(SocksAnswer::Failed(SocksReply::CommandNotSupported));
+            return;
+        }
+        let key = ConnectKey {
+            address,
+            isolation: req.isolation,
+        };
+        if let Some(ticket) = self.onion.attach(core, &key, &req.host, req.port, now) {
+            self.onion_waiting.insert(ticket, reply);
+            return;
+        }
+        let (Some(authority), Some(tx)) = (self.authority, self.tx.clone()) else {
+            let _ = reply.send(SocksAnswer::Failed(SocksReply::GeneralFailure));
+            return;
+        };
+        tokio::spawn(async move {
+            let result = fetch_onion_descriptor(authority, &address, unix_now())
+                .await
+                .map_err(|e| {
+                    info!(%address, error = ?e, "onion descriptor fetch failed");
+                    fetch_error_reply(&e)
+                });
+            let input = ClientInput::OnionDescriptor {
+                target: OnionTarget {
+                    key,
+                    host: req.host,
+                    port: req.port,
+                },
+                result,
+                reply,
+            };
+            let _ = tx.send(Input::Client(input)).await;
+        });
+    }
+
+    /// The descriptor fetch for a request finished.
+    pub(crate) fn onion_descriptor(
+        &mut self,
+        core: &mut Core,
+        target: OnionTarget,
+        result: Result<OnionDescriptor, SocksReply>,
+        reply: oneshot::Sender<SocksAnswer>,
+        now: Instant,
+    ) {
+        match result {
+            Ok(desc) => {
+                let OnionTarget { key, host, port } = target;
+                let ticket = self.onion.connect(core, key, desc, &host, port, now);
+                self.onion_waiting.insert(ticket, reply);
+            }
+            Err(code) => {
+                let _ = reply.send(SocksAnswer::Failed(code));
+            }
+        }
+    }
+
+    /// Move finished onion requests into `opening` (or answer their failure).
+    pub(crate) fn take_onion_outcomes(
+        &mut self,
+        streams: &mut HashMap<StreamHandle, StreamIo>,
+    ) -> bool {
+        let mut any = false;
+        while let Some((ticket, outcome)) = self.onion.poll_outcome() {
+            any = true;
+            let Some(reply) = self.onion_waiting.remove(&ticket) else {
+                continue;
+            };
+            match outcome {
+                OnionOutcome::Started(handle) => {
+                    streams.insert(handle, StreamIo::parked());
+                    self.opening.insert(handle, reply);
+                }
+                OnionOutcome::Failed(code) => {
+                    let _ = reply.send(SocksAnswer::Failed(code));
+                }
+            }
+        }
+        any
+    }
+
+    /// Hand the service's actions to tasks (descriptor uploads).
+    pub(crate) fn service_actions(&mut self) -> bool {
+        let mut any = false;
+        let Some(svc) = self.service.as_mut() else {
+            return false;
+        };
+        while let Some(action) = svc.poll_action() {
+            any = true;
+            let ServiceAction::Publish {
+                doc,
+                revision,
+                intro_points,
+            } = action;
+            let (Some(authority), Some(tx)) = (self.authority, self.tx.clone()) else {
+                continue;
+            };
+            let address = svc.address();
+            tokio::spawn(async move {
+                let ok = match publish_onion_descriptor(authority, &address, &doc).await {
+                    Ok(()) => {
+                        info!(%address, revision, intro_points, "onion descriptor published");
+                        true
+                    }
+                    Err(e) => {
+                        warn!(%address, error = %format!("{e:#}"), "onion descriptor upload failed; retrying");
+                        false
+                    }
+                };
+                if !ok {
+                    let _ = tx
+                        .send(Input::Client(ClientInput::ServicePublishFailed))
+                        .await;
+                }
+            });
+        }
+        any
+    }
+
+    /// Service side: the local target for a stream to `port` on `circ`, if any.
+    pub fn service_target(&self, circ: CircKey, port: u16) -> Option<SocketAddr> {
+        self.service.as_ref()?.stream_target(circ, port)
     }
 }

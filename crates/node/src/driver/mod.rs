@@ -795,19 +795,35 @@ impl Driver {
                     }
                 }
             }
-            // Onion services are not wired into the node yet (issue 19): no origin circuit
-            // here attaches a virtual hop or sends onion messages, so these cannot occur; a
-            // stray stream request is refused rather than left hanging.
-            Event::OnionStreamRequest { stream, .. } => {
-                self.core.exit_failed(stream, EndReason::EXITPOLICY, now);
-            }
-            Event::OnionMessage { circ, command, .. } => {
-                debug!(?circ, %command, "onion message without an onion role: ignored");
+            // Onion service (a client with HiddenServiceDir): a stream through a joined
+            // rendezvous circuit goes to the HiddenServicePort target; anything else is refused.
+            Event::OnionStreamRequest { circ, stream, port } => {
+                let target = self
+                    .client
+                    .as_ref()
+                    .and_then(|c| c.service_target(circ, port));
+                match target {
+                    Some(addr) => {
+                        self.streams.insert(stream, StreamIo::parked());
+                        let tx = self.tx.clone();
+                        tokio::spawn(async move {
+                            let _ = tx.send(tasks::local_connect(stream, addr).await).await;
+                        });
+                    }
+                    None => {
+                        info!(
+                            ?circ,
+                            port, "onion stream to a port the service does not offer"
+                        );
+                        self.core.exit_failed(stream, EndReason::EXITPOLICY, now);
+                    }
+                }
             }
             ev @ (Event::StreamConnected { .. }
             | Event::Resolved { .. }
             | Event::CircuitBuilt { .. }
-            | Event::CircuitClosed { .. }) => {
+            | Event::CircuitClosed { .. }
+            | Event::OnionMessage { .. }) => {
                 if let Some(client) = self.client.as_mut() {
                     client.on_event(&mut self.core, &mut self.streams, ev, now);
                 }

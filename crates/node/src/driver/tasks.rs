@@ -314,6 +314,23 @@ pub(super) async fn exit_connect(
     }
 }
 
+/// Connect to an onion service's local target (`HiddenServicePort`): no policy, no resolving.
+pub(super) async fn local_connect(stream: StreamHandle, addr: SocketAddr) -> Input {
+    let fail = |reason, why: String| Input::ExitFailed {
+        stream,
+        reason,
+        why,
+    };
+    match tokio::time::timeout(EXIT_CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+        Ok(Ok(tcp)) => {
+            let _ = tcp.set_nodelay(true);
+            Input::ExitConnected { stream, addr, tcp }
+        }
+        Ok(Err(e)) => fail(EndReason::CONNECTREFUSED, format!("connect {addr}: {e}")),
+        Err(_) => fail(EndReason::TIMEOUT, format!("connect {addr}: timeout")),
+    }
+}
+
 /// Run a stream's socket: a reader that reads only as far as its credit, and a
 /// writer that reports each batch of writes back.
 pub fn spawn_stream_io(

@@ -1,0 +1,92 @@
+//! Onion services from a client's side, as policy over a sans-IO [`chive_core::Core`] (like
+//! [`crate::circmgr`]): which circuits to build, what to send on them, what to do with the
+//! answers. The protocol steps themselves are `chive_core::onion`'s state machines; the IO
+//! (descriptor upload and fetch over HTTP, the service's local TCP connections) is the
+//! caller's, asked for through the actions these return. Time is passed in.
+//!
+//! - [`service`]: [`OnionService`], one service (`HiddenServiceDir`): introduction points,
+//!   their circuits and ESTABLISH_INTRO, the descriptor to publish (again before it expires and
+//!   when an introduction point changes), INTRODUCE2 → a circuit to the rendezvous point →
+//!   RENDEZVOUS1 and the virtual hop, and which local target a stream's port goes to.
+//! - [`connect`]: [`OnionConnector`], the client's connections to services: rendezvous
+//!   circuit, INTRODUCE1 through an introduction point, RENDEZVOUS2, streams on the joined
+//!   circuit (reused for later streams of the same address and isolation), bounded retries
+//!   and a deadline, each failure with its proposal 304 SOCKS code.
+//!
+//! Path lengths (simplified from Tor, docs/protocol.md "Onion services"): a circuit ends at
+//! the introduction or rendezvous point; the client's rendezvous and the service's
+//! introduction circuits have 3 hops, the client's introduction and the service's rendezvous
+//! circuits 4 (as Tor), each shortened when the consensus has too few other relays.
+
+pub mod connect;
+pub mod service;
+
+use chive_core::HopSpec;
+use chive_crypto::ntor::NtorPublicKey;
+use chive_crypto::IdentityKey;
+use chive_dir::{Consensus, ConsensusRelay, RelayFlags};
+use rand::Rng;
+
+use crate::path::{select_path_to, PathRequest, PathTarget};
+
+pub use connect::{ConnectKey, OnionConnector, OnionOutcome};
+pub use service::{OnionService, ServiceAction, ServiceConfig, ServiceCounters};
+
+/// Hops of a circuit to a point this side chose itself (the client's rendezvous circuit, the
+/// service's introduction circuits), the point included.
+pub const SHORT_ONION_HOPS: usize = 3;
+/// Hops of a circuit to a point the other side chose (the client's introduction circuit,
+/// the service's rendezvous circuit): one more, as Tor, so the chosen point is never the
+/// relay after the guard.
+pub const LONG_ONION_HOPS: usize = 4;
+
+/// Settings both roles use for their paths.
+#[derive(Clone, Debug, Default)]
+pub struct OnionPaths {
+    /// Tor's EntryNodes (see [`crate::circmgr::CircMgrConfig`]).
+    pub entry_nodes: Vec<String>,
+    /// Tor's MiddleNodes.
+    pub middle_nodes: Vec<String>,
+}
+
+/// The hop spec of a consensus relay.
+pub(crate) fn hop_of(r: &ConsensusRelay) -> HopSpec {
+    HopSpec {
+        identity: r.identity,
+        ntor_key: NtorPublicKey(r.ntor_key),
+        addr: r.address,
+    }
+}
+
+/// A path of about `hops` relays ending at `last`: the relays before it from the consensus
+/// ([`select_path_to`]), then `last`.
+pub(crate) fn path_to<R: Rng>(
+    consensus: &Consensus,
+    paths: &OnionPaths,
+    guard: Option<&IdentityKey>,
+    last: HopSpec,
+    hops: usize,
+    rng: &mut R,
+) -> Result<Vec<HopSpec>, String> {
+    let req = PathRequest {
+        target: PathTarget::Any,
+        exit_nickname: None,
+        guard,
+        hops,
+        entry_nodes: &paths.entry_nodes,
+        middle_nodes: &paths.middle_nodes,
+    };
+    let before = select_path_to(consensus, &req, &last.identity, rng).map_err(|e| e.to_string())?;
+    let mut path: Vec<HopSpec> = before.into_iter().map(hop_of).collect();
+    path.push(last);
+    Ok(path)
+}
+
+/// Running and Valid relays, the candidates for introduction and rendezvous points.
+pub(crate) fn usable_relays(consensus: &Consensus) -> Vec<&ConsensusRelay> {
+    consensus
+        .relays
+        .iter()
+        .filter(|r| r.flags.contains(RelayFlags::RUNNING | RelayFlags::VALID))
+        .collect()
+}
