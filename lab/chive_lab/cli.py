@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="chive (default), or tor: the real Tor (tor + tor-gencert, Debian package "
                          "`tor`) as a private network configured as Chutney does, with chive httpd; "
                          "relay options map onto torrc (see docs/tor-baseline.md); waits at least 180 s")
+    up.add_argument("--onion-service", action="store_true",
+                    help="chive only: also start node `service`, a chive client running an onion "
+                         "service in front of the httpd (HiddenServicePort 80); wait until a fetch "
+                         'through it works; the JSON gains "onion": "http://<addr>.onion"')
     up.add_argument("--chive-bin", type=Path, default=None, metavar="PATH",
                     help="the chive binary (default: $CHIVE_BIN, else target/release/chive "
                          "in the repository)")
@@ -209,6 +213,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         consensus_interval=args.consensus_interval,
         log_level=args.log_level,
         impl=args.impl,
+        onion_service=args.onion_service,
     )
     progress = None if args.quiet else _stderr
     # SIGTERM (e.g. from a script's trap) must also stop what `up` started:

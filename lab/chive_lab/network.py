@@ -120,6 +120,11 @@ class NetworkSpec:
     tor_authorities: int = 3
     """impl="tor" only: how many directory authorities to start besides the relays (1..9;
     fewer than 3 gives up equal relay weights, see docs/tor-baseline.md)."""
+    onion_service: bool = False
+    """chive only: one more chive client (node ``service``) running an onion service
+    (HiddenServiceDir ``DIR/service/hs``, HiddenServicePort ``80 -> the httpd``); ``up``
+    waits until a fetch through ``http://<addr>.onion`` works and reports it as ``onion``.
+    ``client_overrides`` apply to it too."""
 
     def validate(self) -> None:
         """Raise LabError naming the first bad field."""
@@ -155,6 +160,11 @@ class NetworkSpec:
         n_auth = self.tor_authorities
         if isinstance(n_auth, bool) or not isinstance(n_auth, int) or not 1 <= n_auth <= 9:
             raise LabError(f"tor_authorities must be an integer 1..9, got {n_auth!r}")
+        if not isinstance(self.onion_service, bool):
+            raise LabError("onion_service must be true or false")
+        if self.onion_service and self.impl != "chive":
+            raise LabError("onion_service is built for impl chive only (a tor onion service: "
+                           "HiddenServiceDir in the tor lab's torrc)")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (recorded in state.json)."""
@@ -169,6 +179,7 @@ class NetworkSpec:
             "log_level": self.log_level,
             "impl": self.impl,
             "tor_authorities": self.tor_authorities,
+            "onion_service": self.onion_service,
         }
 
 
@@ -188,10 +199,16 @@ class NetworkInfo:
     """The authority's DirPort, ``127.0.0.1:P``."""
     authority_identity: str = ""
     """The authority's Ed25519 identity, 64 hex characters."""
+    onion: str = ""
+    """With an onion service: its base URL, ``http://<addr>.onion`` (port 80 -> the httpd)."""
 
     def to_json(self) -> dict[str, Any]:
-        """The object ``chive-lab up`` prints: socks, http, dir, pids."""
-        return {"socks": self.socks, "http": self.http, "dir": self.dir, "pids": dict(self.pids)}
+        """The object ``chive-lab up`` prints: socks, http, dir, pids (and onion, if any)."""
+        out: dict[str, Any] = {"socks": self.socks, "http": self.http, "dir": self.dir,
+                               "pids": dict(self.pids)}
+        if self.onion:
+            out["onion"] = self.onion
+        return out
 
     @classmethod
     def from_state(cls, state: State) -> "NetworkInfo":
@@ -204,6 +221,7 @@ class NetworkInfo:
             pids=state.pids(),
             authority=str(ep.get("authority", "")),
             authority_identity=str(ep.get("authority_identity", "")),
+            onion=str(ep.get("onion", "")),
         )
 
 
@@ -317,11 +335,13 @@ class Network:
         config: Path,
         state: State,
         procs: dict[str, subprocess.Popen],
+        role: str | None = None,
     ) -> None:
-        """Start node ``name`` as ``chive <role> --config <config>`` and record it."""
+        """Start node ``name`` as ``chive <role> --config <config>`` and record it (role:
+        ``relay`` for relayN, else the name unless given)."""
         dir = Path(state.dir)
         node_dir = dir / name
-        role = "relay" if name.startswith("relay") else name
+        role = role or ("relay" if name.startswith("relay") else name)
         argv = [str(binary), role, "--config", str(config)]
         proc, rec = spawn(name, argv, log_path=node_dir / LOG_FILE, cwd=node_dir, config=config)
         procs[name] = proc
@@ -338,9 +358,9 @@ class Network:
     ) -> NetworkInfo:
         deadline = time.monotonic() + spec.timeout
         relay_names = [f"relay{i}" for i in range(1, spec.relays + 1)]
-        ports = free_ports(spec.relays + 3)
-        dir_port, socks_port, http_port = ports[0], ports[1], ports[2]
-        or_ports = ports[3:]
+        ports = free_ports(spec.relays + 4)
+        dir_port, socks_port, http_port, service_socks = ports[0], ports[1], ports[2], ports[3]
+        or_ports = ports[4:]
         authority = f"127.0.0.1:{dir_port}"
         state.endpoints = {
             "authority": authority,
@@ -409,8 +429,65 @@ class Network:
         http = state.endpoints["http"]
         self._wait_fetch(f"{http}/bytes/{PROBE_BYTES}", None, "httpd", state, deadline)
         self._wait_fetch(f"{http}/bytes/{PROBE_BYTES}", state.endpoints["socks"], "client", state, deadline)
-        self._progress("a fetch through the network returned the expected bytes: ready")
+        self._progress("a fetch through the network returned the expected bytes")
+        if spec.onion_service:
+            self._start_onion_service(spec, binary, dir, state, procs, service_socks, http_port,
+                                      deadline)
+        self._progress("ready")
         return NetworkInfo.from_state(state)
+
+    def _start_onion_service(
+        self,
+        spec: NetworkSpec,
+        binary: Path,
+        dir: Path,
+        state: State,
+        procs: dict[str, subprocess.Popen],
+        socks_port: int,
+        http_port: int,
+        deadline: float,
+    ) -> None:
+        """Node ``service``: a chive client with HiddenServiceDir in front of the httpd; wait
+        for its hostname file, then for a fetch through ``http://<addr>.onion`` (the
+        descriptor is published once its introduction points are up)."""
+        node_dir = dir / "service"
+        hs_dir = node_dir / "hs"
+        toml = node_dir / "service.toml"
+        overrides = dict(spec.client_overrides)
+        overrides["HiddenServiceDir"] = str(hs_dir)
+        overrides["HiddenServicePort"] = [f"80 127.0.0.1:{http_port}"]
+        cfg.write_toml(
+            toml,
+            cfg.client_config(
+                data_dir=node_dir,
+                socks_port=socks_port,
+                authority=state.endpoints["authority"],
+                authority_identity=state.endpoints["authority_identity"],
+                log=spec.log_level,
+                overrides=overrides,
+            ),
+        )
+        self._start("service", binary, toml, state, procs, role="client")
+        hostname = hs_dir / "hostname"
+        while True:
+            self._check_alive(state)
+            try:
+                addr = hostname.read_text().strip()
+            except OSError:
+                addr = ""
+            if addr.endswith(".onion"):
+                break
+            if time.monotonic() >= deadline:
+                rec = next((n for n in state.nodes if n.name == "service"), None)
+                raise LabError(f"onion service wrote no {hostname}", node="service",
+                               log_tail=log_tail(rec.log) if rec else None)
+            time.sleep(_POLL_S)
+        state.endpoints["onion"] = f"http://{addr}"
+        save_state(dir, state)
+        self._progress(f"onion service {addr}; waiting for its descriptor")
+        self._wait_fetch(f"http://{addr}/bytes/{PROBE_BYTES}", state.endpoints["socks"], "service",
+                         state, deadline)
+        self._progress("a fetch through the onion service returned the expected bytes")
 
     def _authority_identity(self, binary: Path, toml: Path, auth_dir: Path, deadline: float) -> str:
         """Run ``chive authority --print-identity`` (creates the key) and return it."""

@@ -51,6 +51,13 @@ def test_consensus_lists_matches_whole_nicknames():
     assert consensus_lists("relay1\n", ["relay1"]) == []
 
 
+def test_onion_service_is_chive_only():
+    NetworkSpec(onion_service=True).validate()
+    with pytest.raises(LabError, match="impl chive only"):
+        NetworkSpec(onion_service=True, impl="tor").validate()
+    assert NetworkSpec(onion_service=True).to_json()["onion_service"] is True
+
+
 def test_spec_validation():
     with pytest.raises(LabError, match="between 3"):
         NetworkSpec(relays=2).validate()

@@ -781,6 +781,41 @@ mod tests {
     }
 
     #[test]
+    fn hidden_service_options_are_checked_at_start() {
+        assert!(config("").service_ports().unwrap().is_empty());
+        let ok = config(
+            "HiddenServiceDir = \"/tmp/hs\"\nHiddenServicePort = [\"80 127.0.0.1:8080\", \"22\"]",
+        );
+        assert_eq!(
+            ok.service_ports().unwrap(),
+            vec![
+                (80, "127.0.0.1:8080".parse().unwrap()),
+                (22, "127.0.0.1:22".parse().unwrap())
+            ]
+        );
+        assert_eq!(ok.hidden_service_intro_points, 3);
+        for (bad, names) in [
+            ("HiddenServicePort = [\"80\"]", "HiddenServiceDir"),
+            ("HiddenServiceDir = \"/tmp/hs\"", "HiddenServicePort"),
+            (
+                "HiddenServiceDir = \"/tmp/hs\"\nHiddenServicePort = [\"80 nowhere\"]",
+                "HiddenServicePort",
+            ),
+            (
+                "HiddenServiceDir = \"/tmp/hs\"\nHiddenServicePort = [\"80\", \"80 127.0.0.1:1\"]",
+                "twice",
+            ),
+            (
+                "HiddenServiceDir = \"/tmp/hs\"\nHiddenServicePort = [\"80\"]\nHiddenServiceNumIntroductionPoints = 11",
+                "HiddenServiceNumIntroductionPoints",
+            ),
+        ] {
+            let err = config(bad).validate().expect_err(bad);
+            assert!(format!("{err:#}").contains(names), "{bad}: {err:#}");
+        }
+    }
+
+    #[test]
     fn link_congestion_control_is_checked_at_start() {
         assert_eq!(config("").link_config().congestion_control, None);
         let cc = config("LinkCongestionControl = \"reno\"");

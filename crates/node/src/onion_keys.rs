@@ -5,8 +5,8 @@
 //! whoever reads the key can impersonate the service. And `HiddenServicePort` lines:
 //! `"VIRTPORT [TARGET]"`, TARGET an `IP:PORT` (default 127.0.0.1:VIRTPORT).
 //!
-//! The service that uses these (intro circuits, descriptor upload, INTRODUCE2) is not wired
-//! into a `chive` role yet (issue 19); its state machines are `chive_core::onion`.
+//! `chive client` with `HiddenServiceDir` uses these; the service's policy is
+//! `chive_client::onion::OnionService`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -76,7 +76,7 @@ impl Default for ConnectorConfig {
     fn default() -> Self {
         ConnectorConfig {
             max_attempts: 3,
-            attempt_timeout: Duration::from_secs(20),
+            attempt_timeout: Duration::from_secs(30),
             max_dirtiness: Duration::from_secs(600),
             max_waiting: 64,
             paths: OnionPaths::default(),
@@ -630,3 +630,7 @@ impl OnionConnector {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "connect_tests.rs"]
+mod tests;

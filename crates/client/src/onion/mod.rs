@@ -20,6 +20,8 @@
 
 pub mod connect;
 pub mod service;
+#[cfg(test)]
+mod test_net;
 
 use chive_core::HopSpec;
 use chive_crypto::ntor::NtorPublicKey;

@@ -4,7 +4,7 @@
 //! - **Introduction points**: `ServiceConfig::intro_points` distinct relays from the
 //!   consensus, each with its own auth and encryption keys and a circuit ending there that
 //!   sends ESTABLISH_INTRO (keyed with the circuit's KH). A circuit that closes is rebuilt after
-//!   a backoff (1 s, doubling, at most 30 s); after [`MAX_INTRO_FAILURES`] failures in a row
+//!   a backoff (1 s, doubling, at most 15 s); after [`MAX_INTRO_FAILURES`] failures in a row
 //!   the relay is replaced by another with fresh keys. An intro point whose replay cache asks
 //!   for rotation gets fresh keys and a new circuit.
 //! - **Descriptor**: signed with the service identity, listing the established introduction
@@ -124,6 +124,8 @@ pub struct OnionService {
     retry_publish_at: Option<Instant>,
     revision: u64,
     guard: Option<IdentityKey>,
+    /// Relays recently replaced as introduction points (avoided while others exist).
+    replaced: VecDeque<IdentityKey>,
     actions: VecDeque<ServiceAction>,
     counters: ServiceCounters,
     rng: StdRng,
@@ -145,6 +147,7 @@ impl OnionService {
             retry_publish_at: None,
             revision: 0,
             guard: None,
+            replaced: VecDeque::new(),
             actions: VecDeque::new(),
             counters: ServiceCounters::default(),
             rng: StdRng::from_seed(seed),
@@ -255,6 +258,10 @@ impl OnionService {
         if slot.failures >= MAX_INTRO_FAILURES {
             let old = self.slots.remove(i);
             add_stats(&mut self.counters.introduce, &old.keys.stats);
+            if self.replaced.len() >= 8 {
+                self.replaced.pop_front();
+            }
+            self.replaced.push_back(old.hop.identity);
             info!(relay = %old.hop.identity, "introduction point replaced after repeated failures");
         }
     }
@@ -399,11 +406,17 @@ impl OnionService {
         if self.slots.len() >= want {
             return;
         }
-        let mut cands: Vec<_> = usable_relays(consensus)
+        let unused: Vec<_> = usable_relays(consensus)
             .into_iter()
             .filter(|r| !self.slots.iter().any(|s| s.hop.identity == r.identity))
             .collect();
+        // Relays just replaced go last.
+        let (mut cands, mut later): (Vec<_>, Vec<_>) = unused
+            .into_iter()
+            .partition(|r| !self.replaced.contains(&r.identity));
         cands.shuffle(&mut self.rng);
+        later.shuffle(&mut self.rng);
+        cands.extend(later);
         let sub = self.address.subcredential();
         for r in cands.into_iter().take(want - self.slots.len()) {
             self.slots.push(IntroSlot {
@@ -481,3 +494,7 @@ fn add_stats(total: &mut ServiceStats, s: &ServiceStats) {
     total.replayed += s.replayed;
     total.bad_rendezvous_point += s.bad_rendezvous_point;
 }
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;

@@ -718,3 +718,48 @@ fn exit_notation() {
     assert_eq!(parse_exit_notation("é.exit"), None);
     assert_eq!(parse_exit_notation("examplexexit"), None);
 }
+
+#[test]
+fn path_to_a_fixed_last_hop() {
+    let c = net();
+    let last = c.relays[10].identity; // r11, a plain relay (not an exit)
+    let mut rng = StdRng::seed_from_u64(8);
+    for hops in [3, 4] {
+        let r = PathRequest {
+            hops,
+            ..req(PathTarget::Any)
+        };
+        for _ in 0..50 {
+            let p = select_path_to(&c, &r, &last, &mut rng).unwrap();
+            assert_eq!(p.len(), hops - 1);
+            let mut ids: Vec<_> = p.iter().map(|r| r.identity).collect();
+            ids.push(last);
+            ids.sort();
+            ids.dedup();
+            assert_eq!(ids.len(), hops, "distinct, and not the last hop");
+            assert!(p[0].flags.contains(RelayFlags::GUARD), "guard flagged");
+        }
+    }
+    // EntryNodes pins the first hop.
+    let entry = vec!["r12".to_string()];
+    let r = PathRequest {
+        entry_nodes: &entry,
+        ..req(PathTarget::Any)
+    };
+    let p = select_path_to(&c, &r, &last, &mut rng).unwrap();
+    assert_eq!(p[0].nickname, "r12");
+    // A tiny consensus shortens the path instead of failing; none at all fails.
+    let tiny = consensus(vec![
+        relay(1, 1, ALL, &[]),
+        relay(2, 1, ALL, &[]),
+        relay(3, 1, ALL, &[]),
+    ]);
+    let four = PathRequest {
+        hops: 4,
+        ..req(PathTarget::Any)
+    };
+    let p = select_path_to(&tiny, &four, &tiny.relays[2].identity, &mut rng).unwrap();
+    assert_eq!(p.len(), 2);
+    let lonely = consensus(vec![relay(1, 1, ALL, &[])]);
+    assert!(select_path_to(&lonely, &four, &lonely.relays[0].identity, &mut rng).is_err());
+}

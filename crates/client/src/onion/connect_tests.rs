@@ -1,0 +1,166 @@
+//! The connector's policy against a core with no network: every request ends, with the right
+//! proposal 304 code, after bounded retries; requests for the same service wait on one
+//! attempt. (Joining through real relays: `chive`'s `onion_e2e`.)
+
+use super::*;
+use crate::onion::test_net::consensus;
+use chive_core::onion::OnionServiceIntro;
+use chive_core::{CoreConfig, Event};
+use chive_crypto::IdentityKeypair;
+use chive_dir::IntroPoint;
+
+fn descriptor(intro_points: usize) -> OnionDescriptor {
+    let id = IdentityKeypair::from_secret_bytes(&[42; 32]);
+    let address = OnionAddress::from_key(id.public());
+    let mut rng = StdRng::seed_from_u64(5);
+    let cons = consensus(5);
+    OnionDescriptor {
+        address,
+        revision: 1,
+        valid_after: 0,
+        valid_until: 3600,
+        intro_points: cons.relays[..intro_points]
+            .iter()
+            .map(|r| {
+                let keys = OnionServiceIntro::generate(&mut rng, address.subcredential(), 16);
+                let p = keys.public();
+                IntroPoint {
+                    relay: r.identity,
+                    onion_key: chive_crypto::ntor::NtorPublicKey(r.ntor_key),
+                    addresses: vec![r.address],
+                    auth_key: p.auth_key,
+                    enc_key: p.enc_key,
+                }
+            })
+            .collect(),
+    }
+}
+
+fn connector(max_attempts: u32) -> (OnionConnector, Core) {
+    let mut c = OnionConnector::new(
+        ConnectorConfig {
+            max_attempts,
+            attempt_timeout: Duration::from_secs(5),
+            ..ConnectorConfig::default()
+        },
+        [3; 32],
+    );
+    c.set_consensus(consensus(5));
+    (c, Core::new(CoreConfig::default(), [1; 32]))
+}
+
+fn key(desc: &OnionDescriptor) -> ConnectKey {
+    ConnectKey {
+        address: desc.address,
+        isolation: vec![],
+    }
+}
+
+#[test]
+fn an_attempt_that_never_finishes_times_out_with_f7_after_retries() {
+    let (mut c, mut core) = connector(2);
+    let desc = descriptor(2);
+    let k = key(&desc);
+    let now = Instant::now();
+    assert_eq!(c.attach(&mut core, &k, "x.onion", 80, now), None);
+    let t1 = c.connect(&mut core, k.clone(), desc, "x.onion", 80, now);
+    // A second request waits on the same attempt.
+    let t2 = c.attach(&mut core, &k, "x.onion", 80, now).expect("waits");
+    assert_eq!(
+        c.circs.len(),
+        2,
+        "one rendezvous and one introduction circuit"
+    );
+    let first_intro = c.attempts[&k].tried[0];
+    c.tick(&mut core, now + Duration::from_secs(4));
+    assert!(c.poll_outcome().is_none());
+    // Attempt 1 times out: attempt 2 starts, with the other introduction point.
+    c.tick(&mut core, now + Duration::from_secs(5));
+    assert!(c.poll_outcome().is_none());
+    assert_eq!(c.attempts[&k].number, 2);
+    assert_ne!(c.attempts[&k].tried[1], first_intro);
+    assert_eq!(c.circs.len(), 2, "the first attempt's circuits were closed");
+    // Attempt 2 times out: both requests fail with 0xF7.
+    c.tick(&mut core, now + Duration::from_secs(10));
+    let mut got = vec![c.poll_outcome().unwrap(), c.poll_outcome().unwrap()];
+    got.sort_by_key(|(t, _)| *t);
+    let f7 = OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::IntroTimedOut));
+    assert_eq!(got, vec![(t1, f7.clone()), (t2, f7)]);
+    assert!(c.attempts.is_empty() && c.circs.is_empty());
+    assert_eq!(c.failed_total, 2);
+}
+
+#[test]
+fn lost_circuits_fail_with_an_onion_code_after_bounded_attempts() {
+    let (mut c, mut core) = connector(3);
+    let desc = descriptor(1);
+    let now = Instant::now();
+    let t = c.connect(&mut core, key(&desc), desc, "x.onion", 80, now);
+    // Every link the core asks for fails; feed its circuit closures back.
+    for _ in 0..100 {
+        let mut any = false;
+        while let Some(ev) = core.poll_event() {
+            any = true;
+            match ev {
+                Event::Connect { identity, .. } => core.connect_failed(identity, now),
+                Event::CircuitClosed { circ, reason, .. } => {
+                    c.on_circuit_closed(&mut core, circ, &reason, now)
+                }
+                _ => {}
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    let (ticket, outcome) = c.poll_outcome().expect("the request ended");
+    assert_eq!(ticket, t);
+    let OnionOutcome::Failed(SocksReply::Onion(code)) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        matches!(
+            code,
+            OnionSocksError::IntroFailed | OnionSocksError::RendezvousFailed
+        ),
+        "{code:?}"
+    );
+    assert!(c.attempts.is_empty());
+}
+
+#[test]
+fn an_introduce_ack_that_says_no_moves_on_and_a_bad_rendezvous2_fails_f3() {
+    let (mut c, mut core) = connector(1);
+    let desc = descriptor(1);
+    let k = key(&desc);
+    let now = Instant::now();
+    let t = c.connect(&mut core, k.clone(), desc.clone(), "x.onion", 80, now);
+    let intro = c.attempts[&k].intro.unwrap();
+    // INTRODUCE_ACK "unknown service" (status 1): the only attempt fails with 0xF2.
+    let nack = chive_cell::IntroduceAck {
+        status: chive_cell::IntroduceAckStatus::UnknownService,
+        extensions: vec![],
+    }
+    .encode()
+    .unwrap();
+    c.on_onion_message(&mut core, intro, RelayCommand::INTRODUCE_ACK, &nack, now);
+    assert_eq!(
+        c.poll_outcome(),
+        Some((
+            t,
+            OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::IntroFailed))
+        ))
+    );
+    // A RENDEZVOUS2 that comes without INTRODUCE1 sent cannot authenticate: 0xF3.
+    let t = c.connect(&mut core, k.clone(), desc, "x.onion", 80, now);
+    let rend = c.attempts[&k].rend;
+    c.on_onion_message(&mut core, rend, RelayCommand::RENDEZVOUS2, &[0; 148], now);
+    assert_eq!(
+        c.poll_outcome(),
+        Some((
+            t,
+            OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::RendezvousFailed))
+        ))
+    );
+    assert!(c.joined_circuit(&k).is_none());
+}
