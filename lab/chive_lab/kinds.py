@@ -141,6 +141,7 @@ KINDS: dict[str, Any] = {
     "idle-vs-load": "chive_lab.experiments.idle_vs_load:KIND",  # web idle vs under load, 3-hop goodput
     "paper004-window": "chive_lab.experiments.paper004:KIND",  # circuit windows, torperf-style, with tor
     "paper003-switching": "chive_lab.experiments.paper003_switching:KIND",  # circuit switching, with tor conflux
+    "paper001-onion": "chive_lab.experiments.paper001_onion:KIND",  # onion-service set-up under load, with tor
 }
 
 

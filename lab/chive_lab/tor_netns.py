@@ -179,6 +179,29 @@ class TorOverlay(Overlay):
         self.client_paths[name] = paths
         return node
 
+    def add_onion_service(self, host: str, name: str, *, httpd: str, port: int = 9050,
+                          virtual_port: int = 80, extra: dict | None = None,
+                          torrc: dict[str, Any] | None = None) -> OverlayNode:
+        """Place a tor client on ``host`` that also runs a v3 onion service forwarding
+        ``virtual_port`` to the httpd node ``httpd`` (``HiddenServiceDir`` in its
+        DataDirectory, :func:`chive_lab.tor.onion_service_lines`); the authority then gives
+        every relay the HSDir flag. ``extra`` pins paths as for :meth:`add_client`."""
+        target = self.nodes.get(httpd)
+        if target is None or target.role != "httpd":
+            raise LabError(f"{name}: {httpd!r} is not an httpd of this overlay")
+        if self.authority is None:
+            raise LabError("add the authority before an onion service")
+        if not 1 <= virtual_port <= 65535:
+            raise LabError(f"{name}: virtual port {virtual_port} out of range")
+        node = self.add_client(host, name, port=port, extra=extra, torrc=torrc)
+        self.tor_nodes[name].onion_ports = (f"{virtual_port} {self.addr(httpd)}",)
+        self.tor_nodes["authority"].hsdir = True
+        return node
+
+    def onion_dir(self, name: str) -> Path:
+        """The ``HiddenServiceDir`` of service node ``name`` (tor makes it, 0700)."""
+        return self.tor_nodes[name].onion_dir
+
     # ------------------------------------------------------------ addresses
     def url(self, httpd: str, path: str, *, exit: str | None = None) -> str:  # noqa: A002
         """URL of ``path`` on an httpd node. Tor clients have no ``.exit`` notation: with
@@ -329,7 +352,10 @@ class TorOverlay(Overlay):
         node = self.tor_nodes[name]
         argv = [sys.executable, "-m", "chive_lab.tor_netns", what, "--dir", str(node.dir),
                 "--control-port", str(node.control_port), "--metrics-port", str(node.metrics_port)]
-        r = self.tb.sh(self.nodes[name].host, argv, check=False, timeout=20)
+        try:
+            r = self.tb.sh(self.nodes[name].host, argv, check=False, timeout=20)
+        except subprocess.TimeoutExpired as e:
+            raise LabError(f"{what} of {name} took over {e.timeout:g} s (a loaded machine?)", node=name) from e
         if r.returncode != 0:
             raise LabError(f"{what} of {name} failed: {(r.stdout + r.stderr).strip()[-300:]}",
                            node=name)

@@ -31,6 +31,8 @@ OVERLAY_ROLES = ("authority", "relay", "client", "httpd")
 #: Bound on the consensus text a readiness probe reads.
 _MAX_PROBE_BYTES = 16 << 20
 _NICK_RE = re.compile(r"^[A-Za-z0-9]{1,19}$")
+#: A service node's ``HiddenServiceDir``, inside its directory (chive and tor alike).
+ONION_SERVICE_DIR = "onion-service"
 
 
 @dataclass
@@ -145,6 +147,38 @@ class Overlay:
         conf.update(extra or {})
         return self._add(name, "client", host, port, conf)
 
+    def add_onion_service(self, host: str, name: str, *, httpd: str, port: int = 9050,
+                          virtual_port: int = 80, extra: dict | None = None) -> OverlayNode:
+        """Place a client on ``host`` that also runs an onion service forwarding
+        ``virtual_port`` to the httpd node ``httpd`` (``HiddenServiceDir`` in its directory,
+        ``HiddenServicePort``); its address is :meth:`onion_address` once it started.
+        ``extra``: more client options (``EntryNodes``, ``MiddleNodes``)."""
+        target = self.nodes.get(httpd)
+        if target is None or target.role != "httpd":
+            raise LabError(f"{name}: {httpd!r} is not an httpd of this overlay")
+        if not 1 <= virtual_port <= 65535:
+            raise LabError(f"{name}: virtual port {virtual_port} out of range")
+        node = self.add_client(host, name, port=port, extra=extra)
+        node.config["HiddenServiceDir"] = str(self.onion_dir(name))
+        node.config["HiddenServicePort"] = [f"{virtual_port} {self.addr(httpd)}"]
+        return node
+
+    def onion_dir(self, name: str) -> Path:
+        """The ``HiddenServiceDir`` of service node ``name`` (keys, ``hostname``)."""
+        return (self.dir / name / ONION_SERVICE_DIR).resolve()
+
+    def onion_address(self, name: str) -> str:
+        """The ``<base32>.onion`` address of service node ``name``, from its ``hostname``
+        file (written when the service starts); LabError if there is none (yet)."""
+        path = self.onion_dir(name) / "hostname"
+        try:
+            text = path.read_text(encoding="ascii", errors="replace").strip()
+        except OSError as e:
+            raise LabError(f"{name}: no onion address yet ({path}: {e.strerror})", node=name) from e
+        if not re.fullmatch(r"[a-z2-7]{56}\.onion", text):
+            raise LabError(f"{name}: {path} does not hold a v3 onion address: {text[:80]!r}", node=name)
+        return text
+
     def add_httpd(self, host: str, name: str, *, port: int = 8080) -> OverlayNode:
         """Place a ``chive httpd`` on ``host``."""
         conf = cfg.httpd_config(port=port)
@@ -245,12 +279,20 @@ class Overlay:
         return [sys.executable, "-m", "chive_lab.netns", "probe-consensus",
                 "--url", f"http://{self.addr('authority')}/consensus", "--relays", ",".join(relays)]
 
+    def _try(self, host: str, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """One attempt of a readiness probe in ``host``: one that outlives ``timeout`` (a loaded
+        machine: a Python probe has taken over 15 s to start) counts as a failed attempt."""
+        try:
+            return self.tb.sh(host, argv, check=False, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(argv, 124, "", f"probe timed out after {timeout:g} s")
+
     def _wait_consensus(self, relays: list[str], deadline: float) -> None:
         argv = self._consensus_probe(relays)
         last = ""
         while True:
             self._check_alive()
-            r = self.tb.sh(self.authority.host, argv, check=False, timeout=15)  # type: ignore[union-attr]
+            r = self._try(self.authority.host, argv, 15)  # type: ignore[union-attr]
             if r.returncode == 0:
                 return
             last = (r.stdout + r.stderr).strip()[-300:]
@@ -259,13 +301,19 @@ class Overlay:
                                node="authority")
             time.sleep(0.5)
 
-    def _wait_fetch(self, client: OverlayNode, url: str, deadline: float) -> None:
+    def wait_onion(self, client: str, url: str, deadline: float) -> None:
+        """Wait (until ``deadline``, monotonic s) for a verified fetch of ``url`` (on an onion
+        service of this overlay) through ``client``: the service has published its descriptor
+        and answers. LabError with the last attempt's output otherwise."""
+        self._wait_fetch(self.nodes[client], url, deadline, per_try=30.0)
+
+    def _wait_fetch(self, client: OverlayNode, url: str, deadline: float, per_try: float = 10.0) -> None:
         argv = [str(self.binary), "perf", "--socks", self.addr(client.name), "--url", url,
-                "--verify", "--timeout", "10"]
+                "--verify", "--timeout", f"{per_try:g}"]
         last = ""
         while True:
             self._check_alive()
-            r = self.tb.sh(client.host, argv, check=False, timeout=20)
+            r = self._try(client.host, argv, per_try + 10)
             if r.returncode == 0 and '"status":200' in r.stdout.replace(" ", ""):
                 return
             last = (r.stdout + r.stderr).strip()[-300:]

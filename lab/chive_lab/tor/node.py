@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import RunFailed
 
-__all__ = ["BANDWIDTH_FILE", "METRICS_FILE", "STDOUT_LOG", "TORRC", "TOR_INFO_LOG", "TOR_LOG", "TorNode",
+__all__ = ["BANDWIDTH_FILE", "METRICS_FILE", "ONION_SERVICE_DIR", "STDOUT_LOG", "TORRC", "TOR_INFO_LOG", "TOR_LOG", "TorNode",
            "log_tails", "start_failed"]
 
 # Files in a node's directory (and, for the bandwidth file, the network's).
@@ -25,6 +25,8 @@ TOR_LOG = "tor.log"
 TOR_INFO_LOG = "tor-info.log"
 STDOUT_LOG = "stdout.log"
 METRICS_FILE = "tor-metrics.json"
+#: A client's onion service directory (keys, ``hostname``), inside its DataDirectory.
+ONION_SERVICE_DIR = "onion-service"
 #: How many log lines the message of a failed start quotes (``log_tail`` has more).
 FAILED_START_LINES = 8
 
@@ -47,6 +49,16 @@ class TorNode:
     address: str = "127.0.0.1"
     """Where the node's ORPort, DirPort and SocksPort listen (its host's address on a
     netns testbed); the control and metrics ports stay on the host's loopback."""
+    onion_ports: tuple[str, ...] = ()
+    """A client that also runs an onion service: its ``HiddenServicePort`` values
+    (``"80 10.77.0.3:8080"``); its keys and ``hostname`` are in :data:`ONION_SERVICE_DIR`."""
+    hsdir: bool = False
+    """An authority that gives every relay the HSDir flag (a network with an onion service)."""
+
+    @property
+    def onion_dir(self) -> Path:
+        """The onion service's ``HiddenServiceDir`` (inside the DataDirectory)."""
+        return self.dir / ONION_SERVICE_DIR
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (kept in state.json)."""
@@ -62,6 +74,8 @@ class TorNode:
             "fingerprint": self.fingerprint,
             "v3ident": self.v3ident,
             "address": self.address,
+            "onion_ports": list(self.onion_ports),
+            "hsdir": self.hsdir,
         }
 
 

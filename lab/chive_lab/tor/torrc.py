@@ -17,8 +17,8 @@ from .node import TOR_INFO_LOG, TOR_LOG, TorNode
 from .options import TorMapping, consensus_params_line
 from .tools import OPTION_NAME
 
-__all__ = ["CLIENT_CONFLUX", "TOKEN_BUCKET_REFILL_MS", "build_torrc", "dir_authority_line", "parse_torrc",
-           "render_torrc", "torrc_value"]
+__all__ = ["CLIENT_CONFLUX", "TOKEN_BUCKET_REFILL_MS", "build_torrc", "dir_authority_line",
+           "onion_service_lines", "parse_torrc", "render_torrc", "torrc_value"]
 
 # chive's token buckets refill every <= 10 ms; Tor's default is 100 ms, which
 # adds bursts of queueing under a rate limit. Under a rate limit the lab sets
@@ -161,8 +161,33 @@ def _authority_lines(node: TorNode, params: Mapping[str, int]) -> list[tuple[str
         ("AuthDirVoteStableGuaranteeMTBF", 0),
         ("AuthDirFastGuarantee", 0),
     ]
+    if node.hsdir:
+        # A relay earns HSDir only after 96 h of uptime; a test network with an onion
+        # service gives it to every relay at once (as Chutney's hs networks do).
+        lines.append(("TestingDirAuthVoteHSDir", "*"))
     if params:
         lines.append(("ConsensusParams", consensus_params_line(params)))
+    return lines
+
+
+def onion_service_lines(service_dir: Path, ports: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
+    """The torrc lines of a v3 onion service kept in ``service_dir`` (tor makes its keys and
+    ``hostname`` there, mode 0700) forwarding each ``ports`` entry (``"VIRTPORT IP:PORT"``);
+    LabError on a malformed entry. ``HiddenServicePort`` lines must follow their
+    ``HiddenServiceDir``: the order of the list is kept by :func:`render_torrc`."""
+    if not ports:
+        raise LabError("an onion service needs at least one HiddenServicePort")
+    lines: list[tuple[str, Any]] = [("HiddenServiceDir", service_dir), ("HiddenServiceVersion", 3)]
+    for entry in ports:
+        parts = str(entry).split()
+        virt, target = (parts + [""])[:2] if len(parts) in (1, 2) else ("", "")
+        ok = virt.isdigit() and 1 <= int(virt) <= 65535
+        if ok and target:
+            host, _, port = target.rpartition(":")
+            ok = bool(host) and port.isdigit() and 1 <= int(port) <= 65535
+        if not ok:
+            raise LabError(f"HiddenServicePort {entry!r}: want \"VIRTPORT [IP:PORT]\"")
+        lines.append(("HiddenServicePort", " ".join(parts)))
     return lines
 
 
@@ -208,6 +233,8 @@ def build_torrc(
             # EntryNodes: a client that pins its entry keeps guards, see tor_netns.)
             ("UseEntryGuards", 0),
         ]
+        if node.onion_ports:
+            lines += onion_service_lines(node.onion_dir, node.onion_ports)
         if authorities:
             # Paths use the relays only, as in a chive network, whose authority
             # is not a relay. (Directory fetches from authorities stay allowed:

@@ -300,11 +300,22 @@ impl OnionConnector {
         let Some(consensus) = self.consensus.clone() else {
             return fail_all(self, waiters, "no consensus".into());
         };
-        // An intro point not tried yet, else any.
+        // An intro point not tried yet, else any; among them one our pinned paths
+        // (EntryNodes/MiddleNodes) do not need, if there is one.
         let n = desc.intro_points.len();
         let mut untried: Vec<usize> = (0..n).filter(|i| !tried.contains(i)).collect();
         if untried.is_empty() {
             untried = (0..n).collect();
+        }
+        let pinned = |i: &usize| {
+            consensus
+                .relays
+                .iter()
+                .any(|r| r.identity == desc.intro_points[*i].relay && self.cfg.paths.pins(r))
+        };
+        let free: Vec<usize> = untried.iter().copied().filter(|i| !pinned(i)).collect();
+        if !free.is_empty() {
+            untried = free;
         }
         let Some(&ii) = untried.choose(&mut self.rng) else {
             return fail_all(
@@ -323,13 +334,22 @@ impl OnionConnector {
             ntor_key: ip.onion_key,
             addr: ip_addr,
         };
-        // The rendezvous point: any usable relay but the intro point (unless it is the only).
+        // The rendezvous point: any usable relay but the intro point (unless it is the only),
+        // and not one our pinned paths need (unless only those are left).
         let mut rps: Vec<_> = usable_relays(&consensus)
             .into_iter()
             .filter(|r| r.identity != ip.relay)
             .collect();
         if rps.is_empty() {
             rps = usable_relays(&consensus);
+        }
+        let free: Vec<_> = rps
+            .iter()
+            .copied()
+            .filter(|r| !self.cfg.paths.pins(r))
+            .collect();
+        if !free.is_empty() {
+            rps = free;
         }
         let Some(rp) = rps.choose(&mut self.rng).map(|r| hop_of(r)) else {
             return fail_all(self, waiters, "no relay for a rendezvous point".into());

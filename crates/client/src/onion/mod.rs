@@ -22,6 +22,58 @@ pub mod connect;
 pub mod service;
 #[cfg(test)]
 mod test_net;
+#[cfg(test)]
+mod pins_tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn pins_match_nickname_or_identity() {
+        let c = test_net::consensus(3);
+        let by_name = OnionPaths {
+            entry_nodes: vec!["R1".into()],
+            middle_nodes: vec![],
+        };
+        assert!(by_name.pins(&c.relays[0]) && !by_name.pins(&c.relays[1]));
+        let by_id = OnionPaths {
+            entry_nodes: vec![],
+            middle_nodes: vec![c.relays[2].identity.to_hex(), "not-hex".into()],
+        };
+        assert!(by_id.pins(&c.relays[2]) && !by_id.pins(&c.relays[0]));
+        assert!(!OnionPaths::default().pins(&c.relays[0]));
+    }
+
+    #[test]
+    fn a_pinned_point_takes_its_pinned_place() {
+        let c = test_net::consensus(5);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let paths = OnionPaths {
+            entry_nodes: vec!["r1".into()],
+            middle_nodes: vec!["r2".into()],
+        };
+        let id = |i: usize| c.relays[i].identity;
+        let mut to = |i: usize| {
+            path_to(
+                &c,
+                &paths,
+                None,
+                hop_of(&c.relays[i]),
+                LONG_ONION_HOPS,
+                &mut rng,
+            )
+            .unwrap()
+            .into_iter()
+            .map(|h| h.identity)
+            .collect::<Vec<_>>()
+        };
+        // An unpinned point: the pinned entry and middle first, the point last.
+        let p = to(4);
+        assert_eq!((p[0], p[1], p[p.len() - 1]), (id(0), id(1), id(4)));
+        // The pinned middle as the point: guard, then it; the pinned entry: alone.
+        assert_eq!(to(1), vec![id(0), id(1)]);
+        assert_eq!(to(0), vec![id(0)]);
+    }
+}
 
 use chive_core::HopSpec;
 use chive_crypto::ntor::NtorPublicKey;
@@ -51,6 +103,23 @@ pub struct OnionPaths {
     pub middle_nodes: Vec<String>,
 }
 
+impl OnionPaths {
+    /// Whether `r` is named in EntryNodes or MiddleNodes (by nickname or 64-hex identity). A
+    /// pinned path needs such a relay before its last hop, so it is a poor introduction or
+    /// rendezvous point: with one relay allowed in its position no path to it can be built.
+    pub fn pins(&self, r: &ConsensusRelay) -> bool {
+        names(&self.entry_nodes, r) || names(&self.middle_nodes, r)
+    }
+}
+
+/// Whether `list` (nicknames or 64-hex identities) names `r`.
+fn names(list: &[String], r: &ConsensusRelay) -> bool {
+    list.iter().any(|n| {
+        r.nickname.eq_ignore_ascii_case(n)
+            || IdentityKey::from_hex(n).is_ok_and(|id| id == r.identity)
+    })
+}
+
 /// The hop spec of a consensus relay.
 pub(crate) fn hop_of(r: &ConsensusRelay) -> HopSpec {
     HopSpec {
@@ -61,8 +130,35 @@ pub(crate) fn hop_of(r: &ConsensusRelay) -> HopSpec {
 }
 
 /// A path of about `hops` relays ending at `last`: the relays before it from the consensus
-/// ([`select_path_to`]), then `last`.
+/// ([`select_path_to`]), then `last`. When no such path exists because `last` is a relay the
+/// pins need before the last hop (the other side chose it), `last` takes its pinned place:
+/// alone if EntryNodes names it, after the guard if MiddleNodes does.
 pub(crate) fn path_to<R: Rng>(
+    consensus: &Consensus,
+    paths: &OnionPaths,
+    guard: Option<&IdentityKey>,
+    last: HopSpec,
+    hops: usize,
+    rng: &mut R,
+) -> Result<Vec<HopSpec>, String> {
+    let err = match path_to_hops(consensus, paths, guard, last.clone(), hops, rng) {
+        Ok(path) => return Ok(path),
+        Err(e) => e,
+    };
+    match consensus
+        .relays
+        .iter()
+        .find(|r| r.identity == last.identity)
+    {
+        Some(r) if names(&paths.entry_nodes, r) => Ok(vec![last]),
+        Some(r) if names(&paths.middle_nodes, r) && hops > 2 => {
+            path_to_hops(consensus, paths, guard, last, 2, rng)
+        }
+        _ => Err(err),
+    }
+}
+
+fn path_to_hops<R: Rng>(
     consensus: &Consensus,
     paths: &OnionPaths,
     guard: Option<&IdentityKey>,

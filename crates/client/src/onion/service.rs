@@ -410,10 +410,11 @@ impl OnionService {
             .into_iter()
             .filter(|r| !self.slots.iter().any(|s| s.hop.identity == r.identity))
             .collect();
-        // Relays just replaced go last.
+        // Relays just replaced, and relays our pinned paths (EntryNodes/MiddleNodes) need
+        // before the last hop, go last.
         let (mut cands, mut later): (Vec<_>, Vec<_>) = unused
             .into_iter()
-            .partition(|r| !self.replaced.contains(&r.identity));
+            .partition(|r| !self.replaced.contains(&r.identity) && !self.cfg.paths.pins(r));
         cands.shuffle(&mut self.rng);
         later.shuffle(&mut self.rng);
         cands.extend(later);
