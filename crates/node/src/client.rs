@@ -114,6 +114,14 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
+    /// `validate` and the link settings `run` derives from the file.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn check_for_fuzzing(&self) -> anyhow::Result<()> {
+        self.validate()?;
+        let _ = self.link_config();
+        Ok(())
+    }
+
     /// Refuse bad values, naming the option.
     fn validate(&self) -> anyhow::Result<IdentityKey> {
         let authority_id = IdentityKey::from_hex(&self.authority_identity)

@@ -473,6 +473,39 @@ impl RelayConfig {
         }
     }
 
+    /// `validate` and every value `run` derives from the file before opening a socket.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn check_for_fuzzing(&self) -> anyhow::Result<()> {
+        self.validate()?;
+        let _ = (
+            self.socket_buffer(),
+            self.unsent_limit(),
+            self.read_rate(),
+            self.burst(),
+            self.quiet_reserve(),
+            self.features(),
+            self.split_config()?,
+            self.switch_options()?,
+        );
+        Ok(())
+    }
+
+    /// The settings as a consensus with `params` would make them.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn check_params_for_fuzzing(
+        &self,
+        params: &chive_dir::NetParams,
+    ) -> anyhow::Result<()> {
+        let tunables = self.tunables()?;
+        tunables
+            .effective(Some(params))
+            .map_err(anyhow::Error::msg)?;
+        tunables
+            .dos_config(Some(params))
+            .map_err(anyhow::Error::msg)?;
+        Ok(())
+    }
+
     /// Everything checkable before starting, with the option named in the error.
     fn validate(&self) -> anyhow::Result<(ExitPolicy, IdentityKey)> {
         if !valid_nickname(&self.nickname) {
