@@ -67,6 +67,13 @@ Config file options (TOML):
                                    this much, not behind megabytes of kernel send buffer
   LinkCongestionControl = \"bbr\"    TCP congestion control for link sockets (TCP_CONGESTION),
                                    checked at start; default: the system's
+  LinkKeepalive = 5                seconds: a link that wrote nothing for this long sends a
+                                   PADDING cell, so its peer knows it is alive (0 = off)
+  LinkIdleTimeout = 20             seconds: a link that read nothing (or could write nothing)
+                                   for this long is closed as hung, with its circuits (DESTROY
+                                   CHANNEL_CLOSED): a peer stopped without closing its socket
+                                   (SIGSTOP, pulled cable) fails streams in seconds, not
+                                   minutes (0 = off; 2..86400, at least 2x LinkKeepalive)
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SOCKS5 username/password isolate streams: distinct credentials never share a circuit.
 A host NAME.onion is an onion service: a malformed address fails at once with SOCKS5
@@ -109,6 +116,16 @@ pub struct ClientConfig {
     #[serde(rename = "LinkUnsentLimit", default)]
     pub link_unsent_limit: Option<u32>,
     /// TCP_CONGESTION on link sockets (unset: the system's default).
+    #[serde(
+        rename = "LinkKeepalive",
+        default = "crate::common::default_link_keepalive"
+    )]
+    pub link_keepalive: u64,
+    #[serde(
+        rename = "LinkIdleTimeout",
+        default = "crate::common::default_link_idle_timeout"
+    )]
+    pub link_idle_timeout: u64,
     #[serde(rename = "LinkCongestionControl", default)]
     pub link_congestion_control: Option<String>,
 }
@@ -134,7 +151,14 @@ impl ClientConfig {
         check_node_list("MiddleNodes", &self.middle_nodes)?;
         check_unsent_limit(self.link_unsent_limit)?;
         check_congestion_control(self.link_congestion_control.as_deref())?;
+        self.liveness()?;
         Ok(authority_id)
+    }
+
+    /// `LinkKeepalive` and `LinkIdleTimeout`, checked.
+    fn liveness(&self) -> anyhow::Result<crate::driver::Liveness> {
+        crate::driver::Liveness::from_options(self.link_keepalive, self.link_idle_timeout)
+            .map_err(anyhow::Error::msg)
     }
 
     /// The link sockets' settings. A client never constrains its socket buffers.
@@ -226,6 +250,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             outbuf_cells: tunables.effective(None).map_err(anyhow::Error::msg)?.1,
             tunables,
             exit_policy: None,
+            liveness: cfg.liveness()?,
         },
     );
     rand::rngs::OsRng.fill_bytes(&mut seed);

@@ -307,6 +307,7 @@ impl Driver {
         let conn_id = ChannelId(self.next_chan.fetch_add(1, Ordering::Relaxed));
         let cfg = self.cfg.link.clone();
         let limits = self.cfg.limits.clone();
+        let liveness = self.cfg.liveness;
         let tx = self.tx.clone();
         debug!(?chan, %addr, "opening second connection");
         tokio::spawn(async move {
@@ -332,7 +333,7 @@ impl Driver {
             .await;
             match opened {
                 Ok((reader, writer)) => {
-                    let conn = spawn_conn(conn_id, reader, writer, tx.clone());
+                    let conn = spawn_conn(conn_id, reader, writer, liveness, tx.clone());
                     let _ = tx
                         .send(Input::SplitUp {
                             chan,
