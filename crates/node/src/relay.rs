@@ -812,6 +812,33 @@ mod tests {
     }
 
     #[test]
+    fn link_liveness_and_heartbeat_options_are_checked_and_named() {
+        assert!(config("").validate().is_ok());
+        assert_eq!(config("").liveness().unwrap(), Liveness::default());
+        let off = config("LinkKeepalive = 0\nLinkIdleTimeout = 0")
+            .liveness()
+            .unwrap();
+        assert_eq!((off.keepalive, off.idle_timeout), (None, None));
+        let fast = config("LinkKeepalive = 1\nLinkIdleTimeout = 3")
+            .liveness()
+            .unwrap();
+        assert_eq!(fast.idle_timeout, Some(Duration::from_secs(3)));
+        for (bad, name) in [
+            ("LinkIdleTimeout = 1", "LinkIdleTimeout"),
+            (
+                "LinkKeepalive = 10\nLinkIdleTimeout = 15",
+                "LinkIdleTimeout",
+            ),
+            ("LinkKeepalive = 4000\nLinkIdleTimeout = 0", "LinkKeepalive"),
+            ("HeartbeatPeriod = 99999999", "HeartbeatPeriod"),
+        ] {
+            let err = config(bad).validate().unwrap_err();
+            assert!(format!("{err:#}").contains(name), "{bad}: {err:#}");
+        }
+        assert!(config("HeartbeatPeriod = 0").validate().is_ok());
+    }
+
+    #[test]
     fn switching_options_are_checked_and_named() {
         let c = config("CircuitSwitching = \"connection\"\nSwitchAlpha = 0.05\nSwitchBeta = 0.1");
         assert!(c.validate().is_ok());

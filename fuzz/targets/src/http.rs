@@ -46,8 +46,10 @@ pub fn http_server(data: &[u8]) {
     if written.is_empty() {
         return;
     }
+    // hyper answers an HTTP/1.0 request in HTTP/1.0 (the first run's only finding: the target's
+    // property, not the server, was wrong).
     assert!(
-        written.starts_with(b"HTTP/1.1 "),
+        written.starts_with(b"HTTP/1.1 ") || written.starts_with(b"HTTP/1.0 "),
         "reply does not start with a status line: {:?}",
         String::from_utf8_lossy(&written[..written.len().min(64)])
     );
@@ -56,6 +58,11 @@ pub fn http_server(data: &[u8]) {
         .position(|w| w == b"\r\n\r\n")
         .expect("a reply head ends with a blank line");
     let head = parse_head(&written[..end]).expect("the server's reply head parses");
+    assert!(
+        head.status >= 100,
+        "status {} is not an HTTP status",
+        head.status
+    );
     assert_ne!(head.status, 500, "a handler failed");
 }
 
