@@ -109,6 +109,12 @@ impl Driver {
     }
 
     pub(super) fn on_cell(&mut self, conn: ChannelId, cell: AnyCell, now: Instant) {
+        // A keepalive (`LinkKeepalive`) only proves the peer alive, which reading it did. It is
+        // no part of the channel's cell order: a split channel's HANDOFF counts exclude it, and
+        // it may arrive on a write-only second connection.
+        if matches!(&cell, AnyCell::Fixed(c) if c.command == CellCommand::PADDING) {
+            return;
+        }
         let Some((chan, which)) = self.locate(conn) else {
             return;
         };
