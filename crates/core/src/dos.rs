@@ -374,5 +374,7 @@ impl DosGuard {
     }
 }
 
+pub mod heartbeat;
+
 #[cfg(test)]
 mod tests;

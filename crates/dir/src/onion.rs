@@ -171,6 +171,19 @@ impl OnionDescriptor {
         }
         let (signed, sig) = document::split(doc).ok_or(DirError::BadOnionSignature)?;
         let (header, body) = document::parts(signed).ok_or(DirError::BadOnionSignature)?;
+        let label = Self::header_label(header, expected)?;
+        expected
+            .key()
+            .verify(signed.as_bytes(), &sig)
+            .map_err(|_| DirError::BadOnionSignature)?;
+        Self::parse_signed(label, body, expected, now)
+    }
+
+    /// The address label a descriptor's header names, which must be `expected`'s.
+    pub(crate) fn header_label<'a>(
+        header: &'a str,
+        expected: &OnionAddress,
+    ) -> Result<&'a str, DirError> {
         let label = header
             .strip_prefix(HEADER)
             .and_then(|r| r.strip_prefix(' '))
@@ -181,11 +194,17 @@ impl OnionDescriptor {
                 got: label.chars().take(70).collect(),
             });
         }
-        expected
-            .key()
-            .verify(signed.as_bytes(), &sig)
-            .map_err(|_| DirError::BadOnionSignature)?;
+        Ok(label)
+    }
 
+    /// The checks of [`OnionDescriptor::verify`] after the signature by `expected`'s key: the
+    /// body (whose header named `label`) and the validity window.
+    pub(crate) fn parse_signed(
+        label: &str,
+        body: &str,
+        expected: &OnionAddress,
+        now: u64,
+    ) -> Result<OnionDescriptor, DirError> {
         let b: Body = serde_json::from_str(body)
             .map_err(|e| DirError::Malformed(format!("onion descriptor body: {e}")))?;
         if b.address != label {

@@ -359,7 +359,7 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 }
 
 /// One HTTP request.
-async fn handle(
+pub(crate) async fn handle(
     auth: Arc<Authority>,
     peer: SocketAddr,
     req: Request<Incoming>,

@@ -87,6 +87,13 @@ Config file options (TOML):
   HiddenServicePort = [\"80 127.0.0.1:8080\"]  virtual port and local target (IP:PORT,
                                    default 127.0.0.1:VIRTPORT); required with HiddenServiceDir
   HiddenServiceNumIntroductionPoints = 3   introduction points (1..10)
+  LinkKeepalive = 5                seconds: a link that wrote nothing for this long sends a
+                                   PADDING cell, so its peer knows it is alive (0 = off)
+  LinkIdleTimeout = 20             seconds: a link that read nothing (or could write nothing)
+                                   for this long is closed as hung, with its circuits (DESTROY
+                                   CHANNEL_CLOSED): a peer stopped without closing its socket
+                                   (SIGSTOP, pulled cable) fails streams in seconds, not
+                                   minutes (0 = off; 2..86400, at least 2x LinkKeepalive)
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SOCKS5 username/password isolate streams: distinct credentials never share a circuit.
 A host NAME.onion is an onion service, reached through a rendezvous circuit (reused by
@@ -130,6 +137,16 @@ pub struct ClientConfig {
     #[serde(rename = "LinkUnsentLimit", default)]
     pub link_unsent_limit: Option<u32>,
     /// TCP_CONGESTION on link sockets (unset: the system's default).
+    #[serde(
+        rename = "LinkKeepalive",
+        default = "crate::common::default_link_keepalive"
+    )]
+    pub link_keepalive: u64,
+    #[serde(
+        rename = "LinkIdleTimeout",
+        default = "crate::common::default_link_idle_timeout"
+    )]
+    pub link_idle_timeout: u64,
     #[serde(rename = "LinkCongestionControl", default)]
     pub link_congestion_control: Option<String>,
     /// Path switching (paper 003): "path" keeps a linked spare per exit circuit.
@@ -156,6 +173,14 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
+    /// `validate` and the link settings `run` derives from the file.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn check_for_fuzzing(&self) -> anyhow::Result<()> {
+        self.validate()?;
+        let _ = self.link_config();
+        Ok(())
+    }
+
     /// Refuse bad values, naming the option.
     fn validate(&self) -> anyhow::Result<IdentityKey> {
         let authority_id = IdentityKey::from_hex(&self.authority_identity)
@@ -170,6 +195,7 @@ impl ClientConfig {
         check_congestion_control(self.link_congestion_control.as_deref())?;
         self.switch_options()?;
         self.service_ports()?;
+        self.liveness()?;
         if !(1..=chive_dir::MAX_INTRO_POINTS).contains(&self.hidden_service_intro_points) {
             anyhow::bail!(
                 "HiddenServiceNumIntroductionPoints: 1..{}",
@@ -222,6 +248,12 @@ impl ClientConfig {
             ports.push((virt, target));
         }
         Ok(ports)
+    }
+
+    /// `LinkKeepalive` and `LinkIdleTimeout`, checked.
+    fn liveness(&self) -> anyhow::Result<crate::driver::Liveness> {
+        crate::driver::Liveness::from_options(self.link_keepalive, self.link_idle_timeout)
+            .map_err(anyhow::Error::msg)
     }
 
     /// The link sockets' settings. A client never constrains its socket buffers.
@@ -316,6 +348,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             outbuf_cells: tunables.effective(None).map_err(anyhow::Error::msg)?.1,
             tunables,
             exit_policy: None,
+            liveness: cfg.liveness()?,
         },
     );
     driver.switching.options = cfg.switch_options()?;

@@ -64,6 +64,16 @@ pub fn keys_dir(data_dir: &Path) -> PathBuf {
 /// above what one wake-up of the writer needs (docs/scheduling.md, "The unsent limit").
 pub const DEFAULT_UNSENT_LIMIT: u32 = 64 * 1024;
 
+/// `LinkKeepalive` when unset (seconds).
+pub fn default_link_keepalive() -> u64 {
+    crate::driver::DEFAULT_LINK_KEEPALIVE.as_secs()
+}
+
+/// `LinkIdleTimeout` when unset (seconds).
+pub fn default_link_idle_timeout() -> u64 {
+    crate::driver::DEFAULT_LINK_IDLE_TIMEOUT.as_secs()
+}
+
 /// OutbufCells, where set, must be between 1 and 10000 (a relay's and a client's option alike).
 pub fn check_outbuf_cells(configured: Option<usize>) -> anyhow::Result<()> {
     if let Some(n) = configured {

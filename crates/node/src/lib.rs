@@ -14,6 +14,8 @@ pub mod client;
 pub mod common;
 pub mod dirclient;
 pub mod driver;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod limits;
 pub mod metrics;
 pub mod onion_client;

@@ -20,7 +20,7 @@ use crate::common::{
     check_congestion_control, check_outbuf_cells, check_unsent_limit, effective_unsent_limit,
     init_logging, keys_dir, load_config, load_identity, load_or_create_secret, unix_now,
 };
-use crate::driver::{stop_on_signal, Driver, DriverConfig, Input, Tunables};
+use crate::driver::{stop_on_signal, Driver, DriverConfig, Input, Liveness, Tunables};
 use crate::limits::{max_mem_in_queues, DosOptions, MemSize};
 use crate::metrics::Metrics;
 
@@ -97,6 +97,17 @@ Config file options (TOML):
                                    checked at start; default: the system's. BBR keeps the
                                    standing queues short that delay ACKs and SENDMEs behind
                                    bulk (docs/netns.md). Read at start only
+  HeartbeatPeriod = 21600          seconds between DoS heartbeat log lines: CREATE2 and
+                                   connections refused, addresses marked, OOM kills, since
+                                   the last line and since start (Tor's heartbeat; 0 = off;
+                                   default 6 h; SIGHUP)
+  LinkKeepalive = 5                seconds: a link that wrote nothing for this long sends a
+                                   PADDING cell, so its peer knows it is alive (0 = off)
+  LinkIdleTimeout = 20             seconds: a link that read nothing (or could write nothing)
+                                   for this long is closed as hung, with its circuits (DESTROY
+                                   CHANNEL_CLOSED): a peer stopped without closing its socket
+                                   (SIGSTOP, pulled cable) fails streams in seconds, not
+                                   minutes (0 = off; 2..86400, at least 2x LinkKeepalive)
   MetricsPort = \"127.0.0.1:9101\"   Prometheus text endpoint (GET /metrics); default off
   MetricsFile = \"metrics.jsonl\"    JSON-lines instrumentation (per-cell timing, per-second stats);
                                    a relative path is taken inside DataDirectory
@@ -197,6 +208,18 @@ pub struct RelayConfig {
     pub constrained_sock_size: Option<u32>,
     #[serde(rename = "LinkUnsentLimit", default)]
     pub link_unsent_limit: Option<u32>,
+    #[serde(rename = "HeartbeatPeriod", default)]
+    pub heartbeat_period: Option<u64>,
+    #[serde(
+        rename = "LinkKeepalive",
+        default = "crate::common::default_link_keepalive"
+    )]
+    pub link_keepalive: u64,
+    #[serde(
+        rename = "LinkIdleTimeout",
+        default = "crate::common::default_link_idle_timeout"
+    )]
+    pub link_idle_timeout: u64,
     #[serde(rename = "LinkCongestionControl", default)]
     pub link_congestion_control: Option<String>,
     #[serde(rename = "MetricsPort", default)]
@@ -327,6 +350,7 @@ impl RelayConfig {
             cross_channel: self.cross_channel_priority,
             max_mem_in_queues: Some(mem),
             channel_fairness: self.channel_fairness,
+            heartbeat_period: self.heartbeat_period,
             dos: self.dos_options()?,
         })
     }
@@ -394,6 +418,12 @@ impl RelayConfig {
         } else {
             self.bandwidth_burst.max(self.bandwidth_rate)
         }
+    }
+
+    /// `LinkKeepalive` and `LinkIdleTimeout`, checked.
+    fn liveness(&self) -> anyhow::Result<Liveness> {
+        Liveness::from_options(self.link_keepalive, self.link_idle_timeout)
+            .map_err(anyhow::Error::msg)
     }
 
     /// The split-direction settings, with the option named in any error.
@@ -477,6 +507,39 @@ impl RelayConfig {
         }
     }
 
+    /// `validate` and every value `run` derives from the file before opening a socket.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn check_for_fuzzing(&self) -> anyhow::Result<()> {
+        self.validate()?;
+        let _ = (
+            self.socket_buffer(),
+            self.unsent_limit(),
+            self.read_rate(),
+            self.burst(),
+            self.quiet_reserve(),
+            self.features(),
+            self.split_config()?,
+            self.switch_options()?,
+        );
+        Ok(())
+    }
+
+    /// The settings as a consensus with `params` would make them.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn check_params_for_fuzzing(
+        &self,
+        params: &chive_dir::NetParams,
+    ) -> anyhow::Result<()> {
+        let tunables = self.tunables()?;
+        tunables
+            .effective(Some(params))
+            .map_err(anyhow::Error::msg)?;
+        tunables
+            .dos_config(Some(params))
+            .map_err(anyhow::Error::msg)?;
+        Ok(())
+    }
+
     /// Everything checkable before starting, with the option named in the error.
     fn validate(&self) -> anyhow::Result<(ExitPolicy, IdentityKey)> {
         if !valid_nickname(&self.nickname) {
@@ -519,6 +582,10 @@ impl RelayConfig {
         }
         check_unsent_limit(self.link_unsent_limit)?;
         check_congestion_control(self.link_congestion_control.as_deref())?;
+        self.liveness()?;
+        if self.heartbeat_period.is_some_and(|p| p > 30 * 86_400) {
+            bail!("HeartbeatPeriod must be between 0 (off) and 2592000 seconds (30 days)");
+        }
         self.split_config()?;
         self.switch_options()?;
         if self.publish_interval == 0 {
@@ -604,6 +671,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             outbuf_cells,
             exit_policy: is_exit.then(|| policy.clone()),
             tunables: tunables.clone(),
+            liveness: cfg.liveness()?,
         },
     );
     // A relative MetricsFile lives in the DataDirectory, so one setting serves many relays.
@@ -745,6 +813,33 @@ mod tests {
             "00".repeat(32)
         ))
         .expect("test config parses")
+    }
+
+    #[test]
+    fn link_liveness_and_heartbeat_options_are_checked_and_named() {
+        assert!(config("").validate().is_ok());
+        assert_eq!(config("").liveness().unwrap(), Liveness::default());
+        let off = config("LinkKeepalive = 0\nLinkIdleTimeout = 0")
+            .liveness()
+            .unwrap();
+        assert_eq!((off.keepalive, off.idle_timeout), (None, None));
+        let fast = config("LinkKeepalive = 1\nLinkIdleTimeout = 3")
+            .liveness()
+            .unwrap();
+        assert_eq!(fast.idle_timeout, Some(Duration::from_secs(3)));
+        for (bad, name) in [
+            ("LinkIdleTimeout = 1", "LinkIdleTimeout"),
+            (
+                "LinkKeepalive = 10\nLinkIdleTimeout = 15",
+                "LinkIdleTimeout",
+            ),
+            ("LinkKeepalive = 4000\nLinkIdleTimeout = 0", "LinkKeepalive"),
+            ("HeartbeatPeriod = 99999999", "HeartbeatPeriod"),
+        ] {
+            let err = config(bad).validate().unwrap_err();
+            assert!(format!("{err:#}").contains(name), "{bad}: {err:#}");
+        }
+        assert!(config("HeartbeatPeriod = 0").validate().is_ok());
     }
 
     #[test]

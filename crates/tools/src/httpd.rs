@@ -111,6 +111,19 @@ pub async fn serve(listener: TcpListener) -> anyhow::Result<()> {
     }
 }
 
+/// Serve one connection on `io` with the request handler, as [`serve`] does (without the
+/// header-read timeout, which needs a timer). For the fuzz targets (feature `fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub async fn serve_connection_for_fuzzing<S>(io: S) -> Result<(), hyper::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(io), hyper::service::service_fn(handle))
+        .await
+}
+
 /// Response body type: either a streamed pattern or a small fixed body.
 type RespBody = BoxBody<Bytes, Infallible>;
 

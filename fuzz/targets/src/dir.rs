@@ -54,12 +54,12 @@ pub(crate) fn sign_document(signed: &str, key: &IdentityKeypair) -> String {
 /// An input: the first byte selects raw mode (low two bits zero: the rest is a whole document
 /// for the real `verify`) or unsigned mode (the rest is the signed part without its final
 /// newline); the rest must be UTF-8.
-enum Input {
+pub(crate) enum Input {
     Raw(String),
     Unsigned(String),
 }
 
-fn input(data: &[u8]) -> Option<Input> {
+pub(crate) fn input(data: &[u8]) -> Option<Input> {
     let (&mode, rest) = data.split_first()?;
     let text = std::str::from_utf8(rest).ok()?.to_owned();
     Some(if mode & 3 == 0 {
@@ -71,7 +71,7 @@ fn input(data: &[u8]) -> Option<Input> {
 
 /// The signed part of a document made by chive-dir's `sign` (everything before the signature
 /// line).
-fn signed_part(doc: &str) -> &str {
+pub(crate) fn signed_part(doc: &str) -> &str {
     let without_nl = doc.strip_suffix('\n').unwrap_or(doc);
     let cut = without_nl.rfind('\n').map_or(0, |i| i + 1);
     &doc[..cut]
@@ -104,7 +104,7 @@ pub fn consensus(data: &[u8]) {
 /// The verifier's clock for a consensus input: [`NOW`] (when the seeds are valid), or one far
 /// before or after it, so that the validity checks are reached without the fuzzer having to
 /// change three timestamps in step.
-fn clock(data: &[u8]) -> u64 {
+pub(crate) fn clock(data: &[u8]) -> u64 {
     match data.first().map_or(0, |m| (m >> 2) & 3) {
         0 => NOW,
         1 => 0,

@@ -9,19 +9,57 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+// Shared by the message targets (`relay`, `onion`): defined before the modules that use it.
+/// Decode, and when that succeeds, check that encoding and decoding again gives the same value.
+macro_rules! round_trip {
+    ($ty:ty, $body:expr, fallible) => {
+        if let Ok(m) = <$ty>::decode($body) {
+            let enc = m
+                .encode()
+                .expect(concat!(stringify!($ty), " decoded but cannot encode"));
+            assert_eq!(
+                <$ty>::decode(&enc).as_ref(),
+                Ok(&m),
+                "{} round trip",
+                stringify!($ty)
+            );
+        }
+    };
+    ($ty:ty, $body:expr) => {
+        if let Ok(m) = <$ty>::decode($body) {
+            let enc = m.encode();
+            assert_eq!(
+                <$ty>::decode(&enc).as_ref(),
+                Ok(&m),
+                "{} round trip",
+                stringify!($ty)
+            );
+        }
+    };
+}
+
 mod cell;
+mod config;
 mod dir;
 mod handshake;
+mod http;
 mod io;
+mod more_seeds;
+mod onion;
 mod relay;
 pub mod seeds;
 mod socks;
+mod split;
 
 pub use cell::cell;
+pub use config::config;
 pub use dir::{consensus, descriptor, exit_policy};
 pub use handshake::link_handshake;
+pub use http::{http_response, http_server};
+pub use onion::{onion_descriptor, onion_msg};
 pub use relay::relay_msg;
 pub use socks::socks;
+pub use split::split_handoff;
 
 /// A fuzz target: takes arbitrary bytes, panics on a bug.
 pub type Target = fn(&[u8]);
@@ -35,4 +73,10 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("consensus", consensus),
     ("descriptor", descriptor),
     ("exit_policy", exit_policy),
+    ("onion_msg", onion_msg),
+    ("onion_descriptor", onion_descriptor),
+    ("split_handoff", split_handoff),
+    ("http_server", http_server),
+    ("http_response", http_response),
+    ("config", config),
 ];

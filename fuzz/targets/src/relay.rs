@@ -30,34 +30,6 @@ pub const KINDS: &[&str] = &[
     "authenticate",
 ];
 
-/// Decode, and when that succeeds, check that encoding and decoding again gives the same value.
-macro_rules! round_trip {
-    ($ty:ty, $body:expr, fallible) => {
-        if let Ok(m) = <$ty>::decode($body) {
-            let enc = m
-                .encode()
-                .expect(concat!(stringify!($ty), " decoded but cannot encode"));
-            assert_eq!(
-                <$ty>::decode(&enc).as_ref(),
-                Ok(&m),
-                "{} round trip",
-                stringify!($ty)
-            );
-        }
-    };
-    ($ty:ty, $body:expr) => {
-        if let Ok(m) = <$ty>::decode($body) {
-            let enc = m.encode();
-            assert_eq!(
-                <$ty>::decode(&enc).as_ref(),
-                Ok(&m),
-                "{} round trip",
-                stringify!($ty)
-            );
-        }
-    };
-}
-
 /// See [`KINDS`]. Property: every successful decode round-trips through its encoder; a relay
 /// payload's header fields and data survive [`relay_payload`].
 pub fn relay_msg(data: &[u8]) {

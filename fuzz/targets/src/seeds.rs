@@ -14,6 +14,7 @@ use chive_dir::{Consensus, ConsensusRelay, ExitPolicy, NetParams, RelayDescripto
 
 use crate::dir::{authority, relay_key, NOW};
 use crate::handshake::peer_cells;
+use crate::more_seeds;
 use crate::relay::KINDS;
 
 /// One seed: (target name, file name, bytes).
@@ -29,6 +30,12 @@ pub fn all() -> Vec<Seed> {
     out.extend(named("consensus", consensus()));
     out.extend(named("descriptor", descriptor()));
     out.extend(named("exit_policy", exit_policies()));
+    out.extend(named("onion_msg", more_seeds::onion_msgs()));
+    out.extend(named("onion_descriptor", more_seeds::onion_descriptors()));
+    out.extend(named("split_handoff", more_seeds::split_handoffs()));
+    out.extend(named("http_server", more_seeds::http_requests()));
+    out.extend(named("http_response", more_seeds::http_responses()));
+    out.extend(named("config", more_seeds::configs()));
     out
 }
 
@@ -361,7 +368,7 @@ fn socks() -> Vec<(String, Vec<u8>)> {
 
 /// The signed part of a signed document (its text without the signature line and the newline
 /// before it): what a mode-1 input carries.
-fn signed_part(doc: &str) -> String {
+pub(crate) fn signed_part(doc: &str) -> String {
     let without_sig = doc.trim_end_matches('\n');
     let cut = without_sig.rfind('\n').expect("signature line");
     without_sig[..cut].to_owned()
@@ -416,6 +423,16 @@ fn consensus() -> Vec<(String, Vec<u8>)> {
 }
 
 fn descriptor() -> Vec<(String, Vec<u8>)> {
+    let doc = descriptor_document();
+    vec![
+        ("signed_exit".into(), with_mode(1, &signed_part(&doc))),
+        ("raw_exit".into(), with_mode(0, &doc)),
+    ]
+}
+
+/// A relay descriptor signed by the seeds' relay key (also posted to the authority in the
+/// `http_server` seeds).
+pub(crate) fn descriptor_document() -> String {
     let (_, relay) = sample_relay(12, "exit2", true);
     let d = RelayDescriptor {
         nickname: relay.nickname,
@@ -429,11 +446,7 @@ fn descriptor() -> Vec<(String, Vec<u8>)> {
         uptime: 86_400,
         version: "chive 0.1.0".into(),
     };
-    let doc = d.sign(relay_key());
-    vec![
-        ("signed_exit".into(), with_mode(1, &signed_part(&doc))),
-        ("raw_exit".into(), with_mode(0, &doc)),
-    ]
+    d.sign(relay_key())
 }
 
 fn exit_policies() -> Vec<(String, Vec<u8>)> {

@@ -109,6 +109,12 @@ impl Network {
         Self::start_with(turn_alone(), test, &vec![""; relays], "")
     }
 
+    /// [`Network::start_alone`] with `relays` relays, `extra` appended to every relay's config
+    /// and to the client's.
+    pub fn start_alone_relays_with(test: &str, relays: usize, extra: &str) -> Network {
+        Self::start_with(turn_alone(), test, &vec![extra; relays], extra)
+    }
+
     fn start_with(turn: Turn, test: &str, relay_extra: &[&str], client_extra: &str) -> Network {
         let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -280,9 +286,11 @@ impl Network {
         }
     }
 
-    /// All three relays' logs, concatenated.
+    /// Every relay's log, concatenated.
     pub fn relay_logs(&self) -> String {
-        (1..=3).map(|i| self.log(&format!("relay{i}"))).collect()
+        (1..=self.relays.len())
+            .map(|i| self.log(&format!("relay{i}")))
+            .collect()
     }
 
     pub fn log(&self, name: &str) -> String {

@@ -318,7 +318,8 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
     let net = Network::start_alone(
         "flood",
         [
-            "DoSCircuitCreationEnabled = 1\nDoSCircuitCreationDefenseTimePeriod = 60",
+            "DoSCircuitCreationEnabled = 1\nDoSCircuitCreationDefenseTimePeriod = 60\n\
+             HeartbeatPeriod = 2",
             "",
             "",
         ],
@@ -491,5 +492,19 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
     assert!(
         md <= 2.0 * mi + 0.01,
         "honest CREATE2 median {md:.4} s during the flood vs {mi:.4} s idle"
+    );
+    // The DoS heartbeat (HeartbeatPeriod = 2 s) counted the refusals: wait for a beat after
+    // the flood, then the largest "since start" count must be the metrics' refusals.
+    std::thread::sleep(Duration::from_secs(3));
+    let log = net.log("relay1");
+    let since_start: Vec<u64> = log
+        .lines()
+        .filter_map(|l| l.split("since start: ").nth(1))
+        .filter_map(|rest| rest.split(" CREATE2 refused").next()?.parse().ok())
+        .collect();
+    eprintln!("flood: heartbeat since-start CREATE2 refused counts: {since_start:?}");
+    assert!(
+        since_start.iter().max().copied().unwrap_or(0) >= refused,
+        "no DoS heartbeat with {refused} CREATE2 refused in relay1's log"
     );
 }

@@ -3,6 +3,10 @@
 //! within 5 s (no hang), the client must mark the relay (down for the guard, suspect for a
 //! later hop; see chive_client::down), and the next fetch must succeed on a path without the
 //! dead relay within 5 s. Five relays, so that a full path remains after one dies.
+//!
+//! A hung relay (SIGSTOP: its sockets stay open, nothing is answered) is found by the link
+//! liveness check instead (`LinkKeepalive`, `LinkIdleTimeout`; here 1 s and 3 s so the test is
+//! short): the same error, blame and recovery, within the idle timeout plus 5 s.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -14,11 +18,26 @@ const RELAYS: usize = 5;
 
 /// A network of five relays (`relay1`..`relay5`), started alone, so the 5 s bounds measure the
 /// code, not several networks fighting over two cores; ready once every relay is listed.
-fn start(test: &str) -> Network {
-    let net = Network::start_alone_relays(test, RELAYS);
+/// `extra` goes into every relay's and the client's config.
+fn start(test: &str, extra: &str) -> Network {
+    let net = Network::start_alone_relays_with(test, RELAYS, extra);
     wait_all_relays_listed(&net);
     net
 }
+
+/// How a relay fails.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Failure {
+    /// SIGKILL: the kernel closes its sockets (FIN/RST).
+    Kill,
+    /// SIGSTOP: its sockets stay open and nothing is answered.
+    Stop,
+}
+
+/// The liveness settings of the SIGSTOP test (short, so the test is).
+const FAST_LIVENESS: &str = "LinkKeepalive = 1\nLinkIdleTimeout = 3\n";
+/// `LinkIdleTimeout` in [`FAST_LIVENESS`].
+const FAST_IDLE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Wait until a published consensus lists all five relays, then for the client to fetch it
 /// (ConsensusInterval is 2 s).
@@ -60,7 +79,16 @@ fn path_of(dir: &Path, user: &str) -> Option<Vec<String>> {
 /// Kill hop `hop` (0 = entry) of a running download's circuit; check the error, the mark and
 /// the recovery.
 fn kill_hop(test: &str, hop: usize) {
-    let mut net = start(test);
+    fail_hop(test, hop, Failure::Kill);
+}
+
+fn fail_hop(test: &str, hop: usize, how: Failure) {
+    let (extra, grace) = match how {
+        Failure::Kill => ("", Duration::ZERO),
+        Failure::Stop => (FAST_LIVENESS, FAST_IDLE_TIMEOUT),
+    };
+    let limit = grace + Duration::from_secs(5);
+    let mut net = start(test, extra);
     // The victim: a 1 GB download, read slowly so it is mid-transfer when the relay dies.
     let mut s = socks_connect(net.socks, net.http, Some(("victim", "x"))).expect("victim connect");
     write!(s, "GET /bytes/1000000000 HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
@@ -77,11 +105,27 @@ fn kill_hop(test: &str, hop: usize) {
         .iter()
         .position(|(n, _)| *n == dead)
         .expect("relay process");
-    let (_, mut child) = net.children.remove(idx);
-    child.kill().unwrap(); // SIGKILL
-    let killed = Instant::now();
-    let _ = child.wait();
-    eprintln!("{test}: killed {dead} (hop {hop} of {path:?}) after {got} bytes");
+    let killed = match how {
+        Failure::Kill => {
+            let (_, mut child) = net.children.remove(idx);
+            child.kill().unwrap(); // SIGKILL
+            let killed = Instant::now();
+            let _ = child.wait();
+            killed
+        }
+        Failure::Stop => {
+            // Stays in `children`: the network's drop kills it (SIGKILL works on a stopped one).
+            let pid = net.children[idx].1.id().to_string();
+            let ok = std::process::Command::new("kill")
+                .args(["-STOP", &pid])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill -STOP {pid}");
+            Instant::now()
+        }
+    };
+    eprintln!("{test}: {how:?} {dead} (hop {hop} of {path:?}) after {got} bytes");
 
     // The application's connection must end within 5 s, short of the full body.
     s.set_read_timeout(Some(Duration::from_millis(500)))
@@ -96,14 +140,14 @@ fn kill_hop(test: &str, hop: usize) {
             Err(e) => break format!("error: {e}"),
         }
         assert!(
-            killed.elapsed() < Duration::from_secs(5),
-            "{test}: the SOCKS connection still open 5 s after {dead} died; logs in {}",
+            killed.elapsed() < limit,
+            "{test}: the SOCKS connection still open {limit:?} after {dead} failed; logs in {}",
             net.dir.display()
         );
     };
     let error_after = killed.elapsed();
     assert!(got < 1_000_000_000);
-    eprintln!("{test}: the application saw {ended} {error_after:?} after the kill");
+    eprintln!("{test}: the application saw {ended} {error_after:?} after the {how:?}");
 
     // The next fetch works, on a path without the dead relay, within 5 s.
     let t0 = Instant::now();
@@ -142,6 +186,18 @@ fn kill_hop(test: &str, hop: usize) {
         "{test}: the client did not mark {dead} {blames:?}; logs in {}",
         net.dir.display()
     );
+    if how == Failure::Stop {
+        // The relays next to it said why they closed their links.
+        assert!(
+            net.relay_logs().contains("peer presumed hung"),
+            "{test}: no relay logged the hung link; logs in {}",
+            net.dir.display()
+        );
+        let idx = net.children.iter().position(|(n, _)| *n == dead).unwrap();
+        let (_, mut child) = net.children.remove(idx);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     net.check_alive();
 }
 
@@ -158,4 +214,9 @@ fn killing_the_middle_mid_download_fails_the_stream_fast_and_the_next_fetch_work
 #[test]
 fn killing_the_exit_mid_download_fails_the_stream_fast_and_the_next_fetch_works() {
     kill_hop("kill-exit", 2);
+}
+
+#[test]
+fn a_hung_middle_mid_download_fails_the_stream_after_the_idle_timeout_and_the_next_fetch_works() {
+    fail_hop("stop-middle", 1, Failure::Stop);
 }

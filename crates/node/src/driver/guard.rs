@@ -25,10 +25,11 @@ impl Driver {
             return;
         }
         let limits = self.cfg.limits.clone();
+        let liveness = self.cfg.liveness;
         let tx = self.tx.clone();
         tokio::spawn(async move {
             match accepting.handshake().await {
-                Ok(link) => start_link(chan, link, false, limits, tx).await,
+                Ok(link) => start_link(chan, link, false, limits, liveness, tx).await,
                 Err(e) => warn!(peer = %addr, error = %e, "incoming link failed"),
             }
         });

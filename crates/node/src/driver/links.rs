@@ -109,6 +109,12 @@ impl Driver {
     }
 
     pub(super) fn on_cell(&mut self, conn: ChannelId, cell: AnyCell, now: Instant) {
+        // A keepalive (`LinkKeepalive`) only proves the peer alive, which reading it did. It is
+        // no part of the channel's cell order: a split channel's HANDOFF counts exclude it, and
+        // it may arrive on a write-only second connection.
+        if matches!(&cell, AnyCell::Fixed(c) if c.command == CellCommand::PADDING) {
+            return;
+        }
         let Some((chan, which)) = self.locate(conn) else {
             return;
         };
@@ -307,6 +313,7 @@ impl Driver {
         let conn_id = ChannelId(self.next_chan.fetch_add(1, Ordering::Relaxed));
         let cfg = self.cfg.link.clone();
         let limits = self.cfg.limits.clone();
+        let liveness = self.cfg.liveness;
         let tx = self.tx.clone();
         debug!(?chan, %addr, "opening second connection");
         tokio::spawn(async move {
@@ -332,7 +339,7 @@ impl Driver {
             .await;
             match opened {
                 Ok((reader, writer)) => {
-                    let conn = spawn_conn(conn_id, reader, writer, tx.clone());
+                    let conn = spawn_conn(conn_id, reader, writer, liveness, tx.clone());
                     let _ = tx
                         .send(Input::SplitUp {
                             chan,

@@ -49,6 +49,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use chive_core::dos::heartbeat::{Heartbeat, Totals as HeartbeatTotals};
 use chive_core::split::{Conn, SplitChannel, SplitConfig};
 
 use crate::client::ClientState;
@@ -57,9 +58,10 @@ pub use switching::SwitchOptions;
 pub use tasks::WriteMsg;
 use tasks::{exit_connect, EXIT_CONNECT_TIMEOUT};
 pub use tasks::{
-    spawn_stream_io, start_link, stop_on_signal, CellBudget, ConnHandles, StreamCmd, StreamIo,
+    spawn_stream_io, start_link, stop_on_signal, CellBudget, ConnHandles, Liveness, StreamCmd,
+    StreamIo, DEFAULT_LINK_IDLE_TIMEOUT, DEFAULT_LINK_KEEPALIVE,
 };
-pub use tunables::Tunables;
+pub use tunables::{Tunables, DEFAULT_HEARTBEAT_PERIOD};
 
 /// Capacity of the driver's input queue: readers wait (and stop reading their
 /// sockets) when the core falls behind.
@@ -280,6 +282,8 @@ pub struct DriverConfig {
     pub exit_policy: Option<Arc<ExitPolicy>>,
     /// Local settings (scheduler, half-life, output bound).
     pub tunables: Tunables,
+    /// Keepalives and the idle timeout of every link.
+    pub liveness: Liveness,
 }
 
 /// Owns the core and the IO tasks' handles.
@@ -310,6 +314,8 @@ pub struct Driver {
     recv_scratch: Vec<AnyCell>,
     /// Circuit switching: options, per-connection congestion detectors, switch connects.
     pub switching: switching::SwitchIo,
+    /// The DoS heartbeat log line (relays only).
+    heartbeat: Heartbeat,
 }
 
 impl Driver {
@@ -317,7 +323,9 @@ impl Driver {
     pub fn new(core: Core, cfg: DriverConfig) -> Self {
         let (tx, rx) = mpsc::channel(INPUT_QUEUE);
         let send = SendPath::new(send_config(&cfg, None));
+        let heartbeat = Heartbeat::new(cfg.tunables.heartbeat(), Instant::now());
         Driver {
+            heartbeat,
             core,
             cfg,
             tx,
@@ -359,6 +367,7 @@ impl Driver {
             }
         };
         self.apply_switching();
+        self.heartbeat.set_interval(self.cfg.tunables.heartbeat());
         // The write bucket's rate and reserve may have changed with the tunables (SIGHUP).
         let send = send_config(&self.cfg, self.params.as_ref());
         if send != *self.send.config() {
@@ -366,6 +375,15 @@ impl Driver {
             self.drain_transmits(now);
         }
         applied
+    }
+
+    /// Log the DoS heartbeat if one is due (Tor's heartbeat DoS summary).
+    fn beat(&mut self, now: Instant) {
+        let dos = self.core.dos_stats();
+        let totals = HeartbeatTotals::read(&dos, &self.core.stats());
+        if let Some(beat) = self.heartbeat.poll(now, totals, dos.tracked_addresses) {
+            info!("{beat}");
+        }
     }
 
     fn set_policy(&mut self, kind: SchedulerKind, outbuf: usize, now: Instant) {
@@ -462,6 +480,9 @@ impl Driver {
                     }
                     self.split_tick(now);
                     self.switch_metrics();
+                    if self.client.is_none() {
+                        self.beat(now);
+                    }
                     if let Some(m) = self.metrics.as_mut() {
                         m.quiet_reserve = self.cfg.limits.write_bucket.as_ref().map_or(0, |b| b.reserve());
                         let stats = self.send.stats();
@@ -729,10 +750,11 @@ impl Driver {
                 let chan = ChannelId(self.next_chan.fetch_add(1, Ordering::Relaxed));
                 let cfg = self.cfg.link.clone();
                 let limits = self.cfg.limits.clone();
+                let liveness = self.cfg.liveness;
                 let tx = self.tx.clone();
                 tokio::spawn(async move {
                     match chive_net::connect(addr, Some(identity), &cfg).await {
-                        Ok(link) => start_link(chan, link, true, limits, tx).await,
+                        Ok(link) => start_link(chan, link, true, limits, liveness, tx).await,
                         Err(e) => {
                             let _ = tx
                                 .send(Input::ConnectFailed {

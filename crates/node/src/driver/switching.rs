@@ -186,9 +186,10 @@ impl Driver {
         self.switching.pending.insert(chan);
         let cfg = self.cfg.link.clone();
         let limits = self.cfg.limits.clone();
+        let liveness = self.cfg.liveness;
         tokio::spawn(async move {
             match chive_net::connect(addr, Some(identity), &cfg).await {
-                Ok(link) => start_link(chan, link, true, limits, tx).await,
+                Ok(link) => start_link(chan, link, true, limits, liveness, tx).await,
                 Err(e) => {
                     let _ = tx
                         .send(Input::SwitchConnectFailed {

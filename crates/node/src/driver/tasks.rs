@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chive_cell::{Cell, EndReason, VarCell};
+use chive_cell::{Cell, CellCommand, EndReason, VarCell};
 use chive_core::chansched::BatchClass;
 use chive_core::{ChannelId, StreamHandle};
 use chive_dir::ExitPolicy;
@@ -38,6 +38,77 @@ pub const LINK_INPUT_CREDIT: usize = READ_BATCH;
 const STREAM_READ_CHUNK: usize = 16 * 1024;
 /// Time allowed for an exit's DNS lookup and TCP connect.
 pub(super) const EXIT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Link liveness (relay and client options `LinkKeepalive`, `LinkIdleTimeout`): a peer that
+/// keeps its TCP connection open but stops answering (SIGSTOP, a pulled cable, a NAT that
+/// dropped its state) sends no FIN, so without this a link to it would look alive until the
+/// kernel's retransmission timeout, and every circuit through it would stall.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Liveness {
+    /// Write a PADDING cell on a link that wrote nothing for this long (`None`: never).
+    pub keepalive: Option<Duration>,
+    /// Close a link that read nothing for this long, or whose write made no progress for this
+    /// long (`None`: never). Must exceed the peer's keepalive, or idle links close.
+    pub idle_timeout: Option<Duration>,
+}
+
+/// `LinkKeepalive` default: within Tor's channel padding range (1.5–9.5 s), so an idle link
+/// carries about 100 bytes/s.
+pub const DEFAULT_LINK_KEEPALIVE: Duration = Duration::from_secs(5);
+/// `LinkIdleTimeout` default: four keepalives missed. A stream on a circuit through a hung relay
+/// fails after at most this long (plus the DESTROY's trip), instead of minutes.
+pub const DEFAULT_LINK_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness {
+            keepalive: Some(DEFAULT_LINK_KEEPALIVE),
+            idle_timeout: Some(DEFAULT_LINK_IDLE_TIMEOUT),
+        }
+    }
+}
+
+impl Liveness {
+    /// From the options' seconds (0 = off), checked: a timeout must be at least twice the
+    /// keepalive, so one late keepalive does not close a live link.
+    pub fn from_options(keepalive: u64, idle_timeout: u64) -> Result<Liveness, String> {
+        if keepalive > 3600 {
+            return Err("LinkKeepalive must be between 0 (off) and 3600 seconds".into());
+        }
+        if idle_timeout != 0 && !(2..=86_400).contains(&idle_timeout) {
+            return Err("LinkIdleTimeout must be 0 (off) or between 2 and 86400 seconds".into());
+        }
+        if idle_timeout != 0 && keepalive != 0 && idle_timeout < 2 * keepalive {
+            return Err(format!(
+                "LinkIdleTimeout ({idle_timeout} s) must be at least twice LinkKeepalive \
+                 ({keepalive} s), or a live but idle link is closed"
+            ));
+        }
+        let secs = |s: u64| (s != 0).then(|| Duration::from_secs(s));
+        Ok(Liveness {
+            keepalive: secs(keepalive),
+            idle_timeout: secs(idle_timeout),
+        })
+    }
+
+    /// Run `io` (a read or a write), failing it if it makes no progress for the idle timeout.
+    async fn bounded<T, E: std::fmt::Display>(
+        &self,
+        what: &str,
+        io: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, String> {
+        match self.idle_timeout {
+            Some(t) => match tokio::time::timeout(t, io).await {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err(format!(
+                    "peer presumed hung: no {what} for {} s (LinkIdleTimeout)",
+                    t.as_secs()
+                )),
+            },
+            None => io.await.map_err(|e| e.to_string()),
+        }
+    }
+}
 
 /// Commands for a stream's writer task.
 pub enum StreamCmd {
@@ -127,6 +198,7 @@ pub async fn start_link(
     link: Link,
     initiator: bool,
     limits: LinkLimits,
+    liveness: Liveness,
     tx: mpsc::Sender<Input>,
 ) {
     let peer = link.peer_identity;
@@ -135,7 +207,7 @@ pub async fn start_link(
     let bind_token = link.bind_token();
     let fd = link.raw_fd();
     let (reader, writer) = link.split(limits);
-    let conn = spawn_conn(chan, reader, writer, tx.clone());
+    let conn = spawn_conn(chan, reader, writer, liveness, tx.clone());
     // A driver that is gone drops the handles, and with them the reader's gate.
     let _ = tx
         .send(Input::LinkUp(LinkUp {
@@ -158,6 +230,7 @@ pub(super) fn spawn_conn(
     id: ChannelId,
     mut reader: LinkReader,
     mut writer: LinkWriter,
+    liveness: Liveness,
     tx: mpsc::Sender<Input>,
 ) -> ConnHandles {
     let (gate_tx, gate_rx) = oneshot::channel::<CellBudget>();
@@ -180,7 +253,10 @@ pub(super) fn spawn_conn(
             if hold_rx.wait_for(|held| !*held).await.is_err() {
                 return;
             }
-            match reader.read_cells(&mut cells, READ_BATCH).await {
+            let read = liveness
+                .bounded("cell from it", reader.read_cells(&mut cells, READ_BATCH))
+                .await;
+            match read {
                 Ok(0) => break "closed by peer".to_string(),
                 Ok(n) => {
                     // n <= READ_BATCH = LINK_INPUT_CREDIT, and READ_BATCH is far below the
@@ -202,13 +278,36 @@ pub(super) fn spawn_conn(
                         return;
                     }
                 }
-                Err(e) => break e.to_string(),
+                Err(e) => break e,
             }
         };
         let _ = rtx.send(Input::LinkDown { chan: id, why }).await;
     });
     tokio::spawn(async move {
-        while let Some(msg) = wrx.recv().await {
+        loop {
+            let msg = match liveness.keepalive {
+                Some(k) => match tokio::time::timeout(k, wrx.recv()).await {
+                    Ok(msg) => msg,
+                    Err(_) => {
+                        // Nothing to write for a while: tell the peer we are alive. Not paid
+                        // for (514 bytes per keepalive period) and not counted as a batch.
+                        let padding = Cell::new(0, CellCommand::PADDING, &[])
+                            .expect("PADDING is a fixed-size command");
+                        let sent = liveness
+                            .bounded("write progress", writer.write_cells(&[padding]))
+                            .await;
+                        if let Err(why) = sent {
+                            let _ = tx.send(Input::LinkDown { chan: id, why }).await;
+                            return;
+                        }
+                        continue;
+                    }
+                },
+                None => wrx.recv().await,
+            };
+            let Some(msg) = msg else {
+                break;
+            };
             let (result, n) = match msg {
                 WriteMsg::Cells { cells, class } if writer.is_paced() => {
                     let quiet = matches!(class, BatchClass::Quiet { .. });
@@ -232,16 +331,27 @@ pub(super) fn spawn_conn(
                     if tx.send(paid).await.is_err() {
                         return;
                     }
-                    (writer.write_paid_cells(&cells).await, Some(cells.len()))
+                    let w = writer.write_paid_cells(&cells);
+                    (
+                        liveness.bounded("write progress", w).await,
+                        Some(cells.len()),
+                    )
                 }
                 WriteMsg::Cells { cells, class } => {
                     if let BatchClass::Quiet { .. } = class {
                         // Unpaced: nothing to pay, but keep the count exact.
                         signal.queued.fetch_sub(1, Ordering::Relaxed);
                     }
-                    (writer.write_cells(&cells).await, Some(cells.len()))
+                    let w = writer.write_cells(&cells);
+                    (
+                        liveness.bounded("write progress", w).await,
+                        Some(cells.len()),
+                    )
                 }
-                WriteMsg::Var(cell) => (writer.write_var_cell(&cell).await, None),
+                WriteMsg::Var(cell) => {
+                    let w = writer.write_var_cell(&cell);
+                    (liveness.bounded("write progress", w).await, None)
+                }
             };
             if let Err(e) = result {
                 let _ = tx
@@ -258,7 +368,8 @@ pub(super) fn spawn_conn(
                 }
             }
         }
-        let _ = writer.shutdown().await;
+        // A hung peer must not keep this task (and the socket) forever.
+        let _ = liveness.bounded("write progress", writer.shutdown()).await;
     });
     ConnHandles {
         writer: wtx,

@@ -29,6 +29,7 @@ fn driver(write_bucket: Option<Arc<TokenBucket>>, tunables: Tunables) -> Driver 
             outbuf_cells: 32,
             exit_policy: None,
             tunables,
+            liveness: super::Liveness::default(),
         },
     )
 }

@@ -25,9 +25,19 @@ pub struct Tunables {
     /// `ChannelFairness`: share the write rate between channels by each channel's recent
     /// cells, then EWMA within the channel; unset = the consensus's `ChannelFairness`.
     pub channel_fairness: Option<bool>,
+    /// `HeartbeatPeriod` in seconds (0: off); unset = [`DEFAULT_HEARTBEAT_PERIOD`].
+    pub heartbeat_period: Option<u64>,
 }
 
+/// `HeartbeatPeriod` when unset: Tor's default, 6 hours.
+pub const DEFAULT_HEARTBEAT_PERIOD: u64 = 6 * 3600;
+
 impl Tunables {
+    /// How often the relay logs its DoS heartbeat (zero: never).
+    pub fn heartbeat(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.heartbeat_period.unwrap_or(DEFAULT_HEARTBEAT_PERIOD))
+    }
+
     /// The half-life (s) of the channels' cell counts under `ChannelFairness`, `None` if off:
     /// the circuit scheduler's half-life, so a channel's count is the sum of its circuits'.
     pub fn channel_fair_halflife(&self, params: Option<&chive_dir::NetParams>) -> Option<f64> {
