@@ -33,7 +33,7 @@ use crate::switching::{
 };
 use crate::{ChannelId, CircKey};
 
-use super::circuit::{queue_id, Role, Side};
+use super::circuit::Role;
 use super::event::CoreError;
 use super::switch_report::{SwitchMode, SwitchOutcome, SwitchRecord};
 use super::Core;
@@ -864,22 +864,7 @@ impl Core {
     /// Entry, path mode: the detector found `chan` congested. Send CONGESTED to the client of
     /// the heaviest circuit on it this relay is the entry of.
     pub(super) fn path_congested(&mut self, chan: ChannelId, now: Instant) -> Option<CircKey> {
-        let ch = self.channels.get(&chan)?;
-        let mut best: Option<(CircKey, f64)> = None;
-        for (&id, &key) in &ch.circ_ids {
-            if !self.is_entry_circuit(key, chan, id) {
-                continue;
-            }
-            let count = ch
-                .sched
-                .ewma_count(queue_id(key, Side::Next), now)
-                .unwrap_or_else(|| self.circuits.get(&key).map_or(0, |c| c.cells_sent) as f64);
-            best = match best {
-                Some((b, w)) if w > count || (w == count && b < key) => Some((b, w)),
-                _ => Some((key, count)),
-            };
-        }
-        let (key, _) = best?;
+        let key = self.heaviest_entry_circuit(chan, now, |_| false)?;
         let body = Congested {
             reason: CongestionReason::OVERFULL,
         }

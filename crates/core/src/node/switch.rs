@@ -187,6 +187,33 @@ impl Core {
                 .any(|(&id, key)| self.is_entry_circuit(*key, chan, id))
     }
 
+    /// The circuit on `chan` this relay is the entry of with the highest EWMA count (cells sent
+    /// when the scheduler keeps none), `skip` left out; ties go to the lowest key. The circuit
+    /// that both switching modes act on: connection mode moves it, path mode warns its client.
+    pub(super) fn heaviest_entry_circuit(
+        &self,
+        chan: ChannelId,
+        now: Instant,
+        skip: impl Fn(CircKey) -> bool,
+    ) -> Option<CircKey> {
+        let ch = self.channels.get(&chan)?;
+        let mut best: Option<(CircKey, f64)> = None;
+        for (&id, &key) in &ch.circ_ids {
+            if !self.is_entry_circuit(key, chan, id) || skip(key) {
+                continue;
+            }
+            let count = ch
+                .sched
+                .ewma_count(queue_id(key, Side::Next), now)
+                .unwrap_or_else(|| self.circuits.get(&key).map_or(0, |c| c.cells_sent) as f64);
+            best = match best {
+                Some((b, w)) if w > count || (w == count && b < key) => Some((b, w)),
+                _ => Some((key, count)),
+            };
+        }
+        best.map(|(key, _)| key)
+    }
+
     pub(super) fn is_entry_circuit(&self, key: CircKey, chan: ChannelId, id: CircId) -> bool {
         let Some(circ) = self.circuits.get(&key) else {
             return false;
@@ -216,21 +243,7 @@ impl Core {
         if ch.circ_ids.len() < 2 {
             return None;
         }
-        let mut best: Option<(CircKey, f64)> = None;
-        for (&id, &key) in &ch.circ_ids {
-            if !self.is_entry_circuit(key, chan, id) || self.sw.movers.contains_key(&key) {
-                continue;
-            }
-            let count = ch
-                .sched
-                .ewma_count(queue_id(key, Side::Next), now)
-                .unwrap_or_else(|| self.circuits.get(&key).map_or(0, |c| c.cells_sent) as f64);
-            best = match best {
-                Some((b, w)) if w > count || (w == count && b < key) => Some((b, w)),
-                _ => Some((key, count)),
-            };
-        }
-        let (key, _) = best?;
+        let key = self.heaviest_entry_circuit(chan, now, |k| self.sw.movers.contains_key(&k))?;
         let pending = self
             .sw
             .movers
