@@ -172,6 +172,10 @@ def _real_skip() -> str | None:
 
 
 REAL_SKIP = _real_skip()
+# Small enough that every loop completes one verified transfer in its 12.5 s window even when
+# tor's uploads collapse behind the downloads on the shared connection (CI saw C:up at ~130 kB/s
+# per circuit, which left two 2 MB uploads cut at the end and none complete).
+QUICK_TRANSFER_BYTES = 500_000
 
 
 @pytest.mark.skipif(REAL_SKIP is not None, reason=f"tor netns real run: {REAL_SKIP}")
@@ -183,7 +187,7 @@ def test_quick_real_run_of_the_tor_variant(tmp_path):
     started = time.monotonic()
     scen = tmp_path / "tor.toml"
     scen.write_text((SCENARIOS / "paper002-overlay-to-b.toml").read_text().replace("scale = 1.0", "scale = 0.05")
-                    .replace("transfer_bytes = 67108864", "transfer_bytes = 2000000")
+                    .replace("transfer_bytes = 67108864", f"transfer_bytes = {QUICK_TRANSFER_BYTES}")
                     .replace("circuits = 4", "circuits = 2").replace("switch_port_packets = 100", "")
                     .replace('exit_relays = "b"', ""))
     rc = runner.run_experiment(scen, tmp_path / "out", variants=["tor"], repetitions=1, progress=False)
@@ -197,7 +201,7 @@ def test_quick_real_run_of_the_tor_variant(tmp_path):
     assert ev["paths"]["clientA"] == ["relayA,relayB2,relayB"], ev["paths"]
     for loop, t in ev["transfers"].items():
         assert t["errors"] == 0, (loop, t["error_texts"])
-        assert t["ok"] >= 1 and t["bytes_ok"] == t["ok"] * 2_000_000, (loop, t)
+        assert t["ok"] >= 1 and t["bytes_ok"] == t["ok"] * QUICK_TRANSFER_BYTES, (loop, t)
     # Tor keeps one connection per relay pair: B's connections to A and to C carry bulk both ways.
     for peer in ("A", "C"):
         assert any(c["bytes_sent"] > 500_000 and c["bytes_received"] > 500_000
