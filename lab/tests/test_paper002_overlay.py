@@ -8,9 +8,11 @@ The real run needs root, iproute2 and a built chive binary with `perf`,
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -370,6 +372,13 @@ def test_pool_reads_results_back_and_analyses_them_as_one_batch(tmp_path):
     for r_read, r_orig in zip(read["one"], shaky):
         for k, series in r_orig.items():  # the CSV keeps whole bits per second
             assert r_read[k] == pytest.approx([round(x) for x in series]), k
+    # results/ keeps the large per-second CSVs gzipped: read back the same.
+    shutil.copytree(tmp_path / "r1", tmp_path / "r1gz")
+    csv_path = tmp_path / "r1gz" / "throughput_one.csv"
+    with gzip.open(csv_path.with_name(csv_path.name + ".gz"), "wt", encoding="utf-8") as f:
+        f.write(csv_path.read_text())
+    csv_path.unlink()
+    assert po.read_result(tmp_path / "r1gz")[1]["one"] == read["one"]
     # A chive-lab run output keeps the kind's files one level down.
     po.analyze_raw({"one": shaky[:1], "split-ackprio": steady[:1]}, p, tmp_path / "r2" / "paper002_overlay")
     pooled = po.pool([tmp_path / "r1", tmp_path / "r2"], tmp_path / "pooled")

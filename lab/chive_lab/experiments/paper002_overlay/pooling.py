@@ -7,6 +7,7 @@ checked to come from one setup, and analysed as one batch
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 from pathlib import Path
 
@@ -57,8 +58,8 @@ def read_result_with_evidence(result_dir: Path) -> tuple[Params, dict[str, list[
         path = base / f"throughput_{variant}.csv"
         runs: dict[int, dict[str, dict[int, float]]] = {}
         try:
-            lines = path.read_text().splitlines()
-        except OSError as e:
+            lines = _read_text_maybe_gzipped(path).splitlines()
+        except (OSError, EOFError) as e:
             raise LabError(f"{result_dir}: {e}") from e
         for line in lines[1:]:
             try:
@@ -76,6 +77,15 @@ def read_result_with_evidence(result_dir: Path) -> tuple[Params, dict[str, list[
         evs = list(ev.values()) if isinstance(ev, dict) else []
         evidence[variant] = evs if len(evs) == len(runs_of) else [None] * len(runs_of)
     return p, results, evidence
+
+
+def _read_text_maybe_gzipped(path: Path) -> str:
+    """``path``'s text, or ``path.gz``'s when only the compressed copy exists (results/ keeps
+    the large per-second CSVs of pooled folders gzipped to stay under its size limit)."""
+    if not path.is_file() and path.with_name(path.name + ".gz").is_file():
+        with gzip.open(path.with_name(path.name + ".gz"), "rt", encoding="utf-8") as f:
+            return f.read()
+    return path.read_text()
 
 
 #: Params that may differ between results pooled together (not the testbed or the traffic).
