@@ -146,7 +146,8 @@ def test_tiny_real_attack_on_chive(tmp_path):
                             honest_bytes=1_000_000, openers=8, open_timeout=30.0)
     r = sniper.run_attack(c, tmp_path / "net", CHIVE, lambda _m: None).to_json()
     s = r["summary"]
-    assert s["streams_opened"] >= 36, s["stream_errors"]
+    # The handler may kill a circuit before its second stream opens (its queue already filled).
+    assert s["streams_opened"] >= 20, s["stream_errors"]
     assert s["honest"]["byte_exact"], s["honest"]
     assert s["oom"]["circuits_killed"] > 0 and s["oom"]["log_lines"] > 0, s["oom"]
     assert s["target_alive"]
