@@ -59,11 +59,11 @@ mod tests {
             ("cc_alg", 2),
             ("cc_cwnd_init", 500),
             ("cc_cwnd_max", 300),
-            ("cc_vegas_alpha_exit", 64),
+            ("cc_vegas_alpha_exit", 48),
         ]));
         let CcKind::Vegas(p) = kind else {
             panic!("{kind:?}")
         };
-        assert_eq!((p.cwnd_init, p.cwnd_max, p.alpha), (300, 300, 64));
+        assert_eq!((p.cwnd_init, p.cwnd_max, p.alpha), (300, 300, 48));
     }
 }

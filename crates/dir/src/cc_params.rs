@@ -33,13 +33,13 @@ pub const CC_CWND_INC_PCT_SS: ParamSpec = spec("cc_cwnd_inc_pct_ss", 100, 1, 500
 /// `cc_ss_max`: the window at which slow start ends at the latest.
 pub const CC_SS_MAX: ParamSpec = spec("cc_ss_max", CWND_LIMIT, 100, CWND_LIMIT);
 /// `cc_vegas_alpha_exit`: below this many queued cells, Vegas grows.
-pub const CC_VEGAS_ALPHA_EXIT: ParamSpec = spec("cc_vegas_alpha_exit", 128, 0, CWND_LIMIT);
+pub const CC_VEGAS_ALPHA_EXIT: ParamSpec = spec("cc_vegas_alpha_exit", 64, 0, CWND_LIMIT);
 /// `cc_vegas_beta_exit`: above this many queued cells, Vegas shrinks.
-pub const CC_VEGAS_BETA_EXIT: ParamSpec = spec("cc_vegas_beta_exit", 256, 0, CWND_LIMIT);
+pub const CC_VEGAS_BETA_EXIT: ParamSpec = spec("cc_vegas_beta_exit", 192, 0, CWND_LIMIT);
 /// `cc_vegas_gamma_exit`: slow start ends when this many cells are queued.
-pub const CC_VEGAS_GAMMA_EXIT: ParamSpec = spec("cc_vegas_gamma_exit", 192, 0, CWND_LIMIT);
+pub const CC_VEGAS_GAMMA_EXIT: ParamSpec = spec("cc_vegas_gamma_exit", 128, 0, CWND_LIMIT);
 /// `cc_vegas_delta_exit`: above this many queued cells, Vegas cuts hard.
-pub const CC_VEGAS_DELTA_EXIT: ParamSpec = spec("cc_vegas_delta_exit", 384, 0, CWND_LIMIT);
+pub const CC_VEGAS_DELTA_EXIT: ParamSpec = spec("cc_vegas_delta_exit", 320, 0, CWND_LIMIT);
 /// `cc_ewma_cwnd_pct`: the smoothed RTT averages over this percent of a window's SENDMEs.
 pub const CC_EWMA_CWND_PCT: ParamSpec = spec("cc_ewma_cwnd_pct", 50, 1, 100);
 

@@ -7,7 +7,9 @@
 //!   second, circuits, queued cells, scheduler, outbuf-full events;
 //! - `{"type":"chan", ...}` once per second per busy channel: output-buffer occupancy;
 //! - `{"type":"circ", ...}` once per second per circuit that sent cells: cells
-//!   sent, queue length, scheduler priority (EWMA count) when the policy has one;
+//!   sent, queue length, scheduler priority (EWMA count) when the policy has one; at an
+//!   edge its congestion window, cells in flight, smallest and smoothed round trip
+//!   (`min_rtt_ms`, `rtt_ms`: null under a fixed window) and slow start;
 //! - `{"type":"oom", ...}` in a second when the OOM handler ran (`MaxMemInQueues`): circuits
 //!   killed, channels closed, bytes freed in that second, memory in use and the limit;
 //! - `{"type":"dos", ...}` in a second when the DoS defences refused something: CREATE2 cells
@@ -271,10 +273,9 @@ impl Metrics {
                     // round trip (Vegas) and slow start, to see congestion control at work.
                     let edge = match c.window {
                         Some((cwnd, inflight)) => format!(
-                            ",\"cwnd\":{cwnd},\"inflight\":{inflight},\"min_rtt_ms\":{},\"slow_start\":{}",
-                            c.min_rtt
-                                .map(|d| format!("{:.3}", d.as_secs_f64() * 1e3))
-                                .unwrap_or_else(|| "null".into()),
+                            ",\"cwnd\":{cwnd},\"inflight\":{inflight},\"min_rtt_ms\":{},\"rtt_ms\":{},\"slow_start\":{}",
+                            ms(c.min_rtt),
+                            ms(c.smoothed_rtt),
                             c.slow_start.unwrap_or(false)
                         ),
                         None => String::new(),
@@ -348,6 +349,12 @@ impl Metrics {
             snap.outbuf_cells = outbuf_cells;
         }
     }
+}
+
+/// Milliseconds with three decimals, or `null`.
+fn ms(d: Option<Duration>) -> String {
+    d.map(|d| format!("{:.3}", d.as_secs_f64() * 1e3))
+        .unwrap_or_else(|| "null".into())
 }
 
 /// Prometheus text exposition of a snapshot.

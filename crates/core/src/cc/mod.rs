@@ -16,7 +16,8 @@
 //! - [`CongestionControl::in_slow_start`] (optional, default `false`): for stats and logs.
 //! - [`CongestionControl::keeps_stream_window`] (optional, default `false`): whether the
 //!   circuit's streams keep the 500-cell stream window (fixed windows) or use XON/XOFF.
-//! - [`CongestionControl::min_rtt`] (optional, default `None`): for metrics.
+//! - [`CongestionControl::min_rtt`], [`CongestionControl::smoothed_rtt`] (optional, default
+//!   `None`): for metrics.
 //!
 //! `now` is passed in (sans-IO): the driver reads the clock once per event.
 //!
@@ -28,6 +29,8 @@
 mod fixed;
 mod vegas;
 
+#[cfg(test)]
+mod shared_path;
 #[cfg(test)]
 mod tests;
 
@@ -87,6 +90,11 @@ pub trait CongestionControl: Send + std::fmt::Debug {
 
     /// The smallest round trip the policy has seen, if it keeps one (for metrics).
     fn min_rtt(&self) -> Option<Duration> {
+        None
+    }
+
+    /// The smoothed round trip the policy steers by, if it keeps one (for metrics).
+    fn smoothed_rtt(&self) -> Option<Duration> {
         None
     }
 }

@@ -75,6 +75,8 @@ pub struct CircuitStat {
     pub window: Option<(u32, u32)>,
     /// At an edge whose congestion control measures round trips (Vegas): the smallest seen.
     pub min_rtt: Option<std::time::Duration>,
+    /// At an edge whose congestion control measures round trips: the smoothed round trip.
+    pub smoothed_rtt: Option<std::time::Duration>,
     /// At an edge: whether its congestion control is in slow start.
     pub slow_start: Option<bool>,
 }
@@ -109,6 +111,7 @@ impl Core {
                     priority,
                     window: c.edge().map(|e| (e.window.cwnd(), e.window.inflight())),
                     min_rtt: c.edge().and_then(|e| e.window.policy().min_rtt()),
+                    smoothed_rtt: c.edge().and_then(|e| e.window.policy().smoothed_rtt()),
                     slow_start: c.edge().map(|e| e.window.policy().in_slow_start()),
                 }
             })
