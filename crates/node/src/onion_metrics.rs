@@ -3,7 +3,7 @@
 //! onion service (`HiddenServiceDir`). [`crate::metrics::Metrics`] writes an `onion` record to
 //! the `MetricsFile` in a second when a counter changed, an `onion_join` record per joined
 //! connection (its set-up step by step, [`JoinTiming`]), and [`render`] adds the
-//! `chive_onion_*` lines to the `MetricsPort` text. Names and meanings: docs/metrics.md.
+//! `chive_onion_*` lines to the `MetricsPort` text. Names and meanings: docs/protocol.md, "Onion services".
 
 use std::fmt::Write as _;
 
