@@ -237,3 +237,47 @@ def test_analysis_without_data_or_targets(tmp_path):
     t = p1a.analyze(tmp_path, sc.load_scenario(tmp_path / "s.toml")).summary["targets"]
     assert t == {"declared": False, "missing_keys": ["tor_fraction"]}
     assert os.path.exists(tmp_path / "paper001" / "comparison.md")
+
+
+def test_phases_from_the_onion_client_log(tmp_path):
+    """The set-up steps come from the onion client's log lines in the measurement window; -1
+    (a step that did not happen) and lines before the window are left out; an old binary's
+    lines (took_ms only) give the join alone."""
+    from datetime import datetime, timezone
+
+    from chive_lab.experiments.paper001_onion import phases as ph
+
+    def ts(t: float) -> str:
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    t0 = 1_700_000_000.0
+    lines = [
+        f"{ts(t0 + 1)}  INFO chive_node::onion_client: onion descriptor fetched address=x.onion took_ms=900",
+        f"{ts(t0 + 2)}  INFO chive_client::onion::connect: rendezvous joined service=x.onion circ=CircKey(4) "
+        "attempt=1 took_ms=5000 rend_built_ms=1 rend_ready_ms=1 intro_built_ms=1 introduced_ms=1 acked_ms=1",
+        f"{ts(t0 + 6)}  INFO chive_node::onion_client: onion descriptor fetched address=x.onion took_ms=90",
+        f"{ts(t0 + 7)}  INFO chive_client::onion::connect: rendezvous joined service=x.onion circ=CircKey(6) "
+        "attempt=1 took_ms=1400 rend_built_ms=300 rend_ready_ms=480 intro_built_ms=420 introduced_ms=480 "
+        "acked_ms=-1",
+        f"{ts(t0 + 8)}  INFO chive_client::onion::connect: rendezvous joined service=x.onion circ=CircKey(8) "
+        "attempt=2 took_ms=1600",
+        f"{ts(t0 + 9)}  DEBUG chive_core: something else took_ms=7",
+    ]
+    got = ph.parse_log(lines, since=t0 + 5)
+    assert got["desc_ms"] == [90.0]
+    assert got["took_ms"] == [1400.0, 1600.0]
+    assert got["rend_built_ms"] == [300.0] and got["acked_ms"] == []
+    d = tmp_path / "runs" / "chive-rr" / "1"
+    (d / "net" / "onion").mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"t0": t0, "warmup_s": 5.0}))
+    (d / "net" / "onion" / "chive.log").write_text("\n".join(lines) + "\n")
+    v = ph.variant_phases([d, tmp_path / "missing"])
+    assert v["took_ms"]["n"] == 2 and v["took_ms"]["p50"] == pytest.approx(1500.0)
+    table = "\n".join(ph.table_lines({"chive-rr": v, "tor": {}}))
+    assert "| RENDEZVOUS2: joined | 1500 (n=2) |" in table and "| chive-rr |\n" in table
+    # In the analysis: the summary keeps them and comparison.md shows them.
+    s = sc.load_scenario(SCENARIO)
+    _write_run(tmp_path, "chive-ewma", [2.0, 2.5], t0=t0)
+    a = p1a.analyze(tmp_path, s)
+    assert a.summary["variants"]["chive-rr"]["phases_ms"]["desc_ms"]["n"] == 1
+    assert "## Where the set-up goes" in (tmp_path / "paper001" / "comparison.md").read_text()

@@ -80,13 +80,22 @@ Config file options (TOML):
   SwitchTimeoutMsec = 2000         a path switch waits this long for SWITCH_CONFIRM, then falls
                                    back to the old circuit (100..120000; default: the consensus)
   MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among
-                                   them one `switch` record per path switch; default none
+                                   them one `switch` record per path switch, one `onion_join`
+                                   record per onion connection (its set-up by step) and an
+                                   `onion` record when the onion counters change; default none
+  MetricsPort = \"127.0.0.1:9102\"   Prometheus text endpoint (GET /metrics); default off
   HiddenServiceDir = \"/path\"       run an onion service: its key (created if missing; the
                                    directory must be 0700, the key 0600) and `hostname`,
                                    which holds its address NAME.onion
   HiddenServicePort = [\"80 127.0.0.1:8080\"]  virtual port and local target (IP:PORT,
                                    default 127.0.0.1:VIRTPORT); required with HiddenServiceDir
   HiddenServiceNumIntroductionPoints = 3   introduction points (1..10)
+  OnionAttemptTimeout = 30         seconds one attempt to reach an onion service (rendezvous and
+                                   introduction circuits, INTRODUCE1, RENDEZVOUS2) may take
+                                   before it is abandoned and another starts with a fresh
+                                   cookie and introduction point; 3 attempts, then 0xF7
+                                   (1..120; tor has no single equivalent: it bounds each
+                                   circuit build and the whole request, SocksTimeout)
   LinkKeepalive = 5                seconds: a link that wrote nothing for this long sends a
                                    PADDING cell, so its peer knows it is alive (0 = off)
   LinkIdleTimeout = 20             seconds: a link that read nothing (or could write nothing)
@@ -158,6 +167,15 @@ pub struct ClientConfig {
     /// JSON-lines metrics file (relative: in the DataDirectory).
     #[serde(rename = "MetricsFile", default)]
     pub metrics_file: Option<PathBuf>,
+    /// Prometheus text endpoint.
+    #[serde(rename = "MetricsPort", default)]
+    pub metrics_port: Option<SocketAddr>,
+    /// Seconds one onion connection attempt may take (see the help).
+    #[serde(
+        rename = "OnionAttemptTimeout",
+        default = "default_onion_attempt_timeout"
+    )]
+    pub onion_attempt_timeout: u64,
     /// Onion service directory (key, hostname); unset = no service.
     #[serde(rename = "HiddenServiceDir", default)]
     pub hidden_service_dir: Option<PathBuf>,
@@ -196,6 +214,9 @@ impl ClientConfig {
         self.switch_options()?;
         self.service_ports()?;
         self.liveness()?;
+        if !(1..=MAX_ONION_ATTEMPT_TIMEOUT).contains(&self.onion_attempt_timeout) {
+            anyhow::bail!("OnionAttemptTimeout: 1..{MAX_ONION_ATTEMPT_TIMEOUT} seconds");
+        }
         if !(1..=chive_dir::MAX_INTRO_POINTS).contains(&self.hidden_service_intro_points) {
             anyhow::bail!(
                 "HiddenServiceNumIntroductionPoints: 1..{}",
@@ -250,6 +271,16 @@ impl ClientConfig {
         Ok(ports)
     }
 
+    /// The onion connector's settings (`OnionAttemptTimeout`, `MaxCircuitDirtiness`).
+    fn connector_config(&self, paths: OnionPaths) -> ConnectorConfig {
+        ConnectorConfig {
+            max_dirtiness: Duration::from_secs(self.max_circuit_dirtiness),
+            attempt_timeout: Duration::from_secs(self.onion_attempt_timeout),
+            paths,
+            ..ConnectorConfig::default()
+        }
+    }
+
     /// `LinkKeepalive` and `LinkIdleTimeout`, checked.
     fn liveness(&self) -> anyhow::Result<crate::driver::Liveness> {
         crate::driver::Liveness::from_options(self.link_keepalive, self.link_idle_timeout)
@@ -302,6 +333,11 @@ fn default_relay_retry() -> u64 {
 fn default_intro_points() -> usize {
     3
 }
+fn default_onion_attempt_timeout() -> u64 {
+    30
+}
+/// The longest `OnionAttemptTimeout` (a SOCKS request waits 120 s at most anyway).
+const MAX_ONION_ATTEMPT_TIMEOUT: u64 = 120;
 
 /// How long a SOCKS request may wait for its stream to open.
 const SOCKS_STREAM_TIMEOUT: Duration = Duration::from_secs(120);
@@ -357,8 +393,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .as_ref()
         .filter(|p| !p.as_os_str().is_empty())
         .map(|p| cfg.data_directory.join(p));
-    if metrics_file.is_some() {
-        driver.metrics = Metrics::start(metrics_file.as_deref(), None).await?;
+    if metrics_file.is_some() || cfg.metrics_port.is_some() {
+        driver.metrics = Metrics::start(metrics_file.as_deref(), cfg.metrics_port).await?;
     }
     driver.apply_switching();
     rand::rngs::OsRng.fill_bytes(&mut seed);
@@ -401,14 +437,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         c.authority = Some(cfg.authority);
         c.tx = Some(tx.clone());
         c.service = service;
-        c.onion = OnionConnector::new(
-            ConnectorConfig {
-                max_dirtiness: Duration::from_secs(cfg.max_circuit_dirtiness),
-                paths,
-                ..ConnectorConfig::default()
-            },
-            seed,
-        );
+        c.onion = OnionConnector::new(cfg.connector_config(paths), seed);
     }
     let socks_tx = tx.clone();
     tokio::spawn(async move {
@@ -896,6 +925,22 @@ mod tests {
         ] {
             let err = config(bad).validate().expect_err(bad);
             assert!(format!("{err:#}").contains(names), "{bad}: {err:#}");
+        }
+    }
+
+    #[test]
+    fn the_onion_attempt_timeout_is_an_option() {
+        let t = |c: &ClientConfig| c.connector_config(OnionPaths::default()).attempt_timeout;
+        assert_eq!(t(&config("")), Duration::from_secs(30));
+        let c = config("OnionAttemptTimeout = 7");
+        assert!(c.validate().is_ok());
+        assert_eq!(t(&c), Duration::from_secs(7));
+        for bad in ["OnionAttemptTimeout = 0", "OnionAttemptTimeout = 121"] {
+            let err = config(bad).validate().expect_err(bad);
+            assert!(
+                format!("{err:#}").contains("OnionAttemptTimeout"),
+                "{err:#}"
+            );
         }
     }
 

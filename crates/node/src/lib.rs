@@ -21,4 +21,5 @@ pub mod metrics;
 pub mod onion_client;
 pub mod onion_dir;
 pub mod onion_keys;
+pub mod onion_metrics;
 pub mod relay;

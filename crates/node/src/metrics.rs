@@ -94,6 +94,8 @@ pub struct Snapshot {
     /// Circuit switching's counters and the sum of switch times (seconds).
     pub switching: chive_core::SwitchStats,
     pub switch_time_sum: f64,
+    /// Onion-service counters (`crate::onion_metrics`).
+    pub onion: crate::onion_metrics::OnionCounters,
 }
 
 const RECENT_DELAYS: usize = 2048;
@@ -115,6 +117,8 @@ pub struct Metrics {
     /// The core's counters and the DoS counters at the last tick (for the per-second deltas).
     last_stats: CoreStats,
     last_dos: DosStats,
+    /// The onion counters last written as an `onion` record.
+    last_onion: crate::onion_metrics::OnionCounters,
 }
 
 impl Metrics {
@@ -161,6 +165,7 @@ impl Metrics {
             last_circ_sent: Default::default(),
             last_stats: CoreStats::default(),
             last_dos: DosStats::default(),
+            last_onion: Default::default(),
         }))
     }
 
@@ -215,6 +220,35 @@ impl Metrics {
             if let Ok(mut snap) = self.shared.lock() {
                 snap.switch_time_sum += secs;
             }
+        }
+    }
+
+    /// The onion counters now (once a second): an `onion` record if one changed, and the
+    /// endpoint's figures.
+    pub fn onion(&mut self, c: crate::onion_metrics::OnionCounters, now: Instant) {
+        if c != self.last_onion {
+            self.last_onion = c;
+            if let Some(f) = self.file.as_mut() {
+                let _ = writeln!(
+                    f,
+                    "{}",
+                    crate::onion_metrics::json_record(&c, self.clock.unix(now))
+                );
+            }
+        }
+        if let Ok(mut snap) = self.shared.lock() {
+            snap.onion = c;
+        }
+    }
+
+    /// A connection to an onion service joined: one `onion_join` record.
+    pub fn onion_join(&mut self, j: &chive_client::onion::JoinTiming) {
+        if let Some(f) = self.file.as_mut() {
+            let _ = writeln!(
+                f,
+                "{}",
+                crate::onion_metrics::join_record(j, self.clock.unix(j.at))
+            );
         }
     }
 
@@ -581,6 +615,7 @@ pub fn render(snap: &Snapshot) -> String {
          chive_dos_connections_refused_total{{reason=\"rate\"}} {}",
         snap.dos.connections_refused_concurrent, snap.dos.connections_refused_rate
     );
+    crate::onion_metrics::render(&snap.onion, &mut s);
     let _ = writeln!(s, "# HELP chive_scheduler_info The circuit scheduler in use.\n# TYPE chive_scheduler_info gauge\nchive_scheduler_info{{policy=\"{}\"}} 1", snap.scheduler.replace('"', "'"));
     let mut d: Vec<f64> = snap.queue_delays.iter().copied().collect();
     d.sort_by(|a, b| a.total_cmp(b));

@@ -3,7 +3,9 @@
 //! A malformed address is answered at once with proposal 304's 0xF6, without touching the
 //! network. A request for an address this client already has a joined rendezvous circuit
 //! (or a connection attempt in flight) for, with the same SOCKS isolation, goes straight to
-//! [`chive_client::onion::OnionConnector`]. Otherwise the descriptor is fetched and verified
+//! [`chive_client::onion::OnionConnector`]; so does one whose service's descriptor the
+//! connector holds in its cache (valid until the descriptor expires, dropped when an
+//! introduction through it fails). Otherwise the descriptor is fetched and verified
 //! in a task of its own (none held → 0xF0, one that does not verify → 0xF1) and handed back to
 //! the driver ([`ClientInput::OnionDescriptor`]), which starts the connection: rendezvous,
 //! introduction, RENDEZVOUS2, then the stream's BEGIN on the joined circuit (0xF2 / 0xF3 /
@@ -19,7 +21,7 @@ use chive_core::{CircKey, Core, LocalMap, StreamHandle};
 use chive_crypto::OnionAddress;
 use chive_dir::OnionDescriptor;
 use tokio::sync::oneshot;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::client::{ClientInput, ClientState, SocksAnswer};
 use crate::common::unix_now;
@@ -102,17 +104,30 @@ impl ClientState {
             self.onion_waiting.insert(ticket, reply);
             return;
         }
+        if let Some(desc) = self.onion.cached_descriptor(&address, unix_now()) {
+            debug!(%address, revision = desc.revision, "onion descriptor from the cache");
+            let ticket = self
+                .onion
+                .connect(core, key, desc, &req.host, req.port, now);
+            self.onion_waiting.insert(ticket, reply);
+            return;
+        }
         let (Some(authority), Some(tx)) = (self.authority, self.tx.clone()) else {
             let _ = reply.send(SocksAnswer::Failed(SocksReply::GeneralFailure));
             return;
         };
         tokio::spawn(async move {
+            let started = Instant::now();
             let result = fetch_onion_descriptor(authority, &address, unix_now())
                 .await
                 .map_err(|e| {
                     info!(%address, error = ?e, "onion descriptor fetch failed");
                     fetch_error_reply(&e)
                 });
+            if result.is_ok() {
+                info!(%address, took_ms = started.elapsed().as_millis() as u64,
+                      "onion descriptor fetched");
+            }
             let input = ClientInput::OnionDescriptor {
                 target: OnionTarget {
                     key,
@@ -137,11 +152,21 @@ impl ClientState {
     ) {
         match result {
             Ok(desc) => {
+                self.onion.store_descriptor(desc.clone(), unix_now());
                 let OnionTarget { key, host, port } = target;
                 let ticket = self.onion.connect(core, key, desc, &host, port, now);
                 self.onion_waiting.insert(ticket, reply);
             }
             Err(code) => {
+                match code {
+                    SocksReply::Onion(OnionSocksError::InvalidDescriptor) => {
+                        self.onion.descriptor_fetch_failed(true)
+                    }
+                    SocksReply::Onion(OnionSocksError::DescriptorNotFound) => {
+                        self.onion.descriptor_fetch_failed(false)
+                    }
+                    _ => {}
+                }
                 let _ = reply.send(SocksAnswer::Failed(code));
             }
         }

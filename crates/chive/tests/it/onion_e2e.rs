@@ -140,11 +140,30 @@ fn onion_names_fail_fast_with_proposal_304_codes() {
 
 /// SOCKS5 CONNECT to `host:port` (a domain name) through `socks`: the stream, or the REP code.
 fn socks5_domain(socks: SocketAddr, host: &str, port: u16) -> Result<TcpStream, u8> {
+    socks5_domain_as(socks, host, port, None)
+}
+
+/// [`socks5_domain`] with a SOCKS username (password "x"): another isolation.
+fn socks5_domain_as(
+    socks: SocketAddr,
+    host: &str,
+    port: u16,
+    user: Option<&str>,
+) -> Result<TcpStream, u8> {
     let mut s = TcpStream::connect(socks).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.write_all(&[5, 1, 0]).unwrap();
+    s.write_all(&[5, 1, if user.is_some() { 2 } else { 0 }])
+        .unwrap();
     let mut r = [0u8; 2];
     s.read_exact(&mut r).unwrap();
+    if let Some(u) = user {
+        let mut m = vec![1, u.len() as u8];
+        m.extend_from_slice(u.as_bytes());
+        m.extend_from_slice(&[1, b'x']);
+        s.write_all(&m).unwrap();
+        s.read_exact(&mut r).unwrap();
+        assert_eq!(r[1], 0, "SOCKS auth refused");
+    }
     let mut req = vec![5, 1, 0, 3, host.len() as u8];
     req.extend_from_slice(host.as_bytes());
     req.extend_from_slice(&port.to_be_bytes());
@@ -161,12 +180,19 @@ fn socks5_domain(socks: SocketAddr, host: &str, port: u16) -> Result<TcpStream, 
 /// front of the e2e httpd, published at the authority; the test's client fetches 4 MiB through
 /// `<addr>.onion` byte for byte (rendezvous, introduction, the virtual hop, BEGIN at the
 /// service), then a second file on the same rendezvous circuit (one join in the log, and no
-/// descriptor fetch or circuit build in between), then curl does the same.
+/// descriptor fetch or circuit build in between), then curl does the same. Another SOCKS user
+/// gets its own rendezvous with the cached descriptor (no second fetch); the client's and the
+/// service's metrics count the joins, and each join has its set-up by step.
 #[test]
 fn a_file_through_an_onion_service_is_byte_exact() {
     use crate::common::{body_of, pattern, Network};
     let t0 = Instant::now();
-    let mut net = Network::start("onion-fetch", ["", "", ""]);
+    let client_metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut net = Network::start_custom(
+        "onion-fetch",
+        &["", "", ""],
+        &format!("MetricsFile = \"metrics.jsonl\"\nMetricsPort = \"{client_metrics}\""),
+    );
     let svc_dir = net.dir.join("service");
     let hs_dir = svc_dir.join("hs");
     let cfg = net.dir.join("service.toml");
@@ -176,7 +202,7 @@ fn a_file_through_an_onion_service_is_byte_exact() {
         format!(
             "DataDirectory = \"{}\"\nSocksPort = \"{socks2}\"\nAuthority = \"{}\"\n\
              AuthorityIdentity = \"{}\"\nLog = \"debug\"\nHiddenServiceDir = \"{}\"\n\
-             HiddenServicePort = [\"80 {}\"]\n",
+             HiddenServicePort = [\"80 {}\"]\nMetricsFile = \"metrics.jsonl\"\n",
             svc_dir.display(),
             net.authority,
             net.authority_id,
@@ -263,6 +289,67 @@ fn a_file_through_an_onion_service_is_byte_exact() {
         );
         assert!(out.stdout == pattern(300_000), "curl: bytes differ");
     }
+
+    // Another SOCKS user: a rendezvous of its own, with the descriptor from the cache.
+    let mut s = socks5_domain_as(net.socks, &host, 80, Some("other")).expect("isolated connect");
+    write!(s, "GET /bytes/1000 HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    assert!(body_of(s).unwrap() == pattern(1000));
+    let log = net.log("client");
+    assert_eq!(log.matches("rendezvous joined").count(), 2);
+    assert_eq!(log.matches("onion descriptor fetched").count(), 1);
+    assert_eq!(log.matches("onion descriptor from the cache").count(), 1);
+
+    // The counters and the join records (written once a second).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let mut m = TcpStream::connect(client_metrics).unwrap();
+        m.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        m.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        let _ = m.read_to_string(&mut text);
+        if text.contains("chive_onion_client_joined_total 2\n") || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for line in [
+        "chive_onion_client_joined_total 2\n",
+        "chive_onion_client_descriptors_fetched_total 1\n",
+        "chive_onion_client_descriptor_cache_hits_total 1\n",
+        "chive_onion_client_requests_failed_total 0\n",
+    ] {
+        assert!(text.contains(line), "client metrics lack {line:?}:\n{text}");
+    }
+    let records = |path: std::path::PathBuf, kind: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["type"] == kind)
+            .collect()
+    };
+    let joins = records(net.dir.join("client").join("metrics.jsonl"), "onion_join");
+    assert_eq!(joins.len(), 2, "one onion_join record per join");
+    for j in &joins {
+        let ms = |k: &str| j[k].as_f64().unwrap_or_else(|| panic!("{k} in {j}"));
+        assert!(ms("rend_built_ms") <= ms("rend_ready_ms"), "{j}");
+        assert!(ms("rend_ready_ms") <= ms("introduced_ms"), "{j}");
+        assert!(ms("intro_built_ms") <= ms("introduced_ms"), "{j}");
+        assert!(ms("introduced_ms") <= ms("joined_ms"), "{j}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let svc = loop {
+        let recs = records(svc_dir.join("metrics.jsonl"), "onion");
+        let last = recs.last().cloned().unwrap_or_default();
+        if last["service_rendezvous_joined"] == 2 || Instant::now() > deadline {
+            break last;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(svc["service_rendezvous_joined"], 2, "{svc}");
+    assert_eq!(svc["service_introduce2_accepted"], 2, "{svc}");
+    assert_eq!(svc["service_introduce2_replayed"], 0, "{svc}");
     assert!(
         t0.elapsed() < Duration::from_secs(30),
         "took {:?}",

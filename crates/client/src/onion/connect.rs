@@ -18,6 +18,14 @@
 //! while untried ones remain) up to `max_attempts`; then every waiting request fails with the
 //! last failure's code. So a request always ends, at the latest after
 //! `max_attempts × attempt_timeout`.
+//!
+//! Descriptors: the caller fetches and verifies them; the connector keeps them in a
+//! [`DescriptorCache`] ([`OnionConnector::store_descriptor`], [`OnionConnector::cached_descriptor`])
+//! until they expire, and drops a service's descriptor when an attempt through one of its
+//! introduction points fails (0xF2 or 0xF7), so the next request fetches it again.
+//!
+//! Each joined connection leaves a [`JoinTiming`] ([`OnionConnector::poll_join_timing`]): when,
+//! after the attempt started, each step of the protocol finished, to see where set-up time goes.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -34,6 +42,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use tracing::{debug, info, warn};
 
+use super::desc_cache::{DescriptorCache, DEFAULT_MAX_DESCRIPTORS};
 use super::{hop_of, path_to, usable_relays, OnionPaths, LONG_ONION_HOPS, SHORT_ONION_HOPS};
 use crate::socks::{OnionSocksError, SocksReply};
 
@@ -61,7 +70,8 @@ pub enum OnionOutcome {
 pub struct ConnectorConfig {
     /// Attempts (each with a fresh rendezvous cookie) before a request fails.
     pub max_attempts: u32,
-    /// Time one attempt may take, from launching its circuits to RENDEZVOUS2.
+    /// Time one attempt may take, from launching its circuits to RENDEZVOUS2 (the client's
+    /// `OnionAttemptTimeout`; Tor has no single equivalent).
     pub attempt_timeout: Duration,
     /// A joined circuit takes new streams for this long after it joined (Tor's
     /// MaxCircuitDirtiness); then it is closed once idle.
@@ -70,6 +80,61 @@ pub struct ConnectorConfig {
     pub max_waiting: usize,
     /// EntryNodes / MiddleNodes.
     pub paths: OnionPaths,
+    /// Services whose descriptors are cached.
+    pub max_descriptors: usize,
+}
+
+/// The connector's counters (for the client's metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectorCounters {
+    /// Attempts started (each with its own rendezvous cookie).
+    pub attempts: u64,
+    /// Attempts that ended with a joined rendezvous circuit.
+    pub joined: u64,
+    /// Attempts that failed at the introduction (refused, or its circuit lost): 0xF2.
+    pub intro_failed: u64,
+    /// Attempts that failed at the rendezvous (its circuit lost, RENDEZVOUS2 unauthentic): 0xF3.
+    pub rendezvous_failed: u64,
+    /// Attempts past `attempt_timeout`: 0xF7.
+    pub timed_out: u64,
+    /// Requests that failed (after their last attempt, or at once).
+    pub requests_failed: u64,
+    /// Descriptors fetched and verified.
+    pub descriptors_fetched: u64,
+    /// Descriptors fetched that did not verify (bad signature, expired, another address,
+    /// malformed): 0xF1.
+    pub descriptors_refused: u64,
+    /// Fetches the directory answered with no descriptor: 0xF0.
+    pub descriptors_not_found: u64,
+    /// Requests served from the descriptor cache (no fetch).
+    pub descriptor_cache_hits: u64,
+    /// Cached descriptors dropped after an introduction failure.
+    pub descriptors_dropped: u64,
+}
+
+/// Where one connection's set-up time went: each step's end, measured from the start of the
+/// attempt that joined (its circuits launched). `None`: the step did not happen in that
+/// attempt (an INTRODUCE_ACK may come after RENDEZVOUS2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinTiming {
+    /// The service.
+    pub address: OnionAddress,
+    /// The attempt's number (1 = the first).
+    pub attempt: u32,
+    /// The rendezvous circuit was built.
+    pub rend_built: Option<Duration>,
+    /// RENDEZVOUS_ESTABLISHED arrived.
+    pub rend_ready: Option<Duration>,
+    /// The introduction circuit was built.
+    pub intro_built: Option<Duration>,
+    /// INTRODUCE1 went out (both of the above done).
+    pub introduced: Option<Duration>,
+    /// INTRODUCE_ACK arrived.
+    pub acked: Option<Duration>,
+    /// RENDEZVOUS2 arrived and authenticated: the circuit joined.
+    pub joined: Duration,
+    /// When it joined.
+    pub at: Instant,
 }
 
 impl Default for ConnectorConfig {
@@ -80,6 +145,7 @@ impl Default for ConnectorConfig {
             max_dirtiness: Duration::from_secs(600),
             max_waiting: 64,
             paths: OnionPaths::default(),
+            max_descriptors: DEFAULT_MAX_DESCRIPTORS,
         }
     }
 }
@@ -107,6 +173,17 @@ struct Attempt {
     deadline: Instant,
     started: Instant,
     waiters: Vec<Waiter>,
+    /// When each step ended (for [`JoinTiming`]).
+    marks: Marks,
+}
+
+#[derive(Default)]
+struct Marks {
+    rend_built: Option<Instant>,
+    rend_ready: Option<Instant>,
+    intro_built: Option<Instant>,
+    introduced: Option<Instant>,
+    acked: Option<Instant>,
 }
 
 struct Joined {
@@ -133,15 +210,19 @@ pub struct OnionConnector {
     next_ticket: u64,
     guard: Option<IdentityKey>,
     rng: StdRng,
-    /// Connections that joined, and that failed for good.
-    pub joined_total: u64,
-    /// Requests failed.
-    pub failed_total: u64,
+    cache: DescriptorCache,
+    timings: VecDeque<JoinTiming>,
+    /// Counters.
+    pub counters: ConnectorCounters,
 }
+
+/// Join timings kept for [`OnionConnector::poll_join_timing`]; older ones are dropped.
+const MAX_TIMINGS: usize = 256;
 
 impl OnionConnector {
     /// A connector; `seed` feeds cookies, keys and paths.
     pub fn new(cfg: ConnectorConfig, seed: [u8; 32]) -> Self {
+        let cfg_max_descriptors = cfg.max_descriptors;
         OnionConnector {
             cfg,
             consensus: None,
@@ -152,8 +233,9 @@ impl OnionConnector {
             next_ticket: 1,
             guard: None,
             rng: StdRng::from_seed(seed),
-            joined_total: 0,
-            failed_total: 0,
+            cache: DescriptorCache::new(cfg_max_descriptors),
+            timings: VecDeque::new(),
+            counters: ConnectorCounters::default(),
         }
     }
 
@@ -165,6 +247,44 @@ impl OnionConnector {
             }
         }
         self.consensus = Some(consensus);
+    }
+
+    /// A verified descriptor of `address` held in the cache and valid at `now_unix`.
+    pub fn cached_descriptor(
+        &mut self,
+        address: &OnionAddress,
+        now_unix: u64,
+    ) -> Option<OnionDescriptor> {
+        let d = self.cache.get(address, now_unix);
+        if d.is_some() {
+            self.counters.descriptor_cache_hits += 1;
+        }
+        d
+    }
+
+    /// A descriptor the caller fetched and verified: keep it until it expires.
+    pub fn store_descriptor(&mut self, desc: OnionDescriptor, now_unix: u64) {
+        self.counters.descriptors_fetched += 1;
+        self.cache.insert(desc, now_unix);
+    }
+
+    /// Count a fetch that failed: `refused` (did not verify) or not found.
+    pub fn descriptor_fetch_failed(&mut self, refused: bool) {
+        if refused {
+            self.counters.descriptors_refused += 1;
+        } else {
+            self.counters.descriptors_not_found += 1;
+        }
+    }
+
+    /// Descriptors in the cache.
+    pub fn cached_descriptors(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Next join timing (one per joined connection, oldest first, at most 256 kept).
+    pub fn poll_join_timing(&mut self) -> Option<JoinTiming> {
+        self.timings.pop_front()
     }
 
     /// Next finished request.
@@ -189,7 +309,7 @@ impl OnionConnector {
     }
 
     fn fail(&mut self, ticket: u64, code: SocksReply) {
-        self.failed_total += 1;
+        self.counters.requests_failed += 1;
         self.outcomes
             .push_back((ticket, OnionOutcome::Failed(code)));
     }
@@ -382,6 +502,7 @@ impl OnionConnector {
             subcredential: key.address.subcredential(),
         };
         let conn = ClientRendezvous::new(&mut self.rng, intro);
+        self.counters.attempts += 1;
         let rend = core.launch_circuit(rend_path, now);
         let intro_circ = core.launch_circuit(intro_path, now);
         info!(service = %key.address, attempt = number, ?rend, intro = ?intro_circ,
@@ -406,6 +527,7 @@ impl OnionConnector {
                 deadline: now + self.cfg.attempt_timeout,
                 started: now,
                 waiters,
+                marks: Marks::default(),
             },
         );
     }
@@ -422,6 +544,20 @@ impl OnionConnector {
         let Some(a) = self.attempts.remove(key) else {
             return;
         };
+        match code {
+            OnionSocksError::IntroFailed => self.counters.intro_failed += 1,
+            OnionSocksError::IntroTimedOut => self.counters.timed_out += 1,
+            _ => self.counters.rendezvous_failed += 1,
+        }
+        if matches!(
+            code,
+            OnionSocksError::IntroFailed | OnionSocksError::IntroTimedOut
+        ) && self.cache.remove(&key.address)
+        {
+            // The service may have moved its introduction points: fetch again next time.
+            self.counters.descriptors_dropped += 1;
+            debug!(service = %key.address, "cached descriptor dropped after an introduction failure");
+        }
         for c in [Some(a.rend), a.intro].into_iter().flatten() {
             if self.circs.remove(&c).is_some() {
                 core.close_circuit(c, now);
@@ -457,6 +593,7 @@ impl OnionConnector {
         };
         match role {
             CircRole::Rend => {
+                a.marks.rend_built = Some(now);
                 let body = a.conn.establish_rendezvous();
                 if let Err(e) =
                     core.send_onion_message(circ, RelayCommand::ESTABLISH_RENDEZVOUS, &body, now)
@@ -467,6 +604,7 @@ impl OnionConnector {
             }
             CircRole::Intro => {
                 a.intro_built = true;
+                a.marks.intro_built = Some(now);
                 self.maybe_introduce(core, &key, now);
             }
             CircRole::Joined => {}
@@ -493,7 +631,10 @@ impl OnionConnector {
                     .map_err(|e| e.to_string())
             });
         match sent {
-            Ok(()) => a.intro_sent = true,
+            Ok(()) => {
+                a.intro_sent = true;
+                a.marks.introduced = Some(now);
+            }
             Err(e) => {
                 let why = format!("INTRODUCE1: {e}");
                 self.attempt_failed(core, key, OnionSocksError::IntroFailed, &why, now);
@@ -519,11 +660,13 @@ impl OnionConnector {
         match (role, command) {
             (CircRole::Rend, RelayCommand::RENDEZVOUS_ESTABLISHED) => {
                 a.rend_ready = true;
+                a.marks.rend_ready = Some(now);
                 self.maybe_introduce(core, &key, now);
             }
             (CircRole::Intro, RelayCommand::INTRODUCE_ACK) => match a.conn.on_introduce_ack(body) {
                 Ok(()) => {
                     a.acked = true;
+                    a.marks.acked = Some(now);
                     a.intro = None;
                     self.circs.remove(&circ);
                     core.close_circuit(circ, now);
@@ -569,10 +712,30 @@ impl OnionConnector {
             self.circs.remove(&intro);
             core.close_circuit(intro, now);
         }
-        self.joined_total += 1;
+        self.counters.joined += 1;
+        let since = |t: Option<Instant>| t.map(|t| t.duration_since(a.started));
+        let timing = JoinTiming {
+            address: key.address,
+            attempt: a.number,
+            rend_built: since(a.marks.rend_built),
+            rend_ready: since(a.marks.rend_ready),
+            intro_built: since(a.marks.intro_built),
+            introduced: since(a.marks.introduced),
+            acked: since(a.marks.acked),
+            joined: now.duration_since(a.started),
+            at: now,
+        };
+        let ms = |d: Option<Duration>| d.map_or(-1, |d| d.as_millis() as i64);
         info!(service = %key.address, circ = ?a.rend, attempt = a.number,
-              took_ms = now.duration_since(a.started).as_millis() as u64,
+              took_ms = timing.joined.as_millis() as u64,
+              rend_built_ms = ms(timing.rend_built), rend_ready_ms = ms(timing.rend_ready),
+              intro_built_ms = ms(timing.intro_built), introduced_ms = ms(timing.introduced),
+              acked_ms = ms(timing.acked),
               "rendezvous joined");
+        if self.timings.len() >= MAX_TIMINGS {
+            self.timings.pop_front();
+        }
+        self.timings.push_back(timing);
         self.circs.insert(a.rend, (key.clone(), CircRole::Joined));
         if let Some(old) = self.joined.insert(
             key,

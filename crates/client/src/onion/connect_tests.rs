@@ -87,7 +87,8 @@ fn an_attempt_that_never_finishes_times_out_with_f7_after_retries() {
     let f7 = OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::IntroTimedOut));
     assert_eq!(got, vec![(t1, f7.clone()), (t2, f7)]);
     assert!(c.attempts.is_empty() && c.circs.is_empty());
-    assert_eq!(c.failed_total, 2);
+    assert_eq!(c.counters.requests_failed, 2);
+    assert_eq!((c.counters.attempts, c.counters.timed_out), (2, 2));
 }
 
 #[test]
@@ -163,4 +164,87 @@ fn an_introduce_ack_that_says_no_moves_on_and_a_bad_rendezvous2_fails_f3() {
         ))
     );
     assert!(c.joined_circuit(&k).is_none());
+}
+
+#[test]
+fn a_cached_descriptor_serves_until_it_expires_or_an_introduction_fails() {
+    let (mut c, mut core) = connector(1);
+    let desc = descriptor(1);
+    let k = key(&desc);
+    let now = Instant::now();
+    c.store_descriptor(desc.clone(), 10);
+    assert_eq!(c.cached_descriptor(&desc.address, 20), Some(desc.clone()));
+    assert_eq!(c.counters.descriptor_cache_hits, 1);
+    assert_eq!(c.cached_descriptor(&desc.address, 3600), None, "expired");
+    // A rendezvous failure (0xF3) says nothing about the descriptor: it stays.
+    c.store_descriptor(desc.clone(), 10);
+    let t = c.connect(&mut core, k.clone(), desc.clone(), "x.onion", 80, now);
+    let rend = c.attempts[&k].rend;
+    c.on_onion_message(&mut core, rend, RelayCommand::RENDEZVOUS2, &[0; 148], now);
+    let f3 = OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::RendezvousFailed));
+    assert_eq!(c.poll_outcome(), Some((t, f3)));
+    assert!(c.cached_descriptor(&desc.address, 20).is_some());
+    // An introduction refused (0xF2): the service may have moved; the next request fetches.
+    let t = c.connect(&mut core, k.clone(), desc.clone(), "x.onion", 80, now);
+    let intro = c.attempts[&k].intro.unwrap();
+    let nack = chive_cell::IntroduceAck {
+        status: chive_cell::IntroduceAckStatus::UnknownService,
+        extensions: vec![],
+    }
+    .encode()
+    .unwrap();
+    c.on_onion_message(&mut core, intro, RelayCommand::INTRODUCE_ACK, &nack, now);
+    let f2 = OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::IntroFailed));
+    assert_eq!(c.poll_outcome(), Some((t, f2)));
+    assert_eq!(c.cached_descriptor(&desc.address, 20), None);
+    let n = c.counters;
+    assert_eq!(
+        (
+            n.descriptors_fetched,
+            n.descriptor_cache_hits,
+            n.descriptors_dropped
+        ),
+        (2, 2, 1)
+    );
+    assert_eq!(
+        (
+            n.attempts,
+            n.intro_failed,
+            n.rendezvous_failed,
+            n.requests_failed
+        ),
+        (2, 1, 1, 2)
+    );
+    // A timed-out attempt (0xF7) drops it too.
+    c.store_descriptor(desc.clone(), 10);
+    c.connect(&mut core, k, desc.clone(), "x.onion", 80, now);
+    c.tick(&mut core, now + Duration::from_secs(5));
+    assert!(c.poll_outcome().is_some());
+    assert_eq!(c.cached_descriptor(&desc.address, 20), None);
+    assert_eq!(
+        (c.counters.timed_out, c.counters.descriptors_dropped),
+        (1, 2)
+    );
+}
+
+#[test]
+fn the_attempt_timeout_is_the_configured_one() {
+    let mut c = OnionConnector::new(
+        ConnectorConfig {
+            max_attempts: 1,
+            attempt_timeout: Duration::from_millis(1500),
+            ..ConnectorConfig::default()
+        },
+        [3; 32],
+    );
+    c.set_consensus(consensus(5));
+    let mut core = Core::new(CoreConfig::default(), [1; 32]);
+    let desc = descriptor(1);
+    let now = Instant::now();
+    let t = c.connect(&mut core, key(&desc), desc, "x.onion", 80, now);
+    c.tick(&mut core, now + Duration::from_millis(1499));
+    assert!(c.poll_outcome().is_none());
+    c.tick(&mut core, now + Duration::from_millis(1500));
+    let f7 = OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::IntroTimedOut));
+    assert_eq!(c.poll_outcome(), Some((t, f7)));
 }

@@ -12,6 +12,8 @@
 //!   circuit, INTRODUCE1 through an introduction point, RENDEZVOUS2, streams on the joined
 //!   circuit (reused for later streams of the same address and isolation), bounded retries
 //!   and a deadline, each failure with its proposal 304 SOCKS code.
+//! - [`desc_cache`]: [`DescriptorCache`], verified descriptors kept until they expire (dropped
+//!   when an introduction through them fails), so a new rendezvous skips the directory.
 //!
 //! Path lengths (simplified from Tor, docs/protocol.md "Onion services"): a circuit ends at
 //! the introduction or rendezvous point; the client's rendezvous and the service's
@@ -19,6 +21,7 @@
 //! circuits 4 (as Tor), each shortened when the consensus has too few other relays.
 
 pub mod connect;
+pub mod desc_cache;
 pub mod service;
 #[cfg(test)]
 mod test_net;
@@ -83,7 +86,8 @@ use rand::Rng;
 
 use crate::path::{select_path_to, PathRequest, PathTarget};
 
-pub use connect::{ConnectKey, OnionConnector, OnionOutcome};
+pub use connect::{ConnectKey, ConnectorCounters, JoinTiming, OnionConnector, OnionOutcome};
+pub use desc_cache::DescriptorCache;
 pub use service::{OnionService, ServiceAction, ServiceConfig, ServiceCounters};
 
 /// Hops of a circuit to a point this side chose itself (the client's rendezvous circuit, the

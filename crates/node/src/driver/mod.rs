@@ -480,6 +480,7 @@ impl Driver {
                     }
                     self.split_tick(now);
                     self.switch_metrics();
+                    self.onion_metrics(now);
                     if self.client.is_none() {
                         self.beat(now);
                     }
@@ -654,6 +655,25 @@ impl Driver {
             }
         }
         true
+    }
+
+    /// Once a second: the onion counters and the connections joined since (`onion_metrics`).
+    fn onion_metrics(&mut self, now: Instant) {
+        let Some(m) = self.metrics.as_mut() else {
+            return;
+        };
+        let mut c = crate::onion_metrics::OnionCounters {
+            relay: self.core.onion_relay_stats(),
+            ..Default::default()
+        };
+        if let Some(client) = self.client.as_mut() {
+            c.client = Some(client.onion.counters);
+            c.service = client.service.as_ref().map(|s| s.counters());
+            while let Some(j) = client.onion.poll_join_timing() {
+                m.onion_join(&j);
+            }
+        }
+        m.onion(c, now);
     }
 
     /// Act on everything the core produced, until it is quiet.

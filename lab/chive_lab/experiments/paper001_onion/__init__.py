@@ -34,9 +34,9 @@ relay a set-up crosses carries bulk cells in the direction its replies travel.
 Each fetch loop runs groups: ``fetches`` fetches of ``page_bytes`` under one fresh SOCKS user
 (so the first builds a rendezvous circuit and the others reuse it), ``pause_s`` apart, then
 ``group_pause_s``, then the next group, from ``warmup`` s until ``duration`` s later. Tor
-caches the descriptor after the readiness probe, so its first fetches measure introduction and
-rendezvous; chive fetches the descriptor from the authority for every new rendezvous
-(docs/protocol.md), so its first fetches include that fetch too.
+and chive cache the descriptor after the readiness probe, so their first fetches measure
+introduction and rendezvous (chive binaries before the descriptor cache, docs/protocol.md,
+fetched it for every new rendezvous, so their first fetches include that fetch too).
 
 Variants (:class:`VariantOptions`): ``impl`` (chive, or tor: Debian's tor in every role),
 ``scheduler`` (chive: ``rr``/``ewma``) on the relays ``prioritised`` names (``all`` or

@@ -3,8 +3,9 @@ first fetch (``socks_connected - start``: the SOCKS request until the onion stre
 introduction and rendezvous), of the later fetches (circuit reused), and the page fetch time
 (``last_byte - socks_connected``); the ECDF of first-fetch set-up (the paper's Fig 14) and of
 the fetch time, each with its CSV; the issue's targets from the scenario's ``targets``; and
-``paper001/comparison.md`` with the paper's numbers (``paper_numbers``) beside ours. Summary
-keys: docs/summary-schema.md, section ``paper001-onion``."""
+``paper001/comparison.md`` with the paper's numbers (``paper_numbers``) beside ours; for the
+chive variants, where the first fetches' set-up went step by step (:mod:`.phases`, from the
+onion client's log). Summary keys: docs/summary-schema.md, section ``paper001-onion``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ... import analysis as an
 from ... import stats
 from ...rundir import is_failed
 from . import KIND_NAME, Params, onion_stem
+from . import phases as ph
 
 #: Measures per fetch: name -> (which fetches, what), see :func:`measure`.
 MEASURES = {
@@ -63,6 +65,7 @@ def load_variants(out_dir: Path, scenario: Any) -> dict[str, dict[str, Any]]:
                                 "prioritised": o.prioritised if o.impl == "chive" else None,
                                 "paper": o.paper, "reps": [], "groups": 0, "errors": 0, "dropped": 0,
                                 "first_errors": 0, "error_texts": [], "service_ready_s": []}
+        entry["phases"] = ph.variant_phases(_rep_dirs(out_dir, v.label)) if o.impl == "chive" else {}
         for d in _rep_dirs(out_dir, v.label):
             run = json.loads((d / "run.json").read_text())
             lo = float(run["t0"]) + float(run.get("warmup_s", 0.0))
@@ -116,6 +119,7 @@ def summarize(data: Mapping[str, Mapping[str, Any]], p: Params) -> dict[str, Any
                                                 "errors", "first_errors", "dropped", "error_texts")}
         e["repetitions"] = len(v["reps"])
         e["service_ready_s"] = v["service_ready_s"]
+        e["phases_ms"] = v.get("phases", {})
         for m in MEASURES:
             vals = _pooled(v, m)
             e[m] = stats.summarize(vals)
@@ -256,6 +260,11 @@ def write_comparison(out: Path, summary: Mapping[str, Any]) -> None:
                      f"({t['statistic']}): **{_verdict(a['met'])}** — change {_neg_pct(a['reduction'])}")
         lines.append(f"- EWMA at most {b['needed']:g} of tor's first-fetch set-up ({t['statistic']}): "
                      f"**{_verdict(b['met'])}** — ratio {_fmt(b['ratio'], 3) or 'n/a'}")
+    steps = ph.table_lines({label: e.get("phases_ms", {}) for label, e in summary["variants"].items()})
+    if steps:
+        lines += ["", "## Where the set-up goes (chive; median ms, from the onion client's log)", "",
+                  "Set-up = descriptor fetch (when not cached) + join (the steps below, from the start of "
+                  "the attempt that joined) + BEGIN/CONNECTED on the joined circuit.", "", *steps]
     errs = [f"{label}: {', '.join(e['error_texts'])}" for label, e in summary["variants"].items() if e["error_texts"]]
     if errs:
         lines += ["", "## Failed fetches (first three per variant)", "", *[f"- {x}" for x in errs]]

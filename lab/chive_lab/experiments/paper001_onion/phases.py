@@ -1,0 +1,103 @@
+"""Where a chive first fetch's set-up goes: the onion client's log lines ``onion descriptor
+fetched ... took_ms=N`` (one per descriptor fetch) and ``rendezvous joined ... took_ms=N
+rend_built_ms=... rend_ready_ms=... intro_built_ms=... introduced_ms=... acked_ms=...`` (one
+per joined connection; ``-1`` = the step did not happen; binaries before the step fields have
+only ``took_ms``), from each repetition's ``net/onion/chive.log``, counted from the
+measurement window's start (``t0 + warmup_s``). The joined steps are measured from the start
+of the attempt that joined (its circuits launched); the SOCKS set-up is the descriptor fetch
+(if not cached) + the join + BEGIN/CONNECTED on the joined circuit."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable
+
+from ... import stats
+
+#: Steps of a join, in protocol order, as the log names them (``took_ms`` is the join).
+JOIN_STEPS = ("rend_built_ms", "rend_ready_ms", "intro_built_ms", "introduced_ms", "acked_ms", "took_ms")
+#: What each step means, for the table.
+STEP_NAMES = {
+    "desc_ms": "descriptor fetch",
+    "rend_built_ms": "rendezvous circuit built",
+    "rend_ready_ms": "RENDEZVOUS_ESTABLISHED",
+    "intro_built_ms": "introduction circuit built",
+    "introduced_ms": "INTRODUCE1 sent",
+    "acked_ms": "INTRODUCE_ACK",
+    "took_ms": "RENDEZVOUS2: joined",
+}
+_FIELD = re.compile(r"(\w+_ms)=(-?\d+)")
+
+
+def _unix(line: str) -> float | None:
+    head = line.split(" ", 1)[0]
+    try:
+        return datetime.fromisoformat(head.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def parse_log(lines: Iterable[str], since: float) -> dict[str, list[float]]:
+    """Milliseconds per step (``desc_ms`` and :data:`JOIN_STEPS`) of the events logged at or
+    after UNIX time ``since``; steps logged as -1 are left out."""
+    out: dict[str, list[float]] = {k: [] for k in ("desc_ms", *JOIN_STEPS)}
+    for line in lines:
+        fetched = "onion descriptor fetched" in line
+        if not fetched and "rendezvous joined" not in line:
+            continue
+        t = _unix(line)
+        if t is None or t < since:
+            continue
+        fields = {k: float(v) for k, v in _FIELD.findall(line)}
+        if fetched:
+            if "took_ms" in fields:
+                out["desc_ms"].append(fields["took_ms"])
+            continue
+        for k in JOIN_STEPS:
+            if fields.get(k, -1.0) >= 0:
+                out[k].append(fields[k])
+    return out
+
+
+def rep_phases(rep_dir: Path) -> dict[str, list[float]] | None:
+    """The steps of one repetition directory (None without its run.json or the onion log)."""
+    run, log = rep_dir / "run.json", rep_dir / "net" / "onion" / "chive.log"
+    if not run.is_file() or not log.is_file():
+        return None
+    info = json.loads(run.read_text())
+    since = float(info["t0"]) + float(info.get("warmup_s", 0.0))
+    with open(log, errors="replace") as fh:
+        return parse_log(fh, since)
+
+
+def variant_phases(rep_dirs: Iterable[Path]) -> dict[str, Any]:
+    """Per step, pooled over repetitions: n, p50 and mean in ms."""
+    pooled: dict[str, list[float]] = {}
+    for d in rep_dirs:
+        got = rep_phases(d)
+        for k, v in (got or {}).items():
+            pooled.setdefault(k, []).extend(v)
+    out: dict[str, Any] = {}
+    for k, v in pooled.items():
+        s = stats.summarize(v)
+        out[k] = {"n": len(v), "p50": s.get("p50"), "mean": s.get("mean")}
+    return out
+
+
+def table_lines(phases: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown: one row per step, one column per chive variant (median ms, n)."""
+    labels = [label for label, p in phases.items() if p]
+    if not labels:
+        return []
+    lines = ["| step (ms from the attempt's start; descriptor fetch: its own time) | "
+             + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for k, name in STEP_NAMES.items():
+        cells = []
+        for label in labels:
+            e = phases[label].get(k)
+            cells.append("" if not e or e["p50"] is None else f"{e['p50']:.0f} (n={e['n']})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
