@@ -8,6 +8,8 @@ use chive_cell::{AnyCell, Cell, CellCommand, Handoff};
 use super::{Conn, Item, Reorder, Sender, Violation, MAX_PENDING};
 
 /// What A sees on the secondary "slot": items, the old connection closing, a new BIND.
+// Test-only and short-lived: the cell stays inline, as in `Item`.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Ev {
     Item(Item),
