@@ -19,8 +19,8 @@ the middles' channels to the entry, where no relay can tell the clients apart.
         [--shared-middles] [--set ReadRateMargin=1.0]
 
 Configurations: `ewma` (today's default: CrossChannelPriority ranks a channel by its best
-circuit), `ewma+fair` (`ChannelFairness = true`), `rr` (round-robin circuits, the baseline for
-EWMA's web gain). Prints gamer/single goodput and the web fetch quantiles; writes results.json.
+circuit), `ewma+fair` (`ChannelFairness = true`: client channels ranked by their total),
+`rr` (round-robin circuits, the baseline for EWMA's web gain). Prints gamer/single goodput and the web fetch quantiles; writes results.json.
 """
 
 import argparse

@@ -465,11 +465,24 @@ fn link_messages() {
     assert!(LinkFeatures::decode(&[1, 2, 3]).is_err());
 
     // Split-direction messages: exact layouts.
-    let b = Bind { token: [9; 32] };
-    assert_eq!(b.encode(), vec![9; 32]);
-    assert_eq!(Bind::decode(&[9; 32]).unwrap(), b);
-    assert!(Bind::decode(&[9; 31]).is_err());
-    assert!(Bind::decode(&[9; 33]).is_err());
+    let b = Bind {
+        token: [9; 32],
+        seq: Some(0x0102_0304),
+    };
+    let mut wire = vec![9; 32];
+    wire.extend_from_slice(&[1, 2, 3, 4]);
+    assert_eq!(b.encode(), wire);
+    assert_eq!(Bind::decode(&wire).unwrap(), b);
+    // An earlier version's BIND: the token only.
+    let v1 = Bind {
+        token: [9; 32],
+        seq: None,
+    };
+    assert_eq!(v1.encode(), vec![9; 32]);
+    assert_eq!(Bind::decode(&[9; 32]).unwrap(), v1);
+    for len in [31, 33, 35, 37] {
+        assert!(Bind::decode(&vec![9; len]).is_err(), "{len} bytes");
+    }
     assert!(CellCommand::BIND.is_variable() && CellCommand::HANDOFF.is_variable());
     assert_eq!(CellCommand::HANDOFF.to_string(), "HANDOFF");
     let h = Handoff {

@@ -16,6 +16,12 @@
 //!   guard, including the persistent one, and the middles of every circuit.
 //! - A circuit that fails blames relays as [`crate::down`] says: new paths avoid them for
 //!   `relay_retry`, and a guard marked down is replaced at the next circuit.
+//! - A stream whose BEGIN (or RESOLVE) gets no answer in time ([`crate::begin`], Tor's
+//!   `CircuitStreamTimeout`: 10 s, 10 s, then 15 s) is ended (END TIMEOUT) and retried on
+//!   another circuit: the one it timed out on, and every other circuit through its middle or
+//!   exit (at any hop), take no new streams, and those hops are marked suspect, so the retry goes over a
+//!   path without them while one exists.
+//!   After `max_attempts` tries in all the request fails.
 //! - Path switching (paper 003; the core's switching mode is `path`): every exit circuit is
 //!   linked at once (`Core::path_link`) and gets a spare through another entry and middle to
 //!   the same exit (`Core::path_add_spare`); spares never take streams themselves, and one
@@ -34,6 +40,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tracing::{debug, info, warn};
 
+use crate::begin::{BeginTimeouts, Waiting};
 use crate::down::{blame, Blame, DownList};
 use crate::path::{
     choose_guard, parse_exit_notation, select_path, select_spare_path, PathRequest, PathTarget,
@@ -58,6 +65,9 @@ pub struct CircMgrConfig {
     /// How long a relay blamed for a failure is left out of new paths (unless a consensus
     /// lists it again after dropping it). See [`crate::down`].
     pub relay_retry: Duration,
+    /// Tor's `CircuitStreamTimeout`: how long a stream waits for CONNECTED before it is
+    /// retried on another circuit; `None`: Tor's schedule (10 s, 10 s, then 15 s).
+    pub stream_timeout: Option<Duration>,
 }
 
 impl Default for CircMgrConfig {
@@ -70,6 +80,7 @@ impl Default for CircMgrConfig {
             entry_nodes: Vec::new(),
             middle_nodes: Vec::new(),
             relay_retry: Duration::from_secs(60),
+            stream_timeout: None,
         }
     }
 }
@@ -107,6 +118,9 @@ pub enum Outcome {
     Started(StreamHandle),
     /// No circuit could carry it.
     Failed(String),
+    /// The stream started earlier for this request got no answer in time and was ended; the
+    /// request is being placed again (a later outcome of the same ticket follows).
+    Retrying(StreamHandle),
 }
 
 struct CircInfo {
@@ -124,6 +138,8 @@ struct CircInfo {
     spare_of: Option<CircKey>,
     /// Path switching: when a spare for this circuit was last launched or found impossible.
     spare_tried: Option<Instant>,
+    /// A stream's BEGIN timed out on it: it takes no new streams (Tor makes it dirty).
+    timed_out: bool,
 }
 
 /// Path switching: a home circuit whose spare went (or could not be built) gets another try
@@ -141,6 +157,8 @@ pub struct CircuitManager {
     guard: Option<IdentityKey>,
     /// Relays blamed for failures.
     down: DownList,
+    /// Streams whose BEGIN is out, timed.
+    begins: BeginTimeouts,
     next_ticket: u64,
     rng: StdRng,
 }
@@ -180,6 +198,7 @@ impl CircuitManager {
     pub fn new(cfg: CircMgrConfig, seed: [u8; 32]) -> Self {
         CircuitManager {
             down: DownList::new(cfg.relay_retry),
+            begins: BeginTimeouts::new(cfg.stream_timeout),
             cfg,
             consensus: None,
             circuits: HashMap::new(),
@@ -253,7 +272,7 @@ impl CircuitManager {
         pin: Option<&str>,
         now: Instant,
     ) -> bool {
-        if info.spare_of.is_some() {
+        if info.spare_of.is_some() || info.timed_out {
             return false;
         }
         if let Some(iso) = &info.isolation {
@@ -380,6 +399,16 @@ impl CircuitManager {
                 let user = req.isolation.split(|b| *b == 0).next().unwrap_or_default();
                 info!(?key, ?handle, isolation = %String::from_utf8_lossy(user), "stream attached");
                 self.outcomes.push_back((ticket, Outcome::Started(handle)));
+                self.begins.started(
+                    handle,
+                    Waiting {
+                        ticket,
+                        req,
+                        circ: key,
+                        attempts,
+                        since: now,
+                    },
+                );
             }
             Err(e) => {
                 warn!(?key, error = %e, "cannot start stream on circuit; trying another");
@@ -468,6 +497,7 @@ impl CircuitManager {
                 waiting: Vec::new(),
                 spare_of: None,
                 spare_tried: None,
+                timed_out: false,
             },
         );
         Ok(key)
@@ -510,6 +540,7 @@ impl CircuitManager {
                 waiting: Vec::new(),
                 spare_of: Some(home),
                 spare_tried: None,
+                timed_out: false,
             },
         );
     }
@@ -555,6 +586,7 @@ impl CircuitManager {
         hops: usize,
         now: Instant,
     ) {
+        self.begins.circuit_closed(circ);
         let Some(info) = self.circuits.remove(&circ) else {
             return;
         };
@@ -573,16 +605,69 @@ impl CircuitManager {
         }
     }
 
-    /// Periodic housekeeping: close stale idle circuits, keep preemptive ones.
+    /// Stream `handle` got its answer (CONNECTED, RESOLVED or END) or went away: its BEGIN is
+    /// no longer timed.
+    pub fn stream_answered(&mut self, handle: StreamHandle) {
+        self.begins.answered(handle);
+    }
+
+    /// Streams whose BEGIN is out and timed.
+    pub fn streams_opening(&self) -> usize {
+        self.begins.len()
+    }
+
+    /// Give up the streams whose BEGIN got no answer in time ([`crate::begin`]): END them
+    /// (TIMEOUT), keep new streams off their circuits, mark the circuits' later hops suspect,
+    /// and place their requests again.
+    fn expire_begins(&mut self, core: &mut Core, now: Instant) {
+        for (handle, w) in self.begins.expired(now) {
+            let waited = now.saturating_duration_since(w.since);
+            core.stream_end(handle, chive_cell::EndReason::TIMEOUT, now);
+            // The guard is kept (a hung guard's link times out and marks it down); the middle
+            // and exit are suspect, as for a DESTROY that does not say which hop failed, and
+            // circuits through them at any hop (a preemptive one would hang the same way; a
+            // hung exit may be another circuit's guard) take no new streams.
+            let later: Vec<IdentityKey> = self
+                .circuits
+                .get(&w.circ)
+                .map(|info| info.path.iter().skip(1).copied().collect())
+                .unwrap_or_default();
+            for id in &later {
+                self.down.mark(*id, Blame::Suspect, now);
+            }
+            // Requests waiting for such a circuit to be built go elsewhere too.
+            let mut moved = Vec::new();
+            for (key, info) in self.circuits.iter_mut() {
+                if *key == w.circ || info.path.iter().any(|h| later.contains(h)) {
+                    info.timed_out = true;
+                    moved.append(&mut info.waiting);
+                }
+            }
+            warn!(?handle, circ = ?w.circ, waited_ms = waited.as_millis() as u64,
+                  attempt = w.attempts + 1,
+                  "stream got no CONNECTED in time (CircuitStreamTimeout); retrying on another circuit");
+            self.outcomes
+                .push_back((w.ticket, Outcome::Retrying(handle)));
+            self.place(core, w.ticket, w.req, w.attempts + 1, now);
+            for (ticket, req, attempts) in moved {
+                self.place(core, ticket, req, attempts, now);
+            }
+        }
+    }
+
+    /// Periodic housekeeping: time out BEGINs, close stale idle circuits, keep preemptive ones.
     pub fn tick(&mut self, core: &mut Core, now: Instant) {
         self.down.expire(now);
+        self.expire_begins(core, now);
         let stale: Vec<CircKey> = self
             .circuits
             .iter()
             .filter(|(k, c)| {
                 c.built
-                    && c.dirty_since
-                        .is_some_and(|d| now.duration_since(d) >= self.cfg.max_circuit_dirtiness)
+                    && (c.timed_out
+                        || c.dirty_since.is_some_and(|d| {
+                            now.duration_since(d) >= self.cfg.max_circuit_dirtiness
+                        }))
                     && core.circuit_streams(**k) == 0
             })
             .map(|(k, _)| *k)
@@ -615,7 +700,12 @@ impl CircuitManager {
         let clean = self
             .circuits
             .values()
-            .filter(|c| c.isolation.is_none() && c.waiting.is_empty() && c.spare_of.is_none())
+            .filter(|c| {
+                c.isolation.is_none()
+                    && c.waiting.is_empty()
+                    && c.spare_of.is_none()
+                    && !c.timed_out
+            })
             .count();
         let building = self.circuits.values().filter(|c| !c.built).count();
         let want = self.cfg.preemptive_circuits.saturating_sub(clean);

@@ -11,6 +11,7 @@
 //!   ([`onion::OnionConnector`]), driving the core's onion state machines.
 #![forbid(unsafe_code)]
 
+pub mod begin;
 pub mod cc;
 pub mod circmgr;
 pub mod down;

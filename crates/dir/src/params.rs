@@ -96,10 +96,11 @@ pub const OUTBUF_CELLS: ParamSpec = ParamSpec {
     max: 10_000,
 };
 
-/// `ChannelFairness`: 1 = under `CrossChannelPriority`, a rate-limited relay shares its rate
-/// between channels by each channel's total recent cells before EWMA picks among a channel's
-/// circuits, so spreading bulk over many circuits wins no larger share (docs/security.md, "EWMA
-/// gaming"). 0 = off (rank channels by their best circuit). A relay's own option overrides it.
+/// `ChannelFairness`: 1 = under `CrossChannelPriority`, a rate-limited relay ranks each
+/// *client's* channel by its total recent cells (as one circuit) before EWMA picks among a
+/// channel's circuits, so spreading bulk over many circuits wins no larger share; relay
+/// channels keep their best circuit's rank (docs/security.md, "EWMA gaming"). 0 = off (rank
+/// every channel by its best circuit). A relay's own option overrides it.
 pub const CHANNEL_FAIRNESS: ParamSpec = ParamSpec {
     name: "ChannelFairness",
     default: 0,

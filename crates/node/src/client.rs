@@ -54,6 +54,11 @@ Config file options (TOML):
   MaxCircuitDirtiness = 600        seconds a circuit takes new streams after its first
   PreemptiveCircuits = 2           clean circuits kept built and ready
   CircuitBuildTimeout = 10         seconds before an unfinished circuit is abandoned (its streams retry elsewhere)
+  CircuitStreamTimeout = 0         seconds a stream waits for CONNECTED before it is ended
+                                   (END TIMEOUT) and retried on another circuit, avoiding the
+                                   timed-out circuit's middle and exit; 0 = Tor's schedule:
+                                   10 s for the first two tries, 15 s after (3 tries in all,
+                                   then the SOCKS request fails); 1..3600
   RelayRetryInterval = 60          seconds a relay blamed for a failed circuit is left out of
                                    new paths (a lost link to the guard: down, the guard is
                                    replaced; a DESTROY saying CHANNEL_CLOSED/CONNECTFAILED: the
@@ -129,6 +134,9 @@ pub struct ClientConfig {
     pub preemptive_circuits: usize,
     #[serde(rename = "CircuitBuildTimeout", default = "default_build_timeout")]
     pub circuit_build_timeout: u64,
+    /// Tor's CircuitStreamTimeout (seconds; 0 = Tor's 10/10/15 s schedule).
+    #[serde(rename = "CircuitStreamTimeout", default)]
+    pub circuit_stream_timeout: u64,
     #[serde(rename = "OutbufCells", default)]
     pub outbuf_cells: Option<usize>,
     /// Seconds a relay blamed for a failure is avoided (see the help).
@@ -206,6 +214,9 @@ impl ClientConfig {
         check_outbuf_cells(self.outbuf_cells)?;
         if !(1..=86_400).contains(&self.relay_retry_interval) {
             anyhow::bail!("RelayRetryInterval: 1..86400 seconds");
+        }
+        if self.circuit_stream_timeout > 3600 {
+            anyhow::bail!("CircuitStreamTimeout: 0 (Tor's schedule) or 1..3600 seconds");
         }
         check_node_list("EntryNodes", &self.entry_nodes)?;
         check_node_list("MiddleNodes", &self.middle_nodes)?;
@@ -405,6 +416,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             entry_nodes: cfg.entry_nodes.clone(),
             middle_nodes: cfg.middle_nodes.clone(),
             relay_retry: Duration::from_secs(cfg.relay_retry_interval),
+            stream_timeout: (cfg.circuit_stream_timeout > 0)
+                .then(|| Duration::from_secs(cfg.circuit_stream_timeout)),
             ..CircMgrConfig::default()
         },
         seed,
@@ -671,6 +684,15 @@ impl ClientState {
         let mut any = self.take_onion_outcomes(streams);
         while let Some((ticket, outcome)) = self.mgr.poll_outcome() {
             any = true;
+            if let Outcome::Retrying(old) = outcome {
+                // The stream's BEGIN timed out (its END is sent): its SOCKS reply waits for
+                // the request's next outcome.
+                streams.remove(&old);
+                if let Some(reply) = self.opening.remove(&old) {
+                    self.waiting.insert(ticket, reply);
+                }
+                continue;
+            }
             let Some(reply) = self.waiting.remove(&ticket) else {
                 continue;
             };
@@ -683,6 +705,7 @@ impl ClientState {
                     info!(%why, "stream request failed");
                     let _ = reply.send(SocksAnswer::Failed(SocksReply::GeneralFailure));
                 }
+                Outcome::Retrying(_) => {}
             }
         }
         any
@@ -698,6 +721,7 @@ impl ClientState {
         self.take_outcomes(streams);
         match ev {
             Event::StreamConnected { stream, .. } => {
+                self.mgr.stream_answered(stream);
                 let (Some(reply), Some((write_rx, credit_rx))) = (
                     self.opening.remove(&stream),
                     streams.get_mut(&stream).and_then(|io| io.unpark()),
@@ -718,6 +742,7 @@ impl ClientState {
                 }
             }
             Event::Resolved { stream, answers } => {
+                self.mgr.stream_answered(stream);
                 streams.remove(&stream);
                 if let Some(reply) = self.opening.remove(&stream) {
                     let _ = reply.send(SocksAnswer::Resolved(answers));
@@ -771,6 +796,7 @@ impl ClientState {
         reason: EndReason,
     ) -> bool {
         self.take_outcomes(streams);
+        self.mgr.stream_answered(stream);
         match self.opening.remove(&stream) {
             Some(reply) => {
                 streams.remove(&stream);

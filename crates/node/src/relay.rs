@@ -48,11 +48,13 @@ Config file options (TOML):
                                    to the channel whose next circuit has the lowest EWMA count
                                    (KIST-like; docs/scheduling.md). false: each connection's
                                    writer takes tokens first come, first served
-  ChannelFairness = false          with CrossChannelPriority: free room goes to the channel
-                                   that sent least recently in all (its circuits' EWMA counts
-                                   summed), then EWMA picks among its circuits, so a client
+  ChannelFairness = false          with CrossChannelPriority: a client's channel is ranked by
+                                   what it sent in all (its circuits' EWMA counts summed), as
+                                   one circuit, then EWMA picks among its circuits, so a client
                                    spreading bulk over many circuits gets no larger share than
-                                   a one-circuit client (docs/security.md, EWMA gaming).
+                                   a one-circuit client; channels to relays (an identity the
+                                   consensus lists) keep per-circuit ranking (docs/security.md,
+                                   EWMA gaming).
                                    Unset: the consensus's ChannelFairness (default 0 = off)
   QuietReserve = 131072            with BandwidthRate and CrossChannelPriority under EWMA: bytes
                                    of the write bucket that only quiet circuits may spend (EWMA

@@ -213,7 +213,15 @@ fn relay_msgs() -> Vec<(String, Vec<u8>)> {
             "split",
             LinkFeatures { features: 1 }.encode(),
         ),
-        ("bind", "token", Bind { token: [0x44; 32] }.encode()),
+        (
+            "bind",
+            "token",
+            Bind {
+                token: [0x44; 32],
+                seq: Some(3),
+            }
+            .encode(),
+        ),
         (
             "handoff",
             "recovery",

@@ -5,9 +5,10 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use chive_cell::{AnyCell, Cell, CellCommand, Handoff, VarCell};
+use chive_cell::{AnyCell, Bind, Cell, CellCommand, Handoff, VarCell};
 use chive_core::split::{
-    Conn, Refusal, SecondaryDown, SplitChannel, SplitConfig, Violation, MAX_REORDER_ITEMS,
+    Conn, Refusal, SecondaryDown, SplitChannel, SplitConfig, Violation, MAX_PENDING,
+    MAX_REORDER_ITEMS,
 };
 
 /// The channel's bind token (any value: the target does not check BIND bodies, `relay_msg`
@@ -17,6 +18,19 @@ const TOKEN: [u8; 32] = [7; 32];
 /// A data cell numbered `n` (the number rides in the circuit id, so order is checkable).
 fn data_cell(n: u32) -> AnyCell {
     AnyCell::Fixed(Cell::new(n, CellCommand::RELAY, b"x").expect("RELAY is a fixed command"))
+}
+
+/// The BIND a new second connection starts with, carrying B's next marker number.
+fn bind_cell(seq: u32) -> AnyCell {
+    AnyCell::Var(VarCell {
+        circ_id: 0,
+        command: CellCommand::BIND,
+        payload: Bind {
+            token: TOKEN,
+            seq: Some(seq),
+        }
+        .encode(),
+    })
 }
 
 fn handoff_cell(payload: Vec<u8>) -> AnyCell {
@@ -32,7 +46,7 @@ fn reader(now: Instant) -> SplitChannel {
     let mut ch = SplitChannel::new(true, true, TOKEN, &SplitConfig::default(), now);
     assert!(ch.open());
     assert!(ch.bind_matches(&TOKEN));
-    assert!(ch.attach_peer_second());
+    assert!(ch.attach_peer_second(Some(0)));
     ch
 }
 
@@ -65,16 +79,40 @@ fn honest(ops: &[u8]) {
     let mut sent = 0u32;
     let mut delivered: Vec<u32> = Vec::new();
     let mut second_up = true;
+    // A has attached B's current second connection (read its BIND).
+    let mut attached = true;
     let mut lost_any = false;
     let mut out = Vec::new();
     let idx = |c: Conn| usize::from(c == Conn::Secondary);
 
+    // One item from a connection to A. A BIND (the first item of a re-opened second
+    // connection) attaches it; an honest one is refused only when A already keeps
+    // MAX_PENDING bound connections waiting for the primary (a primary lagging that many
+    // retries behind: A closes the new connection, a documented limit), which ends the run.
     let deliver = |a: &mut SplitChannel,
                    pipes: &mut [VecDeque<AnyCell>; 2],
+                   attached: &mut bool,
                    conn: Conn,
                    out: &mut Vec<AnyCell>|
      -> Option<Result<Option<Conn>, Refusal>> {
         let cell = pipes[idx(conn)].pop_front()?;
+        if let AnyCell::Var(v) = &cell {
+            if v.command == CellCommand::BIND {
+                let bind = Bind::decode(&v.payload).expect("the target's own BIND");
+                if !a.attach_peer_second(bind.seq) {
+                    assert_eq!(
+                        a.pending_binds(),
+                        MAX_PENDING,
+                        "honest BIND (seq {:?}) refused",
+                        bind.seq
+                    );
+                    // (OneWay never comes from a reader: it stands for "A closed it".)
+                    return Some(Err(Refusal::OneWay));
+                }
+                *attached = true;
+                return Some(Ok(None));
+            }
+        }
         Some(a.receive(conn, cell, out))
     };
 
@@ -101,33 +139,34 @@ fn honest(ops: &[u8]) {
                 pipes[idx(leaving)].push_back(handoff_cell(h.encode()));
                 None
             }
-            2 => deliver(&mut a, &mut pipes, Conn::Primary, &mut out),
-            3 => deliver(&mut a, &mut pipes, Conn::Secondary, &mut out),
+            2 => deliver(&mut a, &mut pipes, &mut attached, Conn::Primary, &mut out),
+            3 => deliver(&mut a, &mut pipes, &mut attached, Conn::Secondary, &mut out),
             // The second connection goes down: closed cleanly (everything on it arrives first)
             // or failed (what is still on the way is lost).
             4 | 5 => {
                 if !second_up {
-                    // Attach a new second connection, as after B's retry. B retries
-                    // SPLIT_RETRY (10 s) later, so what it wrote on the primary before has
-                    // arrived by then: modelled by re-attaching only with the primary drained.
-                    // (Without that assumption the first run found a race: a marker and a
-                    // recovery marker for the *old* secondary, read after a new one is
-                    // attached, make A refuse the new one's cells. See docs/fuzzing.md.)
-                    if pipes[0].is_empty() && pipes[1].is_empty() && a.attach_peer_second() {
-                        second_up = true;
-                    }
+                    // B opens a new second connection (as after its retry): its BIND carries
+                    // B's next marker number. A reads it whenever the fuzzer delivers it, maybe
+                    // long before the old connection's markers on the primary, maybe after the
+                    // marker switching onto it.
+                    pipes[1].push_back(bind_cell(b.next_seq()));
+                    second_up = true;
+                    attached = false;
                     continue;
                 }
                 let mut r = None;
                 if op % 6 == 4 {
-                    while let Some(res) = deliver(&mut a, &mut pipes, Conn::Secondary, &mut out) {
+                    while let Some(res) =
+                        deliver(&mut a, &mut pipes, &mut attached, Conn::Secondary, &mut out)
+                    {
                         if res.is_err() {
                             r = Some(res);
                             break;
                         }
                     }
                 } else {
-                    lost_any |= !pipes[1].is_empty();
+                    // Lost with it: what B wrote there (a BIND A never read attaches nothing).
+                    lost_any |= pipes[1].iter().any(|c| c.command() != CellCommand::BIND);
                     pipes[1].clear();
                 }
                 second_up = false;
@@ -138,10 +177,13 @@ fn honest(ops: &[u8]) {
                         // earlier is ahead of it).
                         pipes[0].push_back(handoff_cell(h.encode()));
                     }
-                    r = match a.secondary_down(now, &mut out) {
-                        SecondaryDown::Released(res) => Some(res.map_err(Refusal::Violation)),
-                        other => panic!("a reading channel answered {other:?}"),
-                    };
+                    // A notices only a connection it attached.
+                    if std::mem::take(&mut attached) {
+                        r = match a.secondary_down(now, &mut out) {
+                            SecondaryDown::Released(res) => Some(res.map_err(Refusal::Violation)),
+                            other => panic!("a reading channel answered {other:?}"),
+                        };
+                    }
                 }
                 r
             }
@@ -149,6 +191,9 @@ fn honest(ops: &[u8]) {
         };
         collect(&mut out, &mut delivered);
         check_prefix(&delivered, sent);
+        if let Some(Err(Refusal::OneWay)) = result {
+            return;
+        }
         if let Some(Err(e)) = result {
             assert!(lost_any, "honest peer refused without a loss: {e:?}");
             assert!(
@@ -170,9 +215,12 @@ fn honest(ops: &[u8]) {
         Conn::Primary,
         Conn::Secondary,
     ] {
-        while let Some(res) = deliver(&mut a, &mut pipes, conn, &mut out) {
+        while let Some(res) = deliver(&mut a, &mut pipes, &mut attached, conn, &mut out) {
             collect(&mut out, &mut delivered);
             check_prefix(&delivered, sent);
+            if res == Err(Refusal::OneWay) {
+                return;
+            }
             if let Err(e) = res {
                 assert!(lost_any, "honest peer refused without a loss: {e:?}");
                 return;
@@ -238,7 +286,13 @@ fn hostile_reader(ops: &[u8]) {
                 other => panic!("a reading channel answered {other:?}"),
             },
             _ => {
-                let _ = a.attach_peer_second();
+                // A BIND: its sequence number from the next 4 input bytes (an earlier
+                // version's BIND, without one, if fewer remain).
+                let seq = rest
+                    .get(..4)
+                    .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")));
+                rest = rest.get(4..).unwrap_or_default();
+                let _ = a.attach_peer_second(seq);
                 Ok(())
             }
         };

@@ -62,34 +62,51 @@ impl LinkFeatures {
 }
 
 /// BIND body (chive's own, command 134): the 32-byte token both ends of a channel's first
-/// connection derive from its TLS session (chive-net's `Link::bind_token`). Exactly 32 bytes.
+/// connection derive from its TLS session (chive-net's `Link::bind_token`), then `seq` (4,
+/// big-endian): the sequence number of the sender's next HANDOFF, the one that will switch its
+/// writing onto this connection. The receiver may still have earlier markers (of an older
+/// second connection) to read on the first connection; `seq` tells it to apply those first.
+/// Exactly 36 bytes; the 32-byte body of earlier versions (no `seq`) is still accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bind {
     /// The channel's bind token.
     pub token: [u8; 32],
+    /// The sender's next HANDOFF sequence number (`None`: a 32-byte BIND of an earlier version).
+    pub seq: Option<u32>,
 }
 
 impl Bind {
     /// Encoded length.
-    pub const LEN: usize = 32;
+    pub const LEN: usize = 36;
+    /// Encoded length of an earlier version's BIND (token only).
+    pub const LEN_V1: usize = 32;
 
-    /// Encode (32 bytes).
+    /// Encode (36 bytes; 32 without `seq`).
     pub fn encode(&self) -> Vec<u8> {
-        self.token.to_vec()
+        let mut out = self.token.to_vec();
+        if let Some(seq) = self.seq {
+            out.extend_from_slice(&seq.to_be_bytes());
+        }
+        out
     }
 
-    /// Decode; the body must be exactly 32 bytes (no slack in authentication data).
+    /// Decode; the body must be exactly 36 (or 32) bytes (no slack in authentication data).
     pub fn decode(body: &[u8]) -> Result<Self, CellError> {
-        if body.len() != Self::LEN {
+        if body.len() != Self::LEN && body.len() != Self::LEN_V1 {
             return Err(CellError::WrongLength {
                 what: "BIND",
                 expected: Self::LEN,
                 got: body.len(),
             });
         }
-        Ok(Bind {
-            token: Reader::new(body, "BIND").array()?,
-        })
+        let mut r = Reader::new(body, "BIND");
+        let token = r.array()?;
+        let seq = if body.len() == Self::LEN {
+            Some(r.u32()?)
+        } else {
+            None
+        };
+        Ok(Bind { token, seq })
     }
 }
 

@@ -115,6 +115,12 @@ impl Network {
         Self::start_with(turn_alone(), test, &vec![extra; relays], extra)
     }
 
+    /// [`Network::start_alone`] with `relay_extra[i]` appended to relay i+1's config and
+    /// `client_extra` to the client's.
+    pub fn start_alone_custom(test: &str, relay_extra: &[&str], client_extra: &str) -> Network {
+        Self::start_with(turn_alone(), test, relay_extra, client_extra)
+    }
+
     fn start_with(turn: Turn, test: &str, relay_extra: &[&str], client_extra: &str) -> Network {
         let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

@@ -7,6 +7,10 @@
 //! A hung relay (SIGSTOP: its sockets stay open, nothing is answered) is found by the link
 //! liveness check instead (`LinkKeepalive`, `LinkIdleTimeout`; here 1 s and 3 s so the test is
 //! short): the same error, blame and recovery, within the idle timeout plus 5 s.
+//!
+//! A stream opened on a circuit through a relay that hung *before* the fetch gets no CONNECTED:
+//! the client's BEGIN timeout (`CircuitStreamTimeout`, here 2 s) ends it and retries it on a
+//! circuit without the hung middle and exit; the application sees the fetch succeed.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -219,4 +223,80 @@ fn killing_the_exit_mid_download_fails_the_stream_fast_and_the_next_fetch_works(
 #[test]
 fn a_hung_middle_mid_download_fails_the_stream_after_the_idle_timeout_and_the_next_fetch_works() {
     fail_hop("stop-middle", 1, Failure::Stop);
+}
+
+/// `CircuitStreamTimeout` of the BEGIN-timeout tests (Tor's default is 10 s, then 15 s).
+const STREAM_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// SIGSTOP hop `hop` of a finished fetch's circuit, then fetch again with the same SOCKS user
+/// (so on the same, now hung, circuit): the BEGIN times out and the stream is retried on a
+/// path without the hung relay; the fetch succeeds within the timeout plus 5 s.
+fn stop_before_fetch(test: &str, hop: usize) {
+    let extra = format!("CircuitStreamTimeout = {}\n", STREAM_TIMEOUT.as_secs());
+    let mut net = Network::start_alone_custom(test, &[""; RELAYS], &extra);
+    wait_all_relays_listed(&net);
+    let user = Some(("probe", "x"));
+    let body = fetch(net.socks, net.http, 100_000, user).expect("first fetch");
+    assert_eq!(body, pattern(100_000));
+    let path = path_of(&net.dir, "probe").expect("no circuit for the first fetch");
+    assert_eq!(path.len(), 3, "{path:?}");
+    let hung = path[hop].clone();
+    let idx = net
+        .children
+        .iter()
+        .position(|(n, _)| *n == hung)
+        .expect("relay process");
+    let pid = net.children[idx].1.id().to_string();
+    let ok = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -STOP {pid}");
+    eprintln!("{test}: stopped {hung} (hop {hop} of {path:?})");
+
+    let t0 = Instant::now();
+    let body = fetch(net.socks, net.http, 100_000, user).unwrap_or_else(|e| {
+        panic!(
+            "{test}: fetch through the hung {hung} failed: {e}; logs in {}",
+            net.dir.display()
+        )
+    });
+    let took = t0.elapsed();
+    assert_eq!(body, pattern(100_000));
+    let new_path = path_of(&net.dir, "probe").expect("no circuit for the retried stream");
+    eprintln!("{test}: fetch succeeded on {new_path:?} {took:?} after the BEGIN");
+    assert!(
+        !new_path.contains(&hung),
+        "{test}: retried on {new_path:?}, through the hung {hung}"
+    );
+    assert!(
+        took >= STREAM_TIMEOUT,
+        "{test}: {took:?}: the first circuit answered; was {hung} stopped?"
+    );
+    assert!(
+        took < STREAM_TIMEOUT + Duration::from_secs(5),
+        "{test}: the fetch took {took:?}; logs in {}",
+        net.dir.display()
+    );
+    let log = net.log("client");
+    assert!(
+        log.contains("stream got no CONNECTED in time"),
+        "{test}: the client did not log the BEGIN timeout; logs in {}",
+        net.dir.display()
+    );
+    let (_, mut child) = net.children.remove(idx);
+    let _ = child.kill();
+    let _ = child.wait();
+    net.check_alive();
+}
+
+#[test]
+fn a_begin_through_a_middle_hung_before_the_fetch_is_retried_on_another_path() {
+    stop_before_fetch("begin-timeout-middle", 1);
+}
+
+#[test]
+fn a_begin_through_an_exit_hung_before_the_fetch_is_retried_on_another_path() {
+    stop_before_fetch("begin-timeout-exit", 2);
 }

@@ -129,9 +129,10 @@ pub struct SendConfig {
     pub kind: ChannelSchedulerKind,
     /// The write bucket's reserve in bytes (`QuietReserve`, as capped by the bucket; 0 = none).
     pub quiet_reserve: u64,
-    /// `ChannelFairness`: [`SharedRate`] ranks channels by the decayed count of cells each
-    /// channel sent in all (this half-life, seconds), not by its best circuit's EWMA, so that a
-    /// client cannot win a larger share by spreading bulk over many circuits. `None` = off.
+    /// `ChannelFairness`: [`SharedRate`] ranks *client* channels by the decayed count of cells
+    /// each sent in all (this half-life, seconds), not by its best circuit's EWMA, so that a
+    /// client cannot win a larger share by spreading bulk over many circuits; relay channels
+    /// keep the best circuit's count. `None` = off.
     pub channel_fair_halflife: Option<f64>,
 }
 
@@ -156,6 +157,11 @@ pub trait CellSource {
     fn channel_priority(&self, chan: ChannelId, now: Instant) -> Option<f64>;
     /// Whether the circuit scheduler ranks circuits (EWMA), so that "quiet" means something.
     fn ranks_circuits(&self) -> bool;
+    /// Whether `chan` is a client's channel (`ChannelFairness` ranks only those by their own
+    /// count, [`Core::channel_is_client`]). Default: no channel is.
+    fn is_client_channel(&self, _chan: ChannelId) -> bool {
+        false
+    }
     /// Move up to `max` of `chan`'s cells into `out` ([`Core::poll_transmit`]).
     fn poll_transmit(
         &mut self,
@@ -179,6 +185,10 @@ impl CellSource for Core {
 
     fn ranks_circuits(&self) -> bool {
         self.scheduler().ranks_circuits()
+    }
+
+    fn is_client_channel(&self, chan: ChannelId) -> bool {
+        Core::channel_is_client(self, chan)
     }
 
     fn poll_transmit(

@@ -223,6 +223,11 @@ impl<'a> SendCtx<'a> {
         self.src.channel_priority(chan, self.now)
     }
 
+    /// Whether `chan` is a client's channel ([`super::CellSource::is_client_channel`]).
+    pub fn is_client(&self, chan: ChannelId) -> bool {
+        self.src.is_client_channel(chan)
+    }
+
     /// Whether the circuit scheduler ranks circuits.
     pub fn ranks_circuits(&self) -> bool {
         self.src.ranks_circuits()

@@ -21,19 +21,24 @@ use crate::ChannelId;
 /// With a reserve, channels whose next circuit is quiet go first, outside that bound, as
 /// [`BatchClass::Quiet`] batches that may spend the reserve (see [`SharedRate::quiet_below`]).
 ///
-/// With `ChannelFairness` ([`super::SendConfig::channel_fair_halflife`]) the bulk room goes to
-/// the waiting channel that sent least recently *in all* (an EWMA over the channel's cells, the
-/// sum of its circuits' counts), not the one with the least busy circuit: a client that spreads
-/// one download over 50 circuits has 50 circuits with small counts, but one channel with the
-/// same count as a one-circuit client's at the same rate, so the two get equal shares. Within
-/// a channel the circuit scheduler still picks (EWMA: its web circuits first); link-level cells
-/// still go first; quiet batches (the reserve) are unchanged, so a web circuit on any channel
-/// still overtakes bulk.
+/// With `ChannelFairness` ([`super::SendConfig::channel_fair_halflife`]) a *client's* channel
+/// is ranked by what it sent *in all* (an EWMA over the channel's cells, the sum of its
+/// circuits' counts), not by its least busy circuit: a client that spreads one download over 50
+/// circuits has 50 circuits with small counts, but one channel with the same count as a
+/// one-circuit client's at the same rate, so the two get equal shares. A client thus competes
+/// as one circuit would. Relay channels ([`super::SendCtx::is_client`] false) keep the best
+/// circuit's count: a relay cannot tell the clients on a channel from another relay apart (each
+/// circuit may be another client's), so there circuits stay the unit, as without fairness —
+/// ranking a middle's busy channel to an entry by its total would put the web circuits it
+/// carries behind every quieter channel. Within a channel the circuit scheduler still picks
+/// (EWMA: its web circuits first); link-level cells still go first; quiet batches (the
+/// reserve) are unchanged, so a web circuit on any channel still overtakes bulk.
 #[derive(Debug, Default)]
 pub struct SharedRate {
     /// Channels with cells waiting for output room, oldest first.
     waiting: VecDeque<ChannelId>,
-    /// `ChannelFairness`: each channel's decayed count of cells sent, and when it was decayed.
+    /// `ChannelFairness`: each client channel's decayed count of cells sent, and when it was
+    /// decayed.
     sent: HashMap<ChannelId, (f64, Instant)>,
 }
 
@@ -60,12 +65,12 @@ impl SharedRate {
         })
     }
 
-    /// Count `cells` sent by `chan` (under `ChannelFairness` only).
+    /// Count `cells` sent by client channel `chan` (under `ChannelFairness` only).
     fn count_sent(&mut self, chan: ChannelId, cells: usize, ctx: &SendCtx<'_>) {
         let Some(h) = ctx.config().channel_fair_halflife else {
             return;
         };
-        if cells == 0 {
+        if cells == 0 || !ctx.is_client(chan) {
             return;
         }
         let now = ctx.now();
@@ -74,11 +79,11 @@ impl SharedRate {
     }
 
     /// How deserving `chan` is for bulk room (lower first): its best circuit's count, or under
-    /// `ChannelFairness` the channel's own count; link-level cells (-1) first either way.
+    /// `ChannelFairness` a client channel's own count; link-level cells (-1) first either way.
     fn rank(&self, chan: ChannelId, ctx: &SendCtx<'_>) -> f64 {
         let head = ctx.priority(chan).unwrap_or(0.0);
         match ctx.config().channel_fair_halflife {
-            Some(h) if head >= 0.0 => self.channel_count(chan, h, ctx.now()),
+            Some(h) if head >= 0.0 && ctx.is_client(chan) => self.channel_count(chan, h, ctx.now()),
             _ => head,
         }
     }

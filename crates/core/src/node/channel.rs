@@ -30,9 +30,27 @@ pub(super) struct Channel {
     pub(super) addr: Option<IpAddr>,
     /// Whether the DoS defences count this channel as a client connection of `addr`.
     pub(super) dos_tracked: bool,
+    /// A client's channel, for `ChannelFairness` ([`Core::channel_is_client`]).
+    pub(super) client: bool,
 }
 
 impl Core {
+    /// Whether `chan` is a client's channel: one we accepted from a peer that proved no relay
+    /// identity (at first: none at all; the driver also names accepted channels whose identity
+    /// no consensus lists, [`Core::set_channel_client`]). `ChannelFairness` ranks client
+    /// channels by what each sent in all, relay channels by their best circuit.
+    pub fn channel_is_client(&self, chan: ChannelId) -> bool {
+        self.channels.get(&chan).is_some_and(|c| c.client)
+    }
+
+    /// Mark `chan` as a client's channel or not (see [`Core::channel_is_client`]); the driver
+    /// decides for an accepted channel with an identity: a self-made one is no relay.
+    pub fn set_channel_client(&mut self, chan: ChannelId, client: bool) {
+        if let Some(c) = self.channels.get_mut(&chan) {
+            c.client = client;
+        }
+    }
+
     /// A link finished its handshake. `peer` is the authenticated identity (None
     /// for a client); `initiator` is true if this node opened it.
     pub fn channel_opened(
@@ -54,6 +72,7 @@ impl Core {
                 buffered_since: None,
                 addr: None,
                 dos_tracked: false,
+                client: peer.is_none() && !initiator,
             },
         );
         if let Some(id) = peer {

@@ -141,13 +141,19 @@ impl Core {
 
     /// The local socket of `stream` failed: END it at once, dropping unsent data.
     pub fn stream_error(&mut self, stream: StreamHandle, now: Instant) {
+        self.stream_end(stream, EndReason::CONNRESET, now);
+    }
+
+    /// END `stream` at once with `reason`, dropping unsent data (a client giving up on a
+    /// BEGIN that got no answer sends TIMEOUT, as Tor). No event follows; the handle is gone.
+    pub fn stream_end(&mut self, stream: StreamHandle, reason: EndReason, now: Instant) {
         let Some((key, sid)) = self.streams.remove(&stream) else {
             return;
         };
         if let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) {
             edge.streams.remove(&sid);
         }
-        self.send_end(key, sid, EndReason::CONNRESET, now);
+        self.send_end(key, sid, reason, now);
     }
 
     /// `cells` [`Event::StreamWrite`]s of `stream` have been written to its socket.

@@ -291,6 +291,7 @@ impl Core {
                 buffered_since: None,
                 addr: None,
                 dos_tracked: false,
+                client: false,
             },
         );
         self.sw.switch_chans.insert(chan);

@@ -183,6 +183,15 @@ impl SplitChannel {
         eligible.then_some(*token)
     }
 
+    /// What the BIND of our next second connection carries besides the token: the sequence
+    /// number of the marker that will switch our writing onto it (`None` unless we write).
+    pub fn bind_seq(&self) -> Option<u32> {
+        match &self.side {
+            Side::Writer { sender, .. } => Some(sender.next_seq()),
+            _ => None,
+        }
+    }
+
     /// A connect for our second connection started.
     pub fn opening(&mut self) {
         if let Side::Writer { opening, .. } = &mut self.side {
@@ -257,12 +266,14 @@ impl SplitChannel {
             && !self.secondary
     }
 
-    /// Attach the peer's second connection; false if the previous one is not finished.
-    pub fn attach_peer_second(&mut self) -> bool {
+    /// Attach the peer's second connection, whose BIND carried `seq` (the peer's marker that
+    /// will switch onto it; `None` from an earlier version). False if it cannot be taken (see
+    /// [`Reorder::attach_secondary`]): close it.
+    pub fn attach_peer_second(&mut self, seq: Option<u32>) -> bool {
         let Side::Reader { reorder, .. } = &mut self.side else {
             return false;
         };
-        if !reorder.attach_secondary() {
+        if !reorder.attach_secondary(seq) {
             return false;
         }
         self.secondary = true;
@@ -345,6 +356,15 @@ impl SplitChannel {
         }
     }
 
+    /// The peer's bound second connections still waiting for earlier markers on the first
+    /// (see [`Reorder`]); 0 unless we read a split channel.
+    pub fn pending_binds(&self) -> usize {
+        match &self.side {
+            Side::Reader { reorder, .. } => reorder.pending_binds(),
+            _ => 0,
+        }
+    }
+
     /// Cells held back to restore the peer's order (a reading channel's reorder buffer; 0
     /// otherwise), for the memory the driver reports against `MaxMemInQueues`.
     pub fn held(&self) -> usize {
@@ -363,10 +383,7 @@ impl SplitChannel {
         let Side::Reader { reorder, .. } = &self.side else {
             return None;
         };
-        Some(
-            [Conn::Primary, Conn::Secondary]
-                .map(|c| (c, c != reorder.current() && reorder.queued(c) >= HOLD_CELLS)),
-        )
+        Some([Conn::Primary, Conn::Secondary].map(|c| (c, reorder.held_back(c) >= HOLD_CELLS)))
     }
 }
 
@@ -439,7 +456,7 @@ mod tests {
         reader.open();
         assert!(!reader.bind_matches(&[8; 32]));
         assert!(reader.bind_matches(&TOKEN));
-        assert!(reader.attach_peer_second());
+        assert!(reader.attach_peer_second(Some(0)));
         assert!(
             !reader.bind_matches(&TOKEN),
             "one second connection at a time"
@@ -587,7 +604,7 @@ mod tests {
         let now = Instant::now();
         let mut ch = SplitChannel::new(true, true, TOKEN, &SplitConfig::default(), now);
         ch.open();
-        assert!(ch.attach_peer_second());
+        assert!(ch.attach_peer_second(Some(0)));
         let mut out = Vec::new();
         // The peer switched: its cells on the second connection wait for the marker.
         for _ in 0..HOLD_CELLS {

@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 use chive_cell::{AnyCell, Handoff};
 
 mod assign;
+#[cfg(test)]
+mod reattach_tests;
 
 pub use assign::{Refusal, SecondaryDown, SplitChannel, BIND_WAIT, SPLIT_RETRY};
 
@@ -159,6 +161,17 @@ pub enum Violation {
 /// connection fails, the peer instead sends a *recovery* marker as its first item on the other
 /// connection, carrying how many cells it wrote on the failed one: if they all arrived, delivery
 /// continues there; if not, the loss is reported (circuits cannot survive a lost cell).
+///
+/// **Re-attached second connections.** A new second connection's BIND carries `start`, the
+/// sequence number of the marker that will switch the peer onto it. If the primary lags, A may
+/// still have markers of the *previous* second connection to read when the new one is bound;
+/// the new connection's items are then kept apart ([`Reorder::attach_secondary`] returns with
+/// them *pending*) until A has read every marker before `start`, and only then take the
+/// secondary's place. At most [`MAX_PENDING`] bound connections wait so; their items count
+/// against the same hold-back limit. Conversely, if A reads the marker `start` before the new
+/// connection's BIND (the BIND's TCP connection is slower than the primary), the switch leads
+/// into a secondary that is not bound yet: A waits for the BIND instead of calling it a
+/// violation.
 #[derive(Debug)]
 pub struct Reorder {
     current: Conn,
@@ -169,13 +182,38 @@ pub struct Reorder {
     queues: [VecDeque<Item>; 2],
     /// No more items will come on this connection.
     dead: [bool; 2],
+    /// We switched onto the secondary while the one we had was dead, and no BIND told us which
+    /// connection that stretch is on: its BIND may still come.
+    unbound_stretch: bool,
+    /// Second connections bound before their first marker, oldest first; the newest is the one
+    /// attached now (only it can still receive items).
+    pending: VecDeque<Pending>,
     limit: usize,
+}
+
+/// Bound second connections a [`Reorder`] keeps apart, waiting for the primary's markers.
+/// One is the honest case of a primary lagging one retry behind; each further one means it
+/// lags another `SPLIT_RETRY` (10 s).
+pub const MAX_PENDING: usize = 3;
+
+/// A second connection bound before A reached its first marker.
+#[derive(Debug)]
+struct Pending {
+    /// The sequence number of the marker that switches the peer onto it.
+    start: u32,
+    items: VecDeque<Item>,
+    dead: bool,
 }
 
 impl Default for Reorder {
     fn default() -> Self {
         Self::new(MAX_REORDER_ITEMS)
     }
+}
+
+/// Whether sequence number `a` comes before `b` (wrapping, as the peer's counter does).
+fn seq_before(a: u32, b: u32) -> bool {
+    (b.wrapping_sub(a) as i32) > 0
 }
 
 impl Reorder {
@@ -187,6 +225,8 @@ impl Reorder {
             delivered: 0,
             queues: [VecDeque::new(), VecDeque::new()],
             dead: [false, false],
+            unbound_stretch: false,
+            pending: VecDeque::new(),
             limit,
         }
     }
@@ -196,19 +236,84 @@ impl Reorder {
         self.current
     }
 
-    /// Items held back from `conn`.
+    /// Items held back from `conn` (for the secondary: also those of bound connections still
+    /// waiting for their first marker).
     pub fn queued(&self, conn: Conn) -> usize {
-        self.queues[conn.idx()].len()
+        let pending = match conn {
+            Conn::Primary => 0,
+            Conn::Secondary => self.pending.iter().map(|p| p.items.len()).sum(),
+        };
+        self.queues[conn.idx()].len() + pending
     }
 
-    /// Whether a new secondary connection may be attached (nothing left over from an old one,
-    /// and we are not waiting for a recovery after an old one failed). Resets its state if so.
-    pub fn attach_secondary(&mut self) -> bool {
+    /// Bound second connections waiting for the primary's markers before their own.
+    pub fn pending_binds(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Items of `conn` that cannot be delivered before something else arrives (the connection
+    /// is not the current one, or they belong to a bound connection not reached yet): its reader
+    /// should pause once there are [`HOLD_CELLS`] of them.
+    pub fn held_back(&self, conn: Conn) -> usize {
+        let mut n = self.queued(conn);
+        if conn == self.current {
+            n -= self.queues[conn.idx()].len();
+        }
+        n
+    }
+
+    /// Attach a new secondary connection whose BIND said the peer's switch onto it will be
+    /// marker `start` (`None`: an earlier version's BIND, taken to mean the next marker).
+    /// The caller attaches one at a time: the previous one has been reported
+    /// [closed](Self::closed). False if the connection cannot be taken (the peer is not
+    /// honest, or lags more than [`MAX_PENDING`] connections behind); the caller closes it.
+    pub fn attach_secondary(&mut self, start: Option<u32>) -> bool {
         let s = Conn::Secondary.idx();
-        if !self.queues[s].is_empty() || (self.current == Conn::Secondary && self.dead[s]) {
+        let start = start.unwrap_or(match self.current {
+            // An earlier version's BIND: as before, the next marker, or the one just read.
+            Conn::Primary => self.epoch,
+            Conn::Secondary => self.epoch.wrapping_sub(1),
+        });
+        if let Some(last) = self.pending.back() {
+            // Still waiting for an earlier one's markers: this one must come later in the
+            // peer's sequence. A dead one the peer never switched to (it wrote nothing there;
+            // the peer did not want it after all) is replaced.
+            if last.dead && last.items.is_empty() && last.start == start {
+                self.pending.pop_back();
+            } else if !last.dead || !seq_before(last.start, start) {
+                return false;
+            }
+        }
+        if self.pending.is_empty() && start == self.epoch {
+            // Every earlier marker is read: the next one switches onto this connection. An
+            // old secondary's leftovers could never be delivered now.
+            if self.current != Conn::Primary || !self.queues[s].is_empty() {
+                return false;
+            }
+            self.dead[s] = false;
+            self.unbound_stretch = false;
+            return true;
+        }
+        if self.pending.is_empty() && start.wrapping_add(1) == self.epoch {
+            // We already read the marker switching onto it, before its BIND: onto a dead
+            // secondary (an earlier one failed), or onto none yet (the channel's first).
+            let fresh = self.unbound_stretch || !self.dead[s];
+            if self.current != Conn::Secondary || !self.queues[s].is_empty() || !fresh {
+                return false;
+            }
+            self.dead[s] = false;
+            self.unbound_stretch = false;
+            return true;
+        }
+        if !seq_before(self.epoch, start) || self.pending.len() >= MAX_PENDING {
             return false;
         }
-        self.dead[s] = false;
+        // Markers of an earlier connection are still to come on the primary.
+        self.pending.push_back(Pending {
+            start,
+            items: VecDeque::new(),
+            dead: false,
+        });
         true
     }
 
@@ -219,7 +324,8 @@ impl Reorder {
         item: Item,
         out: &mut Vec<AnyCell>,
     ) -> Result<(), Violation> {
-        if self.dead[conn.idx()] {
+        let waiting = self.pending.back().filter(|_| conn == Conn::Secondary);
+        if waiting.map_or(self.dead[conn.idx()], |p| p.dead) {
             return Err(Violation::Protocol(
                 "item on a connection the peer already gave up",
             ));
@@ -227,13 +333,31 @@ impl Reorder {
         if self.queued(Conn::Primary) + self.queued(Conn::Secondary) >= self.limit {
             return Err(Violation::Overflow(self.limit));
         }
-        self.queues[conn.idx()].push_back(item);
+        match self.pending.back_mut() {
+            Some(p) if conn == Conn::Secondary => p.items.push_back(item),
+            _ => self.queues[conn.idx()].push_back(item),
+        }
         self.drain(out)
     }
 
     /// `conn` closed or failed: nothing more comes on it.
     pub fn closed(&mut self, conn: Conn, out: &mut Vec<AnyCell>) -> Result<(), Violation> {
-        self.dead[conn.idx()] = true;
+        match self.pending.back_mut() {
+            Some(p) if conn == Conn::Secondary => p.dead = true,
+            _ => self.dead[conn.idx()] = true,
+        }
+        // The secondary closed while we are in a stretch on it that gave us nothing: either
+        // the peer was on it with nothing written (its recovery marker follows on the
+        // primary), or it had left it (that marker was read before the close) and switched
+        // onto a new connection whose BIND we have not read yet.
+        if conn == Conn::Secondary
+            && self.current == Conn::Secondary
+            && self.delivered == 0
+            && self.queues[conn.idx()].is_empty()
+            && self.pending.is_empty()
+        {
+            self.unbound_stretch = true;
+        }
         self.drain(out)
     }
 
@@ -241,10 +365,45 @@ impl Reorder {
         self.current = self.current.other();
         self.epoch = self.epoch.wrapping_add(1);
         self.delivered = 0;
+        let s = Conn::Secondary.idx();
+        // Onto a dead secondary with nothing of it left: unless its recovery marker follows,
+        // the peer switched onto a new connection whose BIND we have not read yet.
+        self.unbound_stretch = self.current == Conn::Secondary
+            && self.dead[s]
+            && self.queues[s].is_empty()
+            && self.pending.is_empty();
+    }
+
+    /// The oldest pending connection takes the secondary's place once every marker before its
+    /// first has been read.
+    fn promote(&mut self) -> Result<(), Violation> {
+        let Some(p) = self.pending.front() else {
+            return Ok(());
+        };
+        if p.start != self.epoch {
+            return Ok(());
+        }
+        let s = Conn::Secondary.idx();
+        if self.current != Conn::Primary {
+            return Err(Violation::Protocol(
+                "BIND names a switch the peer made while on its second connection",
+            ));
+        }
+        if !self.queues[s].is_empty() {
+            return Err(Violation::Protocol(
+                "cells left on a second connection the peer replaced",
+            ));
+        }
+        if let Some(p) = self.pending.pop_front() {
+            self.queues[s] = p.items;
+            self.dead[s] = p.dead;
+        }
+        Ok(())
     }
 
     fn drain(&mut self, out: &mut Vec<AnyCell>) -> Result<(), Violation> {
         loop {
+            self.promote()?;
             let cur = self.current.idx();
             if let Some(item) = self.queues[cur].pop_front() {
                 match item {
@@ -294,6 +453,9 @@ impl Reorder {
                     self.dead[cur] = true;
                     self.switch();
                 }
+                // Held until the BIND of the connection the peer switched onto comes (the
+                // hold-back limit still applies).
+                Some(_) if self.dead[cur] && self.unbound_stretch => return Ok(()),
                 Some(_) if self.dead[cur] => {
                     return Err(Violation::Protocol(
                         "peer resumed on the other connection without a recovery HANDOFF",
@@ -338,6 +500,12 @@ impl Sender {
     /// `n` cells were handed to the current connection's writer.
     pub fn sent(&mut self, n: usize) {
         self.cells += n as u64;
+    }
+
+    /// The sequence number of the next marker: what a BIND for a new second connection carries
+    /// (the switch onto it will be this marker).
+    pub fn next_seq(&self) -> u32 {
+        self.seq
     }
 
     /// Switch normally: returns the marker to write as the *last* item on the connection being
@@ -652,7 +820,7 @@ mod tests {
         assert_eq!(r.current(), Conn::Primary);
         r.closed(Conn::Secondary, &mut out).unwrap();
         // A later secondary can attach.
-        assert!(r.attach_secondary());
+        assert!(r.attach_secondary(Some(2)));
     }
 
     #[test]

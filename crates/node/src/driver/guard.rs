@@ -52,6 +52,10 @@ impl Driver {
             return;
         };
         let known = self.is_known_relay(io.peer, ip);
+        // ChannelFairness: only an identity the consensus lists makes a relay channel (the
+        // address rule would count every client on a relay's address, loopback included).
+        let listed = io.peer.is_some_and(|id| self.relay_addrs.contains_key(&id));
+        self.core.set_channel_client(chan, !listed);
         self.core.set_channel_addr(chan, ip, known, now);
     }
 
@@ -69,6 +73,19 @@ impl Driver {
             .collect();
         for chan in newly_known {
             self.core.set_channel_known_relay(chan, now);
+        }
+        // ChannelFairness: an accepted channel whose identity a consensus now lists is a
+        // relay's (one that connected before our consensus listed it).
+        let listed: Vec<ChannelId> = self
+            .chans
+            .iter()
+            .filter(|(_, io)| {
+                io.addr.is_some() && io.peer.is_some_and(|id| self.relay_addrs.contains_key(&id))
+            })
+            .map(|(chan, _)| *chan)
+            .collect();
+        for chan in listed {
+            self.core.set_channel_client(chan, false);
         }
     }
 

@@ -233,8 +233,8 @@ impl Driver {
         let Some((&chan, io)) = target else {
             return refuse(x, "no channel of ours with that peer and token");
         };
-        if !io.split.attach_peer_second() {
-            return refuse(x, "the previous second connection is not finished");
+        if !io.split.attach_peer_second(bind.seq) {
+            return refuse(x, "out of step with the channel's hand-off markers");
         }
         io.secondary = Some(x.primary);
         self.secondaries.insert(conn, chan);
@@ -305,6 +305,7 @@ impl Driver {
         let Some(token) = io.split.wants_second(now) else {
             return;
         };
+        let seq = io.split.bind_seq();
         // The peer's ORPort comes from the consensus, as for any relay link.
         let Some(addr) = self.relay_addrs.get(&peer).copied() else {
             return;
@@ -328,7 +329,7 @@ impl Driver {
                 let bind = VarCell {
                     circ_id: 0,
                     command: CellCommand::BIND,
-                    payload: Bind { token }.encode(),
+                    payload: Bind { token, seq }.encode(),
                 };
                 writer
                     .write_var_cell(&bind)
