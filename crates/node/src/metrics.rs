@@ -537,6 +537,11 @@ pub fn render(snap: &Snapshot) -> String {
             sw.congested_received,
         ),
         (
+            "chive_switch_congested_ignored_total",
+            "Path variant, client: CONGESTED not acted on (the other leg was congested lately).",
+            sw.congested_ignored,
+        ),
+        (
             "chive_switch_path_out_of_order_total",
             "Path variant, exit: cells that arrived ahead of their turn and were buffered.",
             sw.path_out_of_order,

@@ -35,6 +35,8 @@ use crate::{ChannelId, CircKey};
 
 use super::circuit::Role;
 use super::event::CoreError;
+#[cfg(doc)]
+use super::switch_report::SwitchSettings;
 use super::switch_report::{SwitchMode, SwitchOutcome, SwitchRecord};
 use super::Core;
 
@@ -84,6 +86,26 @@ struct ClientSet {
     switch: Option<PendingRecord>,
     /// BEGIN / END cells that could not go while the sender was blocked, in order.
     deferred: VecDeque<Msg>,
+    /// The leg the client's stream-level flow control goes on: the last leg a switch onto
+    /// was confirmed (home at first). Not the pending leg: a switch that falls back would
+    /// lose what went on it.
+    control: CircKey,
+    /// Legs not to switch onto before the given time (their entry reported congestion, or a
+    /// switch onto them timed out): see [`SwitchSettings::leg_avoid`].
+    avoid: Vec<(CircKey, Instant)>,
+}
+
+impl ClientSet {
+    fn avoid(&mut self, leg: CircKey, until: Instant, now: Instant) {
+        self.avoid.retain(|(l, u)| *l != leg && *u > now);
+        self.avoid.push((leg, until));
+    }
+
+    fn avoided(&self, leg: CircKey, now: Instant) -> bool {
+        self.avoid
+            .iter()
+            .any(|(l, until)| *l == leg && *until > now)
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -96,6 +118,13 @@ struct PendingRecord {
 
 struct ExitSet {
     home: CircKey,
+    /// Where stream-level flow control for the home's streams goes back, and the switch
+    /// number that put it there: the last leg whose SWITCH_CONFIRM the client acknowledged
+    /// (home at first). Only an acknowledged leg: the client may still fall back from a leg
+    /// whose confirmation it has not seen, and what went back on that leg would be lost.
+    control: (CircKey, u64),
+    /// Confirmations sent and not yet acknowledged, per leg (the latest).
+    unacked: Vec<(CircKey, u64)>,
     legs: Vec<CircKey>,
     recv: PathReceiver<Msg>,
 }
@@ -157,6 +186,8 @@ impl Core {
                 linking: None,
                 switch: None,
                 deferred: VecDeque::new(),
+                control: circ,
+                avoid: Vec::new(),
             },
         );
         self.send_link(circ, nonce, now);
@@ -442,6 +473,12 @@ impl Core {
                     mode: SwitchMode::Path,
                 });
                 debug!(?home, leg = ?key, "path switch confirmed");
+                if let Some(set) = self.path.client.get_mut(&home) {
+                    set.control = key;
+                }
+                // Tell the exit this leg is final: its stream-level flow control may come here.
+                let body = SwitchConfirm { seq }.encode();
+                self.send_to_exit(key, RelayCommand::SWITCH_CONFIRM, 0, &body, now);
                 self.path_resume(home, now);
             }
             Ok(ConfirmOutcome::Stale) => {}
@@ -467,11 +504,17 @@ impl Core {
             debug!(?key, "CONGESTED before the spare is linked: ignored");
             return;
         };
+        set.avoid(key, now + self.sw.settings().leg_avoid, now);
         if current != key {
             // Not on this leg any more (or not yet): nothing to move.
             return;
         }
         let to = if key == home { spare } else { home };
+        if set.avoided(to, now) {
+            debug!(?home, from = ?key, ?to, "both legs congested lately: staying");
+            self.sw.stats_mut().congested_ignored += 1;
+            return;
+        }
         if set.sender.switch_to(to, now).is_err() {
             // A switch waits for its confirmation: one at a time.
             return;
@@ -567,6 +610,12 @@ impl Core {
                 cells,
                 abandoned,
             } => {
+                if timed_out {
+                    let until = now + self.sw.settings().leg_avoid;
+                    if let Some(set) = self.path.client.get_mut(&home) {
+                        set.avoid(abandoned, until, now);
+                    }
+                }
                 warn!(
                     ?home,
                     ?abandoned,
@@ -588,6 +637,9 @@ impl Core {
                 if let Some(set) = self.path.client.get_mut(&home) {
                     if set.spare == Some(abandoned) {
                         set.spare = None;
+                    }
+                    if set.control == abandoned {
+                        set.control = set.sender.current().unwrap_or(home);
                     }
                 }
                 if abandoned != home && self.circuits.contains_key(&abandoned) {
@@ -645,6 +697,9 @@ impl Core {
             if set.spare == Some(key) {
                 set.spare = None;
             }
+            if set.control == key {
+                set.control = home;
+            }
             if let Some(fb) = set.sender.leg_closed(key) {
                 self.path_fallback(home, fb, false, now);
             }
@@ -659,6 +714,10 @@ impl Core {
             } else {
                 set.legs.retain(|l| *l != key);
                 set.recv.leg_closed(key);
+                set.unacked.retain(|(l, _)| *l != key);
+                if set.control.0 == key {
+                    set.control.0 = set.home;
+                }
             }
         }
     }
@@ -730,14 +789,54 @@ impl Core {
                     .get_mut(&id)
                     .and_then(|s| s.recv.poll_confirm())
                 {
+                    if let Some(set) = self.path.exit.get_mut(&id) {
+                        set.unacked.retain(|(l, _)| *l != leg);
+                        set.unacked.push((leg, seq));
+                    }
                     let body = SwitchConfirm { seq }.encode();
                     self.send_relay_backward(leg, RelayCommand::SWITCH_CONFIRM, 0, &body, now);
                 }
             }
+            RelayCommand::SWITCH_CONFIRM => self.path_exit_on_ack(key, data, now),
             other => {
                 self.sw.stats_mut().violations += 1;
                 self.kill(key, &format!("{other} from the client's side"), now)
             }
+        }
+    }
+
+    /// Exit: the client acknowledges our SWITCH_CONFIRM on leg `key` (it echoes the number):
+    /// it will not fall back from `key` any more, so stream-level flow control may go there.
+    /// An acknowledgement of nothing we sent on that leg closes the set.
+    fn path_exit_on_ack(&mut self, key: CircKey, data: &[u8], now: Instant) {
+        let Some(&id) = self.path.exit_leg.get(&key) else {
+            self.sw.stats_mut().violations += 1;
+            return self.kill(key, "SWITCH_CONFIRM on a circuit that is not linked", now);
+        };
+        let seq = match SwitchConfirm::decode(data) {
+            Ok(c) => c.seq,
+            Err(e) => {
+                return self.path_exit_dissolve(
+                    id,
+                    Some(&format!("malformed SWITCH_CONFIRM acknowledgement: {e}")),
+                    now,
+                )
+            }
+        };
+        let Some(set) = self.path.exit.get_mut(&id) else {
+            return;
+        };
+        let Some(i) = set.unacked.iter().position(|&u| u == (key, seq)) else {
+            return self.path_exit_dissolve(
+                id,
+                Some("SWITCH_CONFIRM acknowledges no confirmation sent on that leg"),
+                now,
+            );
+        };
+        set.unacked.swap_remove(i);
+        // Acknowledgements of two legs may cross: the later switch wins.
+        if seq >= set.control.1 {
+            set.control = (key, seq);
         }
     }
 
@@ -789,6 +888,8 @@ impl Core {
                     id,
                     ExitSet {
                         home: key,
+                        control: (key, 0),
+                        unacked: Vec::new(),
                         legs: vec![key],
                         recv: PathReceiver::new(key, limits),
                     },
@@ -810,6 +911,34 @@ impl Core {
         }
         .encode();
         self.send_relay_backward(key, RelayCommand::CONFLUX_LINKED, 0, &body, now);
+    }
+
+    /// The leg stream-level flow control (stream SENDME, XON, XOFF) of `home`'s streams goes on:
+    /// the leg the data moved to, once the switch onto it is final at both ends (client: the
+    /// last leg whose switch the exit confirmed; exit: the last leg whose confirmation the
+    /// client acknowledged). Those cells are not sequenced (either end applies them to the
+    /// home's streams whichever leg brings them); on the home they would wait behind the
+    /// congested entry the data just left, and the sender's stream window with them; on a
+    /// leg not yet final they would be lost if the switch fell back. `home` outside a set.
+    pub(super) fn path_stream_control_leg(&self, home: CircKey) -> CircKey {
+        let leg = if let Some(set) = self.path.client.get(&home) {
+            set.control
+        } else {
+            match self
+                .path
+                .exit_leg
+                .get(&home)
+                .and_then(|id| self.path.exit.get(id))
+            {
+                Some(set) if set.home == home => set.control.0,
+                _ => home,
+            }
+        };
+        if self.circuits.contains_key(&leg) {
+            leg
+        } else {
+            home
+        }
     }
 
     /// Exit: whether `key` is a leg of a linked set (its multiplexed cells are sequenced).
@@ -863,8 +992,13 @@ impl Core {
 
     /// Entry, path mode: the detector found `chan` congested. Send CONGESTED to the client of
     /// the heaviest circuit on it this relay is the entry of.
-    pub(super) fn path_congested(&mut self, chan: ChannelId, now: Instant) -> Option<CircKey> {
-        let key = self.heaviest_entry_circuit(chan, now, |_| false)?;
+    pub(super) fn path_congested(
+        &mut self,
+        chan: ChannelId,
+        occupancy_bytes: f64,
+        now: Instant,
+    ) -> Option<CircKey> {
+        let key = self.heaviest_entry_circuit(chan, occupancy_bytes, now, |_| false)?;
         let body = Congested {
             reason: CongestionReason::OVERFULL,
         }
