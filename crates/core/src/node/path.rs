@@ -12,8 +12,13 @@
 //!   come on any leg and apply to the home's streams, circuit-level flow control stays per leg.
 //! - Exit: LINK with a new nonce makes a set whose home is that circuit; later LINKs with the
 //!   nonce add legs. Multiplexed cells from any leg pass the [`PathReceiver`] and are acted on
-//!   in order as the home's; CONFLUX_SWITCH gets a SWITCH_CONFIRM. The download direction is
-//!   not sequenced: the exit sends on its home leg only.
+//!   in order as the home's; CONFLUX_SWITCH gets a SWITCH_CONFIRM on its leg, which the
+//!   client acknowledges (the same message back) once its switch completes. The download
+//!   direction is not sequenced: the exit sends on its home leg only, but for stream-level flow
+//!   control, which both ends send on their *control leg* (the last leg whose switch is final
+//!   at both ends; `Core::path_stream_control_leg`).
+//! - Client: a CONGESTED leg, or one a switch onto timed out, is avoided for
+//!   `SwitchSettings::leg_avoid`: the client does not switch back onto it before.
 //! - Entry: [`Core::congested`] in path mode sends CONGESTED (from hop 1) on the heaviest
 //!   circuit whose previous hop is a client (`path_congested`).
 
