@@ -91,6 +91,8 @@ struct ClientSet {
     switch: Option<PendingRecord>,
     /// BEGIN / END cells that could not go while the sender was blocked, in order.
     deferred: VecDeque<Msg>,
+    /// When the last multiplexed cell was sent (on any leg).
+    last_sent: Option<Instant>,
     /// The leg the client's stream-level flow control goes on: the last leg a switch onto
     /// was confirmed (home at first). Not the pending leg: a switch that falls back would
     /// lose what went on it.
@@ -119,6 +121,8 @@ struct PendingRecord {
     from: ChannelId,
     to: Option<ChannelId>,
     first_cell: Option<Instant>,
+    /// When the last cell before the switch went on the old leg.
+    last_old: Option<Instant>,
 }
 
 struct ExitSet {
@@ -191,6 +195,7 @@ impl Core {
                 linking: None,
                 switch: None,
                 deferred: VecDeque::new(),
+                last_sent: None,
                 control: circ,
                 avoid: Vec::new(),
             },
@@ -298,9 +303,13 @@ impl Core {
         };
         match set.sender.send(now, &msg) {
             Ok(out) => {
+                let last_sent = set.last_sent.replace(now);
                 if let Some(sw) = out.switch {
                     if let Some(rec) = set.switch.as_mut() {
-                        rec.first_cell.get_or_insert(now);
+                        if rec.first_cell.is_none() {
+                            rec.first_cell = Some(now);
+                            rec.last_old = last_sent;
+                        }
                     }
                     let body = ConfluxSwitch {
                         relative_seq: sw.relative_seq,
@@ -465,15 +474,17 @@ impl Core {
                 let rec = set.switch.take();
                 self.sw.stats_mut().switches += 1;
                 self.sw.stats_mut().completed += 1;
-                let (from, to, first) = rec.map_or((ChannelId(0), None, now), |r| {
-                    (r.from, r.to, r.first_cell.unwrap_or(now))
-                });
+                let (from, to, first, last_old) = rec
+                    .map_or((ChannelId(0), None, now, None), |r| {
+                        (r.from, r.to, r.first_cell.unwrap_or(now), r.last_old)
+                    });
                 self.sw.push_record(SwitchRecord {
                     circ: home,
                     from,
                     to: to.or(self.first_chan(key)),
                     triggered: rec.map_or(triggered_at, |r| r.triggered),
                     ended: first,
+                    last_old,
                     outcome: SwitchOutcome::Switched,
                     mode: SwitchMode::Path,
                 });
@@ -529,6 +540,7 @@ impl Core {
             from: from.unwrap_or(ChannelId(0)),
             to: None,
             first_cell: None,
+            last_old: None,
         });
         let to_chan = self.first_chan(to);
         if let Some(rec) = self
@@ -601,6 +613,7 @@ impl Core {
                 to: r.to,
                 triggered: r.triggered,
                 ended: now,
+                last_old: None,
                 outcome: if timed_out {
                     SwitchOutcome::TimedOut
                 } else {
@@ -676,6 +689,7 @@ impl Core {
                     to: r.to,
                     triggered: r.triggered,
                     ended: now,
+                    last_old: None,
                     outcome: SwitchOutcome::Failed,
                     mode: SwitchMode::Path,
                 });

@@ -75,6 +75,8 @@ enum Spare {
 
 struct Mover {
     ms: MoverSwitch<Cell>,
+    /// When the circuit's last cell left on the old connection.
+    last_old: Option<Instant>,
     old: (ChannelId, CircId),
     new: (ChannelId, CircId),
 }
@@ -98,8 +100,8 @@ pub(super) struct SwitchState {
     /// Every endpoint of a circuit in a switch.
     pub(super) ends: HashMap<(ChannelId, CircId), (CircKey, End)>,
     /// Moved circuits whose first cell on the new connection has not left yet:
-    /// (trigger time, old channel, new channel).
-    pub(super) first_cell: LocalMap<CircKey, (Instant, ChannelId, ChannelId)>,
+    /// (trigger time, old channel, new channel, last cell on the old one).
+    pub(super) first_cell: LocalMap<CircKey, (Instant, ChannelId, ChannelId, Option<Instant>)>,
     /// The next switch number per circuit (both roles).
     seq: LocalMap<CircKey, u32>,
     stats: SwitchStats,
@@ -125,9 +127,19 @@ impl SwitchState {
         }
     }
 
+    /// Whether `cell_left` has anything to track.
+    pub(super) fn tracking(&self) -> bool {
+        !self.first_cell.is_empty() || !self.movers.is_empty()
+    }
+
     /// Called by `poll_transmit` for a cell of `key` leaving on `chan`: the switch-time figure.
     pub(super) fn cell_left(&mut self, key: CircKey, chan: ChannelId, now: Instant) {
-        if let Some(&(triggered, from, to)) = self.first_cell.get(&key) {
+        if let Some(m) = self.movers.get_mut(&key) {
+            if m.old.0 == chan {
+                m.last_old = Some(now);
+            }
+        }
+        if let Some(&(triggered, from, to, last_old)) = self.first_cell.get(&key) {
             if to == chan {
                 self.first_cell.remove(&key);
                 self.stats.switches += 1;
@@ -137,6 +149,7 @@ impl SwitchState {
                     to: Some(to),
                     triggered,
                     ended: now,
+                    last_old,
                     outcome: SwitchOutcome::Switched,
                     mode: SwitchMode::Connection,
                 });
@@ -347,6 +360,7 @@ impl Core {
                     to: None,
                     triggered,
                     ended: now,
+                    last_old: None,
                     outcome: SwitchOutcome::Failed,
                     mode: SwitchMode::Connection,
                 });
@@ -396,6 +410,7 @@ impl Core {
             key,
             Mover {
                 ms,
+                last_old: None,
                 old: (c1, x),
                 new: (c2, y),
             },
@@ -603,9 +618,12 @@ impl Core {
         };
         let (old, new) = (m.old, m.new);
         let triggered = m.ms.triggered_at();
+        let last_old = m.last_old;
         self.send_marker(old.0, old.1, marker);
         self.rebind(key, Side::Next, new, now);
-        self.sw.first_cell.insert(key, (triggered, old.0, new.0));
+        self.sw
+            .first_cell
+            .insert(key, (triggered, old.0, new.0, last_old));
         info!(
             ?key,
             seq = marker.seq,
@@ -850,6 +868,7 @@ impl Core {
             to: Some(m.new.0),
             triggered: m.ms.triggered_at(),
             ended: now,
+            last_old: None,
             outcome,
             mode: SwitchMode::Connection,
         });

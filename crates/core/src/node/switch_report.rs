@@ -169,6 +169,11 @@ pub struct SwitchRecord {
     pub triggered: Instant,
     /// When it ended (for `Switched`: its first cell left on the new connection).
     pub ended: Instant,
+    /// For `Switched`: when the circuit's last cell before the switch left on the old
+    /// connection (leg). `ended − last_old` is the paper's switch time ("from sending the last
+    /// cell on the old circuit path up to when the first cell is sent to the new circuit");
+    /// `ended − triggered` adds the wait from the congestion report to the cut-over.
+    pub last_old: Option<Instant>,
     /// How.
     pub outcome: SwitchOutcome,
     /// Which variant: connection (`circ` moved to connection `to`) or path (the client moved

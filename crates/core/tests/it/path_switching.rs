@@ -403,6 +403,11 @@ fn upload_moves_to_the_spare_and_the_exit_restores_order() {
     );
     assert_eq!(rec.circ, a);
     assert!(rec.ended >= rec.triggered);
+    let last_old = rec.last_old.expect("cells went on A before the switch");
+    assert!(
+        last_old <= rec.triggered && last_old <= rec.ended,
+        "{rec:?}"
+    );
     assert!(
         rec.ended - rec.triggered < Duration::from_millis(50),
         "{rec:?}"

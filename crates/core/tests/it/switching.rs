@@ -410,6 +410,12 @@ fn switch_during_transfer_delivers_every_byte_once_in_order() {
     assert_eq!(rec.outcome, SwitchOutcome::Switched);
     assert_eq!(rec.from, c1);
     assert!(rec.ended > rec.triggered);
+    // The paper's switch time: the circuit's last cell on C1 to its first on C2.
+    let last_old = rec.last_old.expect("cells left on C1 during the switch");
+    assert!(
+        last_old >= rec.triggered && last_old <= rec.ended,
+        "{rec:?}"
+    );
     // The moved circuit's cells really went on the switch connection, both ways.
     let sw: Vec<&Link> = net
         .links
