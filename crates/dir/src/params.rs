@@ -51,6 +51,7 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
     SWITCH_SAMPLE_INTERVAL_MSEC,
     SWITCH_BUFFER_BYTES,
     SWITCH_TIMEOUT_MSEC,
+    SWITCH_MIN_SHARE_MILLI,
     // The DoS defences (crate::dos_params).
     dos::DOS_CC_ENABLED,
     dos::DOS_CC_MIN_CONNECTIONS,
@@ -175,6 +176,18 @@ pub const SWITCH_TIMEOUT_MSEC: ParamSpec = ParamSpec {
     max: 120_000,
 };
 
+/// The share of a congested connection's load, in thousandths, a circuit must be able to account
+/// for before an entry moves it (connection mode) or warns its client (path mode): its EWMA cell
+/// count plus queued cells against the detector's occupancy estimate in cells plus every queued
+/// cell (default 250: a quarter; 0 = always move the heaviest, as the paper does). Why:
+/// `chive_core::switching::circuit_to_move`.
+pub const SWITCH_MIN_SHARE_MILLI: ParamSpec = ParamSpec {
+    name: "SwitchMinShareMilli",
+    default: 250,
+    min: 0,
+    max: 1000,
+};
+
 /// The `CircuitSwitching` setting: which of paper 003's two mechanisms a node uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum SwitchingMode {
@@ -238,6 +251,8 @@ pub struct SwitchingParams {
     pub buffer_bytes: u32,
     /// Acknowledgement timeout in milliseconds.
     pub timeout_ms: u32,
+    /// The least share of a congested connection's load a moved circuit carries, thousandths.
+    pub min_share_milli: u32,
 }
 
 /// Network parameters: name to integer. Unknown names are kept and passed on (a newer
@@ -333,7 +348,7 @@ impl NetParams {
     }
 
     /// The circuit-switching parameters (defaults: off, γ 0.7, α 0.1, β 0.5, 100 ms, 32 KB,
-    /// 2 s). α above β is read as β, so the "no action" band is never inverted.
+    /// 2 s, share 0.25). α above β is read as β, so the "no action" band is never inverted.
     pub fn switching(&self) -> SwitchingParams {
         // Every spec's range lies within 0..=i32::MAX, so the conversions cannot fail.
         let get = |spec: &ParamSpec| u32::try_from(self.get_spec(spec)).unwrap_or(0);
@@ -346,6 +361,7 @@ impl NetParams {
             sample_interval_ms: get(&SWITCH_SAMPLE_INTERVAL_MSEC),
             buffer_bytes: get(&SWITCH_BUFFER_BYTES),
             timeout_ms: get(&SWITCH_TIMEOUT_MSEC),
+            min_share_milli: get(&SWITCH_MIN_SHARE_MILLI),
         }
     }
 
@@ -445,6 +461,7 @@ mod tests {
                 sample_interval_ms: 100,
                 buffer_bytes: 32_768,
                 timeout_ms: 2_000,
+                min_share_milli: 250,
             }
         );
         let p = params(&[
@@ -455,6 +472,7 @@ mod tests {
             ("SwitchSampleIntervalMsec", 1),
             ("SwitchBufferBytes", 1 << 40),
             ("SwitchTimeoutMsec", 0),
+            ("SwitchMinShareMilli", 1001),
         ]);
         let s = p.switching();
         assert_eq!(s.mode, SwitchingMode::Path);
@@ -464,6 +482,7 @@ mod tests {
         assert_eq!(s.sample_interval_ms, 10);
         assert_eq!(s.buffer_bytes, 16 << 20);
         assert_eq!(s.timeout_ms, 100);
+        assert_eq!(s.min_share_milli, 1000);
         assert_eq!(
             params(&[("CircuitSwitching", 9)]).switching().mode,
             SwitchingMode::Path

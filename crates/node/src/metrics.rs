@@ -203,10 +203,15 @@ impl Metrics {
     /// A switch this relay started ended: one `switch` record (docs/metrics.md).
     pub fn switch_record(&mut self, r: &chive_core::SwitchRecord) {
         let secs = r.ended.duration_since(r.triggered).as_secs_f64();
+        // The paper's switch time: last cell on the old connection or leg to the first on the new.
+        let gap = r.last_old.map_or_else(
+            || "null".to_string(),
+            |l| format!("{:.6}", r.ended.duration_since(l).as_secs_f64()),
+        );
         if let Some(f) = self.file.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"type\":\"switch\",\"t\":{:.6},\"mode\":\"{}\",\"circ\":{},\"from\":{},\"to\":{},\"outcome\":\"{}\",\"triggered\":{:.6},\"switch_time_s\":{secs:.6}}}",
+                "{{\"type\":\"switch\",\"t\":{:.6},\"mode\":\"{}\",\"circ\":{},\"from\":{},\"to\":{},\"outcome\":\"{}\",\"triggered\":{:.6},\"switch_time_s\":{secs:.6},\"gap_s\":{gap}}}",
                 self.clock.unix(r.ended),
                 r.mode.label(),
                 r.circ.0,
@@ -576,6 +581,11 @@ pub fn render(snap: &Snapshot) -> String {
             "chive_switch_congested_received_total",
             "Path variant, client: CONGESTED messages received (acted on or not).",
             sw.congested_received,
+        ),
+        (
+            "chive_switch_congested_ignored_total",
+            "Path variant, client: CONGESTED not acted on (the other leg was congested lately).",
+            sw.congested_ignored,
         ),
         (
             "chive_switch_path_out_of_order_total",

@@ -154,6 +154,9 @@ Config file options (TOML):
   SwitchBufferBytes = 32768        the buffer α and β are fractions of (1024..16777216)
   SwitchTimeoutMsec = 2000         wait for SWITCH_ACK this long, then stay (100..120000); path
                                    mode: the client's wait for SWITCH_CONFIRM (consensus value)
+  SwitchMinShare = 0.25            move (or, path mode, warn the client of) a circuit only if its
+                                   EWMA count plus queued cells is at least this share of the
+                                   congested connection's load (0..1; 0 = always the heaviest)
                                    (each Switch option defaults to its consensus parameter;
                                    all are read at start only)
   PublishInterval = 30             seconds between descriptor uploads
@@ -280,6 +283,8 @@ pub struct RelayConfig {
     pub switch_buffer_bytes: Option<u32>,
     #[serde(rename = "SwitchTimeoutMsec", default)]
     pub switch_timeout_msec: Option<u32>,
+    #[serde(rename = "SwitchMinShare", default)]
+    pub switch_min_share: Option<f64>,
 }
 
 fn default_exit_policy() -> Vec<String> {
@@ -466,6 +471,12 @@ impl RelayConfig {
                 bail!("{name} must be between 0 and 1 (a fraction of SwitchBufferBytes)");
             }
         }
+        if self
+            .switch_min_share
+            .is_some_and(|v| !(0.0..=1.0).contains(&v))
+        {
+            bail!("SwitchMinShare must be between 0 and 1");
+        }
         if let (Some(a), Some(b)) = (self.switch_alpha, self.switch_beta) {
             if a > b {
                 bail!("SwitchAlpha ({a}) must not exceed SwitchBeta ({b})");
@@ -498,6 +509,7 @@ impl RelayConfig {
                 16_777_216,
             )?,
             timeout_ms: ranged("SwitchTimeoutMsec", self.switch_timeout_msec, 100, 120_000)?,
+            min_share: self.switch_min_share,
         })
     }
 
@@ -852,6 +864,13 @@ mod tests {
         assert_eq!(o.mode, Some(chive_dir::SwitchingMode::Connection));
         assert_eq!((o.alpha, o.beta), (Some(0.05), Some(0.1)));
         assert_eq!(
+            config("SwitchMinShare = 0.1")
+                .switch_options()
+                .unwrap()
+                .min_share,
+            Some(0.1)
+        );
+        assert_eq!(
             config("").switch_options().unwrap().mode,
             None,
             "consensus decides"
@@ -864,6 +883,8 @@ mod tests {
             ("SwitchSampleIntervalMsec = 5", "SwitchSampleIntervalMsec"),
             ("SwitchBufferBytes = 10", "SwitchBufferBytes"),
             ("SwitchTimeoutMsec = 50", "SwitchTimeoutMsec"),
+            ("SwitchMinShare = 1.5", "SwitchMinShare"),
+            ("SwitchMinShare = -0.1", "SwitchMinShare"),
         ] {
             let err = config(bad).validate().expect_err(bad);
             assert!(format!("{err:#}").contains(name), "{bad}: {err:#}");

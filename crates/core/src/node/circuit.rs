@@ -82,6 +82,13 @@ impl Circuit {
             Side::Next => &mut self.q_next,
         }
     }
+    /// Cells queued toward `side`.
+    pub(super) fn queue_len(&self, side: Side) -> usize {
+        match side {
+            Side::Prev => self.q_prev.len(),
+            Side::Next => self.q_next.len(),
+        }
+    }
     pub(super) fn endpoint(&self, side: Side) -> Option<(ChannelId, CircId)> {
         match side {
             Side::Prev => self.prev,

@@ -12,8 +12,13 @@
 //!   come on any leg and apply to the home's streams, circuit-level flow control stays per leg.
 //! - Exit: LINK with a new nonce makes a set whose home is that circuit; later LINKs with the
 //!   nonce add legs. Multiplexed cells from any leg pass the [`PathReceiver`] and are acted on
-//!   in order as the home's; CONFLUX_SWITCH gets a SWITCH_CONFIRM. The download direction is
-//!   not sequenced: the exit sends on its home leg only.
+//!   in order as the home's; CONFLUX_SWITCH gets a SWITCH_CONFIRM on its leg, which the
+//!   client acknowledges (the same message back) once its switch completes. The download
+//!   direction is not sequenced: the exit sends on its home leg only, but for stream-level flow
+//!   control, which both ends send on their *control leg* (the last leg whose switch is final
+//!   at both ends; `Core::path_stream_control_leg`).
+//! - Client: a CONGESTED leg, or one a switch onto timed out, is avoided for
+//!   `SwitchSettings::leg_avoid`: the client does not switch back onto it before.
 //! - Entry: [`Core::congested`] in path mode sends CONGESTED (from hop 1) on the heaviest
 //!   circuit whose previous hop is a client (`path_congested`).
 
@@ -35,6 +40,8 @@ use crate::{ChannelId, CircKey};
 
 use super::circuit::Role;
 use super::event::CoreError;
+#[cfg(doc)]
+use super::switch_report::SwitchSettings;
 use super::switch_report::{SwitchMode, SwitchOutcome, SwitchRecord};
 use super::Core;
 
@@ -84,6 +91,28 @@ struct ClientSet {
     switch: Option<PendingRecord>,
     /// BEGIN / END cells that could not go while the sender was blocked, in order.
     deferred: VecDeque<Msg>,
+    /// When the last multiplexed cell was sent (on any leg).
+    last_sent: Option<Instant>,
+    /// The leg the client's stream-level flow control goes on: the last leg a switch onto
+    /// was confirmed (home at first). Not the pending leg: a switch that falls back would
+    /// lose what went on it.
+    control: CircKey,
+    /// Legs not to switch onto before the given time (their entry reported congestion, or a
+    /// switch onto them timed out): see [`SwitchSettings::leg_avoid`].
+    avoid: Vec<(CircKey, Instant)>,
+}
+
+impl ClientSet {
+    fn avoid(&mut self, leg: CircKey, until: Instant, now: Instant) {
+        self.avoid.retain(|(l, u)| *l != leg && *u > now);
+        self.avoid.push((leg, until));
+    }
+
+    fn avoided(&self, leg: CircKey, now: Instant) -> bool {
+        self.avoid
+            .iter()
+            .any(|(l, until)| *l == leg && *until > now)
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -92,10 +121,19 @@ struct PendingRecord {
     from: ChannelId,
     to: Option<ChannelId>,
     first_cell: Option<Instant>,
+    /// When the last cell before the switch went on the old leg.
+    last_old: Option<Instant>,
 }
 
 struct ExitSet {
     home: CircKey,
+    /// Where stream-level flow control for the home's streams goes back, and the switch
+    /// number that put it there: the last leg whose SWITCH_CONFIRM the client acknowledged
+    /// (home at first). Only an acknowledged leg: the client may still fall back from a leg
+    /// whose confirmation it has not seen, and what went back on that leg would be lost.
+    control: (CircKey, u64),
+    /// Confirmations sent and not yet acknowledged, per leg (the latest).
+    unacked: Vec<(CircKey, u64)>,
     legs: Vec<CircKey>,
     recv: PathReceiver<Msg>,
 }
@@ -157,6 +195,9 @@ impl Core {
                 linking: None,
                 switch: None,
                 deferred: VecDeque::new(),
+                last_sent: None,
+                control: circ,
+                avoid: Vec::new(),
             },
         );
         self.send_link(circ, nonce, now);
@@ -262,9 +303,13 @@ impl Core {
         };
         match set.sender.send(now, &msg) {
             Ok(out) => {
+                let last_sent = set.last_sent.replace(now);
                 if let Some(sw) = out.switch {
                     if let Some(rec) = set.switch.as_mut() {
-                        rec.first_cell.get_or_insert(now);
+                        if rec.first_cell.is_none() {
+                            rec.first_cell = Some(now);
+                            rec.last_old = last_sent;
+                        }
                     }
                     let body = ConfluxSwitch {
                         relative_seq: sw.relative_seq,
@@ -429,19 +474,27 @@ impl Core {
                 let rec = set.switch.take();
                 self.sw.stats_mut().switches += 1;
                 self.sw.stats_mut().completed += 1;
-                let (from, to, first) = rec.map_or((ChannelId(0), None, now), |r| {
-                    (r.from, r.to, r.first_cell.unwrap_or(now))
-                });
+                let (from, to, first, last_old) = rec
+                    .map_or((ChannelId(0), None, now, None), |r| {
+                        (r.from, r.to, r.first_cell.unwrap_or(now), r.last_old)
+                    });
                 self.sw.push_record(SwitchRecord {
                     circ: home,
                     from,
                     to: to.or(self.first_chan(key)),
                     triggered: rec.map_or(triggered_at, |r| r.triggered),
                     ended: first,
+                    last_old,
                     outcome: SwitchOutcome::Switched,
                     mode: SwitchMode::Path,
                 });
                 debug!(?home, leg = ?key, "path switch confirmed");
+                if let Some(set) = self.path.client.get_mut(&home) {
+                    set.control = key;
+                }
+                // Tell the exit this leg is final: its stream-level flow control may come here.
+                let body = SwitchConfirm { seq }.encode();
+                self.send_to_exit(key, RelayCommand::SWITCH_CONFIRM, 0, &body, now);
                 self.path_resume(home, now);
             }
             Ok(ConfirmOutcome::Stale) => {}
@@ -467,11 +520,17 @@ impl Core {
             debug!(?key, "CONGESTED before the spare is linked: ignored");
             return;
         };
+        set.avoid(key, now + self.sw.settings().leg_avoid, now);
         if current != key {
             // Not on this leg any more (or not yet): nothing to move.
             return;
         }
         let to = if key == home { spare } else { home };
+        if set.avoided(to, now) {
+            debug!(?home, from = ?key, ?to, "both legs congested lately: staying");
+            self.sw.stats_mut().congested_ignored += 1;
+            return;
+        }
         if set.sender.switch_to(to, now).is_err() {
             // A switch waits for its confirmation: one at a time.
             return;
@@ -481,6 +540,7 @@ impl Core {
             from: from.unwrap_or(ChannelId(0)),
             to: None,
             first_cell: None,
+            last_old: None,
         });
         let to_chan = self.first_chan(to);
         if let Some(rec) = self
@@ -553,6 +613,7 @@ impl Core {
                 to: r.to,
                 triggered: r.triggered,
                 ended: now,
+                last_old: None,
                 outcome: if timed_out {
                     SwitchOutcome::TimedOut
                 } else {
@@ -567,6 +628,12 @@ impl Core {
                 cells,
                 abandoned,
             } => {
+                if timed_out {
+                    let until = now + self.sw.settings().leg_avoid;
+                    if let Some(set) = self.path.client.get_mut(&home) {
+                        set.avoid(abandoned, until, now);
+                    }
+                }
                 warn!(
                     ?home,
                     ?abandoned,
@@ -588,6 +655,9 @@ impl Core {
                 if let Some(set) = self.path.client.get_mut(&home) {
                     if set.spare == Some(abandoned) {
                         set.spare = None;
+                    }
+                    if set.control == abandoned {
+                        set.control = set.sender.current().unwrap_or(home);
                     }
                 }
                 if abandoned != home && self.circuits.contains_key(&abandoned) {
@@ -619,6 +689,7 @@ impl Core {
                     to: r.to,
                     triggered: r.triggered,
                     ended: now,
+                    last_old: None,
                     outcome: SwitchOutcome::Failed,
                     mode: SwitchMode::Path,
                 });
@@ -645,6 +716,9 @@ impl Core {
             if set.spare == Some(key) {
                 set.spare = None;
             }
+            if set.control == key {
+                set.control = home;
+            }
             if let Some(fb) = set.sender.leg_closed(key) {
                 self.path_fallback(home, fb, false, now);
             }
@@ -659,6 +733,10 @@ impl Core {
             } else {
                 set.legs.retain(|l| *l != key);
                 set.recv.leg_closed(key);
+                set.unacked.retain(|(l, _)| *l != key);
+                if set.control.0 == key {
+                    set.control.0 = set.home;
+                }
             }
         }
     }
@@ -730,14 +808,54 @@ impl Core {
                     .get_mut(&id)
                     .and_then(|s| s.recv.poll_confirm())
                 {
+                    if let Some(set) = self.path.exit.get_mut(&id) {
+                        set.unacked.retain(|(l, _)| *l != leg);
+                        set.unacked.push((leg, seq));
+                    }
                     let body = SwitchConfirm { seq }.encode();
                     self.send_relay_backward(leg, RelayCommand::SWITCH_CONFIRM, 0, &body, now);
                 }
             }
+            RelayCommand::SWITCH_CONFIRM => self.path_exit_on_ack(key, data, now),
             other => {
                 self.sw.stats_mut().violations += 1;
                 self.kill(key, &format!("{other} from the client's side"), now)
             }
+        }
+    }
+
+    /// Exit: the client acknowledges our SWITCH_CONFIRM on leg `key` (it echoes the number):
+    /// it will not fall back from `key` any more, so stream-level flow control may go there.
+    /// An acknowledgement of nothing we sent on that leg closes the set.
+    fn path_exit_on_ack(&mut self, key: CircKey, data: &[u8], now: Instant) {
+        let Some(&id) = self.path.exit_leg.get(&key) else {
+            self.sw.stats_mut().violations += 1;
+            return self.kill(key, "SWITCH_CONFIRM on a circuit that is not linked", now);
+        };
+        let seq = match SwitchConfirm::decode(data) {
+            Ok(c) => c.seq,
+            Err(e) => {
+                return self.path_exit_dissolve(
+                    id,
+                    Some(&format!("malformed SWITCH_CONFIRM acknowledgement: {e}")),
+                    now,
+                )
+            }
+        };
+        let Some(set) = self.path.exit.get_mut(&id) else {
+            return;
+        };
+        let Some(i) = set.unacked.iter().position(|&u| u == (key, seq)) else {
+            return self.path_exit_dissolve(
+                id,
+                Some("SWITCH_CONFIRM acknowledges no confirmation sent on that leg"),
+                now,
+            );
+        };
+        set.unacked.swap_remove(i);
+        // Acknowledgements of two legs may cross: the later switch wins.
+        if seq >= set.control.1 {
+            set.control = (key, seq);
         }
     }
 
@@ -789,6 +907,8 @@ impl Core {
                     id,
                     ExitSet {
                         home: key,
+                        control: (key, 0),
+                        unacked: Vec::new(),
                         legs: vec![key],
                         recv: PathReceiver::new(key, limits),
                     },
@@ -810,6 +930,34 @@ impl Core {
         }
         .encode();
         self.send_relay_backward(key, RelayCommand::CONFLUX_LINKED, 0, &body, now);
+    }
+
+    /// The leg stream-level flow control (stream SENDME, XON, XOFF) of `home`'s streams goes on:
+    /// the leg the data moved to, once the switch onto it is final at both ends (client: the
+    /// last leg whose switch the exit confirmed; exit: the last leg whose confirmation the
+    /// client acknowledged). Those cells are not sequenced (either end applies them to the
+    /// home's streams whichever leg brings them); on the home they would wait behind the
+    /// congested entry the data just left, and the sender's stream window with them; on a
+    /// leg not yet final they would be lost if the switch fell back. `home` outside a set.
+    pub(super) fn path_stream_control_leg(&self, home: CircKey) -> CircKey {
+        let leg = if let Some(set) = self.path.client.get(&home) {
+            set.control
+        } else {
+            match self
+                .path
+                .exit_leg
+                .get(&home)
+                .and_then(|id| self.path.exit.get(id))
+            {
+                Some(set) if set.home == home => set.control.0,
+                _ => home,
+            }
+        };
+        if self.circuits.contains_key(&leg) {
+            leg
+        } else {
+            home
+        }
     }
 
     /// Exit: whether `key` is a leg of a linked set (its multiplexed cells are sequenced).
@@ -863,8 +1011,13 @@ impl Core {
 
     /// Entry, path mode: the detector found `chan` congested. Send CONGESTED to the client of
     /// the heaviest circuit on it this relay is the entry of.
-    pub(super) fn path_congested(&mut self, chan: ChannelId, now: Instant) -> Option<CircKey> {
-        let key = self.heaviest_entry_circuit(chan, now, |_| false)?;
+    pub(super) fn path_congested(
+        &mut self,
+        chan: ChannelId,
+        occupancy_bytes: f64,
+        now: Instant,
+    ) -> Option<CircKey> {
+        let key = self.heaviest_entry_circuit(chan, occupancy_bytes, now, |_| false)?;
         let body = Congested {
             reason: CongestionReason::OVERFULL,
         }

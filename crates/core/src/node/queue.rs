@@ -202,7 +202,7 @@ impl Core {
             if super::switch::counted(cell.command) {
                 circ.sw.sent[usize::from(side == Side::Next)] += 1;
             }
-            if !self.sw.first_cell.is_empty() {
+            if self.sw.tracking() {
                 self.sw.cell_left(key, chan, now);
             }
             if let Some(queued) = sampled {

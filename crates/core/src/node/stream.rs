@@ -437,6 +437,16 @@ impl Core {
         if super::path::multiplexed(cmd) && self.path_route(key, cmd, sid, body, now) {
             return;
         }
+        // A linked set's stream-level flow control goes on the leg the data moved to.
+        let key = if sid != 0
+            && matches!(
+                cmd,
+                RelayCommand::SENDME | RelayCommand::XON | RelayCommand::XOFF
+            ) {
+            self.path_stream_control_leg(key)
+        } else {
+            key
+        };
         let Some(circ) = self.circuits.get(&key) else {
             return;
         };

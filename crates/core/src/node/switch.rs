@@ -75,6 +75,8 @@ enum Spare {
 
 struct Mover {
     ms: MoverSwitch<Cell>,
+    /// When the circuit's last cell left on the old connection.
+    last_old: Option<Instant>,
     old: (ChannelId, CircId),
     new: (ChannelId, CircId),
 }
@@ -98,8 +100,8 @@ pub(super) struct SwitchState {
     /// Every endpoint of a circuit in a switch.
     pub(super) ends: HashMap<(ChannelId, CircId), (CircKey, End)>,
     /// Moved circuits whose first cell on the new connection has not left yet:
-    /// (trigger time, old channel, new channel).
-    pub(super) first_cell: LocalMap<CircKey, (Instant, ChannelId, ChannelId)>,
+    /// (trigger time, old channel, new channel, last cell on the old one).
+    pub(super) first_cell: LocalMap<CircKey, (Instant, ChannelId, ChannelId, Option<Instant>)>,
     /// The next switch number per circuit (both roles).
     seq: LocalMap<CircKey, u32>,
     stats: SwitchStats,
@@ -125,9 +127,19 @@ impl SwitchState {
         }
     }
 
+    /// Whether `cell_left` has anything to track.
+    pub(super) fn tracking(&self) -> bool {
+        !self.first_cell.is_empty() || !self.movers.is_empty()
+    }
+
     /// Called by `poll_transmit` for a cell of `key` leaving on `chan`: the switch-time figure.
     pub(super) fn cell_left(&mut self, key: CircKey, chan: ChannelId, now: Instant) {
-        if let Some(&(triggered, from, to)) = self.first_cell.get(&key) {
+        if let Some(m) = self.movers.get_mut(&key) {
+            if m.old.0 == chan {
+                m.last_old = Some(now);
+            }
+        }
+        if let Some(&(triggered, from, to, last_old)) = self.first_cell.get(&key) {
             if to == chan {
                 self.first_cell.remove(&key);
                 self.stats.switches += 1;
@@ -137,6 +149,7 @@ impl SwitchState {
                     to: Some(to),
                     triggered,
                     ended: now,
+                    last_old,
                     outcome: SwitchOutcome::Switched,
                     mode: SwitchMode::Connection,
                 });
@@ -187,31 +200,56 @@ impl Core {
                 .any(|(&id, key)| self.is_entry_circuit(*key, chan, id))
     }
 
-    /// The circuit on `chan` this relay is the entry of with the highest EWMA count (cells sent
-    /// when the scheduler keeps none), `skip` left out; ties go to the lowest key. The circuit
-    /// that both switching modes act on: connection mode moves it, path mode warns its client.
+    /// The circuit on `chan` this relay is the entry of to move (connection mode) or whose
+    /// client to warn (path mode), `skip` left out: the one with the highest weight (EWMA
+    /// count, or cells sent when the scheduler keeps none, plus its queued cells for `chan`),
+    /// if that weight is at least the `min_share` setting of the connection's load
+    /// (`occupancy_bytes`, the detector's estimate, in cells, plus every circuit's queued cells
+    /// for `chan`). See [`crate::switching::circuit_to_move`] for why.
     pub(super) fn heaviest_entry_circuit(
         &self,
         chan: ChannelId,
+        occupancy_bytes: f64,
         now: Instant,
         skip: impl Fn(CircKey) -> bool,
     ) -> Option<CircKey> {
         let ch = self.channels.get(&chan)?;
-        let mut best: Option<(CircKey, f64)> = None;
+        let mut load = occupancy_bytes.max(0.0) / chive_cell::CELL_LEN as f64;
+        let mut candidates = Vec::new();
         for (&id, &key) in &ch.circ_ids {
-            if !self.is_entry_circuit(key, chan, id) || skip(key) {
+            let Some(circ) = self.circuits.get(&key) else {
+                continue;
+            };
+            let side = if circ.next == Some((chan, id)) {
+                Side::Next
+            } else {
+                Side::Prev
+            };
+            let queued = circ.queue_len(side) as f64;
+            load += queued;
+            if side != Side::Next || !self.is_entry_circuit(key, chan, id) || skip(key) {
                 continue;
             }
             let count = ch
                 .sched
                 .ewma_count(queue_id(key, Side::Next), now)
-                .unwrap_or_else(|| self.circuits.get(&key).map_or(0, |c| c.cells_sent) as f64);
-            best = match best {
-                Some((b, w)) if w > count || (w == count && b < key) => Some((b, w)),
-                _ => Some((key, count)),
-            };
+                .unwrap_or(circ.cells_sent as f64);
+            candidates.push((key, count + queued));
         }
-        best.map(|(key, _)| key)
+        let key = crate::switching::circuit_to_move(
+            candidates.iter().copied(),
+            load,
+            self.sw.settings.min_share(),
+        );
+        if key.is_none() && !candidates.is_empty() {
+            debug!(
+                ?chan,
+                load_cells = load,
+                heaviest = candidates.iter().map(|c| c.1).fold(0.0, f64::max),
+                "connection congested, but no circuit carries a share worth moving"
+            );
+        }
+        key
     }
 
     pub(super) fn is_entry_circuit(&self, key: CircKey, chan: ChannelId, id: CircId) -> bool {
@@ -226,13 +264,19 @@ impl Core {
                 .is_some_and(|c| c.peer.is_none())
     }
 
-    /// The driver's detector found `chan` congested: move the heaviest circuit this node is the
-    /// entry of (highest EWMA count) to the switch connection to the same peer. Returns the
-    /// circuit chosen, or None (mode not `connection`, a switch connection, fewer than two
-    /// circuits on the connection, no entry circuit, or too many switches pending to the peer).
-    pub fn congested(&mut self, chan: ChannelId, now: Instant) -> Option<CircKey> {
+    /// The driver's detector found `chan` congested, holding `occupancy_bytes` (its estimate
+    /// B_t): move the heaviest circuit this node is the entry of (highest EWMA count) to the
+    /// switch connection to the same peer. Returns the circuit chosen, or None (mode not
+    /// `connection`, a switch connection, fewer than two circuits on the connection, no entry
+    /// circuit carrying a `min_share` of the load, or too many switches pending to the peer).
+    pub fn congested(
+        &mut self,
+        chan: ChannelId,
+        occupancy_bytes: f64,
+        now: Instant,
+    ) -> Option<CircKey> {
         if self.sw.settings.mode == SwitchMode::Path && !self.is_switch_channel(chan) {
-            return self.path_congested(chan, now);
+            return self.path_congested(chan, occupancy_bytes, now);
         }
         if self.sw.settings.mode != SwitchMode::Connection || self.is_switch_channel(chan) {
             return None;
@@ -243,7 +287,9 @@ impl Core {
         if ch.circ_ids.len() < 2 {
             return None;
         }
-        let key = self.heaviest_entry_circuit(chan, now, |k| self.sw.movers.contains_key(&k))?;
+        let key = self.heaviest_entry_circuit(chan, occupancy_bytes, now, |k| {
+            self.sw.movers.contains_key(&k)
+        })?;
         let pending = self
             .sw
             .movers
@@ -315,6 +361,7 @@ impl Core {
                     to: None,
                     triggered,
                     ended: now,
+                    last_old: None,
                     outcome: SwitchOutcome::Failed,
                     mode: SwitchMode::Connection,
                 });
@@ -364,6 +411,7 @@ impl Core {
             key,
             Mover {
                 ms,
+                last_old: None,
                 old: (c1, x),
                 new: (c2, y),
             },
@@ -571,9 +619,12 @@ impl Core {
         };
         let (old, new) = (m.old, m.new);
         let triggered = m.ms.triggered_at();
+        let last_old = m.last_old;
         self.send_marker(old.0, old.1, marker);
         self.rebind(key, Side::Next, new, now);
-        self.sw.first_cell.insert(key, (triggered, old.0, new.0));
+        self.sw
+            .first_cell
+            .insert(key, (triggered, old.0, new.0, last_old));
         info!(
             ?key,
             seq = marker.seq,
@@ -818,6 +869,7 @@ impl Core {
             to: Some(m.new.0),
             triggered: m.ms.triggered_at(),
             ended: now,
+            last_old: None,
             outcome,
             mode: SwitchMode::Connection,
         });

@@ -58,6 +58,24 @@ pub struct SwitchSettings {
     pub mode: SwitchMode,
     /// How long the mover waits for SWITCH_ACK (`SwitchTimeoutMsec`).
     pub timeout: Duration,
+    /// The share of a congested connection's load, in thousandths, a circuit's weight must
+    /// reach to be moved (`SwitchMinShareMilli`; see
+    /// [`crate::switching::circuit_to_move`]).
+    pub min_share_milli: u32,
+    /// Path variant, client: how long it does not switch onto a leg after that leg's entry
+    /// reported congestion or a switch onto it timed out (default 10 s). Moving onto a leg
+    /// whose entry is still full only queues the CONFLUX_SWITCH behind that backlog: in the
+    /// first full lab run 33 of 53 path switches went back onto the leg the client had left 3
+    /// to 12 s before and timed out, each re-sending up to 500 cells on the leg it fell back
+    /// to. Ten seconds covers those; a leg that drained is used again after it.
+    pub leg_avoid: Duration,
+}
+
+impl SwitchSettings {
+    /// `min_share_milli` as a fraction.
+    pub fn min_share(&self) -> f64 {
+        f64::from(self.min_share_milli.min(1000)) / 1000.0
+    }
 }
 
 impl Default for SwitchSettings {
@@ -65,6 +83,8 @@ impl Default for SwitchSettings {
         SwitchSettings {
             mode: SwitchMode::Off,
             timeout: Duration::from_millis(2000),
+            min_share_milli: 250,
+            leg_avoid: Duration::from_secs(10),
         }
     }
 }
@@ -99,6 +119,9 @@ pub struct SwitchStats {
     pub congested_sent: u64,
     /// Path variant, client: CONGESTED messages received (acted on or not).
     pub congested_received: u64,
+    /// Path variant, client: CONGESTED messages not acted on because the other leg was
+    /// congested lately too (its entry reported it, or a switch onto it timed out).
+    pub congested_ignored: u64,
     /// Path variant, exit: cells that arrived ahead of their turn and were buffered.
     pub path_out_of_order: u64,
     /// Path variant, exit: copies dropped (a number already delivered or buffered).
@@ -146,6 +169,11 @@ pub struct SwitchRecord {
     pub triggered: Instant,
     /// When it ended (for `Switched`: its first cell left on the new connection).
     pub ended: Instant,
+    /// For `Switched`: when the circuit's last cell before the switch left on the old
+    /// connection (leg). `ended − last_old` is the paper's switch time ("from sending the last
+    /// cell on the old circuit path up to when the first cell is sent to the new circuit");
+    /// `ended − triggered` adds the wait from the congestion report to the cut-over.
+    pub last_old: Option<Instant>,
     /// How.
     pub outcome: SwitchOutcome,
     /// Which variant: connection (`circ` moved to connection `to`) or path (the client moved

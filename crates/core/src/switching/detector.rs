@@ -304,30 +304,50 @@ impl CongestionDetector {
     }
 }
 
-/// The circuit to move off a congested connection: the one with the highest EWMA cell count
-/// (the paper's "bulk" circuit). `candidates` are (circuit, EWMA count) pairs for the circuits
-/// on the connection, as the channel's scheduler reports them (`CircuitScheduler::ewma_count`).
+/// The default [`circuit_to_move`] share: a circuit must be able to account for at least a
+/// quarter of what the congested connection holds (`SwitchMinShareMilli` 250).
+pub const DEFAULT_MIN_SHARE: f64 = 0.25;
+
+/// The circuit to move off a congested connection: the one with the highest weight (its EWMA
+/// cell count plus the cells it has queued for the connection: the paper's "bulk" circuit),
+/// provided that weight is at least `min_share` of `load_cells`, the connection's load (the
+/// detector's occupancy estimate in cells plus every circuit's queued cells for it).
 ///
-/// Returns `None` with fewer than two candidates (a lone circuit has nobody to be separated
-/// from: moving it would only add a connection) and ignores counts that are NaN. Ties go to the
-/// lowest `CircKey`, so the choice is deterministic.
-pub fn heaviest_circuit(candidates: impl IntoIterator<Item = (CircKey, f64)>) -> Option<CircKey> {
-    let mut count = 0usize;
+/// **Why the share test.** A circuit's EWMA count is (almost) an upper bound on the cells it
+/// has in the connection's buffer: every buffered byte was sent within the buffer's drain time
+/// (about a second at 1.5 Mbit/s), and the count decays by only 2^(-drain/half-life) over it
+/// (0.98 with Tor's 30 s half-life). So a circuit whose weight is below `min_share · load`
+/// cannot hold more than about that share of the queue, and moving it cannot relieve the
+/// connection by more: it costs a connection and a round trip for nothing. Without the test, a
+/// connection still full of bulk bytes just after the bulk circuits moved off made the entry
+/// move the remaining light circuits (5 and 7 cells) one per hold-off.
+///
+/// `candidates` are (circuit, weight) pairs of the circuits that may be moved. Weights that
+/// are NaN or not positive are ignored; ties go to the lowest `CircKey`, so the choice is
+/// deterministic. A `load_cells` of 0 (e.g. a refused write with nothing counted) leaves only
+/// the positive-weight test. Whether a lone circuit may be moved is the caller's rule.
+pub fn circuit_to_move(
+    candidates: impl IntoIterator<Item = (CircKey, f64)>,
+    load_cells: f64,
+    min_share: f64,
+) -> Option<CircKey> {
     let mut best: Option<(CircKey, f64)> = None;
-    for (circ, ewma) in candidates {
-        count += 1;
-        if ewma.is_nan() {
+    for (circ, weight) in candidates {
+        if weight.is_nan() || weight <= 0.0 {
             continue;
         }
         best = match best {
-            Some((b, w)) if w > ewma || (w == ewma && b < circ) => Some((b, w)),
-            _ => Some((circ, ewma)),
+            Some((b, w)) if w > weight || (w == weight && b < circ) => Some((b, w)),
+            _ => Some((circ, weight)),
         };
     }
-    if count < 2 {
-        return None;
-    }
-    best.map(|(c, _)| c)
+    let (circ, weight) = best?;
+    let need = if load_cells.is_finite() && load_cells > 0.0 {
+        min_share.clamp(0.0, 1.0) * load_cells
+    } else {
+        0.0
+    };
+    (weight >= need).then_some(circ)
 }
 
 #[cfg(test)]
@@ -528,37 +548,64 @@ mod tests {
             let count = sched.ewma_count(QueueId(q), t).expect("EWMA ranks");
             (CircKey(q), count)
         });
-        assert_eq!(heaviest_circuit(counts), Some(CircKey(1)));
+        assert_eq!(
+            circuit_to_move(counts, 50.0, DEFAULT_MIN_SHARE),
+            Some(CircKey(1))
+        );
     }
 
     #[test]
-    fn heaviest_circuit_picks_the_bulk_one() {
+    fn circuit_to_move_picks_the_bulk_one() {
         let c = CircKey;
+        let pick = |cands: &[(CircKey, f64)]| circuit_to_move(cands.iter().copied(), 0.0, 0.25);
         assert_eq!(
-            heaviest_circuit([(c(1), 3.0), (c(2), 900.5), (c(3), 12.0)]),
+            pick(&[(c(1), 3.0), (c(2), 900.5), (c(3), 12.0)]),
             Some(c(2))
         );
+        assert_eq!(pick(&[(c(7), 5.0), (c(4), 5.0)]), Some(c(4)), "tie");
+        assert_eq!(pick(&[(c(4), 5.0), (c(7), 5.0)]), Some(c(4)), "tie");
         assert_eq!(
-            heaviest_circuit([(c(7), 5.0), (c(4), 5.0)]),
-            Some(c(4)),
-            "tie"
+            pick(&[(c(1), 1e9)]),
+            Some(c(1)),
+            "a lone circuit is the caller's rule"
         );
+        assert_eq!(pick(&[]), None);
         assert_eq!(
-            heaviest_circuit([(c(4), 5.0), (c(7), 5.0)]),
-            Some(c(4)),
-            "tie"
-        );
-        assert_eq!(
-            heaviest_circuit([(c(1), 1e9)]),
-            None,
-            "alone: nothing to separate"
-        );
-        assert_eq!(heaviest_circuit(std::iter::empty()), None);
-        assert_eq!(
-            heaviest_circuit([(c(1), f64::NAN), (c(2), 0.5)]),
+            pick(&[(c(1), f64::NAN), (c(2), 0.5)]),
             Some(c(2)),
             "NaN ignored"
         );
-        assert_eq!(heaviest_circuit([(c(1), f64::NAN), (c(2), f64::NAN)]), None);
+        assert_eq!(pick(&[(c(1), f64::NAN), (c(2), f64::NAN)]), None);
+        assert_eq!(
+            pick(&[(c(1), 0.0), (c(2), -1.0)]),
+            None,
+            "nothing sent: nothing to move"
+        );
+    }
+
+    #[test]
+    fn circuit_to_move_leaves_light_circuits() {
+        let c = CircKey;
+        // 64 KB held (128 cells): a 7-cell circuit cannot be the cause of a quarter of it.
+        assert_eq!(
+            circuit_to_move([(c(1), 5.0), (c(2), 7.0)], 128.0, 0.25),
+            None
+        );
+        // The bulk circuit can, whatever the light ones weigh.
+        assert_eq!(
+            circuit_to_move([(c(1), 5.0), (c(2), 3900.0), (c(3), 7.0)], 128.0, 0.25),
+            Some(c(2))
+        );
+        // The threshold is inclusive, and the share is the option's.
+        assert_eq!(circuit_to_move([(c(1), 32.0)], 128.0, 0.25), Some(c(1)));
+        assert_eq!(circuit_to_move([(c(1), 31.9)], 128.0, 0.25), None);
+        assert_eq!(circuit_to_move([(c(1), 7.0)], 128.0, 0.05), Some(c(1)));
+        assert_eq!(
+            circuit_to_move([(c(1), 7.0)], 128.0, 0.0),
+            Some(c(1)),
+            "share 0: off"
+        );
+        // A load that is unknown (0, NaN) leaves only the positive-weight test.
+        assert_eq!(circuit_to_move([(c(1), 1.0)], f64::NAN, 0.25), Some(c(1)));
     }
 }

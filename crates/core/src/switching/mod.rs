@@ -23,8 +23,8 @@ pub use conn::{
     MAX_PENDING_PER_PEER,
 };
 pub use detector::{
-    heaviest_circuit, CongestionDetector, DetectorConfig, DetectorConfigError, Level, Occupancy,
-    Sample, Trigger, TriggerReason,
+    circuit_to_move, CongestionDetector, DetectorConfig, DetectorConfigError, Level, Occupancy,
+    Sample, Trigger, TriggerReason, DEFAULT_MIN_SHARE,
 };
 pub use path::{
     Arrival, ConfirmOutcome, Fallback, LegError, Outgoing, PathLimits, PathReceiver, PathSender,

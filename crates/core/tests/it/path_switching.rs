@@ -50,6 +50,8 @@ struct Net {
     events: Vec<(usize, Event)>,
     echo: VecDeque<(usize, StreamHandle, Vec<u8>)>,
     writable: BTreeSet<(usize, ChannelId)>,
+    /// Upload only: the exit keeps what arrives (under this client stream) instead of echoing.
+    upload_only: Option<StreamHandle>,
 }
 
 impl Net {
@@ -84,6 +86,7 @@ impl Net {
             core.set_switching(SwitchSettings {
                 mode: SwitchMode::Path,
                 timeout: Duration::from_millis(2000),
+                ..SwitchSettings::default()
             });
             nodes.push(core);
             identities.push(Some(id));
@@ -101,6 +104,7 @@ impl Net {
             events: Vec::new(),
             echo: VecDeque::new(),
             writable: BTreeSet::new(),
+            upload_only: None,
         }
     }
 
@@ -230,6 +234,11 @@ impl Net {
                         .entry(stream)
                         .or_default()
                         .extend_from_slice(&data);
+                } else if let Some(up) = self.upload_only {
+                    self.received
+                        .entry(up)
+                        .or_default()
+                        .extend_from_slice(&data);
                 } else {
                     self.echo.push_back((n, stream, data));
                 }
@@ -347,7 +356,7 @@ impl Net {
     /// E1 reports its connection to M1 congested (as its detector would).
     fn congest_e1(&mut self) -> Option<CircKey> {
         let c = self.chan(E1, M1);
-        self.nodes[E1].congested(c, self.now)
+        self.nodes[E1].congested(c, 0.0, self.now)
     }
 }
 
@@ -394,6 +403,11 @@ fn upload_moves_to_the_spare_and_the_exit_restores_order() {
     );
     assert_eq!(rec.circ, a);
     assert!(rec.ended >= rec.triggered);
+    let last_old = rec.last_old.expect("cells went on A before the switch");
+    assert!(
+        last_old <= rec.triggered && last_old <= rec.ended,
+        "{rec:?}"
+    );
     assert!(
         rec.ended - rec.triggered < Duration::from_millis(50),
         "{rec:?}"
@@ -404,14 +418,20 @@ fn upload_moves_to_the_spare_and_the_exit_restores_order() {
 fn congestion_on_the_spare_moves_the_upload_back() {
     let mut net = Net::new();
     let (a, b, s) = net.linked();
+    // E1 reported 0.5 s before E2: with a 0.3 s memory the client goes back to A.
+    let settings = net.nodes[CLIENT].switching();
+    net.nodes[CLIENT].set_switching(SwitchSettings {
+        leg_avoid: Duration::from_millis(300),
+        ..settings
+    });
     let streams = vec![(s, pattern(2_000_000, 3))];
     net.transfer(&streams, 300_000, |i, net| {
         if i == 300 {
             net.congest_e1();
         }
-        if i == 1500 {
+        if i == 800 {
             let c = net.chan(E2, M2);
-            net.nodes[E2].congested(c, net.now);
+            net.nodes[E2].congested(c, 0.0, net.now);
         }
     });
     net.run(20_000);
@@ -420,6 +440,80 @@ fn congestion_on_the_spare_moves_the_upload_back() {
     assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(a));
     assert_ne!(a, b);
     assert_eq!(net.nodes[CLIENT].switch_stats().switches, 2);
+}
+
+/// Both entries report congestion 1.2 s apart: going back to A, whose entry is still full,
+/// would only queue the switch behind its backlog (the first lab run's timeouts). Within
+/// `leg_avoid` (10 s) the client stays on B; afterwards it may go back.
+#[test]
+fn both_legs_congested_the_client_stays() {
+    let mut net = Net::new();
+    let (a, b, s) = net.linked();
+    let streams = vec![(s, pattern(2_000_000, 3))];
+    let mut leg_after_e2 = None;
+    net.transfer(&streams, 300_000, |i, net| {
+        if i == 300 {
+            net.congest_e1();
+        }
+        if i == 1500 {
+            let c = net.chan(E2, M2);
+            assert!(net.nodes[E2].congested(c, 0.0, net.now).is_some());
+        }
+        if i == 1600 {
+            leg_after_e2 = net.nodes[CLIENT].path_current_leg(a);
+        }
+    });
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    assert_eq!(leg_after_e2, Some(b), "the client stayed on B");
+    let c = net.nodes[CLIENT].switch_stats();
+    assert_eq!(
+        (
+            c.congested_received,
+            c.congested_ignored,
+            c.switches,
+            c.timed_out
+        ),
+        (2, 1, 1, 0),
+        "{c:?}"
+    );
+}
+
+/// After the move to B, the exit's stream-level SENDMEs for the moved stream come back on B
+/// once the switch is final (the client acknowledged the confirmation): with A's way back to
+/// the client cut 100 ms after the confirmation, the upload (several stream windows after the
+/// cut) still completes. Sent on A, they would be lost and the stream would stall.
+#[test]
+fn stream_sendmes_follow_the_upload_to_the_new_leg() {
+    let mut net = Net::new();
+    let (a, b, s) = net.linked();
+    net.upload_only = Some(s);
+    let streams = vec![(s, pattern(4_000_000, 5))];
+    let mut confirmed_at = None;
+    let mut cut_at = None;
+    net.transfer(&streams, 60_000, |i, net| {
+        if i == 300 {
+            assert!(net.congest_e1().is_some());
+        }
+        if confirmed_at.is_none() && net.nodes[CLIENT].switch_stats().switches == 1 {
+            confirmed_at = Some(i);
+        }
+        if cut_at.is_none() && confirmed_at.is_some_and(|c| i == c + 100) {
+            net.blackhole(E1, CLIENT);
+            cut_at = Some(i);
+        }
+    });
+    assert!(
+        cut_at.is_some(),
+        "no confirmed switch, or the upload ended first"
+    );
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(b));
+    let c = net.nodes[CLIENT].switch_stats();
+    assert_eq!((c.switches, c.timed_out), (1, 0), "{c:?}");
+    assert_eq!(net.nodes[X].switch_stats().violations, 0);
 }
 
 #[test]

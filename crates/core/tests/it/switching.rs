@@ -90,6 +90,7 @@ impl Net {
             core.set_switching(SwitchSettings {
                 mode: modes[usize::from(i)],
                 timeout: Duration::from_millis(2000),
+                ..SwitchSettings::default()
             });
             nodes.push(core);
             identities.push(Some(id));
@@ -390,7 +391,7 @@ fn switch_during_transfer_delivers_every_byte_once_in_order() {
     let mut chosen = None;
     net.transfer(&streams, 200_000, |i, net| {
         if i == 300 {
-            chosen = net.nodes[E].congested(c1, net.now);
+            chosen = net.nodes[E].congested(c1, 0.0, net.now);
         }
     });
     assert!(chosen.is_some(), "the entry chose no circuit to move");
@@ -409,6 +410,12 @@ fn switch_during_transfer_delivers_every_byte_once_in_order() {
     assert_eq!(rec.outcome, SwitchOutcome::Switched);
     assert_eq!(rec.from, c1);
     assert!(rec.ended > rec.triggered);
+    // The paper's switch time: the circuit's last cell on C1 to its first on C2.
+    let last_old = rec.last_old.expect("cells left on C1 during the switch");
+    assert!(
+        last_old >= rec.triggered && last_old <= rec.ended,
+        "{rec:?}"
+    );
     // The moved circuit's cells really went on the switch connection, both ways.
     let sw: Vec<&Link> = net
         .links
@@ -425,7 +432,7 @@ fn switch_during_transfer_delivers_every_byte_once_in_order() {
     );
     // The bulk circuit moved (highest EWMA count), the trickle stayed.
     assert_eq!(
-        net.nodes[E].congested(c1, net.now),
+        net.nodes[E].congested(c1, 0.0, net.now),
         None,
         "one circuit left on C1"
     );
@@ -445,7 +452,7 @@ fn a_second_switch_reuses_the_switch_connection() {
     let (c1, _) = net.e_to_m();
     net.transfer(&streams, 200_000, |i, net| {
         if i == 200 || i == 400 {
-            assert!(net.nodes[E].congested(c1, net.now).is_some());
+            assert!(net.nodes[E].congested(c1, 0.0, net.now).is_some());
         }
     });
     net.run(5000);
@@ -460,17 +467,75 @@ fn a_second_switch_reuses_the_switch_connection() {
     assert_eq!(switch_links, 1, "one switch connection per peer");
 }
 
+/// Issue 16, the first lab run: once the bulk circuit had moved, the old connection (still
+/// full of its bytes) kept triggering and the entry moved 5- and 7-cell circuits. A circuit
+/// whose EWMA count plus queued cells is below `min_share` of the connection's load stays.
+#[test]
+fn light_circuits_stay_after_the_bulk_one_moved() {
+    let mut net = Net::new(ALL);
+    let bulk = net.build();
+    let light1 = net.build();
+    let light2 = net.build();
+    let streams = vec![
+        (net.open(bulk), pattern(1_500_000, 0)),
+        (net.open(light1), pattern(2_000, 1)),
+        (net.open(light2), pattern(3_000, 2)),
+    ];
+    let (c1, _) = net.e_to_m();
+    // The detector's estimate when it fires: 64 KB queued (128 cells).
+    let load = 65_536.0;
+    let mut chosen = Vec::new();
+    net.transfer(&streams, 200_000, |i, net| {
+        if i == 300 {
+            chosen.push(net.nodes[E].congested(c1, load, net.now));
+        }
+    });
+    net.run(5000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    assert_eq!(chosen, [Some(bulk)], "the bulk circuit moves");
+    // The old connection is reported congested again, twice: the light circuits stay.
+    for _ in 0..2 {
+        assert_eq!(
+            net.nodes[E].congested(c1, load, net.now),
+            None,
+            "light circuits stay on the old connection"
+        );
+        net.run(100);
+    }
+    let e = net.nodes[E].switch_stats();
+    assert_eq!((e.triggered, e.completed), (1, 1), "{e:?}");
+    // With the share test off (the paper's rule: always the heaviest), the same congestion
+    // report moves a light circuit: the test above is what keeps it.
+    let settings = net.nodes[E].switching();
+    net.nodes[E].set_switching(SwitchSettings {
+        min_share_milli: 0,
+        ..settings
+    });
+    let moved = net.nodes[E].congested(c1, load, net.now);
+    assert!(
+        moved == Some(light1) || moved == Some(light2),
+        "share 0 moves a light circuit: {moved:?}"
+    );
+    net.run(5000);
+    assert_eq!(net.killed(), 0);
+}
+
 #[test]
 fn no_switch_when_off_or_alone() {
     let mut net = Net::new([SwitchMode::Off; 3]);
     let a = net.build();
     let _b = net.build();
     let (c1, _) = net.e_to_m();
-    assert_eq!(net.nodes[E].congested(c1, net.now), None, "mode off");
+    assert_eq!(net.nodes[E].congested(c1, 0.0, net.now), None, "mode off");
     let mut net = Net::new(ALL);
     let _a = net.build();
     let (c1, _) = net.e_to_m();
-    assert_eq!(net.nodes[E].congested(c1, net.now), None, "a lone circuit");
+    assert_eq!(
+        net.nodes[E].congested(c1, 0.0, net.now),
+        None,
+        "a lone circuit"
+    );
     // M is not the entry of anything: its connections never switch.
     let mut net2 = Net::new(ALL);
     let _ = net2.build();
@@ -480,7 +545,7 @@ fn no_switch_when_off_or_alone() {
         .keys()
         .find(|(n, c)| *n == M && net2.links[&(*n, *c)].peer == X)
         .unwrap();
-    assert_eq!(net2.nodes[M].congested(m_to_x.1, net2.now), None);
+    assert_eq!(net2.nodes[M].congested(m_to_x.1, 0.0, net2.now), None);
     let _ = a;
 }
 
@@ -495,7 +560,7 @@ fn a_next_hop_with_switching_off_refuses_and_nothing_is_lost() {
     let (c1, _) = net.e_to_m();
     net.transfer(&streams, 200_000, |i, net| {
         if i == 100 {
-            assert!(net.nodes[E].congested(c1, net.now).is_some());
+            assert!(net.nodes[E].congested(c1, 0.0, net.now).is_some());
         }
     });
     net.assert_exact(&streams);
@@ -515,7 +580,7 @@ fn no_ack_in_time_falls_back_to_the_old_connection() {
     let (c1, _) = net.e_to_m();
     net.transfer(&streams, 200_000, |i, net| {
         if i == 100 {
-            assert!(net.nodes[E].congested(c1, net.now).is_some());
+            assert!(net.nodes[E].congested(c1, 0.0, net.now).is_some());
         }
     });
     net.idle(3000);
@@ -539,7 +604,7 @@ fn switch_connection_that_cannot_open_leaves_the_circuit() {
     let (c1, _) = net.e_to_m();
     net.transfer(&streams, 200_000, |i, net| {
         if i == 50 {
-            assert!(net.nodes[E].congested(c1, net.now).is_some());
+            assert!(net.nodes[E].congested(c1, 0.0, net.now).is_some());
         }
     });
     net.assert_exact(&streams);
@@ -668,7 +733,7 @@ fn replayed_request_after_a_switch_closes_the_circuit() {
     let (c1, _) = net.e_to_m();
     net.transfer(&streams, 200_000, |i, net| {
         if i == 100 {
-            net.nodes[E].congested(c1, net.now).unwrap();
+            net.nodes[E].congested(c1, 0.0, net.now).unwrap();
         }
     });
     net.run(3000);

@@ -41,6 +41,8 @@ pub struct SwitchOptions {
     pub buffer_bytes: Option<u32>,
     /// `SwitchTimeoutMsec`.
     pub timeout_ms: Option<u32>,
+    /// `SwitchMinShare` (0..1).
+    pub min_share: Option<f64>,
 }
 
 /// The driver's switching state.
@@ -108,11 +110,16 @@ impl Driver {
         let settings = SwitchSettings {
             mode,
             timeout: Duration::from_millis(u64::from(o.timeout_ms.unwrap_or(p.timeout_ms))),
+            min_share_milli: o.min_share.map_or(p.min_share_milli, |f| {
+                (f.clamp(0.0, 1.0) * 1000.0).round() as u32
+            }),
+            ..SwitchSettings::default()
         };
         if settings != self.core.switching() {
             info!(
                 mode = mode.label(),
                 timeout_ms = settings.timeout.as_millis() as u64,
+                min_share = settings.min_share(),
                 "circuit switching settings"
             );
             self.core.set_switching(settings);
@@ -166,7 +173,7 @@ impl Driver {
             };
             if let Some(trigger) = sample.trigger {
                 debug!(?chan, estimate = trigger.estimate_bytes, reason = ?trigger.reason, "connection congested");
-                self.core.congested(chan, now);
+                self.core.congested(chan, trigger.estimate_bytes, now);
             }
         }
     }

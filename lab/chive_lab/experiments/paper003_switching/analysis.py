@@ -212,6 +212,10 @@ def summarize_variant(v: Any, runs: list[dict[str, Any]], skipped: str | None, w
         outcomes[str(s.get("outcome"))] = outcomes.get(str(s.get("outcome")), 0) + 1
     times = [float(s["switch_time_s"]) for s in sw
              if s.get("outcome") == "switched" and isinstance(s.get("switch_time_s"), (int, float))]
+    # The paper's definition (last cell on the old connection or leg -> first on the new one);
+    # records of binaries before it carry no gap_s.
+    gaps = [float(s["gap_s"]) for s in sw
+            if s.get("outcome") == "switched" and isinstance(s.get("gap_s"), (int, float))]
     prom = [rel["prom"] for r in runs for rel in r["relays"].values()]
     have_prom = any(prom)
     lost = sum(p.get("chive_switch_cells_lost_total", 0.0) for p in prom)
@@ -220,6 +224,7 @@ def summarize_variant(v: Any, runs: list[dict[str, Any]], skipped: str | None, w
     entry_cells = sum(r["relays"][n]["cells_out"] for r in runs for n in ("entry1", "entry2") if n in r["relays"])
     e["switching"] = {"switches": outcomes.get("switched", 0), "outcomes": outcomes,
                       "switch_time_s": stats.summarize(times),
+                      "gap_s": stats.summarize(gaps),
                       "cells_lost": int(lost) if have_prom else None,
                       "bytes_lost": int(lost) * CELL_BYTES if have_prom else None,
                       "cells_resent": int(resent) if have_prom else None,
