@@ -695,7 +695,8 @@ mod tests {
             ch.open();
             ch
         };
-        let cases: [(SplitChannel, SplitChannel, &[(Conn, AnyCell)]); 3] = [
+        type Case<'a> = (SplitChannel, SplitChannel, &'a [(Conn, AnyCell)]);
+        let cases: [Case; 3] = [
             (reader(), reader(), &reader_script),
             (writer(now), writer(now), &writer_script),
             (plain(), plain(), &writer_script[..3]),
