@@ -306,6 +306,21 @@ impl AnyCell {
     }
 }
 
+/// Incremental framing: the wire length of the whole cell at the start of `buf`, or `None` if
+/// `buf` does not yet hold all of it. Reads only the header (command byte and, for a variable
+/// cell, its length), so a reader can cut whole cells out of its buffer without decoding them;
+/// [`decode_cell`] frames exactly the same way.
+pub fn frame_len(buf: &[u8]) -> Option<usize> {
+    let command = CellCommand(*buf.get(FIXED_HEADER_LEN - 1)?);
+    let total = if command.is_variable() {
+        let len = buf.get(FIXED_HEADER_LEN..VAR_CELL_HEADER_LEN)?;
+        VAR_CELL_HEADER_LEN + usize::from(u16::from_be_bytes([len[0], len[1]]))
+    } else {
+        CELL_LEN
+    };
+    (buf.len() >= total).then_some(total)
+}
+
 /// Incremental framing: parse one cell from the start of `buf`.
 ///
 /// Returns `Ok(None)` if `buf` does not yet hold a whole cell (read more bytes and call again),
@@ -313,30 +328,20 @@ impl AnyCell {
 /// Which kind of cell follows is decided by the command byte alone ([`CellCommand::is_variable`]),
 /// so this never fails today; the `Result` leaves room for stricter checks.
 pub fn decode_cell(buf: &[u8]) -> Result<Option<(AnyCell, usize)>, CellError> {
-    let Some(head) = buf.get(..FIXED_HEADER_LEN) else {
+    let Some(total) = frame_len(buf) else {
         return Ok(None);
     };
+    let (whole, head) = (&buf[..total], &buf[..FIXED_HEADER_LEN]);
     let circ_id = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
     let command = CellCommand(head[4]);
     if command.is_variable() {
-        let Some(len_bytes) = buf.get(FIXED_HEADER_LEN..VAR_CELL_HEADER_LEN) else {
-            return Ok(None);
-        };
-        let len = usize::from(u16::from_be_bytes([len_bytes[0], len_bytes[1]]));
-        let total = VAR_CELL_HEADER_LEN + len;
-        let Some(payload) = buf.get(VAR_CELL_HEADER_LEN..total) else {
-            return Ok(None);
-        };
         let cell = VarCell {
             circ_id,
             command,
-            payload: payload.to_vec(),
+            payload: whole[VAR_CELL_HEADER_LEN..].to_vec(),
         };
         Ok(Some((AnyCell::Var(cell), total)))
     } else {
-        let Some(whole) = buf.get(..CELL_LEN) else {
-            return Ok(None);
-        };
         Ok(Some((AnyCell::Fixed(Cell::decode(whole)?), CELL_LEN)))
     }
 }

@@ -130,14 +130,18 @@ fn decode_cell_needs_whole_cell() {
     .unwrap();
     for n in 0..CELL_LEN {
         assert!(decode_cell(&out[..n]).unwrap().is_none(), "prefix {n}");
+        assert_eq!(frame_len(&out[..n]), None, "prefix {n}");
     }
+    assert_eq!(frame_len(&out), Some(CELL_LEN));
     let (c, used) = decode_cell(&out).unwrap().unwrap();
     assert_eq!(used, CELL_LEN);
     assert_eq!((c.circ_id(), c.command()), (7, CellCommand::DESTROY));
     let rest = &out[used..];
     for n in 0..rest.len() {
         assert!(decode_cell(&rest[..n]).unwrap().is_none(), "var prefix {n}");
+        assert_eq!(frame_len(&rest[..n]), None, "var prefix {n}");
     }
+    assert_eq!(frame_len(rest), Some(7 + 300));
     let (c, used) = decode_cell(rest).unwrap().unwrap();
     assert_eq!(used, 7 + 300);
     assert_eq!(c.command(), CellCommand::CERTS);
@@ -573,6 +577,7 @@ proptest! {
             buf.extend_from_slice(&wire[start..cut]);
             start = cut;
             while let Some((cell, used)) = decode_cell(&buf).unwrap() {
+                prop_assert_eq!(frame_len(&buf), Some(used));
                 got.push(cell);
                 buf.drain(..used);
             }
@@ -588,6 +593,10 @@ proptest! {
     #[test]
     fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
         let _ = decode_cell(&bytes);
+        // Framing agrees with decoding: a whole cell exactly when one decodes.
+        let framed = frame_len(&bytes);
+        let decoded = decode_cell(&bytes).ok().flatten().map(|(_, used)| used);
+        prop_assert_eq!(framed, decoded);
         let _ = Cell::decode(&bytes);
         let _ = Create2::decode(&bytes);
         let _ = Created2::decode(&bytes);

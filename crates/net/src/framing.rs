@@ -1,6 +1,6 @@
 //! Read-side cell framing: a fixed buffer filled in large chunks, decoded many cells at a time.
 
-use chive_cell::{decode_cell, AnyCell, MAX_VAR_PAYLOAD, VAR_CELL_HEADER_LEN};
+use chive_cell::{decode_cell, frame_len, AnyCell, MAX_VAR_PAYLOAD, VAR_CELL_HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::LinkError;
@@ -54,6 +54,30 @@ impl CellBuf {
             }
             None => Ok(None),
         }
+    }
+
+    /// Append the wire bytes of up to `max` whole buffered cells to `out` (one copy of the
+    /// span, no decoding: [`frame_len`] reads only their headers) and drop them from the buffer.
+    /// Returns how many cells were appended; a partial cell stays buffered.
+    pub(crate) fn take_frames(&mut self, out: &mut Vec<u8>, max: usize) -> usize {
+        let pending = self.buf.get(self.start..self.end).unwrap_or(&[]);
+        let (mut span, mut cells) = (0, 0);
+        while cells < max {
+            match pending.get(span..).and_then(frame_len) {
+                Some(len) => {
+                    span += len;
+                    cells += 1;
+                }
+                None => break,
+            }
+        }
+        out.extend_from_slice(&pending[..span]);
+        self.start += span;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        cells
     }
 
     /// How many undecoded bytes are buffered.

@@ -171,6 +171,34 @@ impl LinkReader {
     }
 }
 
+impl LinkReader {
+    /// Like [`LinkReader::read_cells`], but appends the cells' wire bytes to `out` instead of
+    /// decoding them: the caller decodes each cell where it is used ([`chive_cell::decode_cell`]
+    /// over `out` yields exactly these cells), so a relayed cell is not moved through a batch
+    /// of decoded cells first. Returns how many whole cells were appended (up to `max`); 0 means
+    /// clean EOF. Cancel-safe like [`LinkReader::read_cell`].
+    pub async fn read_cell_bytes(
+        &mut self,
+        out: &mut Vec<u8>,
+        max: usize,
+    ) -> Result<usize, LinkError> {
+        loop {
+            let n = self.buf.take_frames(out, max);
+            if n > 0 || max == 0 {
+                return Ok(n);
+            }
+            match self.buf.fill(&mut self.rd).await? {
+                Fill::Eof => return Ok(0),
+                Fill::Read(n) => {
+                    if let Some(bucket) = &self.bucket {
+                        bucket.consume(n).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for LinkReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LinkReader").finish_non_exhaustive()

@@ -301,6 +301,64 @@ async fn read_cells_batches_in_order_up_to_max_then_eof() {
 }
 
 #[tokio::test]
+async fn read_cell_bytes_cuts_whole_cells_up_to_max_then_eof() {
+    let (c, r) = pair(0, 0).await;
+    let (_c_r, mut c_w) = c.split(LinkLimits::default());
+    let (mut r_r, _r_w) = r.split(LinkLimits::default());
+    let n = 3000u32;
+    let vpad = VarCell {
+        circ_id: 0,
+        command: CellCommand::VPADDING,
+        payload: vec![5; 777],
+    };
+    let sent_var = vpad.clone();
+    let writer = tokio::spawn(async move {
+        for start in (0..n).step_by(500) {
+            let cells: Vec<Cell> = (start..start + 500).map(numbered_cell).collect();
+            c_w.write_cells(&cells).await.unwrap();
+            c_w.write_var_cell(&sent_var).await.unwrap();
+        }
+        c_w.shutdown().await.unwrap();
+    });
+    let mut wire = Vec::new();
+    let mut cells = 0;
+    loop {
+        let before = wire.len();
+        let k = r_r.read_cell_bytes(&mut wire, 50).await.unwrap();
+        assert!(k <= 50, "batch of {k} > max");
+        if k == 0 {
+            break;
+        }
+        // Whole cells only: the new bytes decode to exactly k cells.
+        let mut rest = &wire[before..];
+        for _ in 0..k {
+            let (_, used) = chive_cell::decode_cell(rest).unwrap().unwrap();
+            rest = &rest[used..];
+        }
+        assert!(rest.is_empty(), "{} bytes of a partial cell", rest.len());
+        cells += k;
+    }
+    writer.await.unwrap();
+    assert_eq!(cells, n as usize + 6);
+    let mut rest = &wire[..];
+    let mut fixed = 0u32;
+    while let Some((cell, used)) = chive_cell::decode_cell(rest).unwrap() {
+        match cell {
+            AnyCell::Fixed(c) => {
+                assert_eq!(c.payload, numbered_cell(fixed).payload, "cell {fixed}");
+                fixed += 1;
+            }
+            AnyCell::Var(v) => {
+                assert_eq!(v, vpad);
+                assert_eq!(fixed % 500, 0, "var cell in order");
+            }
+        }
+        rest = &rest[used..];
+    }
+    assert_eq!((fixed, rest.len()), (n, 0));
+}
+
+#[tokio::test]
 async fn clean_shutdown_gives_eof() {
     let (c, r) = pair(0, 0).await;
     let (_c_r, mut c_w) = c.split(LinkLimits::default());

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use chive_cell::{AnyCell, Bind, CellCommand, VarCell};
+use chive_cell::{decode_cell, AnyCell, Bind, CellCommand, VarCell};
 use chive_core::split::{
     Conn, Decision, Refusal, SecondaryDown, SplitChannel, SplitMode, Violation,
 };
@@ -108,6 +108,31 @@ impl Driver {
         }
     }
 
+    /// The whole cells a link reader read on `conn` (wire bytes, in order): each is decoded
+    /// here and handed on, so a relayed cell goes from the read buffer to the core without
+    /// passing through a batch of decoded cells.
+    pub(super) fn on_cells(&mut self, conn: ChannelId, bytes: &[u8], now: Instant) {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            match decode_cell(rest) {
+                Ok(Some((cell, used))) => {
+                    rest = rest.get(used..).unwrap_or_default();
+                    self.on_cell(conn, cell, now);
+                }
+                // The reader cuts whole cells with the same framing, so this is a bug; the
+                // connection is closed rather than trusted further.
+                Ok(None) | Err(_) => {
+                    warn!(
+                        ?conn,
+                        left = rest.len(),
+                        "undecodable bytes from a link reader"
+                    );
+                    return self.conn_down(conn, "undecodable cell bytes", now);
+                }
+            }
+        }
+    }
+
     pub(super) fn on_cell(&mut self, conn: ChannelId, cell: AnyCell, now: Instant) {
         // A keepalive (`LinkKeepalive`) only proves the peer alive, which reading it did. It is
         // no part of the channel's cell order: a split channel's HANDOFF counts exclude it, and
@@ -132,6 +157,11 @@ impl Driver {
         let Some(io) = self.chans.get_mut(&chan) else {
             return;
         };
+        // The common case (nothing held back, no marker): straight to the core, as
+        // `receive` + `after_receive` would deliver it, without the moves through `out`.
+        if io.held_cells == 0 && io.split.receive_direct(which, &cell) {
+            return self.deliver(chan, cell, now);
+        }
         // A reused buffer: a fresh Vec here was one allocation per relayed cell.
         let mut out = std::mem::take(&mut self.recv_scratch);
         let result = match io.split.receive(which, cell, &mut out) {

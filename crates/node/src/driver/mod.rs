@@ -92,12 +92,14 @@ pub enum Input {
     SplitFailed { chan: ChannelId, why: String },
     /// Opening a link to `identity` failed.
     ConnectFailed { identity: IdentityKey, why: String },
-    /// Cells arrived on connection `chan` (in order; at most [`tasks::READ_BATCH`]). `permit`
-    /// holds their share of the input queue's cell budget and `credit` their share of the
+    /// `cells` whole cells arrived on connection `chan` (at most [`tasks::READ_BATCH`]), as
+    /// their wire bytes in order ([`chive_net::LinkReader::read_cell_bytes`]). `permit` holds
+    /// their share of the input queue's cell budget and `credit` their share of the
     /// connection's own ([`tasks::LINK_INPUT_CREDIT`]) until they are handled.
     Cells {
         chan: ChannelId,
-        cells: Vec<AnyCell>,
+        bytes: Vec<u8>,
+        cells: usize,
         permit: tokio::sync::OwnedSemaphorePermit,
         credit: tokio::sync::OwnedSemaphorePermit,
     },
@@ -151,7 +153,7 @@ impl Input {
     /// How much of the driver's per-flush work this input is: its cells, or 1.
     fn weight(&self) -> usize {
         match self {
-            Input::Cells { cells, .. } => cells.len(),
+            Input::Cells { cells, .. } => *cells,
             _ => 1,
         }
     }
@@ -533,13 +535,12 @@ impl Driver {
             }
             Input::Cells {
                 chan,
-                cells,
+                bytes,
                 permit,
                 credit,
+                ..
             } => {
-                for cell in cells {
-                    self.on_cell(chan, cell, now);
-                }
+                self.on_cells(chan, &bytes, now);
                 // Handled: their room in the queue and in the connection's credit is free again.
                 drop((permit, credit));
             }
@@ -555,18 +556,7 @@ impl Driver {
                     m.cells_written(samples, now);
                 }
             }
-            Input::LinkDown { chan: conn, why } => match self.locate(conn) {
-                Some((chan, Conn::Primary)) => {
-                    if let Some(io) = self.remove_channel(chan) {
-                        info!(?chan, %why, "link closed");
-                        io.close();
-                    }
-                    self.core.channel_closed(chan, now);
-                }
-                Some((chan, Conn::Secondary)) => self.secondary_down(chan, &why, now),
-                // Already forgotten (a second connection we closed).
-                None => {}
-            },
+            Input::LinkDown { chan: conn, why } => self.conn_down(conn, &why, now),
             Input::StreamData { stream, data } => self.core.stream_data(stream, &data, now),
             Input::StreamEof { stream } => self.core.stream_eof(stream, now),
             Input::StreamError { stream, why } => {
@@ -674,6 +664,22 @@ impl Driver {
             }
         }
         m.onion(c, now);
+    }
+
+    /// Connection `conn` closed or failed (or we close it for `why`).
+    fn conn_down(&mut self, conn: ChannelId, why: &str, now: Instant) {
+        match self.locate(conn) {
+            Some((chan, Conn::Primary)) => {
+                if let Some(io) = self.remove_channel(chan) {
+                    info!(?chan, %why, "link closed");
+                    io.close();
+                }
+                self.core.channel_closed(chan, now);
+            }
+            Some((chan, Conn::Secondary)) => self.secondary_down(chan, why, now),
+            // Already forgotten (a second connection we closed).
+            None => {}
+        }
     }
 
     /// Act on everything the core produced, until it is quiet.

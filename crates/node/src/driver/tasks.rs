@@ -244,17 +244,21 @@ pub(super) fn spawn_conn(
         let Ok(budget) = gate_rx.await else {
             return;
         };
-        // Every cell decoded from one read goes to the driver in one input: one queue message
-        // (and at most one wake-up of the driver) per read instead of one per cell.
-        // Empty between reads (no memory held by an idle link); `read_cells` sizes it.
-        let mut cells = Vec::new();
+        // Every whole cell from one read goes to the driver in one input: one queue message
+        // (and at most one wake-up of the driver) per read instead of one per cell. The cells
+        // travel as their wire bytes and are decoded where the driver hands them to the core.
+        // Empty between reads (no memory held by an idle link); `read_cell_bytes` sizes it.
+        let mut bytes = Vec::new();
         let why = loop {
             // Paused while the driver holds this connection's cells back (split channels).
             if hold_rx.wait_for(|held| !*held).await.is_err() {
                 return;
             }
             let read = liveness
-                .bounded("cell from it", reader.read_cells(&mut cells, READ_BATCH))
+                .bounded(
+                    "cell from it",
+                    reader.read_cell_bytes(&mut bytes, READ_BATCH),
+                )
                 .await;
             match read {
                 Ok(0) => break "closed by peer".to_string(),
@@ -267,10 +271,10 @@ pub(super) fn spawn_conn(
                     let Ok(permit) = budget.clone().acquire_many_owned(n as u32).await else {
                         return;
                     };
-                    let batch = std::mem::take(&mut cells);
                     let input = Input::Cells {
                         chan: id,
-                        cells: batch,
+                        bytes: std::mem::take(&mut bytes),
+                        cells: n,
                         permit,
                         credit,
                     };
