@@ -27,13 +27,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use crate::common::{
-    check_congestion_control, check_outbuf_cells, check_unsent_limit, effective_unsent_limit,
-    init_logging, load_config,
-};
+use crate::common::{check_outbuf_cells, init_logging, load_config};
 use crate::driver::{
     spawn_stream_io, stop_on_signal, Driver, DriverConfig, Input, StreamCmd, StreamIo, Tunables,
 };
+use crate::link_options::with_link_options;
 use crate::metrics::Metrics;
 
 /// Command-line arguments of `chive client`.
@@ -102,6 +100,7 @@ codes: malformed address 0xF6 (at once), no descriptor at the authority 0xF0, a 
 that does not verify 0xF1, introduction failed 0xF2, rendezvous failed 0xF3, timed out 0xF7.
 A host written as HOST.NICKNAME.exit is reached through the relay NICKNAME as exit.";
 
+with_link_options! {
 /// The client's config file.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
@@ -133,22 +132,6 @@ pub struct ClientConfig {
     /// Tor's MiddleNodes: nicknames or hex identities middle hops are chosen among.
     #[serde(rename = "MiddleNodes", default)]
     pub middle_nodes: Vec<String>,
-    /// TCP_NOTSENT_LOWAT on link sockets (see the help; 0 = off, unset = 64 KiB).
-    #[serde(rename = "LinkUnsentLimit", default)]
-    pub link_unsent_limit: Option<u32>,
-    /// TCP_CONGESTION on link sockets (unset: the system's default).
-    #[serde(
-        rename = "LinkKeepalive",
-        default = "crate::common::default_link_keepalive"
-    )]
-    pub link_keepalive: u64,
-    #[serde(
-        rename = "LinkIdleTimeout",
-        default = "crate::common::default_link_idle_timeout"
-    )]
-    pub link_idle_timeout: u64,
-    #[serde(rename = "LinkCongestionControl", default)]
-    pub link_congestion_control: Option<String>,
     /// Path switching (paper 003): "path" keeps a linked spare per exit circuit.
     #[serde(rename = "CircuitSwitching", default)]
     pub circuit_switching: Option<String>,
@@ -171,6 +154,7 @@ pub struct ClientConfig {
     )]
     pub hidden_service_intro_points: usize,
 }
+}
 
 impl ClientConfig {
     /// `validate` and the link settings `run` derives from the file.
@@ -191,11 +175,9 @@ impl ClientConfig {
         }
         check_node_list("EntryNodes", &self.entry_nodes)?;
         check_node_list("MiddleNodes", &self.middle_nodes)?;
-        check_unsent_limit(self.link_unsent_limit)?;
-        check_congestion_control(self.link_congestion_control.as_deref())?;
+        self.link().validate()?;
         self.switch_options()?;
         self.service_ports()?;
-        self.liveness()?;
         if !(1..=chive_dir::MAX_INTRO_POINTS).contains(&self.hidden_service_intro_points) {
             anyhow::bail!(
                 "HiddenServiceNumIntroductionPoints: 1..{}",
@@ -250,20 +232,14 @@ impl ClientConfig {
         Ok(ports)
     }
 
-    /// `LinkKeepalive` and `LinkIdleTimeout`, checked.
-    fn liveness(&self) -> anyhow::Result<crate::driver::Liveness> {
-        crate::driver::Liveness::from_options(self.link_keepalive, self.link_idle_timeout)
-            .map_err(anyhow::Error::msg)
-    }
-
     /// The link sockets' settings. A client never constrains its socket buffers.
     fn link_config(&self) -> LinkConfig {
         LinkConfig {
             identity: None,
             features: FeatureSet::EMPTY,
             socket_buffer: None,
-            unsent_limit: effective_unsent_limit(self.link_unsent_limit, false),
-            congestion_control: self.link_congestion_control.clone(),
+            unsent_limit: self.link().unsent_limit(false),
+            congestion_control: self.link().congestion_control.clone(),
         }
     }
 }
@@ -348,7 +324,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             outbuf_cells: tunables.effective(None).map_err(anyhow::Error::msg)?.1,
             tunables,
             exit_policy: None,
-            liveness: cfg.liveness()?,
+            liveness: cfg.link().liveness()?,
         },
     );
     driver.switching.options = cfg.switch_options()?;
@@ -841,6 +817,34 @@ mod tests {
             "00".repeat(32)
         ))
         .expect("test config parses")
+    }
+
+    #[test]
+    fn unknown_and_misspelt_options_are_refused_beside_the_link_options() {
+        // The Link* options are a flattened struct: the file still refuses what nobody reads.
+        for bad in ["LinkKeepAlive = 5", "NoSuchOption = 1"] {
+            let text = format!(
+                "DataDirectory = \"/tmp/x\"\nSocksPort = \"127.0.0.1:1\"\n\
+                 Authority = \"127.0.0.1:2\"\nAuthorityIdentity = \"{}\"\n{bad}",
+                "00".repeat(32)
+            );
+            let err = toml::from_str::<ClientConfig>(&text).unwrap_err();
+            let name = bad.split(' ').next().unwrap();
+            assert!(err.to_string().contains(name), "{bad}: {err}");
+        }
+        // A value of the wrong type names its option, inside the Link* block or not.
+        for bad in ["LinkKeepalive = \"x\"", "OutbufCells = \"x\""] {
+            let text = format!(
+                "DataDirectory = \"/tmp/x\"\nSocksPort = \"127.0.0.1:1\"\n\
+                 Authority = \"127.0.0.1:2\"\nAuthorityIdentity = \"{}\"\n{bad}",
+                "00".repeat(32)
+            );
+            let err = toml::from_str::<ClientConfig>(&text).unwrap_err();
+            let name = bad.split(' ').next().unwrap();
+            assert!(err.to_string().contains(name), "{bad}: {err}");
+        }
+        let cfg = config("LinkKeepalive = 2\nLinkIdleTimeout = 7");
+        assert_eq!((cfg.link().keepalive, cfg.link().idle_timeout), (2, 7));
     }
 
     #[test]
