@@ -26,6 +26,7 @@ def test_csv_cell_rounds_floats_only():
     assert csv_cell("") == ""
 
 
+@pytest.mark.real_figures
 def test_figure_csvs_are_rounded(tmp_path):
     fig = Figure(name="f", title="t", xlabel="x", ylabel="y",
                  series=[Series(label="a", x=[1 / 3, 2.0], y=[math.pi, 1e-7 / 3],

@@ -102,6 +102,7 @@ def _scenario(tmp_path: Path) -> sc.Scenario:
     return sc.load_scenario(path)
 
 
+@pytest.mark.real_figures
 def test_analysis_measures_tests_and_judges_targets(tmp_path):
     s = _scenario(tmp_path)
     rng = np.random.default_rng(1)

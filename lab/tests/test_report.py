@@ -23,6 +23,7 @@ SUMMARY = {
 }
 
 
+@pytest.mark.real_figures
 def test_figure_csv_is_the_plotted_data(tmp_path):
     fig = Figure(name="f", title="t", xlabel="x", ylabel="y", series=[
         Series(label="a", x=[1.0, 2.0], y=[0.5, 1.0], lo=[0.4, 0.9], hi=[0.6, 1.0], style="step"),

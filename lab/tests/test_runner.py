@@ -106,6 +106,7 @@ class _NullBackend:
         raise AssertionError("not used by the fake kind")
 
 
+@pytest.mark.real_figures
 def test_plugged_in_kind_runs_through_the_same_flow(tmp_path, monkeypatch):
     calls = []
 
@@ -199,6 +200,7 @@ def _skip_reason() -> str | None:
 
 @pytest.mark.e2e
 @pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+@pytest.mark.real_figures
 def test_tiny_scenario_end_to_end(tmp_path):
     out = tmp_path / "exp"
     proc = subprocess.run([sys.executable, "-m", "chive_lab", "run", str(TINY), "--out", str(out), "--quick"],

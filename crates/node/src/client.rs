@@ -27,13 +27,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use crate::common::{
-    check_congestion_control, check_outbuf_cells, check_unsent_limit, effective_unsent_limit,
-    init_logging, load_config,
-};
+use crate::common::{check_outbuf_cells, init_logging, load_config};
 use crate::driver::{
     spawn_stream_io, stop_on_signal, Driver, DriverConfig, Input, StreamCmd, StreamIo, Tunables,
 };
+use crate::link_options::with_link_options;
 use crate::metrics::Metrics;
 
 /// Command-line arguments of `chive client`.
@@ -116,6 +114,7 @@ codes: malformed address 0xF6 (at once), no descriptor at the authority 0xF0, a 
 that does not verify 0xF1, introduction failed 0xF2, rendezvous failed 0xF3, timed out 0xF7.
 A host written as HOST.NICKNAME.exit is reached through the relay NICKNAME as exit.";
 
+with_link_options! {
 /// The client's config file.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
@@ -150,22 +149,6 @@ pub struct ClientConfig {
     /// Tor's MiddleNodes: nicknames or hex identities middle hops are chosen among.
     #[serde(rename = "MiddleNodes", default)]
     pub middle_nodes: Vec<String>,
-    /// TCP_NOTSENT_LOWAT on link sockets (see the help; 0 = off, unset = 64 KiB).
-    #[serde(rename = "LinkUnsentLimit", default)]
-    pub link_unsent_limit: Option<u32>,
-    /// TCP_CONGESTION on link sockets (unset: the system's default).
-    #[serde(
-        rename = "LinkKeepalive",
-        default = "crate::common::default_link_keepalive"
-    )]
-    pub link_keepalive: u64,
-    #[serde(
-        rename = "LinkIdleTimeout",
-        default = "crate::common::default_link_idle_timeout"
-    )]
-    pub link_idle_timeout: u64,
-    #[serde(rename = "LinkCongestionControl", default)]
-    pub link_congestion_control: Option<String>,
     /// Path switching (paper 003): "path" keeps a linked spare per exit circuit.
     #[serde(rename = "CircuitSwitching", default)]
     pub circuit_switching: Option<String>,
@@ -197,6 +180,7 @@ pub struct ClientConfig {
     )]
     pub hidden_service_intro_points: usize,
 }
+}
 
 impl ClientConfig {
     /// `validate` and the link settings `run` derives from the file.
@@ -220,11 +204,9 @@ impl ClientConfig {
         }
         check_node_list("EntryNodes", &self.entry_nodes)?;
         check_node_list("MiddleNodes", &self.middle_nodes)?;
-        check_unsent_limit(self.link_unsent_limit)?;
-        check_congestion_control(self.link_congestion_control.as_deref())?;
+        self.link().validate()?;
         self.switch_options()?;
         self.service_ports()?;
-        self.liveness()?;
         if !(1..=MAX_ONION_ATTEMPT_TIMEOUT).contains(&self.onion_attempt_timeout) {
             anyhow::bail!("OnionAttemptTimeout: 1..{MAX_ONION_ATTEMPT_TIMEOUT} seconds");
         }
@@ -292,20 +274,14 @@ impl ClientConfig {
         }
     }
 
-    /// `LinkKeepalive` and `LinkIdleTimeout`, checked.
-    fn liveness(&self) -> anyhow::Result<crate::driver::Liveness> {
-        crate::driver::Liveness::from_options(self.link_keepalive, self.link_idle_timeout)
-            .map_err(anyhow::Error::msg)
-    }
-
     /// The link sockets' settings. A client never constrains its socket buffers.
     fn link_config(&self) -> LinkConfig {
         LinkConfig {
             identity: None,
             features: FeatureSet::EMPTY,
             socket_buffer: None,
-            unsent_limit: effective_unsent_limit(self.link_unsent_limit, false),
-            congestion_control: self.link_congestion_control.clone(),
+            unsent_limit: self.link().unsent_limit(false),
+            congestion_control: self.link().congestion_control.clone(),
         }
     }
 }
@@ -395,7 +371,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             outbuf_cells: tunables.effective(None).map_err(anyhow::Error::msg)?.1,
             tunables,
             exit_policy: None,
-            liveness: cfg.liveness()?,
+            liveness: cfg.link().liveness()?,
         },
     );
     driver.switching.options = cfg.switch_options()?;
@@ -889,13 +865,35 @@ async fn serve_socks(mut tcp: TcpStream, peer: SocketAddr, tx: mpsc::Sender<Inpu
 mod tests {
     use super::*;
 
-    fn config(extra: &str) -> ClientConfig {
+    fn parse(extra: &str) -> Result<ClientConfig, toml::de::Error> {
         toml::from_str(&format!(
             "DataDirectory = \"/tmp/x\"\nSocksPort = \"127.0.0.1:1\"\n\
              Authority = \"127.0.0.1:2\"\nAuthorityIdentity = \"{}\"\n{extra}",
             "00".repeat(32)
         ))
-        .expect("test config parses")
+    }
+
+    fn config(extra: &str) -> ClientConfig {
+        parse(extra).expect("test config parses")
+    }
+
+    #[test]
+    fn unknown_and_misspelt_options_are_refused_beside_the_link_options() {
+        // The Link* options are declared by a macro beside the others: the file still refuses
+        // what nobody reads, and a value of the wrong type names its option, inside the Link*
+        // block or not.
+        for bad in [
+            "LinkKeepAlive = 5",
+            "NoSuchOption = 1",
+            "LinkKeepalive = \"x\"",
+            "OutbufCells = \"x\"",
+        ] {
+            let err = parse(bad).unwrap_err();
+            let name = bad.split(' ').next().unwrap();
+            assert!(err.to_string().contains(name), "{bad}: {err}");
+        }
+        let cfg = config("LinkKeepalive = 2\nLinkIdleTimeout = 7");
+        assert_eq!((cfg.link_keepalive, cfg.link_idle_timeout), (2, 7));
     }
 
     #[test]

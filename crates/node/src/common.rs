@@ -58,22 +58,6 @@ pub fn keys_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("keys")
 }
 
-/// `LinkUnsentLimit` when unset on link sockets whose buffers are not constrained: at
-/// 10 Mbit/s about 50 ms of data, so a SENDME queued behind it waits that long instead of
-/// the ~1.8 s that autotuned buffers held on the paper-002 testbed; on loopback still far
-/// above what one wake-up of the writer needs (docs/scheduling.md, "The unsent limit").
-pub const DEFAULT_UNSENT_LIMIT: u32 = 64 * 1024;
-
-/// `LinkKeepalive` when unset (seconds).
-pub fn default_link_keepalive() -> u64 {
-    crate::driver::DEFAULT_LINK_KEEPALIVE.as_secs()
-}
-
-/// `LinkIdleTimeout` when unset (seconds).
-pub fn default_link_idle_timeout() -> u64 {
-    crate::driver::DEFAULT_LINK_IDLE_TIMEOUT.as_secs()
-}
-
 /// OutbufCells, where set, must be between 1 and 10000 (a relay's and a client's option alike).
 pub fn check_outbuf_cells(configured: Option<usize>) -> anyhow::Result<()> {
     if let Some(n) = configured {
@@ -82,37 +66,6 @@ pub fn check_outbuf_cells(configured: Option<usize>) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Refuse a `LinkUnsentLimit` outside 0 (off) or 4096..16 MiB.
-pub fn check_unsent_limit(configured: Option<u32>) -> anyhow::Result<()> {
-    match configured {
-        Some(bytes) if bytes != 0 && !(4096..=16 << 20).contains(&bytes) => Err(anyhow!(
-            "LinkUnsentLimit must be 0 (no limit) or between 4096 and 16777216 bytes"
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// TCP_NOTSENT_LOWAT for link sockets from a configured `LinkUnsentLimit`: 0 turns it off;
-/// unset means [`DEFAULT_UNSENT_LIMIT`] unless the sockets' buffers are already constrained
-/// (their whole send buffer is small then).
-pub fn effective_unsent_limit(configured: Option<u32>, constrained_buffers: bool) -> Option<u32> {
-    match configured {
-        Some(0) => None,
-        Some(bytes) => Some(bytes),
-        None if constrained_buffers => None,
-        None => Some(DEFAULT_UNSENT_LIMIT),
-    }
-}
-
-/// Refuse a `LinkCongestionControl` this kernel does not offer, naming the option.
-pub fn check_congestion_control(configured: Option<&str>) -> anyhow::Result<()> {
-    match configured {
-        Some(name) => chive_net::check_congestion_control(name)
-            .map_err(|e| anyhow!("LinkCongestionControl: {e}")),
-        None => Ok(()),
-    }
 }
 
 /// Seconds since the UNIX epoch, as the directory protocol counts time.

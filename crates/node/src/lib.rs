@@ -17,6 +17,7 @@ pub mod driver;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod limits;
+pub mod link_options;
 pub mod metrics;
 pub mod onion_client;
 pub mod onion_dir;

@@ -17,11 +17,12 @@ use serde::Deserialize;
 use tracing::{info, warn};
 
 use crate::common::{
-    check_congestion_control, check_outbuf_cells, check_unsent_limit, effective_unsent_limit,
-    init_logging, keys_dir, load_config, load_identity, load_or_create_secret, unix_now,
+    check_outbuf_cells, init_logging, keys_dir, load_config, load_identity, load_or_create_secret,
+    unix_now,
 };
-use crate::driver::{stop_on_signal, Driver, DriverConfig, Input, Liveness, Tunables};
+use crate::driver::{stop_on_signal, Driver, DriverConfig, Input, Tunables};
 use crate::limits::{max_mem_in_queues, DosOptions, MemSize};
+use crate::link_options::with_link_options;
 use crate::metrics::Metrics;
 
 /// Command-line arguments of `chive relay`.
@@ -168,6 +169,7 @@ dropping circuits.";
 /// `QuietReserve` when unset under a `BandwidthRate` (capped at a quarter of the burst).
 const DEFAULT_QUIET_RESERVE: u64 = 128 * 1024;
 
+with_link_options! {
 /// The relay's config file.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
@@ -211,22 +213,8 @@ pub struct RelayConfig {
     pub constrained_sockets: Option<bool>,
     #[serde(rename = "ConstrainedSockSize", default)]
     pub constrained_sock_size: Option<u32>,
-    #[serde(rename = "LinkUnsentLimit", default)]
-    pub link_unsent_limit: Option<u32>,
     #[serde(rename = "HeartbeatPeriod", default)]
     pub heartbeat_period: Option<u64>,
-    #[serde(
-        rename = "LinkKeepalive",
-        default = "crate::common::default_link_keepalive"
-    )]
-    pub link_keepalive: u64,
-    #[serde(
-        rename = "LinkIdleTimeout",
-        default = "crate::common::default_link_idle_timeout"
-    )]
-    pub link_idle_timeout: u64,
-    #[serde(rename = "LinkCongestionControl", default)]
-    pub link_congestion_control: Option<String>,
     #[serde(rename = "MetricsPort", default)]
     pub metrics_port: Option<SocketAddr>,
     #[serde(rename = "MetricsFile", default)]
@@ -286,6 +274,7 @@ pub struct RelayConfig {
     #[serde(rename = "SwitchMinShare", default)]
     pub switch_min_share: Option<f64>,
 }
+}
 
 fn default_exit_policy() -> Vec<String> {
     vec!["reject *:*".to_string()]
@@ -339,7 +328,7 @@ impl RelayConfig {
 
     /// TCP_NOTSENT_LOWAT for link sockets, if any (see `LinkUnsentLimit` in the help).
     fn unsent_limit(&self) -> Option<u32> {
-        effective_unsent_limit(self.link_unsent_limit, self.socket_buffer().is_some())
+        self.link().unsent_limit(self.socket_buffer().is_some())
     }
 
     /// The settings SIGHUP may change in the running core. Fails, naming the option, on a
@@ -425,12 +414,6 @@ impl RelayConfig {
         } else {
             self.bandwidth_burst.max(self.bandwidth_rate)
         }
-    }
-
-    /// `LinkKeepalive` and `LinkIdleTimeout`, checked.
-    fn liveness(&self) -> anyhow::Result<Liveness> {
-        Liveness::from_options(self.link_keepalive, self.link_idle_timeout)
-            .map_err(anyhow::Error::msg)
     }
 
     /// The split-direction settings, with the option named in any error.
@@ -594,9 +577,7 @@ impl RelayConfig {
                 bail!("ConstrainedSockSize must be between 2048 and 262144 bytes");
             }
         }
-        check_unsent_limit(self.link_unsent_limit)?;
-        check_congestion_control(self.link_congestion_control.as_deref())?;
-        self.liveness()?;
+        self.link().validate()?;
         if self.heartbeat_period.is_some_and(|p| p > 30 * 86_400) {
             bail!("HeartbeatPeriod must be between 0 (off) and 2592000 seconds (30 days)");
         }
@@ -636,7 +617,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         features: cfg.features(),
         socket_buffer: cfg.socket_buffer(),
         unsent_limit: cfg.unsent_limit(),
-        congestion_control: cfg.link_congestion_control.clone(),
+        congestion_control: cfg.link().congestion_control.clone(),
     });
     let listener = LinkListener::bind(cfg.or_port, link.clone())
         .await
@@ -685,7 +666,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             outbuf_cells,
             exit_policy: is_exit.then(|| policy.clone()),
             tunables: tunables.clone(),
-            liveness: cfg.liveness()?,
+            liveness: cfg.link().liveness()?,
         },
     );
     // A relative MetricsFile lives in the DataDirectory, so one setting serves many relays.
@@ -819,6 +800,7 @@ fn spawn_signal_handlers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::Liveness;
 
     fn config(extra: &str) -> RelayConfig {
         toml::from_str(&format!(
@@ -832,12 +814,14 @@ mod tests {
     #[test]
     fn link_liveness_and_heartbeat_options_are_checked_and_named() {
         assert!(config("").validate().is_ok());
-        assert_eq!(config("").liveness().unwrap(), Liveness::default());
+        assert_eq!(config("").link().liveness().unwrap(), Liveness::default());
         let off = config("LinkKeepalive = 0\nLinkIdleTimeout = 0")
+            .link()
             .liveness()
             .unwrap();
         assert_eq!((off.keepalive, off.idle_timeout), (None, None));
         let fast = config("LinkKeepalive = 1\nLinkIdleTimeout = 3")
+            .link()
             .liveness()
             .unwrap();
         assert_eq!(fast.idle_timeout, Some(Duration::from_secs(3)));

@@ -372,9 +372,15 @@ pub fn fetch(
     body_of(s)
 }
 
-/// POST /upload of `n` pattern bytes through the overlay; returns the server's JSON reply.
-pub fn upload(socks: SocketAddr, http: SocketAddr, n: usize) -> Result<String, String> {
-    let mut s = socks_connect(socks, http, None)?;
+/// POST /upload of `n` pattern bytes through the overlay (with SOCKS credentials `auth`, a
+/// circuit of their own); returns the server's JSON reply.
+pub fn upload(
+    socks: SocketAddr,
+    http: SocketAddr,
+    n: usize,
+    auth: Option<(&str, &str)>,
+) -> Result<String, String> {
+    let mut s = socks_connect(socks, http, auth)?;
     write!(
         s,
         "POST /upload HTTP/1.0\r\nHost: x\r\nContent-Length: {n}\r\n\r\n"

@@ -159,7 +159,7 @@ fn dynamic_splits_under_bidirectional_bulk_and_merges_when_idle() {
     let (socks, http) = (net.socks, net.http);
     const N: usize = 12_000_000;
     let down = std::thread::spawn(move || fetch(socks, http, N, None));
-    let up = std::thread::spawn(move || upload(socks, http, N));
+    let up = std::thread::spawn(move || upload(socks, http, N, None));
     let reply = up.join().unwrap().expect("upload failed");
     let want = hex::encode(Sha256::digest(pattern(N)));
     assert!(

@@ -4,30 +4,11 @@
 //! upload must arrive byte-exact (SHA-256 at the httpd's upload endpoint), and the relays'
 //! metrics must show switches and no lost cell.
 
-use std::io::Write;
 use std::time::Duration;
 
 use crate::common::*;
 
 use sha2::{Digest, Sha256};
-
-/// POST /upload of `n` pattern bytes on a circuit of its own (SOCKS user `user`).
-fn upload_as(
-    socks: std::net::SocketAddr,
-    http: std::net::SocketAddr,
-    n: usize,
-    user: &str,
-) -> Result<String, String> {
-    let mut s = socks_connect(socks, http, Some((user, "x")))?;
-    write!(
-        s,
-        "POST /upload HTTP/1.0\r\nHost: x\r\nContent-Length: {n}\r\n\r\n"
-    )
-    .map_err(|e| format!("http: {e}"))?;
-    s.write_all(&pattern(n))
-        .map_err(|e| format!("upload body: {e}"))?;
-    Ok(String::from_utf8_lossy(&body_of(s)?).into_owned())
-}
 
 /// The value of an unlabelled Prometheus sample.
 fn value(scrape: &str, name: &str) -> u64 {
@@ -38,20 +19,15 @@ fn value(scrape: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in metrics")) as u64
 }
 
-#[test]
-fn uploads_stay_byte_exact_while_the_entry_switches_circuits() {
-    let opts = "CircuitSwitching = \"connection\"\nSwitchAlpha = 0.0\nSwitchBeta = 0.0\n\
-                SwitchSampleIntervalMsec = 20\n";
-    let net = Network::start("switch", [opts; 3]);
-    const N: usize = 3_000_000;
-    const UPLOADS: usize = 8;
-    let expected = hex::encode(Sha256::digest(pattern(N)));
-    // Eight circuits (SOCKS isolation): over three relays, at least two share an entry and a
-    // middle, so some entry's connection carries two circuits to separate.
-    let threads: Vec<_> = (0..UPLOADS)
-        .map(|i| {
-            let (socks, http) = (net.socks, net.http);
-            std::thread::spawn(move || upload_as(socks, http, N, &format!("sw{i}")))
+/// One upload of `n` pattern bytes per SOCKS user in `users`, all at once (a circuit each);
+/// every one must arrive byte-exact (length and SHA-256 at the httpd).
+fn uploads_arrive_byte_exact(net: &Network, n: usize, users: &[String]) {
+    let expected = hex::encode(Sha256::digest(pattern(n)));
+    let threads: Vec<_> = users
+        .iter()
+        .map(|user| {
+            let (socks, http, user) = (net.socks, net.http, user.clone());
+            std::thread::spawn(move || upload(socks, http, n, Some((&user, "x"))))
         })
         .collect();
     for (i, t) in threads.into_iter().enumerate() {
@@ -61,7 +37,7 @@ fn uploads_stay_byte_exact_while_the_entry_switches_circuits() {
             .unwrap_or_else(|e| panic!("upload {i}: {e}; logs in {}", net.dir.display()));
         let v: serde_json::Value = serde_json::from_str(reply.trim())
             .unwrap_or_else(|e| panic!("upload {i}: reply {reply:?}: {e}"));
-        assert_eq!(v["bytes"].as_u64(), Some(N as u64), "upload {i} length");
+        assert_eq!(v["bytes"].as_u64(), Some(n as u64), "upload {i} length");
         assert_eq!(
             v["sha256"].as_str(),
             Some(expected.as_str()),
@@ -69,9 +45,34 @@ fn uploads_stay_byte_exact_while_the_entry_switches_circuits() {
             net.dir.display()
         );
     }
-    // Counters are refreshed every 500 ms.
+}
+
+/// Each relay's metrics, scraped after the counters' 500 ms refresh.
+fn scrapes_after_refresh(net: &Network, relays: usize) -> Vec<String> {
     std::thread::sleep(Duration::from_millis(1200));
-    let scrapes: Vec<String> = (0..3).map(|i| net.scrape(i)).collect();
+    (0..relays).map(|i| net.scrape(i)).collect()
+}
+
+/// The switch records of a JSON-lines metrics file (none if it is missing).
+fn switch_records(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("\"type\":\"switch\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn uploads_stay_byte_exact_while_the_entry_switches_circuits() {
+    let opts = "CircuitSwitching = \"connection\"\nSwitchAlpha = 0.0\nSwitchBeta = 0.0\n\
+                SwitchSampleIntervalMsec = 20\n";
+    let net = Network::start("switch", [opts; 3]);
+    // Eight circuits (SOCKS isolation): over three relays, at least two share an entry and a
+    // middle, so some entry's connection carries two circuits to separate.
+    let users: Vec<String> = (0..8).map(|i| format!("sw{i}")).collect();
+    uploads_arrive_byte_exact(&net, 3_000_000, &users);
+    let scrapes = scrapes_after_refresh(&net, 3);
     let sum = |name: &str| scrapes.iter().map(|s| value(s, name)).sum::<u64>();
     assert!(
         sum("chive_switches_total") >= 1,
@@ -91,14 +92,7 @@ fn uploads_stay_byte_exact_while_the_entry_switches_circuits() {
     assert_eq!(sum("chive_circuits_killed_total"), 0, "circuits killed");
     // The JSON-lines file has the switch records with their times.
     let records: Vec<serde_json::Value> = (1..=3)
-        .flat_map(|i| {
-            std::fs::read_to_string(net.dir.join(format!("relay{i}.metrics.jsonl")))
-                .unwrap_or_default()
-                .lines()
-                .filter(|l| l.contains("\"type\":\"switch\""))
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|i| switch_records(&net.dir.join(format!("relay{i}.metrics.jsonl"))))
         .collect();
     let switched: Vec<f64> = records
         .iter()
@@ -128,9 +122,7 @@ fn uploads_stay_byte_exact_while_the_client_switches_paths() {
         &[opts; 5],
         "CircuitSwitching = \"path\"\nMetricsFile = \"client.metrics.jsonl\"\n",
     );
-    const N: usize = 3_000_000;
     const UPLOADS: usize = 4;
-    let expected = hex::encode(Sha256::digest(pattern(N)));
     // A spare needs two relays the home circuit does not use: wait for all five in the
     // client's consensus, then give each upload's circuit (SOCKS isolation) time to link one.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -148,29 +140,9 @@ fn uploads_stay_byte_exact_while_the_client_switches_paths() {
             .unwrap_or_else(|e| panic!("warm-up fetch {i}: {e}"));
     }
     std::thread::sleep(Duration::from_millis(1500));
-    let threads: Vec<_> = (0..UPLOADS)
-        .map(|i| {
-            let (socks, http) = (net.socks, net.http);
-            std::thread::spawn(move || upload_as(socks, http, N, &format!("path{i}")))
-        })
-        .collect();
-    for (i, t) in threads.into_iter().enumerate() {
-        let reply = t
-            .join()
-            .unwrap()
-            .unwrap_or_else(|e| panic!("upload {i}: {e}; logs in {}", net.dir.display()));
-        let v: serde_json::Value = serde_json::from_str(reply.trim())
-            .unwrap_or_else(|e| panic!("upload {i}: reply {reply:?}: {e}"));
-        assert_eq!(v["bytes"].as_u64(), Some(N as u64), "upload {i} length");
-        assert_eq!(
-            v["sha256"].as_str(),
-            Some(expected.as_str()),
-            "upload {i} is not byte-exact; logs in {}",
-            net.dir.display()
-        );
-    }
-    std::thread::sleep(Duration::from_millis(1200));
-    let scrapes: Vec<String> = (0..5).map(|i| net.scrape(i)).collect();
+    let users: Vec<String> = (0..UPLOADS).map(|i| format!("path{i}")).collect();
+    uploads_arrive_byte_exact(&net, 3_000_000, &users);
+    let scrapes = scrapes_after_refresh(&net, 5);
     let sum = |name: &str| scrapes.iter().map(|s| value(s, name)).sum::<u64>();
     assert!(
         sum("chive_switch_congested_sent_total") >= 1,
@@ -183,13 +155,7 @@ fn uploads_stay_byte_exact_while_the_client_switches_paths() {
         "switch protocol violations"
     );
     assert_eq!(sum("chive_circuits_killed_total"), 0, "circuits killed");
-    let records: Vec<serde_json::Value> =
-        std::fs::read_to_string(net.dir.join("client").join("client.metrics.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("\"type\":\"switch\""))
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+    let records = switch_records(&net.dir.join("client").join("client.metrics.jsonl"));
     let switched: Vec<f64> = records
         .iter()
         .filter(|r| r["outcome"] == "switched" && r["mode"] == "path")

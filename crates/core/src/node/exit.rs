@@ -14,7 +14,52 @@ use super::event::Event;
 use super::stream::{Edge, Stream, StreamState};
 use super::Core;
 
+/// Where a BEGIN arrived: at an exit (its edge is made on first use) or at an onion service's
+/// end of a rendezvous circuit (the origin circuit's edge).
+#[derive(Clone, Copy)]
+pub(super) enum BegunAt {
+    Exit,
+    Service,
+}
+
+/// Why [`Core::open_begun_stream`] opened no stream.
+pub(super) enum NotOpened {
+    /// The circuit has no edge for streams there.
+    NoEdge,
+    /// The stream id was in use: the circuit is closed.
+    Killed,
+}
+
 impl Core {
+    /// The stream a BEGIN asked for on circuit `key`: `sid` on the circuit's edge, Connecting,
+    /// with a fresh handle. The caller asks the driver to connect it.
+    pub(super) fn open_begun_stream(
+        &mut self,
+        key: CircKey,
+        sid: u16,
+        at: BegunAt,
+        now: Instant,
+    ) -> Result<StreamHandle, NotOpened> {
+        let handle = StreamHandle(self.next_handle);
+        let edge = match at {
+            BegunAt::Exit => self.exit_edge(key),
+            BegunAt::Service => self.circuits.get_mut(&key).and_then(|c| c.edge_mut()),
+        };
+        let Some(edge) = edge else {
+            return Err(NotOpened::NoEdge);
+        };
+        if edge.streams.contains_key(&sid) {
+            self.kill(key, "BEGIN for a stream id in use", now);
+            return Err(NotOpened::Killed);
+        }
+        let flow = edge.stream_flow();
+        edge.streams
+            .insert(sid, Stream::new(handle, StreamState::Connecting, flow));
+        self.next_handle += 1;
+        self.streams.insert(handle, (key, sid));
+        Ok(handle)
+    }
+
     fn exit_edge(&mut self, key: CircKey) -> Option<&mut Edge> {
         let window = self.new_circuit_window();
         match &mut self.circuits.get_mut(&key)?.role {
@@ -42,18 +87,11 @@ impl Core {
         if !self.cfg.exit || self.circuits.get(&key).is_some_and(|c| c.next.is_some()) {
             return self.send_end(key, sid, EndReason::EXITPOLICY, now);
         }
-        let handle = StreamHandle(self.next_handle);
-        let Some(edge) = self.exit_edge(key) else {
-            return self.send_end(key, sid, EndReason::TORPROTOCOL, now);
+        let handle = match self.open_begun_stream(key, sid, BegunAt::Exit, now) {
+            Ok(handle) => handle,
+            Err(NotOpened::NoEdge) => return self.send_end(key, sid, EndReason::TORPROTOCOL, now),
+            Err(NotOpened::Killed) => return,
         };
-        if edge.streams.contains_key(&sid) {
-            return self.kill(key, "BEGIN for a stream id in use", now);
-        }
-        let flow = edge.stream_flow();
-        edge.streams
-            .insert(sid, Stream::new(handle, StreamState::Connecting, flow));
-        self.next_handle += 1;
-        self.streams.insert(handle, (key, sid));
         self.events.push_back(Event::ExitConnect {
             stream: handle,
             host: begin.host,

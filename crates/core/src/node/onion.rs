@@ -20,11 +20,11 @@ use tracing::debug;
 use crate::onion::intro::DEFAULT_MAX_INTRO_CIRCUITS;
 use crate::onion::rend::DEFAULT_MAX_REND_CIRCUITS;
 use crate::onion::{IntroPointTable, RendezvousTable};
-use crate::{CircKey, StreamHandle};
+use crate::CircKey;
 
 use super::circuit::{Role, Side};
 use super::event::{CoreError, Event};
-use super::stream::{Stream, StreamState};
+use super::exit::BegunAt;
 use super::Core;
 
 /// The core's onion-service state.
@@ -216,18 +216,9 @@ impl Core {
                 return self.send_end(key, sid, EndReason::TORPROTOCOL, now);
             }
         };
-        let handle = StreamHandle(self.next_handle);
-        let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) else {
+        let Ok(handle) = self.open_begun_stream(key, sid, BegunAt::Service, now) else {
             return;
         };
-        if edge.streams.contains_key(&sid) {
-            return self.kill(key, "BEGIN for a stream id in use", now);
-        }
-        let flow = edge.stream_flow();
-        edge.streams
-            .insert(sid, Stream::new(handle, StreamState::Connecting, flow));
-        self.next_handle += 1;
-        self.streams.insert(handle, (key, sid));
         self.events.push_back(Event::OnionStreamRequest {
             circ: key,
             stream: handle,

@@ -1,6 +1,7 @@
 //! chive-core's integration tests, one test binary (each `tests/*.rs` file would be a binary of
 //! its own, linked against the whole dependency graph; one binary links once). Each module is
-//! one former test file; `common` is the hand-driven path they share.
+//! one former test file; `common` is the hand-driven path they share, `sim` the whole overlay in
+//! memory that the multi-node tests share.
 //!
 //! A new test file goes here as `tests/it/<name>.rs` plus a `mod <name>;` line below (it
 //! reaches the shared helpers with `use crate::common;`). Run one file's tests with
@@ -8,6 +9,7 @@
 
 mod alloc_count;
 mod common;
+mod sim;
 
 mod circuit_window;
 mod dos;

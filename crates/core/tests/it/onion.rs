@@ -5,17 +5,14 @@
 //! INTRODUCE that does not decrypt, a replayed one, an ESTABLISH_INTRO made for another
 //! circuit.
 
-use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 use chive_cell::RelayCommand;
 use chive_core::onion::{ClientRendezvous, IntroduceError, OnionServiceIntro};
-use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event, HopSpec, RelayKeys, StreamHandle};
-use chive_crypto::ntor::NtorSecretKey;
-use chive_crypto::{IdentityKey, IdentityKeypair, OnionAddress};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
+use chive_core::{CircKey, Core, CoreConfig, Event, StreamHandle};
+use chive_crypto::{IdentityKeypair, OnionAddress};
+
+use crate::sim::{pattern, Sim};
 
 const CLIENT: usize = 0;
 const SERVICE: usize = 1;
@@ -25,159 +22,36 @@ const INTRO: usize = 1;
 const REND: usize = 2;
 const GUARD_S: usize = 3;
 
-struct Net {
-    nodes: Vec<Core>,
-    identities: Vec<Option<IdentityKey>>,
-    hops: Vec<HopSpec>,
-    links: HashMap<(usize, ChannelId), (usize, ChannelId)>,
-    next_chan: u64,
-    now: Instant,
-    events: Vec<(usize, Event)>,
-    writable: BTreeSet<(usize, ChannelId)>,
-    /// Bytes each node's streams received.
-    received: HashMap<(usize, StreamHandle), Vec<u8>>,
-    /// Read credit granted per stream.
-    credit: HashMap<(usize, StreamHandle), usize>,
-    rng: StdRng,
+/// A client, a service and four relays (no exits), links of 32 cells a step, no delay.
+type Net = Sim;
+
+trait Onion {
+    fn new() -> Self;
+    fn relay(&mut self, i: usize) -> &mut Core;
+    /// Node `node` builds a circuit through `relays`.
+    fn build(&mut self, node: usize, relays: &[usize]) -> CircKey;
+    /// The onion messages node `n` got on `circ` (taken out of the event list).
+    fn take_onion(&mut self, n: usize, circ: CircKey) -> Vec<(RelayCommand, Vec<u8>)>;
+    /// Node `n` sends an onion message on `circ`, and the network runs.
+    fn send(&mut self, n: usize, circ: CircKey, cmd: RelayCommand, body: &[u8]);
+    /// Feed `data` into stream `s` of node `n` within its read credit, running the network.
+    fn feed_until(&mut self, n: usize, s: StreamHandle, data: &[u8], until: impl Fn(&Net) -> bool);
 }
 
-impl Net {
-    fn new() -> Net {
-        let mut rng = StdRng::seed_from_u64(19);
-        let mut nodes = vec![
-            Core::new(CoreConfig::default(), [1; 32]),
-            Core::new(CoreConfig::default(), [2; 32]),
-        ];
-        let mut identities = vec![None, None];
-        let mut hops = Vec::new();
-        for i in 0..4u8 {
-            let id = IdentityKeypair::generate(&mut rng).public();
-            let ntor = NtorSecretKey::generate(&mut rng);
-            hops.push(HopSpec {
-                identity: id,
-                ntor_key: ntor.public(),
-                addr: SocketAddr::from(([127, 0, 0, 1], 9000 + u16::from(i))),
-            });
-            nodes.push(Core::new(
-                CoreConfig {
-                    relay: Some(RelayKeys { identity: id, ntor }),
-                    exit: false,
-                    ..CoreConfig::default()
-                },
-                [i + 3; 32],
-            ));
-            identities.push(Some(id));
-        }
-        Net {
-            nodes,
-            identities,
-            hops,
-            links: HashMap::new(),
-            next_chan: 1,
-            now: Instant::now(),
-            events: Vec::new(),
-            writable: BTreeSet::new(),
-            received: HashMap::new(),
-            credit: HashMap::new(),
-            rng,
-        }
+impl Onion for Net {
+    fn new() -> Self {
+        let endpoints = vec![CoreConfig::default(), CoreConfig::default()];
+        Sim::overlay(19, endpoints, 4, |_| CoreConfig::default())
     }
 
     fn relay(&mut self, i: usize) -> &mut Core {
         &mut self.nodes[2 + i]
     }
 
-    fn connect(&mut self, from: usize, identity: IdentityKey) {
-        let to = self
-            .identities
-            .iter()
-            .position(|i| *i == Some(identity))
-            .unwrap();
-        let (a, b) = (ChannelId(self.next_chan), ChannelId(self.next_chan + 1));
-        self.next_chan += 2;
-        self.links.insert((from, a), (to, b));
-        self.links.insert((to, b), (from, a));
-        let (fid, tid) = (self.identities[from], self.identities[to]);
-        self.nodes[from].channel_opened(a, tid, true, self.now);
-        self.nodes[to].channel_opened(b, fid, false, self.now);
-    }
-
-    fn step(&mut self) -> bool {
-        let mut busy = false;
-        for n in 0..self.nodes.len() {
-            while let Some(ev) = self.nodes[n].poll_event() {
-                busy = true;
-                match ev {
-                    Event::Connect { identity, .. } => self.connect(n, identity),
-                    Event::StreamWrite { stream, data } => {
-                        self.received
-                            .entry((n, stream))
-                            .or_default()
-                            .extend_from_slice(&data);
-                        self.nodes[n].stream_flushed(stream, 1, self.now);
-                    }
-                    Event::StreamReadCredit { stream, bytes } => {
-                        *self.credit.entry((n, stream)).or_default() += bytes;
-                    }
-                    other => self.events.push((n, other)),
-                }
-            }
-        }
-        for n in 0..self.nodes.len() {
-            while let Some(c) = self.nodes[n].poll_ready_channel() {
-                self.writable.insert((n, c));
-            }
-        }
-        let mut deliveries = Vec::new();
-        let chans: Vec<(usize, ChannelId)> = self.writable.iter().copied().collect();
-        for (n, chan) in chans {
-            let mut out = Vec::new();
-            self.nodes[n].poll_transmit(chan, 32, self.now, &mut out);
-            if !self.nodes[n].has_pending(chan) {
-                self.writable.remove(&(n, chan));
-            }
-            if !out.is_empty() {
-                deliveries.push((n, chan, out));
-            }
-        }
-        for (n, chan, cells) in deliveries {
-            busy = true;
-            let (peer, pchan) = self.links[&(n, chan)];
-            for cell in cells {
-                self.nodes[peer].handle_cell(pchan, cell, self.now);
-            }
-        }
-        self.now += Duration::from_millis(1);
-        busy
-    }
-
-    fn run(&mut self) {
-        let mut idle = 0;
-        for _ in 0..5000 {
-            if self.step() {
-                idle = 0;
-            } else {
-                idle += 1;
-                if idle > 3 {
-                    return;
-                }
-            }
-        }
-    }
-
     fn build(&mut self, node: usize, relays: &[usize]) -> CircKey {
-        let path = relays.iter().map(|&r| self.hops[r].clone()).collect();
-        let circ = self.nodes[node].launch_circuit(path, self.now);
-        self.run();
-        assert!(
-            self.nodes[node].circuit_is_open(circ),
-            "circuit not built: {:?}",
-            self.events
-        );
-        circ
+        self.build_through(node, relays, 5000)
     }
 
-    /// The onion messages node `n` got on `circ` (taken out of the event list).
     fn take_onion(&mut self, n: usize, circ: CircKey) -> Vec<(RelayCommand, Vec<u8>)> {
         let mut got = Vec::new();
         self.events.retain(|(node, e)| match e {
@@ -194,36 +68,18 @@ impl Net {
         got
     }
 
-    fn closed(&self, n: usize, circ: CircKey) -> bool {
-        self.events.iter().any(|(node, e)| {
-            *node == n && matches!(e, Event::CircuitClosed { circ: c, .. } if *c == circ)
-        })
-    }
-
     fn send(&mut self, n: usize, circ: CircKey, cmd: RelayCommand, body: &[u8]) {
+        let now = self.now;
         self.nodes[n]
-            .send_onion_message(circ, cmd, body, self.now)
+            .send_onion_message(circ, cmd, body, now)
             .unwrap();
-        self.run();
+        self.run(5000);
     }
 
-    /// Feed `data` into stream `s` of node `n` within its read credit, running the network.
-    fn feed(&mut self, n: usize, s: StreamHandle, data: &[u8], until: impl Fn(&Net) -> bool) {
-        let mut sent = 0;
-        for _ in 0..200_000 {
-            let c = self.credit.entry((n, s)).or_default();
-            if sent < data.len() && *c > 0 {
-                let k = (*c).min(data.len() - sent).min(4096);
-                *c -= k;
-                self.nodes[n].stream_data(s, &data[sent..sent + k], self.now);
-                sent += k;
-            }
-            self.step();
-            if sent == data.len() && until(self) {
-                return;
-            }
-        }
-        panic!("transfer did not finish");
+    fn feed_until(&mut self, n: usize, s: StreamHandle, data: &[u8], until: impl Fn(&Net) -> bool) {
+        let streams = [(s, data.to_vec())];
+        let done = self.feed(n, &streams, 200_000, |_, _| {}, until);
+        assert!(done, "transfer did not finish");
     }
 }
 
@@ -279,10 +135,6 @@ fn client_introduces(
     (conn, rend, intro1)
 }
 
-fn pattern(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i * 7 % 253) as u8).collect()
-}
-
 #[test]
 fn a_stream_through_an_onion_service_is_byte_exact() {
     let mut net = Net::new();
@@ -303,7 +155,7 @@ fn a_stream_through_an_onion_service_is_byte_exact() {
     net.nodes[SERVICE]
         .attach_virtual_hop(svc_rend, &acc.keys, true)
         .unwrap();
-    net.run();
+    net.run(5000);
     assert_eq!(net.relay(REND).onion_relay_stats().rend_joined, 1);
 
     // The client gets RENDEZVOUS2 and attaches its end of the virtual hop.
@@ -318,7 +170,7 @@ fn a_stream_through_an_onion_service_is_byte_exact() {
     let cs = net.nodes[CLIENT]
         .open_stream(rend, "service.onion", 80, net.now)
         .unwrap();
-    net.run();
+    net.run(5000);
     let req = net
         .events
         .iter()
@@ -332,19 +184,19 @@ fn a_stream_through_an_onion_service_is_byte_exact() {
     assert_eq!((req.0, req.2), (svc_rend, 80));
     let ss = req.1;
     net.nodes[SERVICE].exit_connected(ss, SocketAddr::from(([127, 0, 0, 1], 8080)), net.now);
-    net.run();
+    net.run(5000);
     assert!(net.events.iter().any(|(n, e)| *n == CLIENT
         && matches!(e, Event::StreamConnected { stream, addr: None } if *stream == cs)));
 
     // Request up, 300 KB down (many circuit and stream SENDMEs through the virtual hop).
-    let request = pattern(3000);
-    net.feed(CLIENT, cs, &request, |net| {
-        net.received.get(&(SERVICE, ss)).map_or(0, Vec::len) >= 3000
+    let request = pattern(3000, 0);
+    net.feed_until(CLIENT, cs, &request, |net| {
+        net.got(SERVICE, ss).len() >= 3000
     });
     assert!(net.received[&(SERVICE, ss)] == request);
-    let page = pattern(300_000);
-    net.feed(SERVICE, ss, &page, |net| {
-        net.received.get(&(CLIENT, cs)).map_or(0, Vec::len) >= 300_000
+    let page = pattern(300_000, 0);
+    net.feed_until(SERVICE, ss, &page, |net| {
+        net.got(CLIENT, cs).len() >= 300_000
     });
     assert!(net.received[&(CLIENT, cs)] == page, "bytes differ");
     assert_eq!(
@@ -358,7 +210,7 @@ fn a_stream_through_an_onion_service_is_byte_exact() {
 
     // Closing the client's circuit tears down the service's partner circuit at the RP.
     net.nodes[CLIENT].close_circuit(rend, net.now);
-    net.run();
+    net.run(5000);
     assert!(
         net.closed(SERVICE, svc_rend),
         "service circuit outlived its partner"

@@ -6,19 +6,14 @@
 //! cells still crawling through A, and the exit must put them back in order. Then the
 //! failures: no confirmation (fallback with resend), a dead spare, the home circuit gone.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chive_cell::Cell;
 use chive_core::{
-    ChannelId, CircKey, Core, CoreConfig, Event, HopSpec, RelayKeys, SchedulerKind, StreamHandle,
-    SwitchMode, SwitchOutcome, SwitchSettings,
+    CircKey, CoreConfig, Event, SchedulerKind, StreamHandle, SwitchMode, SwitchOutcome,
+    SwitchSettings,
 };
-use chive_crypto::ntor::NtorSecretKey;
-use chive_crypto::{IdentityKey, IdentityKeypair};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
+
+use crate::sim::{pattern, Shape, Sim};
 
 const CLIENT: usize = 0;
 const E1: usize = 1;
@@ -27,264 +22,57 @@ const E2: usize = 3;
 const M2: usize = 4;
 const X: usize = 5;
 
-struct Link {
-    peer: usize,
-    pchan: ChannelId,
-    budget: usize,
-    delay: u64,
-    pipe: VecDeque<(u64, Cell)>,
-    /// Drop everything written.
-    blackhole: bool,
+/// A client and five relays (all exits, EWMA, path switching on); links of 32 cells a step and
+/// 2 steps of delay, E1 -> M1 the slow, congested connection (2 cells a step, 30 steps).
+type Net = Sim;
+
+trait PathSwitching {
+    fn new() -> Self;
+    /// A circuit through the nodes `path`.
+    fn build(&mut self, path: [usize; 3]) -> CircKey;
+    fn linked(&mut self) -> (CircKey, CircKey, StreamHandle);
+    fn transfer(
+        &mut self,
+        streams: &[(StreamHandle, Vec<u8>)],
+        steps: usize,
+        at: impl FnMut(usize, &mut Net),
+    );
+    fn assert_exact(&self, streams: &[(StreamHandle, Vec<u8>)]);
+    fn congest_e1(&mut self) -> Option<CircKey>;
 }
 
-struct Net {
-    nodes: Vec<Core>,
-    identities: Vec<Option<IdentityKey>>,
-    hops: Vec<HopSpec>,
-    links: HashMap<(usize, ChannelId), Link>,
-    next_chan: u64,
-    step_no: u64,
-    now: Instant,
-    received: HashMap<StreamHandle, Vec<u8>>,
-    credit: HashMap<StreamHandle, usize>,
-    events: Vec<(usize, Event)>,
-    echo: VecDeque<(usize, StreamHandle, Vec<u8>)>,
-    writable: BTreeSet<(usize, ChannelId)>,
-    /// Upload only: the exit keeps what arrives (under this client stream) instead of echoing.
-    upload_only: Option<StreamHandle>,
-}
-
-impl Net {
-    fn new() -> Net {
-        if std::env::var("SW_DEBUG").is_ok() {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter("info")
-                .with_test_writer()
-                .try_init();
-        }
-        let mut rng = StdRng::seed_from_u64(29);
-        let mut nodes = vec![Core::new(CoreConfig::default(), [1; 32])];
-        let mut identities = vec![None];
-        let mut hops = Vec::new();
-        for i in 0..5u8 {
-            let id = IdentityKeypair::generate(&mut rng).public();
-            let ntor = NtorSecretKey::generate(&mut rng);
-            hops.push(HopSpec {
-                identity: id,
-                ntor_key: ntor.public(),
-                addr: SocketAddr::from(([127, 0, 0, 1], 9100 + u16::from(i))),
-            });
-            let mut core = Core::new(
-                CoreConfig {
-                    relay: Some(RelayKeys { identity: id, ntor }),
-                    exit: true,
-                    scheduler: SchedulerKind::Ewma { halflife: 30.0 },
-                    ..CoreConfig::default()
-                },
-                [i + 2; 32],
-            );
+impl PathSwitching for Net {
+    fn new() -> Self {
+        let mut sim = Sim::overlay(29, vec![CoreConfig::default()], 5, |_| CoreConfig {
+            exit: true,
+            scheduler: SchedulerKind::Ewma { halflife: 30.0 },
+            ..CoreConfig::default()
+        });
+        for core in &mut sim.nodes[1..] {
             core.set_switching(SwitchSettings {
                 mode: SwitchMode::Path,
                 timeout: Duration::from_millis(2000),
                 ..SwitchSettings::default()
             });
-            nodes.push(core);
-            identities.push(Some(id));
         }
-        Net {
-            nodes,
-            identities,
-            hops,
-            links: HashMap::new(),
-            next_chan: 1,
-            step_no: 0,
-            now: Instant::now(),
-            received: HashMap::new(),
-            credit: HashMap::new(),
-            events: Vec::new(),
-            echo: VecDeque::new(),
-            writable: BTreeSet::new(),
-            upload_only: None,
-        }
-    }
-
-    fn node_of(&self, id: &IdentityKey) -> usize {
-        self.identities
-            .iter()
-            .position(|i| i.as_ref() == Some(id))
-            .unwrap()
-    }
-
-    fn connect(&mut self, from: usize, to: usize) {
-        let (a, b) = (ChannelId(self.next_chan), ChannelId(self.next_chan + 1));
-        self.next_chan += 2;
-        // E1 -> M1 is the slow, congested connection.
-        let (budget, delay) = if (from, to) == (E1, M1) {
-            (2, 30)
-        } else {
-            (32, 2)
+        sim.shape = Shape {
+            budget: 32,
+            delay: 2,
         };
-        for (n, c, p, pc) in [(from, a, to, b), (to, b, from, a)] {
-            self.links.insert(
-                (n, c),
-                Link {
-                    peer: p,
-                    pchan: pc,
-                    budget,
-                    delay,
-                    pipe: VecDeque::new(),
-                    blackhole: false,
-                },
-            );
-        }
-        let (from_id, to_id) = (self.identities[from], self.identities[to]);
-        self.nodes[from].channel_opened(a, to_id, true, self.now);
-        self.nodes[to].channel_opened(b, from_id, false, self.now);
-    }
-
-    fn chan(&self, from: usize, to: usize) -> ChannelId {
-        self.links
-            .iter()
-            .find(|((n, _), l)| *n == from && l.peer == to)
-            .map(|((_, c), _)| *c)
-            .unwrap()
-    }
-
-    /// Drop everything `from` writes to `to` from now on.
-    fn blackhole(&mut self, from: usize, to: usize) {
-        for ((n, _), l) in self.links.iter_mut() {
-            if *n == from && l.peer == to {
-                l.blackhole = true;
-                l.pipe.clear();
-            }
-        }
-    }
-
-    fn step(&mut self) -> bool {
-        let mut busy = false;
-        for n in 0..self.nodes.len() {
-            if self.nodes[n].next_deadline().is_some_and(|d| d <= self.now) {
-                self.nodes[n].handle_timeout(self.now);
-            }
-            while let Some(ev) = self.nodes[n].poll_event() {
-                busy = true;
-                self.on_event(n, ev);
-            }
-        }
-        while let Some((n, stream, data)) = self.echo.pop_front() {
-            self.nodes[n].stream_data(stream, &data, self.now);
-        }
-        for n in 0..self.nodes.len() {
-            while let Some(c) = self.nodes[n].poll_ready_channel() {
-                self.writable.insert((n, c));
-            }
-        }
-        let chans: Vec<(usize, ChannelId)> = self.writable.iter().copied().collect();
-        for (n, chan) in chans {
-            let Some(link) = self.links.get_mut(&(n, chan)) else {
-                self.writable.remove(&(n, chan));
-                continue;
-            };
-            let mut out = Vec::new();
-            self.nodes[n].poll_transmit(chan, link.budget, self.now, &mut out);
-            if !self.nodes[n].has_pending(chan) {
-                self.writable.remove(&(n, chan));
-            }
-            if !link.blackhole {
-                for cell in out {
-                    busy = true;
-                    link.pipe.push_back((self.step_no + link.delay, cell));
-                }
-            }
-        }
-        let keys: Vec<(usize, ChannelId)> = self.links.keys().copied().collect();
-        for k in keys {
-            let link = self.links.get_mut(&k).unwrap();
-            let (peer, pchan) = (link.peer, link.pchan);
-            let mut arrived = Vec::new();
-            while link.pipe.front().is_some_and(|(t, _)| *t <= self.step_no) {
-                arrived.push(link.pipe.pop_front().unwrap().1);
-            }
-            if !link.pipe.is_empty() {
-                busy = true;
-            }
-            for cell in arrived {
-                busy = true;
-                self.nodes[peer].handle_cell(pchan, cell, self.now);
-            }
-        }
-        self.step_no += 1;
-        self.now += Duration::from_millis(1);
-        busy
-    }
-
-    fn on_event(&mut self, n: usize, ev: Event) {
-        match ev {
-            Event::Connect { identity, .. } => {
-                let to = self.node_of(&identity);
-                self.connect(n, to);
-            }
-            Event::ExitConnect { stream, .. } => {
-                let addr = SocketAddr::from(([127, 0, 0, 1], 80));
-                self.nodes[n].exit_connected(stream, addr, self.now);
-            }
-            Event::StreamWrite { stream, data } => {
-                if n == CLIENT {
-                    self.received
-                        .entry(stream)
-                        .or_default()
-                        .extend_from_slice(&data);
-                } else if let Some(up) = self.upload_only {
-                    self.received
-                        .entry(up)
-                        .or_default()
-                        .extend_from_slice(&data);
-                } else {
-                    self.echo.push_back((n, stream, data));
-                }
-                self.nodes[n].stream_flushed(stream, 1, self.now);
-            }
-            Event::StreamReadCredit { stream, bytes } if n == CLIENT => {
-                *self.credit.entry(stream).or_default() += bytes;
-            }
-            Event::CloseChannel { chan, .. } => {
-                self.nodes[n].channel_closed(chan, self.now);
-            }
-            other => self.events.push((n, other)),
-        }
-    }
-
-    fn run(&mut self, max_steps: usize) {
-        let mut idle = 0;
-        for _ in 0..max_steps {
-            if self.step() {
-                idle = 0;
-            } else {
-                idle += 1;
-                if idle > 3 {
-                    return;
-                }
-            }
-        }
-    }
-
-    fn idle(&mut self, steps: usize) {
-        for _ in 0..steps {
-            self.step();
-        }
+        sim.slow = Some((
+            E1,
+            M1,
+            Shape {
+                budget: 2,
+                delay: 30,
+            },
+        ));
+        sim
     }
 
     fn build(&mut self, path: [usize; 3]) -> CircKey {
-        let hops = path.iter().map(|n| self.hops[n - 1].clone()).collect();
-        let circ = self.nodes[CLIENT].launch_circuit(hops, self.now);
-        self.run(5000);
-        assert!(
-            self.events
-                .iter()
-                .any(|(n, e)| *n == CLIENT && *e == Event::CircuitBuilt { circ }),
-            "circuit not built"
-        );
-        circ
+        let relays = path.map(|n| n - 1);
+        self.build_through(CLIENT, &relays, 5000)
     }
 
     /// Home A = E1, M1, X linked to spare B = E2, M2, X; one stream opened on A.
@@ -292,76 +80,36 @@ impl Net {
         let a = self.build([E1, M1, X]);
         self.nodes[CLIENT].path_link(a, self.now).unwrap();
         let b = self.build([E2, M2, X]);
-        self.nodes[CLIENT].path_add_spare(a, b, self.now).unwrap();
+        let now = self.now;
+        self.nodes[CLIENT].path_add_spare(a, b, now).unwrap();
         self.run(5000);
         assert_eq!(self.nodes[CLIENT].path_set_of(a), Some(Some(b)));
         assert_eq!(self.nodes[CLIENT].path_current_leg(a), Some(a));
-        let s = self.nodes[CLIENT]
-            .open_stream(a, "127.0.0.1", 80, self.now)
-            .unwrap();
-        self.run(5000);
+        let s = self.open_on(CLIENT, a, 5000);
         (a, b, s)
     }
 
-    /// Feed each stream its bytes as read credit allows, stepping, until every echo came back
-    /// or `steps` ran out; `at(step, net)` runs before each step.
+    /// Feed the client's streams, stepping, until every echo came back or `steps` ran out;
+    /// `at(step, net)` runs before each step.
     fn transfer(
         &mut self,
         streams: &[(StreamHandle, Vec<u8>)],
         steps: usize,
-        mut at: impl FnMut(usize, &mut Net),
+        at: impl FnMut(usize, &mut Net),
     ) {
-        let mut sent = vec![0usize; streams.len()];
-        for i in 0..steps {
-            at(i, self);
-            for (j, (s, data)) in streams.iter().enumerate() {
-                let credit = self.credit.entry(*s).or_default();
-                if sent[j] < data.len() && *credit > 0 {
-                    let n = (*credit).min(data.len() - sent[j]).min(4096);
-                    *credit -= n;
-                    self.nodes[CLIENT].stream_data(*s, &data[sent[j]..sent[j] + n], self.now);
-                    sent[j] += n;
-                }
-            }
-            self.step();
-            let done = streams
-                .iter()
-                .all(|(s, d)| self.received.get(s).map_or(0, |r| r.len()) >= d.len());
-            if done {
-                return;
-            }
-        }
-    }
-
-    fn killed(&self) -> u64 {
-        self.nodes.iter().map(|n| n.stats().circuits_killed).sum()
+        self.echo_transfer(CLIENT, streams, steps, at);
     }
 
     fn assert_exact(&self, streams: &[(StreamHandle, Vec<u8>)]) {
-        if std::env::var("SW_DEBUG").is_ok() {
-            for (n, node) in self.nodes.iter().enumerate() {
-                eprintln!("node {n}: {:?} {:?}", node.stats(), node.switch_stats());
-            }
-        }
-        for (s, data) in streams {
-            let got = self.received.get(s).cloned().unwrap_or_default();
-            assert_eq!(got.len(), data.len(), "stream {s:?}: length");
-            assert!(
-                got == *data,
-                "stream {s:?}: bytes differ or are out of order"
-            );
-        }
+        self.assert_echo(CLIENT, streams);
     }
 
     /// E1 reports its connection to M1 congested (as its detector would).
     fn congest_e1(&mut self) -> Option<CircKey> {
         let c = self.chan(E1, M1);
-        self.nodes[E1].congested(c, 0.0, self.now)
+        let now = self.now;
+        self.nodes[E1].congested(c, 0.0, now)
     }
-}
-
-fn pattern(n: usize, salt: u8) -> Vec<u8> {
-    (0..n).map(|i| (i % 251) as u8 ^ salt).collect()
 }
 
 #[test]

@@ -4,326 +4,86 @@
 //! switch connection during a transfer; every byte arrives once and in order both ways. Then
 //! every hostile or failed switch: each closes at most its own circuit, the rest keeps flowing.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chive_cell::{Cell, CellCommand, Destroy, DestroyReason, SwitchConn, SwitchMarker};
 use chive_core::{
-    ChannelId, CircKey, Core, CoreConfig, Event, HopSpec, RelayKeys, SchedulerKind, StreamHandle,
-    SwitchMode, SwitchOutcome, SwitchSettings,
+    ChannelId, CircKey, CoreConfig, SchedulerKind, StreamHandle, SwitchMode, SwitchOutcome,
+    SwitchSettings,
 };
-use chive_crypto::ntor::NtorSecretKey;
-use chive_crypto::{IdentityKey, IdentityKeypair};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
+
+use crate::sim::{pattern, Link, Shape, Sim};
 
 const CLIENT: usize = 0;
 const E: usize = 1;
 const M: usize = 2;
 const X: usize = 3;
 
-struct Link {
-    peer: usize,
-    pchan: ChannelId,
-    budget: usize,
-    delay: u64,
-    /// Cells on the wire: (step they arrive, cell).
-    pipe: VecDeque<(u64, Cell)>,
-    /// Drop everything written (a peer that never answers).
-    blackhole: bool,
-    /// Circuit ids of the cells written, in order (for tests that forge cells).
-    ids: Vec<u32>,
-}
+/// A client, E, M and X (relays 0, 1, 2, all exits, EWMA); links of 32 cells a step and 2 steps
+/// of delay, E's first connection to M 4 cells a step and 20 steps.
+type Net = Sim;
 
-struct Net {
-    nodes: Vec<Core>,
-    identities: Vec<Option<IdentityKey>>,
-    hops: Vec<HopSpec>,
-    links: HashMap<(usize, ChannelId), Link>,
-    next_chan: u64,
-    step_no: u64,
-    now: Instant,
-    received: HashMap<StreamHandle, Vec<u8>>,
-    credit: HashMap<StreamHandle, usize>,
-    events: Vec<(usize, Event)>,
-    echo: VecDeque<(usize, StreamHandle, Vec<u8>)>,
-    writable: BTreeSet<(usize, ChannelId)>,
-    /// Answer ConnectSwitch with a failure.
-    fail_switch_connect: bool,
-    /// Switch connections lose everything the peer writes (it never answers).
-    mute_switch_peer: bool,
-    /// Budget and delay of E's first link to M (the congested one).
-    slow: (usize, u64),
-}
-
-impl Net {
-    fn new(modes: [SwitchMode; 3]) -> Net {
-        // SW_DEBUG=1 prints the cores' logs (the reasons of closed circuits).
-        if std::env::var("SW_DEBUG").is_ok() {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter("info")
-                .with_test_writer()
-                .try_init();
-        }
-        let mut rng = StdRng::seed_from_u64(11);
-        let mut nodes = vec![Core::new(CoreConfig::default(), [1; 32])];
-        let mut identities = vec![None];
-        let mut hops = Vec::new();
-        for i in 0..3u8 {
-            let id = IdentityKeypair::generate(&mut rng).public();
-            let ntor = NtorSecretKey::generate(&mut rng);
-            hops.push(HopSpec {
-                identity: id,
-                ntor_key: ntor.public(),
-                addr: SocketAddr::from(([127, 0, 0, 1], 9000 + u16::from(i))),
-            });
-            let mut core = Core::new(
-                CoreConfig {
-                    relay: Some(RelayKeys { identity: id, ntor }),
-                    exit: true,
-                    scheduler: SchedulerKind::Ewma { halflife: 30.0 },
-                    ..CoreConfig::default()
-                },
-                [i + 2; 32],
-            );
-            core.set_switching(SwitchSettings {
-                mode: modes[usize::from(i)],
-                timeout: Duration::from_millis(2000),
-                ..SwitchSettings::default()
-            });
-            nodes.push(core);
-            identities.push(Some(id));
-        }
-        Net {
-            nodes,
-            identities,
-            hops,
-            links: HashMap::new(),
-            next_chan: 1,
-            step_no: 0,
-            now: Instant::now(),
-            received: HashMap::new(),
-            credit: HashMap::new(),
-            events: Vec::new(),
-            echo: VecDeque::new(),
-            writable: BTreeSet::new(),
-            fail_switch_connect: false,
-            mute_switch_peer: false,
-            slow: (4, 20),
-        }
-    }
-
-    fn node_of(&self, id: &IdentityKey) -> usize {
-        self.identities
-            .iter()
-            .position(|i| i.as_ref() == Some(id))
-            .unwrap()
-    }
-
-    /// A link from `from` to `to`; returns (from's channel, to's channel).
-    fn connect(&mut self, from: usize, to: usize, switch: bool) -> (ChannelId, ChannelId) {
-        let (a, b) = (ChannelId(self.next_chan), ChannelId(self.next_chan + 1));
-        self.next_chan += 2;
-        let (budget, delay) = if from == E && to == M && !switch {
-            self.slow
-        } else {
-            (32, 2)
-        };
-        for (n, c, p, pc) in [(from, a, to, b), (to, b, from, a)] {
-            self.links.insert(
-                (n, c),
-                Link {
-                    peer: p,
-                    pchan: pc,
-                    budget,
-                    delay,
-                    pipe: VecDeque::new(),
-                    blackhole: switch && n == to && self.mute_switch_peer,
-                    ids: Vec::new(),
-                },
-            );
-        }
-        let (from_id, to_id) = (self.identities[from], self.identities[to]);
-        if switch {
-            self.nodes[from].switch_channel_opened(a, to_id.unwrap(), self.now);
-        } else {
-            self.nodes[from].channel_opened(a, to_id, true, self.now);
-        }
-        self.nodes[to].channel_opened(b, from_id, false, self.now);
-        (a, b)
-    }
-
-    fn step(&mut self) -> bool {
-        let mut busy = false;
-        for n in 0..self.nodes.len() {
-            if self.nodes[n].next_deadline().is_some_and(|d| d <= self.now) {
-                self.nodes[n].handle_timeout(self.now);
-            }
-            while let Some(ev) = self.nodes[n].poll_event() {
-                busy = true;
-                self.on_event(n, ev);
-            }
-        }
-        while let Some((n, stream, data)) = self.echo.pop_front() {
-            self.nodes[n].stream_data(stream, &data, self.now);
-        }
-        for n in 0..self.nodes.len() {
-            while let Some(c) = self.nodes[n].poll_ready_channel() {
-                self.writable.insert((n, c));
-            }
-        }
-        let chans: Vec<(usize, ChannelId)> = self.writable.iter().copied().collect();
-        for (n, chan) in chans {
-            let Some(link) = self.links.get_mut(&(n, chan)) else {
-                self.writable.remove(&(n, chan));
-                continue;
-            };
-            let mut out = Vec::new();
-            self.nodes[n].poll_transmit(chan, link.budget, self.now, &mut out);
-            if !self.nodes[n].has_pending(chan) {
-                self.writable.remove(&(n, chan));
-            }
-            if !link.blackhole {
-                for cell in out {
-                    busy = true;
-                    link.ids.push(cell.circ_id);
-                    link.pipe.push_back((self.step_no + link.delay, cell));
-                }
-            }
-        }
-        let keys: Vec<(usize, ChannelId)> = self.links.keys().copied().collect();
-        for k in keys {
-            let link = self.links.get_mut(&k).unwrap();
-            let (peer, pchan) = (link.peer, link.pchan);
-            let mut arrived = Vec::new();
-            while link.pipe.front().is_some_and(|(t, _)| *t <= self.step_no) {
-                arrived.push(link.pipe.pop_front().unwrap().1);
-            }
-            if !link.pipe.is_empty() {
-                busy = true;
-            }
-            for cell in arrived {
-                busy = true;
-                self.nodes[peer].handle_cell(pchan, cell, self.now);
-            }
-        }
-        self.step_no += 1;
-        self.now += Duration::from_millis(1);
-        busy
-    }
-
-    fn on_event(&mut self, n: usize, ev: Event) {
-        match ev {
-            Event::Connect { identity, .. } => {
-                let to = self.node_of(&identity);
-                self.connect(n, to, false);
-            }
-            Event::ConnectSwitch { identity } => {
-                if self.fail_switch_connect {
-                    self.nodes[n].switch_connect_failed(identity, self.now);
-                } else {
-                    let to = self.node_of(&identity);
-                    self.connect(n, to, true);
-                }
-            }
-            Event::ExitConnect { stream, .. } => {
-                let addr = SocketAddr::from(([127, 0, 0, 1], 80));
-                self.nodes[n].exit_connected(stream, addr, self.now);
-            }
-            Event::StreamWrite { stream, data } => {
-                if n == CLIENT {
-                    self.received
-                        .entry(stream)
-                        .or_default()
-                        .extend_from_slice(&data);
-                } else {
-                    self.echo.push_back((n, stream, data));
-                }
-                self.nodes[n].stream_flushed(stream, 1, self.now);
-            }
-            Event::StreamReadCredit { stream, bytes } if n == CLIENT => {
-                *self.credit.entry(stream).or_default() += bytes;
-            }
-            Event::CloseChannel { chan, .. } => {
-                self.nodes[n].channel_closed(chan, self.now);
-            }
-            other => self.events.push((n, other)),
-        }
-    }
-
-    fn run(&mut self, max_steps: usize) {
-        let mut idle = 0;
-        for _ in 0..max_steps {
-            if self.step() {
-                idle = 0;
-            } else {
-                idle += 1;
-                if idle > 3 {
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Step `steps` times whether or not anything moves (timers).
-    fn idle(&mut self, steps: usize) {
-        for _ in 0..steps {
-            self.step();
-        }
-    }
-
-    fn build(&mut self) -> CircKey {
-        let circ = self.nodes[CLIENT].launch_circuit(self.hops.clone(), self.now);
-        self.run(2000);
-        assert!(
-            self.events
-                .iter()
-                .any(|(n, e)| *n == CLIENT && *e == Event::CircuitBuilt { circ }),
-            "circuit not built"
-        );
-        circ
-    }
-
-    fn open(&mut self, circ: CircKey) -> StreamHandle {
-        let s = self.nodes[CLIENT]
-            .open_stream(circ, "127.0.0.1", 80, self.now)
-            .unwrap();
-        self.run(2000);
-        s
-    }
-
-    /// Feed each stream its bytes as read credit allows, stepping, until every echo came back
-    /// or `steps` ran out; `at(step, net)` runs before each step.
+trait Switching {
+    fn new(modes: [SwitchMode; 3]) -> Self;
+    /// A circuit client, E, M, X.
+    fn build(&mut self) -> CircKey;
+    fn open(&mut self, circ: CircKey) -> StreamHandle;
     fn transfer(
         &mut self,
         streams: &[(StreamHandle, Vec<u8>)],
         steps: usize,
-        mut at: impl FnMut(usize, &mut Net),
-    ) {
-        let mut sent = vec![0usize; streams.len()];
-        for i in 0..steps {
-            at(i, self);
-            for (j, (s, data)) in streams.iter().enumerate() {
-                let credit = self.credit.entry(*s).or_default();
-                if sent[j] < data.len() && *credit > 0 {
-                    let n = (*credit).min(data.len() - sent[j]).min(4096);
-                    *credit -= n;
-                    self.nodes[CLIENT].stream_data(*s, &data[sent[j]..sent[j] + n], self.now);
-                    sent[j] += n;
-                }
-            }
-            self.step();
-            let done = streams
-                .iter()
-                .all(|(s, d)| self.received.get(s).map_or(0, |r| r.len()) >= d.len());
-            if done {
-                return;
-            }
+        at: impl FnMut(usize, &mut Net),
+    );
+    fn e_to_m(&self) -> (ChannelId, ChannelId);
+    fn assert_exact(&self, streams: &[(StreamHandle, Vec<u8>)]);
+}
+
+impl Switching for Net {
+    fn new(modes: [SwitchMode; 3]) -> Self {
+        let mut sim = Sim::overlay(11, vec![CoreConfig::default()], 3, |_| CoreConfig {
+            exit: true,
+            scheduler: SchedulerKind::Ewma { halflife: 30.0 },
+            ..CoreConfig::default()
+        });
+        for (i, mode) in modes.into_iter().enumerate() {
+            sim.nodes[1 + i].set_switching(SwitchSettings {
+                mode,
+                timeout: Duration::from_millis(2000),
+                ..SwitchSettings::default()
+            });
         }
+        sim.shape = Shape {
+            budget: 32,
+            delay: 2,
+        };
+        sim.slow = Some((
+            E,
+            M,
+            Shape {
+                budget: 4,
+                delay: 20,
+            },
+        ));
+        sim
     }
 
-    /// E's channel to M that new circuits use, and M's end of it.
+    fn build(&mut self) -> CircKey {
+        self.build_through(CLIENT, &[0, 1, 2], 2000)
+    }
+
+    fn open(&mut self, circ: CircKey) -> StreamHandle {
+        self.open_on(CLIENT, circ, 2000)
+    }
+
+    fn transfer(
+        &mut self,
+        streams: &[(StreamHandle, Vec<u8>)],
+        steps: usize,
+        at: impl FnMut(usize, &mut Net),
+    ) {
+        self.echo_transfer(CLIENT, streams, steps, at);
+    }
+
     fn e_to_m(&self) -> (ChannelId, ChannelId) {
         let ((_, c), l) = self
             .links
@@ -334,19 +94,10 @@ impl Net {
         (*c, l.pchan)
     }
 
-    fn killed(&self) -> u64 {
-        self.nodes.iter().map(|n| n.stats().circuits_killed).sum()
-    }
-
     fn assert_exact(&self, streams: &[(StreamHandle, Vec<u8>)]) {
-        if std::env::var("SW_DEBUG").is_ok() {
+        if std::env::var("SIM_DEBUG").is_ok() {
             for n in 0..4 {
-                eprintln!(
-                    "node {n}: {:?} {:?}\n{}",
-                    self.nodes[n].stats(),
-                    self.nodes[n].switch_stats(),
-                    self.nodes[n].debug_dump(self.now)
-                );
+                eprintln!("node {n}: {}", self.nodes[n].debug_dump(self.now));
             }
             for ((n, c), l) in &self.links {
                 eprintln!(
@@ -357,19 +108,8 @@ impl Net {
                 );
             }
         }
-        for (s, data) in streams {
-            let got = self.received.get(s).cloned().unwrap_or_default();
-            assert_eq!(got.len(), data.len(), "stream {s:?}: length");
-            assert!(
-                got == *data,
-                "stream {s:?}: bytes differ or are out of order"
-            );
-        }
+        self.assert_echo(CLIENT, streams);
     }
-}
-
-fn pattern(n: usize, salt: u8) -> Vec<u8> {
-    (0..n).map(|i| (i % 251) as u8 ^ salt).collect()
 }
 
 const ALL: [SwitchMode; 3] = [SwitchMode::Connection; 3];
