@@ -704,7 +704,7 @@ mod tests {
         let reader = || {
             let mut ch = SplitChannel::new(true, true, TOKEN, &SplitConfig::default(), now);
             ch.open();
-            assert!(ch.attach_peer_second());
+            assert!(ch.attach_peer_second(Some(0)));
             ch
         };
         let plain = || {

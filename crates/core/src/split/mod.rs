@@ -319,11 +319,15 @@ impl Reorder {
 
     /// The fast path of [`Reorder::push`] for a cell (not a marker) from `conn`: if it would
     /// be delivered at once and alone (it comes on the current connection, nothing is held
-    /// back, the connection is not given up), count it as delivered and return true; the
-    /// caller delivers it. Otherwise change nothing and return false (use `push`).
+    /// back, the connection is not given up, no re-attached connection waits), count it as
+    /// delivered and return true; the caller delivers it. Otherwise change nothing and return
+    /// false (use `push`).
     pub fn pass(&mut self, conn: Conn) -> bool {
+        // A re-attached second connection waiting for the old one's markers holds its cells
+        // apart (`pending`): then only `push` knows where a cell belongs.
         let direct = conn == self.current
             && !self.dead[conn.idx()]
+            && self.pending.is_empty()
             && self.queues.iter().all(VecDeque::is_empty);
         if direct {
             self.delivered += 1;
