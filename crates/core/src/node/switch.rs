@@ -28,6 +28,8 @@ use crate::idmap::{LocalMap, LocalSet};
 use crate::switching::{AckOutcome, ConnViolation, MoverSwitch, PeerDrop, PeerSwitch};
 use crate::{ChannelId, CircKey};
 
+mod trigger;
+
 use super::switch_report::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};
 
 use super::channel::Channel;
@@ -200,129 +202,6 @@ impl Core {
                 .any(|(&id, key)| self.is_entry_circuit(*key, chan, id))
     }
 
-    /// The circuit on `chan` this relay is the entry of to move (connection mode) or whose
-    /// client to warn (path mode), `skip` left out: the one with the highest weight (EWMA
-    /// count, or cells sent when the scheduler keeps none, plus its queued cells for `chan`),
-    /// if that weight is at least the `min_share` setting of the connection's load
-    /// (`occupancy_bytes`, the detector's estimate, in cells, plus every circuit's queued cells
-    /// for `chan`). See [`crate::switching::circuit_to_move`] for why.
-    pub(super) fn heaviest_entry_circuit(
-        &self,
-        chan: ChannelId,
-        occupancy_bytes: f64,
-        now: Instant,
-        skip: impl Fn(CircKey) -> bool,
-    ) -> Option<CircKey> {
-        let ch = self.channels.get(&chan)?;
-        let mut load = occupancy_bytes.max(0.0) / chive_cell::CELL_LEN as f64;
-        let mut candidates = Vec::new();
-        for (&id, &key) in &ch.circ_ids {
-            let Some(circ) = self.circuits.get(&key) else {
-                continue;
-            };
-            let side = if circ.next == Some((chan, id)) {
-                Side::Next
-            } else {
-                Side::Prev
-            };
-            let queued = circ.queue_len(side) as f64;
-            load += queued;
-            if side != Side::Next || !self.is_entry_circuit(key, chan, id) || skip(key) {
-                continue;
-            }
-            let count = ch
-                .sched
-                .ewma_count(queue_id(key, Side::Next), now)
-                .unwrap_or(circ.cells_sent as f64);
-            candidates.push((key, count + queued));
-        }
-        let key = crate::switching::circuit_to_move(
-            candidates.iter().copied(),
-            load,
-            self.sw.settings.min_share(),
-        );
-        if key.is_none() && !candidates.is_empty() {
-            debug!(
-                ?chan,
-                load_cells = load,
-                heaviest = candidates.iter().map(|c| c.1).fold(0.0, f64::max),
-                "connection congested, but no circuit carries a share worth moving"
-            );
-        }
-        key
-    }
-
-    pub(super) fn is_entry_circuit(&self, key: CircKey, chan: ChannelId, id: CircId) -> bool {
-        let Some(circ) = self.circuits.get(&key) else {
-            return false;
-        };
-        matches!(circ.role, Role::Relay { .. })
-            && circ.next == Some((chan, id))
-            && circ
-                .prev
-                .and_then(|(c, _)| self.channels.get(&c))
-                .is_some_and(|c| c.peer.is_none())
-    }
-
-    /// The driver's detector found `chan` congested, holding `occupancy_bytes` (its estimate
-    /// B_t): move the heaviest circuit this node is the entry of (highest EWMA count) to the
-    /// switch connection to the same peer. Returns the circuit chosen, or None (mode not
-    /// `connection`, a switch connection, fewer than two circuits on the connection, no entry
-    /// circuit carrying a `min_share` of the load, or too many switches pending to the peer).
-    pub fn congested(
-        &mut self,
-        chan: ChannelId,
-        occupancy_bytes: f64,
-        now: Instant,
-    ) -> Option<CircKey> {
-        if self.sw.settings.mode == SwitchMode::Path && !self.is_switch_channel(chan) {
-            return self.path_congested(chan, occupancy_bytes, now);
-        }
-        if self.sw.settings.mode != SwitchMode::Connection || self.is_switch_channel(chan) {
-            return None;
-        }
-        let ch = self.channels.get(&chan)?;
-        let peer = ch.peer?;
-        // Nothing to separate a lone circuit from.
-        if ch.circ_ids.len() < 2 {
-            return None;
-        }
-        let key = self.heaviest_entry_circuit(chan, occupancy_bytes, now, |k| {
-            self.sw.movers.contains_key(&k)
-        })?;
-        let pending = self
-            .sw
-            .movers
-            .values()
-            .filter(|m| self.channels.get(&m.new.0).and_then(|c| c.peer) == Some(peer))
-            .count();
-        if pending >= crate::switching::MAX_PENDING_PER_PEER {
-            return None;
-        }
-        self.sw.stats.triggered += 1;
-        match self.sw.spare.get_mut(&peer) {
-            Some(Spare::Open(c2)) => {
-                let c2 = *c2;
-                self.send_switch_conn(key, chan, c2, now, now);
-            }
-            Some(Spare::Opening(waiting)) => waiting.push((key, chan, now)),
-            None => {
-                self.sw
-                    .spare
-                    .insert(peer, Spare::Opening(vec![(key, chan, now)]));
-                self.events
-                    .push_back(Event::ConnectSwitch { identity: peer });
-            }
-        }
-        info!(
-            ?key,
-            ?chan,
-            "connection congested: switching its heaviest circuit"
-        );
-        Some(key)
-    }
-
-    /// The switch connection the core asked for ([`Event::ConnectSwitch`]) finished its
     /// handshake as `chan`: it becomes a channel to `peer` that new circuits do not use.
     pub fn switch_channel_opened(&mut self, chan: ChannelId, peer: IdentityKey, now: Instant) {
         self.channels.insert(
