@@ -138,7 +138,8 @@ struct CircInfo {
     spare_of: Option<CircKey>,
     /// Path switching: when a spare for this circuit was last launched or found impossible.
     spare_tried: Option<Instant>,
-    /// A stream's BEGIN timed out on it: it takes no new streams (Tor makes it dirty).
+    /// A stream's BEGIN timed out on it (Tor makes it dirty), or a relay on its path is surely
+    /// down: it takes no new streams.
     timed_out: bool,
 }
 
@@ -590,6 +591,7 @@ impl CircuitManager {
         let Some(info) = self.circuits.remove(&circ) else {
             return;
         };
+        let mut down = Vec::new();
         for (id, b) in blame(cause, hops, &info.path) {
             if self.down.mark(id, b, now) {
                 let name = self
@@ -599,9 +601,28 @@ impl CircuitManager {
                     .map_or_else(|| "?".to_string(), |r| r.nickname.clone());
                 warn!(relay = %name, blame = ?b, ?cause, "marking relay down; new paths avoid it");
             }
+            if b == Blame::Down {
+                down.push(id);
+            }
+        }
+        // Open circuits through a relay surely down (the client's own link to it failed) take
+        // no new streams: their DESTROY is on its way, and a stream attached now would fail
+        // with it. Their waiting requests go elsewhere. Circuits built later may still use it
+        // when no other path exists (`crate::down`).
+        let mut moved = Vec::new();
+        if !down.is_empty() {
+            for c in self.circuits.values_mut() {
+                if c.path.iter().any(|h| down.contains(h)) {
+                    c.timed_out = true;
+                    moved.append(&mut c.waiting);
+                }
+            }
         }
         for (ticket, req, attempts) in info.waiting {
             self.place(core, ticket, req, attempts + 1, now);
+        }
+        for (ticket, req, attempts) in moved {
+            self.place(core, ticket, req, attempts, now);
         }
     }
 

@@ -104,28 +104,16 @@ fn fail_hop(test: &str, hop: usize, how: Failure) {
     let path = path_of(&net.dir, "victim").expect("no circuit for the victim in the client log");
     assert_eq!(path.len(), 3, "{path:?}");
     let dead = path[hop].clone();
-    let idx = net
-        .children
-        .iter()
-        .position(|(n, _)| *n == dead)
-        .expect("relay process");
     let killed = match how {
         Failure::Kill => {
-            let (_, mut child) = net.children.remove(idx);
+            let (_, mut child) = net.children.remove(child_of(&net, &dead));
             child.kill().unwrap(); // SIGKILL
             let killed = Instant::now();
             let _ = child.wait();
             killed
         }
         Failure::Stop => {
-            // Stays in `children`: the network's drop kills it (SIGKILL works on a stopped one).
-            let pid = net.children[idx].1.id().to_string();
-            let ok = std::process::Command::new("kill")
-                .args(["-STOP", &pid])
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "kill -STOP {pid}");
+            stop_relay(&net, &dead);
             Instant::now()
         }
     };
@@ -197,10 +185,7 @@ fn fail_hop(test: &str, hop: usize, how: Failure) {
             "{test}: no relay logged the hung link; logs in {}",
             net.dir.display()
         );
-        let idx = net.children.iter().position(|(n, _)| *n == dead).unwrap();
-        let (_, mut child) = net.children.remove(idx);
-        let _ = child.kill();
-        let _ = child.wait();
+        reap_relay(&mut net, &dead);
     }
     net.check_alive();
 }
@@ -225,6 +210,33 @@ fn a_hung_middle_mid_download_fails_the_stream_after_the_idle_timeout_and_the_ne
     fail_hop("stop-middle", 1, Failure::Stop);
 }
 
+/// The index of relay `name`'s process in `net.children`.
+fn child_of(net: &Network, name: &str) -> usize {
+    net.children
+        .iter()
+        .position(|(n, _)| n == name)
+        .expect("relay process")
+}
+
+/// SIGSTOP relay `name` (it stays in `children`: the network's drop kills it; SIGKILL works on
+/// a stopped process).
+fn stop_relay(net: &Network, name: &str) {
+    let pid = net.children[child_of(net, name)].1.id().to_string();
+    let ok = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -STOP {pid}");
+}
+
+/// Kill relay `name` and wait for it (a stopped one included).
+fn reap_relay(net: &mut Network, name: &str) {
+    let (_, mut child) = net.children.remove(child_of(net, name));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// `CircuitStreamTimeout` of the BEGIN-timeout tests (Tor's default is 10 s, then 15 s).
 const STREAM_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -241,18 +253,7 @@ fn stop_before_fetch(test: &str, hop: usize) {
     let path = path_of(&net.dir, "probe").expect("no circuit for the first fetch");
     assert_eq!(path.len(), 3, "{path:?}");
     let hung = path[hop].clone();
-    let idx = net
-        .children
-        .iter()
-        .position(|(n, _)| *n == hung)
-        .expect("relay process");
-    let pid = net.children[idx].1.id().to_string();
-    let ok = std::process::Command::new("kill")
-        .args(["-STOP", &pid])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -STOP {pid}");
+    stop_relay(&net, &hung);
     eprintln!("{test}: stopped {hung} (hop {hop} of {path:?})");
 
     let t0 = Instant::now();
@@ -285,9 +286,7 @@ fn stop_before_fetch(test: &str, hop: usize) {
         "{test}: the client did not log the BEGIN timeout; logs in {}",
         net.dir.display()
     );
-    let (_, mut child) = net.children.remove(idx);
-    let _ = child.kill();
-    let _ = child.wait();
+    reap_relay(&mut net, &hung);
     net.check_alive();
 }
 
