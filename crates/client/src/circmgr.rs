@@ -138,8 +138,8 @@ struct CircInfo {
     spare_of: Option<CircKey>,
     /// Path switching: when a spare for this circuit was last launched or found impossible.
     spare_tried: Option<Instant>,
-    /// A stream's BEGIN timed out on it (Tor makes it dirty), or a relay on its path is surely
-    /// down: it takes no new streams.
+    /// A stream's BEGIN timed out on it (Tor makes it dirty), or a relay on its path was blamed
+    /// for a circuit's end: it takes no new streams.
     timed_out: bool,
 }
 
@@ -430,13 +430,21 @@ impl CircuitManager {
         let Some(full) = self.consensus.clone() else {
             return Err("no consensus".into());
         };
-        // Leave out blamed relays: down and suspect ones if a path remains, else only the
-        // down ones, else none (a tiny network must keep trying).
+        // Leave out blamed relays: down and suspect ones if a path remains, else the down ones
+        // and the suspects blamed most often (the relay common to several failed circuits is
+        // the likeliest to be dead), else only the down ones, else none (a tiny network must
+        // keep trying).
         let mut choices: Vec<Arc<Consensus>> = Vec::new();
-        for min in [Blame::Suspect, Blame::Down] {
-            if let Some(c) = self.down.without(&full, min, now) {
+        if let Some(c) = self.down.without(&full, Blame::Suspect, now) {
+            choices.push(Arc::new(c));
+        }
+        for count in self.down.suspect_counts(now) {
+            if let Some(c) = self.down.without_blamed(&full, count, now) {
                 choices.push(Arc::new(c));
             }
+        }
+        if let Some(c) = self.down.without(&full, Blame::Down, now) {
+            choices.push(Arc::new(c));
         }
         choices.push(full);
         if let Some(g) = self.guard {
@@ -591,7 +599,7 @@ impl CircuitManager {
         let Some(info) = self.circuits.remove(&circ) else {
             return;
         };
-        let mut down = Vec::new();
+        let mut blamed = Vec::new();
         for (id, b) in blame(cause, hops, &info.path) {
             if self.down.mark(id, b, now) {
                 let name = self
@@ -601,18 +609,17 @@ impl CircuitManager {
                     .map_or_else(|| "?".to_string(), |r| r.nickname.clone());
                 warn!(relay = %name, blame = ?b, ?cause, "marking relay down; new paths avoid it");
             }
-            if b == Blame::Down {
-                down.push(id);
-            }
+            blamed.push(id);
         }
-        // Open circuits through a relay surely down (the client's own link to it failed) take
-        // no new streams: their DESTROY is on its way, and a stream attached now would fail
-        // with it. Their waiting requests go elsewhere. Circuits built later may still use it
-        // when no other path exists (`crate::down`).
+        // Open circuits through a relay this close blamed (down or suspect) take no new
+        // streams: if it died, their DESTROY is on its way and a stream attached now would
+        // fail with it (a fetch started right after a middle died did, twice). Their waiting
+        // requests go elsewhere. Circuits built later may still use the relay when no other
+        // path exists (`crate::down`).
         let mut moved = Vec::new();
-        if !down.is_empty() {
+        if !blamed.is_empty() {
             for c in self.circuits.values_mut() {
-                if c.path.iter().any(|h| down.contains(h)) {
+                if c.path.iter().any(|h| blamed.contains(h)) {
                     c.timed_out = true;
                     moved.append(&mut c.waiting);
                 }

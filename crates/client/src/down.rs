@@ -9,8 +9,10 @@
 //!   circuit still being built suspects the hop it was extending to. Other reasons (FINISHED,
 //!   PROTOCOL, RESOURCELIMIT, ...) and the client's own closes blame nobody.
 //! - New paths leave out down and suspect relays; if that leaves no path, suspects are allowed
-//!   again, then down relays (a tiny network must keep working, as Tor retries all its guards
-//!   when every one has failed).
+//!   again step by step, least blamed first (a suspect counts the circuit ends that blamed it:
+//!   the relay common to several failed circuits is the likeliest dead one), then down relays
+//!   (a tiny network must keep working, as Tor retries all its guards when every one has
+//!   failed).
 //! - A mark ends after the retry interval (`RelayRetryInterval`, default 60 s), or as soon as a
 //!   consensus lists the relay again after one that did not (the authority saw it leave and
 //!   come back).
@@ -70,6 +72,9 @@ pub fn blame(cause: CloseCause, hops: usize, path: &[IdentityKey]) -> Vec<(Ident
 struct Mark {
     blame: Blame,
     until: Instant,
+    /// Circuit ends that blamed it while marked: a relay common to several failed circuits is
+    /// the likeliest culprit, so it is the last suspect to be allowed again.
+    count: u32,
     /// The last consensus did not list it; listing it again ends the mark.
     absent: bool,
 }
@@ -97,7 +102,15 @@ impl DownList {
         match self.marks.get_mut(&id) {
             Some(m) if m.until > now && m.blame >= blame => {
                 m.until = until;
+                m.count = m.count.saturating_add(1);
                 false
+            }
+            Some(m) if m.until > now => {
+                // A stronger blame on a live mark: news, and the count goes on.
+                m.blame = blame;
+                m.until = until;
+                m.count = m.count.saturating_add(1);
+                true
             }
             _ => {
                 self.marks.insert(
@@ -105,6 +118,7 @@ impl DownList {
                     Mark {
                         blame,
                         until,
+                        count: 1,
                         absent: false,
                     },
                 );
@@ -148,6 +162,41 @@ impl DownList {
     /// `consensus` without the relays blamed at least `min`; None if it would lose none.
     pub fn without(&self, consensus: &Consensus, min: Blame, now: Instant) -> Option<Consensus> {
         let out = self.excluded(min, now);
+        Self::leave_out(consensus, &out)
+    }
+
+    /// `consensus` without the down relays and the suspects blamed by at least `count` circuit
+    /// ends; None if it would lose none.
+    pub fn without_blamed(
+        &self,
+        consensus: &Consensus,
+        count: u32,
+        now: Instant,
+    ) -> Option<Consensus> {
+        let out: HashSet<IdentityKey> = self
+            .marks
+            .iter()
+            .filter(|(_, m)| m.until > now && (m.blame == Blame::Down || m.count >= count))
+            .map(|(id, _)| *id)
+            .collect();
+        Self::leave_out(consensus, &out)
+    }
+
+    /// The counts, above one and in ascending order, that tell the live suspects apart: the
+    /// steps in which [`DownList::without_blamed`] allows suspects again, least blamed first.
+    pub fn suspect_counts(&self, now: Instant) -> Vec<u32> {
+        let mut counts: Vec<u32> = self
+            .marks
+            .values()
+            .filter(|m| m.until > now && m.blame == Blame::Suspect && m.count > 1)
+            .map(|m| m.count)
+            .collect();
+        counts.sort_unstable();
+        counts.dedup();
+        counts
+    }
+
+    fn leave_out(consensus: &Consensus, out: &HashSet<IdentityKey>) -> Option<Consensus> {
         if !consensus.relays.iter().any(|r| out.contains(&r.identity)) {
             return None;
         }
@@ -229,6 +278,41 @@ mod tests {
         assert!(d
             .without(&c, Blame::Suspect, t0 + Duration::from_secs(60))
             .is_none());
+    }
+
+    /// Session 13's flaky kill test: the dead middle (3) was on all three failed circuits,
+    /// the innocent exit (2) and another middle (4) on fewer; with every suspect left out no
+    /// path remained, and allowing them all again picked the dead one three times.
+    #[test]
+    fn the_suspect_blamed_most_is_the_last_allowed_again() {
+        let t0 = Instant::now();
+        let mut d = DownList::new(Duration::from_secs(60));
+        let c = consensus(&[1, 2, 3, 4, 5]);
+        let ids = |c: Consensus| c.relays.iter().map(|r| r.identity).collect::<Vec<_>>();
+        // Three circuits through 3 died; 4 was on two of them, 2 on one.
+        for blamed in [&[3, 2][..], &[4, 3], &[4, 3]] {
+            for &n in blamed {
+                d.mark(id(n), Blame::Suspect, t0);
+            }
+        }
+        assert_eq!(d.suspect_counts(t0), vec![2, 3]);
+        assert_eq!(
+            ids(d.without(&c, Blame::Suspect, t0).unwrap()),
+            vec![id(1), id(5)]
+        );
+        assert_eq!(
+            ids(d.without_blamed(&c, 2, t0).unwrap()),
+            vec![id(1), id(2), id(5)]
+        );
+        assert_eq!(
+            ids(d.without_blamed(&c, 3, t0).unwrap()),
+            vec![id(1), id(2), id(4), id(5)]
+        );
+        // A down relay stays out at every step.
+        d.mark(id(1), Blame::Down, t0);
+        assert!(!ids(d.without_blamed(&c, 3, t0).unwrap()).contains(&id(1)));
+        // Counts end with the mark.
+        assert!(d.suspect_counts(t0 + Duration::from_secs(60)).is_empty());
     }
 
     #[test]
