@@ -329,7 +329,16 @@ fn a_file_through_an_onion_service_is_byte_exact() {
             .filter(|v| v["type"] == kind)
             .collect()
     };
-    let joins = records(net.dir.join("client").join("metrics.jsonl"), "onion_join");
+    // The MetricsPort counts at once; the file gets its records at the next once-a-second
+    // write, so wait for it too (CI saw the second record not yet written).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let joins = loop {
+        let joins = records(net.dir.join("client").join("metrics.jsonl"), "onion_join");
+        if joins.len() >= 2 || Instant::now() > deadline {
+            break joins;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert_eq!(joins.len(), 2, "one onion_join record per join");
     for j in &joins {
         let ms = |k: &str| j[k].as_f64().unwrap_or_else(|| panic!("{k} in {j}"));
