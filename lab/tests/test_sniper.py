@@ -116,6 +116,7 @@ def _synthetic_result(label: str, peak_kib: int) -> dict:
     return {"config": {"streams": 2}, "samples": samples, "marks": marks, "summary": summary}
 
 
+@pytest.mark.real_figures
 def test_outputs_from_synthetic_runs(tmp_path):
     a, b = _synthetic_result("chive", 40000), _synthetic_result("tor-cc0", 300000)
     png, path = sniper_report.write_run(a, tmp_path)
