@@ -34,8 +34,9 @@ from . import tor as tortools
 from .errors import LabError, RunFailed
 from .netns import Overlay, OverlayNode, Testbed, probe_consensus
 
-#: Options a tor client here may pin (chive's names for the first two are the same).
-PATH_OPTIONS = ("EntryNodes", "MiddleNodes", "ExitNodes")
+#: Options a tor client here may pin (chive's names for the first two are the same;
+#: ``ExcludeNodes`` replaces the lab's own exclusion of the authority, which pinned clients drop).
+PATH_OPTIONS = ("EntryNodes", "MiddleNodes", "ExitNodes", "ExcludeNodes")
 #: Control and metrics ports of the n-th tor node (on the host's loopback; several tor nodes
 #: can share a host).
 CONTROL_PORT_BASE, METRICS_PORT_BASE = 9100, 9200
@@ -224,6 +225,11 @@ class TorOverlay(Overlay):
                                      verbose=any(w in self.log for w in ("debug", "trace")))
         if node.role == "client":
             paths = self.client_paths.get(name, {})
+            if paths:
+                # StrictNodes would apply ExcludeNodes (the authority, kept off paths in the
+                # loopback lab) to directory fetches too, leaving the client no directory
+                # server at all; with the whole path pinned the exclusion is not needed.
+                lines = [kv for kv in lines if kv[0] != "ExcludeNodes"]
             for key, names in paths.items():
                 fps = []
                 for n in names:
@@ -233,10 +239,6 @@ class TorOverlay(Overlay):
                     fps.append(f"${relay.fingerprint}")
                 lines.append((key, ",".join(fps)))
             if paths:
-                # StrictNodes would apply ExcludeNodes (the authority, kept off paths in the
-                # loopback lab) to directory fetches too, leaving the client no directory
-                # server at all; with the whole path pinned the exclusion is not needed.
-                lines = [kv for kv in lines if kv[0] != "ExcludeNodes"]
                 lines.append(("StrictNodes", 1))
             if "EntryNodes" in paths:
                 # Tor refuses EntryNodes without guards ("If EntryNodes is set, UseEntryGuards

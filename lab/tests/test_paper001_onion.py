@@ -127,15 +127,19 @@ def test_tor_overlay_places_an_onion_service(tmp_path):
         ov.add_onion_service("B", "svc0", httpd="page")
     ov.add_authority("A")
     ov.add_relay("A", "middles")
+    ov.add_relay("A", "middlec")
     with pytest.raises(LabError, match="not an httpd"):
         ov.add_onion_service("B", "svc1", httpd="middles")
-    ov.add_onion_service("B", "service", httpd="page", port=9052, extra={"EntryNodes": ["middles"]},
+    ov.add_onion_service("B", "service", httpd="page", port=9052,
+                         extra={"EntryNodes": ["middles"], "ExcludeNodes": ["middlec"]},
                          torrc={"HSLayer2Nodes": "middles"})
     for i, n in enumerate(ov.tor_nodes.values()):
         n.fingerprint, n.v3ident = f"{i:040X}", f"{i + 100:040X}"
     lines = ov.torrc_lines("service")
     assert ("HiddenServicePort", f"80 {tb.addr('B')}:8081") in lines
     assert ("HSLayer2Nodes", "middles") in lines and ("EntryNodes", f"${1:040X}") in lines
+    # The pinned exclusion replaces the lab's own (the authority): one ExcludeNodes line.
+    assert [v for k, v in lines if k == "ExcludeNodes"] == [f"${2:040X}"]
     assert ("TestingDirAuthVoteHSDir", "*") in ov.torrc_lines("authority")
     assert ov.onion_dir("service") == (tmp_path / "service" / tortools.ONION_SERVICE_DIR).resolve()
 

@@ -27,7 +27,9 @@ relays forward what arrives without a queue:
 
 The onion client pins ``entryc``/``middlec``, the service ``entrys``/``middles`` (tor:
 ``EntryNodes`` and ``HSLayer2Nodes``, its vanguards-lite second hop; tor refuses a service with a
-single ``EntryNodes``, so its service may also take ``entryc``); ``bulk_loops`` downloads
+single ``EntryNodes``, so its service may also take ``entryc``; each tor side excludes the
+other side's middle, where a rendezvous or introduction point could not be reached by the
+other side, whose pinned second hop it is); ``bulk_loops`` downloads
 of ``bulk_bytes`` run back to back through each of the two pairs (exits on R), so every
 relay a set-up crosses carries bulk cells in the direction its replies travel.
 
@@ -203,7 +205,14 @@ def _build(tb: netns.Testbed, out_dir: Path, v: VariantOptions, p: Params, chive
         for side, host in (("client", "C"), ("service", "S")):
             # tor refuses a single EntryNodes beside an onion service (tor#14917): its service
             # may take either entry (both on G, both carrying bulk cells).
-            pins = {"EntryNodes": [ENTRIES[side]] if side == "client" else [ENTRIES["service"], ENTRIES["client"]]}
+            # With a single HSLayer2Nodes relay, a circuit whose last hop (rendezvous or
+            # introduction point, HSDir) is that relay cannot be built ("Failed to find node
+            # for hop #2"): a rendezvous point the client picked at the service's middle made
+            # the service give up on it, and the run's fetches time out. Each side excludes
+            # the other side's middle, so neither picks a point the other cannot reach.
+            other = "service" if side == "client" else "client"
+            pins = {"EntryNodes": [ENTRIES[side]] if side == "client" else [ENTRIES["service"], ENTRIES["client"]],
+                    "ExcludeNodes": [MIDDLES[other]]}
             torrc = {"HSLayer2Nodes": MIDDLES[side]}
             if side == "client":
                 ov.add_client(host, "onion", port=SOCKS_ONION, extra=pins, torrc=torrc)
