@@ -56,6 +56,11 @@ def test_variant_options_are_checked():
         p1.VariantOptions(impl="chive")
     with pytest.raises(LabError, match="not relay.Scheduler"):
         p1.VariantOptions(impl="chive", scheduler="rr", relay={"Scheduler": "ewma"})
+    with pytest.raises(LabError, match="client keys"):
+        p1.VariantOptions(impl="tor", client={"OnionPredictedCircuits": 0})
+    with pytest.raises(LabError, match="paths are the testbed's"):
+        p1.VariantOptions(impl="chive", scheduler="rr", client={"MiddleNodes": ["relay1"]})
+    assert p1.VariantOptions(impl="chive", scheduler="rr", client={"OnionPredictedCircuits": 0}).client
     text = SCENARIO.read_text().replace('scheduler = "rr"', 'scheduler = "fifo"')
     with pytest.raises(LabError, match="scheduler"):
         sc.parse_scenario(__import__("tomllib").loads(text))
@@ -262,7 +267,7 @@ def test_phases_from_the_onion_client_log(tmp_path):
         f"{ts(t0 + 6)}  INFO chive_node::onion_client: onion descriptor fetched address=x.onion took_ms=90",
         f"{ts(t0 + 7)}  INFO chive_client::onion::connect: rendezvous joined service=x.onion circ=CircKey(6) "
         "attempt=1 took_ms=1400 rend_built_ms=300 rend_ready_ms=480 intro_built_ms=420 introduced_ms=480 "
-        "acked_ms=-1",
+        "acked_ms=-1 rend_predicted=true intro_predicted=false",
         f"{ts(t0 + 8)}  INFO chive_client::onion::connect: rendezvous joined service=x.onion circ=CircKey(8) "
         "attempt=2 took_ms=1600",
         f"{ts(t0 + 9)}  DEBUG chive_core: something else took_ms=7",
@@ -271,6 +276,8 @@ def test_phases_from_the_onion_client_log(tmp_path):
     assert got["desc_ms"] == [90.0]
     assert got["took_ms"] == [1400.0, 1600.0]
     assert got["rend_built_ms"] == [300.0] and got["acked_ms"] == []
+    # Predicted circuits: only lines that say (the old binary's line at t0 + 8 does not).
+    assert got["rend_predicted"] == [1.0] and got["intro_predicted"] == [0.0]
     d = tmp_path / "runs" / "chive-rr" / "1"
     (d / "net" / "onion").mkdir(parents=True)
     (d / "run.json").write_text(json.dumps({"t0": t0, "warmup_s": 5.0}))
@@ -279,6 +286,8 @@ def test_phases_from_the_onion_client_log(tmp_path):
     assert v["took_ms"]["n"] == 2 and v["took_ms"]["p50"] == pytest.approx(1500.0)
     table = "\n".join(ph.table_lines({"chive-rr": v, "tor": {}}))
     assert "| RENDEZVOUS2: joined | 1500 (n=2) |" in table and "| chive-rr |\n" in table
+    assert "| rendezvous circuit predicted (share) | 100% (n=1) |" in table
+    assert "| introduction circuit predicted (share) | 0% (n=1) |" in table
     # In the analysis: the summary keeps them and comparison.md shows them.
     s = sc.load_scenario(SCENARIO)
     _write_run(tmp_path, "chive-ewma", [2.0, 2.5], t0=t0)

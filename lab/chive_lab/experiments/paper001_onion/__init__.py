@@ -42,7 +42,9 @@ fetched it for every new rendezvous, so their first fetches include that fetch t
 
 Variants (:class:`VariantOptions`): ``impl`` (chive, or tor: Debian's tor in every role),
 ``scheduler`` (chive: ``rr``/``ewma``) on the relays ``prioritised`` names (``all`` or
-``middle``; the others run ``rr``), ``relay`` (more chive relay options), ``paper``.
+``middle``; the others run ``rr``), ``relay`` (more chive relay options), ``client`` (more
+chive client options of the onion client and the service, e.g. ``OnionPredictedCircuits``),
+``paper``.
 The chive variants need the onion service in ``chive client`` (``HiddenServiceDir``); a binary
 without it is refused before the run (:meth:`Paper001Onion.preflight`).
 
@@ -124,16 +126,21 @@ class VariantOptions:
     prioritised: str = option("all", choices=("all", "middle"),
                               doc="relays running `scheduler` (the others: rr)")
     relay: dict[str, Any] = option(default_factory=dict, doc="more chive relay options, every relay")
+    client: dict[str, Any] = option(default_factory=dict,
+                                    doc="more chive client options of the onion client and the service "
+                                        "(e.g. OnionPredictedCircuits)")
     paper: str = option("", doc="the paper's finding for this setting")
 
     def __post_init__(self) -> None:
-        if self.impl == "tor" and (self.scheduler or self.relay or self.prioritised != "all"):
-            raise LabError("a tor variant takes no scheduler, prioritised or relay keys "
+        if self.impl == "tor" and (self.scheduler or self.relay or self.client or self.prioritised != "all"):
+            raise LabError("a tor variant takes no scheduler, prioritised, relay or client keys "
                            "(tor 0.4.9 runs KIST with EWMA, CircuitPriorityHalflife from its consensus)")
         if self.impl == "chive" and not self.scheduler:
             raise LabError("a chive variant needs scheduler = \"rr\" or \"ewma\"")
         if "Scheduler" in self.relay:
             raise LabError("set the scheduler with `scheduler`/`prioritised`, not relay.Scheduler")
+        if {"EntryNodes", "MiddleNodes"} & set(self.client):
+            raise LabError("the onion client's and service's paths are the testbed's: no client.EntryNodes/MiddleNodes")
 
     def relay_scheduler(self, nick: str) -> str:
         """The Scheduler of chive relay ``nick`` in this variant."""
@@ -221,9 +228,10 @@ def _build(tb: netns.Testbed, out_dir: Path, v: VariantOptions, p: Params, chive
                                      virtual_port=VIRTUAL_PORT, extra=pins, torrc=torrc)
     else:
         ov.add_client("C", "onion", port=SOCKS_ONION,
-                      extra={"EntryNodes": [ENTRIES["client"]], "MiddleNodes": [MIDDLES["client"]]})
+                      extra={**v.client, "EntryNodes": [ENTRIES["client"]], "MiddleNodes": [MIDDLES["client"]]})
         ov.add_onion_service("S", "service", httpd="page", port=SOCKS_SERVICE, virtual_port=VIRTUAL_PORT,
-                             extra={"EntryNodes": [ENTRIES["service"]], "MiddleNodes": [MIDDLES["service"]]})
+                             extra={**v.client, "EntryNodes": [ENTRIES["service"]],
+                                    "MiddleNodes": [MIDDLES["service"]]})
     return ov
 
 

@@ -2,7 +2,8 @@
 fetched ... took_ms=N`` (one per descriptor fetch) and ``rendezvous joined ... took_ms=N
 rend_built_ms=... rend_ready_ms=... intro_built_ms=... introduced_ms=... acked_ms=...`` (one
 per joined connection; ``-1`` = the step did not happen; binaries before the step fields have
-only ``took_ms``), from each repetition's ``net/onion/chive.log``, counted from the
+only ``took_ms``; since predicted circuits, also ``rend_predicted=`` / ``intro_predicted=``
+true or false: the circuit was a predicted one extended to the point), from each repetition's ``net/onion/chive.log``, counted from the
 measurement window's start (``t0 + warmup_s``). The joined steps are measured from the start
 of the attempt that joined (its circuits launched); the SOCKS set-up is the descriptor fetch
 (if not cached) + the join + BEGIN/CONNECTED on the joined circuit."""
@@ -29,7 +30,11 @@ STEP_NAMES = {
     "acked_ms": "INTRODUCE_ACK",
     "took_ms": "RENDEZVOUS2: joined",
 }
+#: Whether the rendezvous / introduction circuit was a predicted one (the table shows the share).
+PREDICTED = {"rend_predicted": "rendezvous circuit predicted (share)",
+             "intro_predicted": "introduction circuit predicted (share)"}
 _FIELD = re.compile(r"(\w+_ms)=(-?\d+)")
+_FLAG = re.compile(r"(\w+_predicted)=(true|false)")
 
 
 def _unix(line: str) -> float | None:
@@ -43,7 +48,7 @@ def _unix(line: str) -> float | None:
 def parse_log(lines: Iterable[str], since: float) -> dict[str, list[float]]:
     """Milliseconds per step (``desc_ms`` and :data:`JOIN_STEPS`) of the events logged at or
     after UNIX time ``since``; steps logged as -1 are left out."""
-    out: dict[str, list[float]] = {k: [] for k in ("desc_ms", *JOIN_STEPS)}
+    out: dict[str, list[float]] = {k: [] for k in ("desc_ms", *JOIN_STEPS, *PREDICTED)}
     for line in lines:
         fetched = "onion descriptor fetched" in line
         if not fetched and "rendezvous joined" not in line:
@@ -59,6 +64,9 @@ def parse_log(lines: Iterable[str], since: float) -> dict[str, list[float]]:
         for k in JOIN_STEPS:
             if fields.get(k, -1.0) >= 0:
                 out[k].append(fields[k])
+        for k, v in _FLAG.findall(line):
+            if k in PREDICTED:
+                out[k].append(1.0 if v == "true" else 0.0)
     return out
 
 
@@ -100,4 +108,11 @@ def table_lines(phases: dict[str, dict[str, Any]]) -> list[str]:
             e = phases[label].get(k)
             cells.append("" if not e or e["p50"] is None else f"{e['p50']:.0f} (n={e['n']})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for k, name in PREDICTED.items():
+        cells = []
+        for label in labels:
+            e = phases[label].get(k)
+            cells.append("" if not e or e["mean"] is None else f"{e['mean']:.0%} (n={e['n']})")
+        if any(cells):
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
