@@ -28,7 +28,7 @@ pub use idmap::{LocalIdHasher, LocalMap};
 pub use node::{
     max_mem_in_queues_auto, CellSample, CircuitStat, CloseCause, Core, CoreConfig, CoreError,
     CoreStats, Event, HopSpec, OnionRelayStats, RelayKeys, CELL_MEM_COST,
-    DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
+    DEFAULT_MAX_MEM_IN_QUEUES, MAX_PATH_LEN, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
 pub use node::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};
 pub use sched::{CircuitScheduler, QueueId, SchedulerKind};

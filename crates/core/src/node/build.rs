@@ -21,6 +21,11 @@ use super::queue::CellQueue;
 use super::stream::Edge;
 use super::switch::SwCounts;
 use super::Core;
+use crate::CoreError;
+
+/// Longest origin circuit [`Core::extend_circuit`] makes: relays refuse a circuit's ninth
+/// RELAY_EARLY cell, and each extension costs one.
+pub const MAX_PATH_LEN: usize = 8;
 
 impl Core {
     pub(super) fn on_create2(&mut self, chan: ChannelId, cell: Cell, now: Instant) {
@@ -329,13 +334,32 @@ impl Core {
         };
         crypto.push_hop(ClientHopCrypto::new(&km));
         circ.kh = *km.kh();
-        let done = crypto.len();
-        if done >= path.len() {
+        if crypto.len() >= path.len() {
             *built = true;
             self.events.push_back(Event::CircuitBuilt { circ: key });
             return;
         }
-        let hop = path[done].clone();
+        self.send_extend(key, now);
+    }
+
+    /// Send EXTEND2 for an origin circuit's next hop (`path[hops built]`) from its last hop.
+    fn send_extend(&mut self, key: CircKey, now: Instant) {
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
+        let Role::Origin {
+            crypto,
+            path,
+            handshake,
+            ..
+        } = &mut circ.role
+        else {
+            return;
+        };
+        let done = crypto.len();
+        let Some(hop) = path.get(done).cloned() else {
+            return;
+        };
         let (state, onionskin) =
             ntor::client_create(&mut self.rng, &hop.identity.ntor_id(), &hop.ntor_key);
         *handshake = Some(state);
@@ -358,6 +382,47 @@ impl Core {
             }
             Err(e) => self.kill(key, &format!("cannot encode EXTEND2: {e}"), now),
         }
+    }
+
+    /// Extend a built, clean origin circuit by one hop to `hop` (EXTEND2 from its last hop):
+    /// Tor's cannibalising of a predicted internal circuit for an introduction or rendezvous
+    /// point. The circuit is not open again until the new hop answered; then
+    /// [`Event::CircuitBuilt`] comes again, or [`Event::CircuitClosed`] if the extension fails
+    /// or takes longer than the circuit build timeout (counted from now).
+    ///
+    /// Refused (the circuit is left as it was): no such origin circuit
+    /// ([`CoreError::NoSuchCircuit`]), not built, with streams or a virtual hop, or already
+    /// [`MAX_PATH_LEN`] hops long ([`CoreError::CircuitNotOpen`]).
+    pub fn extend_circuit(
+        &mut self,
+        circ: CircKey,
+        hop: HopSpec,
+        now: Instant,
+    ) -> Result<(), CoreError> {
+        let timeout = self.cfg.circuit_build_timeout;
+        let Some(c) = self.circuits.get_mut(&circ) else {
+            return Err(CoreError::NoSuchCircuit);
+        };
+        let Role::Origin {
+            crypto,
+            path,
+            built,
+            edge,
+            deadline,
+            ..
+        } = &mut c.role
+        else {
+            return Err(CoreError::NoSuchCircuit);
+        };
+        let clean = edge.streams.is_empty() && crypto.len() == path.len();
+        if !*built || !clean || path.len() >= MAX_PATH_LEN {
+            return Err(CoreError::CircuitNotOpen);
+        }
+        path.push(hop);
+        *built = false;
+        *deadline = now + timeout;
+        self.send_extend(circ, now);
+        Ok(())
     }
 
     /// Whether an origin circuit is built and usable.

@@ -57,6 +57,7 @@ mod switch;
 mod switch_report;
 mod teardown;
 
+pub use build::MAX_PATH_LEN;
 pub use config::{CoreConfig, HopSpec, RelayKeys};
 pub use event::{CloseCause, CoreError, Event};
 pub use inspect::{CellSample, CircuitStat, CoreStats};

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use chive_cell::RelayCommand;
 use chive_core::onion::{ClientRendezvous, IntroduceError, OnionServiceIntro};
-use chive_core::{CircKey, Core, CoreConfig, Event, StreamHandle};
+use chive_core::{CircKey, Core, CoreConfig, CoreError, Event, StreamHandle, MAX_PATH_LEN};
 use chive_crypto::{IdentityKeypair, OnionAddress};
 
 use crate::sim::{pattern, Sim};
@@ -83,6 +83,35 @@ impl Onion for Net {
     }
 }
 
+/// Node `node`'s circuit through `relays`: built at once, or (`cannibalise`, as a predicted
+/// internal circuit) built without its last relay and then extended to it with
+/// `Core::extend_circuit`.
+fn circuit_to(net: &mut Net, node: usize, relays: &[usize], cannibalise: bool) -> CircKey {
+    if !cannibalise {
+        return net.build(node, relays);
+    }
+    let (last, prefix) = relays.split_last().unwrap();
+    let circ = net.build(node, prefix);
+    net.events
+        .retain(|(n, e)| !(*n == node && *e == Event::CircuitBuilt { circ }));
+    let hop = net.hops[*last].clone();
+    let now = net.now;
+    net.nodes[node].extend_circuit(circ, hop, now).unwrap();
+    assert!(
+        !net.nodes[node].circuit_is_open(circ),
+        "open while extending"
+    );
+    net.run(5000);
+    assert!(
+        net.events
+            .iter()
+            .any(|(n, e)| *n == node && *e == Event::CircuitBuilt { circ }),
+        "extension not built: {:?}",
+        net.events
+    );
+    circ
+}
+
 /// A service with one introduction point registered at relay INTRO: (intro keys, circuit).
 fn service_online(net: &mut Net) -> (OnionServiceIntro, CircKey) {
     let id = IdentityKeypair::generate(&mut net.rng);
@@ -109,9 +138,10 @@ fn client_introduces(
     net: &mut Net,
     intro: &OnionServiceIntro,
     tamper: bool,
+    cannibalise: bool,
 ) -> (ClientRendezvous, CircKey, Vec<u8>) {
     let mut conn = ClientRendezvous::new(&mut net.rng, intro.public());
-    let rend = net.build(CLIENT, &[GUARD_C, REND]);
+    let rend = circuit_to(net, CLIENT, &[GUARD_C, REND], cannibalise);
     net.send(
         CLIENT,
         rend,
@@ -121,7 +151,7 @@ fn client_introduces(
     let got = net.take_onion(CLIENT, rend);
     assert_eq!(got[0].0, RelayCommand::RENDEZVOUS_ESTABLISHED);
 
-    let ic = net.build(CLIENT, &[GUARD_C, INTRO]);
+    let ic = circuit_to(net, CLIENT, &[GUARD_C, INTRO], cannibalise);
     let rp = net.hops[REND].clone();
     let mut intro1 = conn.introduce1(&mut net.rng, &rp).unwrap();
     if tamper {
@@ -137,9 +167,20 @@ fn client_introduces(
 
 #[test]
 fn a_stream_through_an_onion_service_is_byte_exact() {
+    byte_exact(false);
+}
+
+#[test]
+fn a_stream_through_cannibalised_circuits_is_byte_exact() {
+    // Every circuit to a point is a shorter circuit extended by one hop, as the client's and
+    // the service's predicted internal circuits are.
+    byte_exact(true);
+}
+
+fn byte_exact(cannibalise: bool) {
     let mut net = Net::new();
     let (mut intro, intro_circ) = service_online(&mut net);
-    let (mut conn, rend, _) = client_introduces(&mut net, &intro, false);
+    let (mut conn, rend, _) = client_introduces(&mut net, &intro, false, cannibalise);
 
     // The service gets INTRODUCE2, accepts it, builds to the rendezvous point.
     let got = net.take_onion(SERVICE, intro_circ);
@@ -147,7 +188,7 @@ fn a_stream_through_an_onion_service_is_byte_exact() {
     assert_eq!(got[0].0, RelayCommand::INTRODUCE2);
     let acc = intro.on_introduce2(&mut net.rng, &got[0].1).unwrap();
     assert_eq!(acc.rendezvous_point.identity, net.hops[REND].identity);
-    let svc_rend = net.build(SERVICE, &[GUARD_S, REND]);
+    let svc_rend = circuit_to(&mut net, SERVICE, &[GUARD_S, INTRO, REND], cannibalise);
     let (cmd, body) = &acc.rendezvous1;
     net.nodes[SERVICE]
         .send_onion_message(svc_rend, *cmd, body, net.now)
@@ -165,6 +206,12 @@ fn a_stream_through_an_onion_service_is_byte_exact() {
     net.nodes[CLIENT]
         .attach_virtual_hop(rend, &keys, false)
         .unwrap();
+    // A joined circuit (virtual hop) is never extended.
+    let hop = net.hops[GUARD_S].clone();
+    assert_eq!(
+        net.nodes[CLIENT].extend_circuit(rend, hop, net.now),
+        Err(CoreError::CircuitNotOpen)
+    );
 
     // A stream to virtual port 80.
     let cs = net.nodes[CLIENT]
@@ -221,7 +268,7 @@ fn a_stream_through_an_onion_service_is_byte_exact() {
 fn an_introduce_that_does_not_decrypt_is_dropped_and_counted() {
     let mut net = Net::new();
     let (mut intro, intro_circ) = service_online(&mut net);
-    let (_conn, _rend, _) = client_introduces(&mut net, &intro, true);
+    let (_conn, _rend, _) = client_introduces(&mut net, &intro, true, false);
     let got = net.take_onion(SERVICE, intro_circ);
     assert_eq!(got[0].0, RelayCommand::INTRODUCE2);
     assert_eq!(
@@ -238,7 +285,7 @@ fn an_introduce_that_does_not_decrypt_is_dropped_and_counted() {
 fn a_replayed_introduce_is_detected() {
     let mut net = Net::new();
     let (mut intro, intro_circ) = service_online(&mut net);
-    let (_conn, _rend, intro1) = client_introduces(&mut net, &intro, false);
+    let (_conn, _rend, intro1) = client_introduces(&mut net, &intro, false, false);
     // Someone who saw the INTRODUCE1 sends it again on a circuit of its own.
     let ic = net.build(CLIENT, &[GUARD_C, INTRO]);
     net.send(CLIENT, ic, RelayCommand::INTRODUCE1, &intro1);
@@ -281,4 +328,58 @@ fn establish_intro_made_for_another_circuit_is_refused() {
     let got = net.take_onion(CLIENT, ic);
     assert!(conn.on_introduce_ack(&got[0].1).is_err());
     assert_eq!(net.relay(INTRO).onion_relay_stats().intro_refused, 1);
+}
+
+#[test]
+fn only_built_clean_circuits_are_extended() {
+    let mut net = Net::new();
+    let now = net.now;
+    let hop = |net: &Net, r: usize| net.hops[r].clone();
+    // Unknown, and not built yet.
+    let h = hop(&net, REND);
+    let first = hop(&net, GUARD_C);
+    let building = net.nodes[CLIENT].launch_circuit(vec![first], now);
+    assert_eq!(
+        net.nodes[CLIENT].extend_circuit(building, h.clone(), now),
+        Err(CoreError::CircuitNotOpen)
+    );
+    net.nodes[CLIENT].close_circuit(building, now);
+    assert_eq!(
+        net.nodes[CLIENT].extend_circuit(building, h.clone(), now),
+        Err(CoreError::NoSuchCircuit)
+    );
+    // With a stream: refused, and the circuit stays as it was.
+    let used = net.build(CLIENT, &[GUARD_C]);
+    net.nodes[CLIENT]
+        .open_stream(used, "127.0.0.1", 80, now)
+        .unwrap();
+    assert_eq!(
+        net.nodes[CLIENT].extend_circuit(used, h.clone(), now),
+        Err(CoreError::CircuitNotOpen)
+    );
+    assert!(net.nodes[CLIENT].circuit_is_open(used));
+    // Clean: extended hop by hop up to MAX_PATH_LEN (the relays allow 8 RELAY_EARLY cells).
+    let c = net.build(CLIENT, &[GUARD_C]);
+    for i in 1..MAX_PATH_LEN {
+        let next = hop(&net, [INTRO, REND, GUARD_S, GUARD_C][i % 4]);
+        net.events.clear();
+        net.nodes[CLIENT].extend_circuit(c, next, net.now).unwrap();
+        net.run(5000);
+        assert!(
+            net.nodes[CLIENT].circuit_is_open(c),
+            "hop {} not added",
+            i + 1
+        );
+    }
+    assert_eq!(
+        net.nodes[CLIENT].extend_circuit(c, h, net.now),
+        Err(CoreError::CircuitNotOpen)
+    );
+    assert_eq!(
+        net.nodes
+            .iter()
+            .map(|n| n.stats().circuits_killed)
+            .sum::<u64>(),
+        0
+    );
 }
