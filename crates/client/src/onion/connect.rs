@@ -24,6 +24,10 @@
 //! until they expire, and drops a service's descriptor when an attempt through one of its
 //! introduction points fails (0xF2 or 0xF7), so the next request fetches it again.
 //!
+//! Predicted circuits ([`super::pool`]): from the first connection on, the connector keeps
+//! `predicted` built circuits for each kind of path (rendezvous, introduction) and extends one
+//! to the chosen point instead of building from scratch when one fits.
+//!
 //! Each joined connection leaves a [`JoinTiming`] ([`OnionConnector::poll_join_timing`]): when,
 //! after the attempt started, each step of the protocol finished, to see where set-up time goes.
 
@@ -43,6 +47,7 @@ use rand::SeedableRng;
 use tracing::{debug, info, warn};
 
 use super::desc_cache::{DescriptorCache, DEFAULT_MAX_DESCRIPTORS};
+use super::pool::{launch_or_extend, InternalPool, PoolCounters, DEFAULT_PREDICTED};
 use super::{hop_of, path_to, usable_relays, OnionPaths, LONG_ONION_HOPS, SHORT_ONION_HOPS};
 use crate::socks::{OnionSocksError, SocksReply};
 
@@ -82,6 +87,8 @@ pub struct ConnectorConfig {
     pub paths: OnionPaths,
     /// Services whose descriptors are cached.
     pub max_descriptors: usize,
+    /// Predicted circuits kept for each kind of path (`OnionPredictedCircuits`; 0: none).
+    pub predicted: usize,
 }
 
 /// The connector's counters (for the client's metrics).
@@ -110,6 +117,8 @@ pub struct ConnectorCounters {
     pub descriptor_cache_hits: u64,
     /// Cached descriptors dropped after an introduction failure.
     pub descriptors_dropped: u64,
+    /// Circuits to a point that were predicted circuits extended by one hop.
+    pub predicted_used: u64,
 }
 
 /// Where one connection's set-up time went: each step's end, measured from the start of the
@@ -133,6 +142,10 @@ pub struct JoinTiming {
     pub acked: Option<Duration>,
     /// RENDEZVOUS2 arrived and authenticated: the circuit joined.
     pub joined: Duration,
+    /// The rendezvous circuit was a predicted circuit extended to the point.
+    pub rend_predicted: bool,
+    /// The introduction circuit was a predicted circuit extended to the point.
+    pub intro_predicted: bool,
     /// When it joined.
     pub at: Instant,
 }
@@ -146,6 +159,7 @@ impl Default for ConnectorConfig {
             max_waiting: 64,
             paths: OnionPaths::default(),
             max_descriptors: DEFAULT_MAX_DESCRIPTORS,
+            predicted: DEFAULT_PREDICTED,
         }
     }
 }
@@ -175,6 +189,8 @@ struct Attempt {
     waiters: Vec<Waiter>,
     /// When each step ended (for [`JoinTiming`]).
     marks: Marks,
+    /// Which circuits were predicted ones (rendezvous, introduction).
+    predicted: (bool, bool),
 }
 
 #[derive(Default)]
@@ -212,6 +228,7 @@ pub struct OnionConnector {
     rng: StdRng,
     cache: DescriptorCache,
     timings: VecDeque<JoinTiming>,
+    pool: InternalPool,
     /// Counters.
     pub counters: ConnectorCounters,
 }
@@ -223,6 +240,7 @@ impl OnionConnector {
     /// A connector; `seed` feeds cookies, keys and paths.
     pub fn new(cfg: ConnectorConfig, seed: [u8; 32]) -> Self {
         let cfg_max_descriptors = cfg.max_descriptors;
+        let pool = InternalPool::new(cfg.predicted, &[SHORT_ONION_HOPS, LONG_ONION_HOPS], false);
         OnionConnector {
             cfg,
             consensus: None,
@@ -235,6 +253,7 @@ impl OnionConnector {
             rng: StdRng::from_seed(seed),
             cache: DescriptorCache::new(cfg_max_descriptors),
             timings: VecDeque::new(),
+            pool,
             counters: ConnectorCounters::default(),
         }
     }
@@ -294,7 +313,17 @@ impl OnionConnector {
 
     /// Does this connector own `circ`?
     pub fn owns(&self, circ: CircKey) -> bool {
-        self.circs.contains_key(&circ)
+        self.circs.contains_key(&circ) || self.pool.owns(circ)
+    }
+
+    /// The predicted circuits' counters.
+    pub fn pool_counters(&self) -> PoolCounters {
+        self.pool.counters
+    }
+
+    /// Predicted circuits built and waiting.
+    pub fn predicted_ready(&self) -> usize {
+        self.pool.ready()
     }
 
     /// The joined circuit for `key`, if one is usable now.
@@ -503,10 +532,13 @@ impl OnionConnector {
         };
         let conn = ClientRendezvous::new(&mut self.rng, intro);
         self.counters.attempts += 1;
-        let rend = core.launch_circuit(rend_path, now);
-        let intro_circ = core.launch_circuit(intro_path, now);
+        self.pool.note_used(now);
+        let (rend, rend_predicted) = launch_or_extend(&mut self.pool, core, rend_path, now);
+        let (intro_circ, intro_predicted) = launch_or_extend(&mut self.pool, core, intro_path, now);
+        self.counters.predicted_used += u64::from(rend_predicted) + u64::from(intro_predicted);
         info!(service = %key.address, attempt = number, ?rend, intro = ?intro_circ,
-              rendezvous = %rp.identity, "connecting to onion service");
+              rendezvous = %rp.identity, rend_predicted, intro_predicted,
+              "connecting to onion service");
         self.circs.insert(rend, (key.clone(), CircRole::Rend));
         self.circs
             .insert(intro_circ, (key.clone(), CircRole::Intro));
@@ -528,6 +560,7 @@ impl OnionConnector {
                 started: now,
                 waiters,
                 marks: Marks::default(),
+                predicted: (rend_predicted, intro_predicted),
             },
         );
     }
@@ -585,6 +618,9 @@ impl OnionConnector {
 
     /// A circuit was built.
     pub fn on_circuit_built(&mut self, core: &mut Core, circ: CircKey, now: Instant) {
+        if self.pool.on_built(circ, now) {
+            return;
+        }
         let Some((key, role)) = self.circs.get(&circ).cloned() else {
             return;
         };
@@ -723,6 +759,8 @@ impl OnionConnector {
             introduced: since(a.marks.introduced),
             acked: since(a.marks.acked),
             joined: now.duration_since(a.started),
+            rend_predicted: a.predicted.0,
+            intro_predicted: a.predicted.1,
             at: now,
         };
         let ms = |d: Option<Duration>| d.map_or(-1, |d| d.as_millis() as i64);
@@ -730,7 +768,8 @@ impl OnionConnector {
               took_ms = timing.joined.as_millis() as u64,
               rend_built_ms = ms(timing.rend_built), rend_ready_ms = ms(timing.rend_ready),
               intro_built_ms = ms(timing.intro_built), introduced_ms = ms(timing.introduced),
-              acked_ms = ms(timing.acked),
+              acked_ms = ms(timing.acked), rend_predicted = timing.rend_predicted,
+              intro_predicted = timing.intro_predicted,
               "rendezvous joined");
         if self.timings.len() >= MAX_TIMINGS {
             self.timings.pop_front();
@@ -759,6 +798,9 @@ impl OnionConnector {
         reason: &str,
         now: Instant,
     ) {
+        if self.pool.on_closed(circ, reason, now) {
+            return;
+        }
         let Some((key, role)) = self.circs.remove(&circ) else {
             return;
         };
@@ -784,8 +826,19 @@ impl OnionConnector {
     }
 
     /// Housekeeping: attempts past their deadline fail (0xF7) or retry; joined circuits past
-    /// `max_dirtiness` with no streams are closed.
+    /// `max_dirtiness` with no streams are closed; predicted circuits are replaced.
     pub fn tick(&mut self, core: &mut Core, now: Instant) {
+        if let Some(consensus) = self.consensus.clone() {
+            let paths = self.cfg.paths.clone();
+            self.pool.fill(
+                core,
+                &consensus,
+                &paths,
+                &mut self.guard,
+                &mut self.rng,
+                now,
+            );
+        }
         let late: Vec<ConnectKey> = self
             .attempts
             .iter()

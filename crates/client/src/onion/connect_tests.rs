@@ -248,3 +248,23 @@ fn the_attempt_timeout_is_the_configured_one() {
     let f7 = OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::IntroTimedOut));
     assert_eq!(c.poll_outcome(), Some((t, f7)));
 }
+
+#[test]
+fn predicted_circuits_are_built_once_onion_connections_start() {
+    let (mut c, mut core) = connector(1);
+    let now = Instant::now();
+    c.tick(&mut core, now);
+    assert!(
+        c.pool.is_empty(),
+        "no onion connection yet: nothing predicted"
+    );
+    let desc = descriptor(1);
+    c.connect(&mut core, key(&desc), desc, "x.onion", 80, now);
+    // Nothing was built, so the attempt's two circuits are fresh ones.
+    assert_eq!((c.circs.len(), c.counters.predicted_used), (2, 0));
+    c.tick(&mut core, now);
+    // Rendezvous and introduction kinds, DEFAULT_PREDICTED each, owned by the connector.
+    assert_eq!(c.pool.len(), 2 * DEFAULT_PREDICTED);
+    assert_eq!(c.pool_counters().launched, 2 * DEFAULT_PREDICTED as u64);
+    assert_eq!(c.predicted_ready(), 0);
+}

@@ -14,6 +14,8 @@
 //!   and a deadline, each failure with its proposal 304 SOCKS code.
 //! - [`desc_cache`]: [`DescriptorCache`], verified descriptors kept until they expire (dropped
 //!   when an introduction through them fails), so a new rendezvous skips the directory.
+//! - [`pool`]: [`InternalPool`], predicted internal circuits (Tor's): clean circuits built
+//!   ahead and extended by one hop to an introduction or rendezvous point when one is chosen.
 //!
 //! Path lengths (simplified from Tor, docs/protocol.md "Onion services"): a circuit ends at
 //! the introduction or rendezvous point; the client's rendezvous and the service's
@@ -22,6 +24,7 @@
 
 pub mod connect;
 pub mod desc_cache;
+pub mod pool;
 pub mod service;
 #[cfg(test)]
 mod test_net;
@@ -88,6 +91,7 @@ use crate::path::{select_path_to, PathRequest, PathTarget};
 
 pub use connect::{ConnectKey, ConnectorCounters, JoinTiming, OnionConnector, OnionOutcome};
 pub use desc_cache::DescriptorCache;
+pub use pool::{InternalPool, PoolCounters};
 pub use service::{OnionService, ServiceAction, ServiceConfig, ServiceCounters};
 
 /// Hops of a circuit to a point this side chose itself (the client's rendezvous circuit, the

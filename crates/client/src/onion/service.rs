@@ -17,6 +17,10 @@
 //!   dropped and counted there); an accepted one builds a circuit to the rendezvous point (at
 //!   most [`MAX_PENDING_RENDEZVOUS`] at once, more are dropped and counted), which sends
 //!   RENDEZVOUS1 once built and attaches the virtual hop.
+//! - **Predicted circuits** ([`super::pool`]): from its first consensus on, the service keeps
+//!   `ServiceConfig::predicted` built circuits one hop short of a rendezvous circuit and
+//!   extends one to the rendezvous point an INTRODUCE2 names when one fits (it does not pass
+//!   through that relay), instead of building the whole circuit then.
 //! - **Streams**: a BEGIN through a joined circuit names a virtual port; `HiddenServicePort`
 //!   maps it to a local target ([`OnionService::stream_target`]); unknown ports are refused.
 
@@ -36,6 +40,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use tracing::{debug, info, warn};
 
+use super::pool::{launch_or_extend, InternalPool, PoolCounters};
 use super::{hop_of, path_to, usable_relays, OnionPaths, LONG_ONION_HOPS, SHORT_ONION_HOPS};
 
 /// Circuit failures in a row after which an introduction point is replaced.
@@ -62,6 +67,8 @@ pub struct ServiceConfig {
     pub descriptor_lifetime: Duration,
     /// EntryNodes / MiddleNodes for the service's circuits.
     pub paths: OnionPaths,
+    /// Predicted rendezvous circuits kept built (`OnionPredictedCircuits`; 0: none).
+    pub predicted: usize,
 }
 
 /// What the caller must do for the service.
@@ -95,6 +102,8 @@ pub struct ServiceCounters {
     pub descriptors_published: u64,
     /// Introduction circuits that closed.
     pub intro_circuits_lost: u64,
+    /// Rendezvous circuits that were predicted circuits extended by one hop.
+    pub predicted_used: u64,
 }
 
 struct IntroSlot {
@@ -128,6 +137,7 @@ pub struct OnionService {
     replaced: VecDeque<IdentityKey>,
     actions: VecDeque<ServiceAction>,
     counters: ServiceCounters,
+    pool: InternalPool,
     rng: StdRng,
 }
 
@@ -135,6 +145,7 @@ impl OnionService {
     /// A service with no consensus yet; `seed` feeds key generation and path choice.
     pub fn new(cfg: ServiceConfig, seed: [u8; 32]) -> Self {
         let address = OnionAddress::from_key(cfg.identity.public());
+        let pool = InternalPool::new(cfg.predicted, &[LONG_ONION_HOPS], true);
         OnionService {
             cfg,
             address,
@@ -150,6 +161,7 @@ impl OnionService {
             replaced: VecDeque::new(),
             actions: VecDeque::new(),
             counters: ServiceCounters::default(),
+            pool,
             rng: StdRng::from_seed(seed),
         }
     }
@@ -166,6 +178,16 @@ impl OnionService {
             add_stats(&mut c.introduce, &s.keys.stats);
         }
         c
+    }
+
+    /// The predicted circuits' counters.
+    pub fn pool_counters(&self) -> PoolCounters {
+        self.pool.counters
+    }
+
+    /// Predicted circuits built and waiting.
+    pub fn predicted_ready(&self) -> usize {
+        self.pool.ready()
     }
 
     /// Introduction points established now.
@@ -193,11 +215,15 @@ impl OnionService {
     pub fn owns(&self, circ: CircKey) -> bool {
         self.pending.contains_key(&circ)
             || self.joined.contains(&circ)
+            || self.pool.owns(circ)
             || self.slots.iter().any(|s| s.circ == Some(circ))
     }
 
     /// A circuit was built.
     pub fn on_circuit_built(&mut self, core: &mut Core, circ: CircKey, now: Instant) {
+        if self.pool.on_built(circ, now) {
+            return;
+        }
         if let Some(slot) = self.slots.iter_mut().find(|s| s.circ == Some(circ)) {
             let Some(kh) = core.last_hop_kh(circ) else {
                 return;
@@ -231,6 +257,9 @@ impl OnionService {
 
     /// A circuit closed (or failed to build).
     pub fn on_circuit_closed(&mut self, circ: CircKey, reason: &str, now: Instant) {
+        if self.pool.on_closed(circ, reason, now) {
+            return;
+        }
         if self.pending.remove(&circ).is_some() {
             self.counters.rendezvous_failed += 1;
             info!(?circ, %reason, "rendezvous circuit failed");
@@ -324,8 +353,10 @@ impl OnionService {
         ) {
             Ok(path) => {
                 self.guard.get_or_insert(path[0].identity);
-                let circ = core.launch_circuit(path, now);
-                info!(?circ, rendezvous = %acc.rendezvous_point.identity, "INTRODUCE2 accepted; building to the rendezvous point");
+                let (circ, predicted) = launch_or_extend(&mut self.pool, core, path, now);
+                self.counters.predicted_used += u64::from(predicted);
+                info!(?circ, rendezvous = %acc.rendezvous_point.identity, predicted,
+                      "INTRODUCE2 accepted; building to the rendezvous point");
                 self.pending.insert(circ, acc);
             }
             Err(e) => warn!(error = %e, "no path to the rendezvous point"),
@@ -358,6 +389,15 @@ impl OnionService {
             return;
         };
         self.fill_slots(&consensus);
+        let paths = self.cfg.paths.clone();
+        self.pool.fill(
+            core,
+            &consensus,
+            &paths,
+            &mut self.guard,
+            &mut self.rng,
+            now,
+        );
         for i in 0..self.slots.len() {
             if self.slots[i].keys.should_rotate() {
                 let sub = self.address.subcredential();

@@ -17,6 +17,7 @@ fn service(n: usize) -> (OnionService, Core) {
             intro_points: n,
             descriptor_lifetime: Duration::from_secs(3600),
             paths: OnionPaths::default(),
+            predicted: 0,
         },
         [7; 32],
     );
