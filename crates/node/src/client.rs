@@ -99,6 +99,11 @@ Config file options (TOML):
                                    cookie and introduction point; 3 attempts, then 0xF7
                                    (1..120; tor has no single equivalent: it bounds each
                                    circuit build and the whole request, SocksTimeout)
+  OnionPredictedCircuits = 2       predicted internal circuits kept built for each kind of
+                                   onion circuit (client: rendezvous and introduction, from
+                                   the first onion connection until an hour after the last;
+                                   service: rendezvous, always), each extended by one hop to
+                                   the chosen point instead of built anew (0..8, 0 = none)
   LinkKeepalive = 5                seconds: a link that wrote nothing for this long sends a
                                    PADDING cell, so its peer knows it is alive (0 = off)
   LinkIdleTimeout = 20             seconds: a link that read nothing (or could write nothing)
@@ -167,6 +172,12 @@ pub struct ClientConfig {
         default = "default_onion_attempt_timeout"
     )]
     pub onion_attempt_timeout: u64,
+    /// Predicted internal circuits per kind (see the help).
+    #[serde(
+        rename = "OnionPredictedCircuits",
+        default = "default_onion_predicted_circuits"
+    )]
+    pub onion_predicted_circuits: usize,
     /// Onion service directory (key, hostname); unset = no service.
     #[serde(rename = "HiddenServiceDir", default)]
     pub hidden_service_dir: Option<PathBuf>,
@@ -209,6 +220,12 @@ impl ClientConfig {
         self.service_ports()?;
         if !(1..=MAX_ONION_ATTEMPT_TIMEOUT).contains(&self.onion_attempt_timeout) {
             anyhow::bail!("OnionAttemptTimeout: 1..{MAX_ONION_ATTEMPT_TIMEOUT} seconds");
+        }
+        if self.onion_predicted_circuits > chive_client::onion::pool::MAX_PREDICTED {
+            anyhow::bail!(
+                "OnionPredictedCircuits: 0..{}",
+                chive_client::onion::pool::MAX_PREDICTED
+            );
         }
         if !(1..=chive_dir::MAX_INTRO_POINTS).contains(&self.hidden_service_intro_points) {
             anyhow::bail!(
@@ -269,6 +286,7 @@ impl ClientConfig {
         ConnectorConfig {
             max_dirtiness: Duration::from_secs(self.max_circuit_dirtiness),
             attempt_timeout: Duration::from_secs(self.onion_attempt_timeout),
+            predicted: self.onion_predicted_circuits,
             paths,
             ..ConnectorConfig::default()
         }
@@ -322,6 +340,9 @@ fn default_intro_points() -> usize {
 }
 fn default_onion_attempt_timeout() -> u64 {
     30
+}
+fn default_onion_predicted_circuits() -> usize {
+    chive_client::onion::pool::DEFAULT_PREDICTED
 }
 /// The longest `OnionAttemptTimeout` (a SOCKS request waits 120 s at most anyway).
 const MAX_ONION_ATTEMPT_TIMEOUT: u64 = 120;
@@ -415,6 +436,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     intro_points: cfg.hidden_service_intro_points,
                     descriptor_lifetime: Duration::from_secs(3 * 3600),
                     paths: paths.clone(),
+                    predicted: cfg.onion_predicted_circuits,
                 },
                 seed,
             ))
@@ -950,6 +972,20 @@ mod tests {
             let err = config(bad).validate().expect_err(bad);
             assert!(format!("{err:#}").contains(names), "{bad}: {err:#}");
         }
+    }
+
+    #[test]
+    fn predicted_onion_circuits_are_an_option() {
+        let p = |c: &ClientConfig| c.connector_config(OnionPaths::default()).predicted;
+        assert_eq!(p(&config("")), 2);
+        let c = config("OnionPredictedCircuits = 0");
+        assert!(c.validate().is_ok());
+        assert_eq!(p(&c), 0);
+        let err = config("OnionPredictedCircuits = 9").validate().unwrap_err();
+        assert!(
+            format!("{err:#}").contains("OnionPredictedCircuits"),
+            "{err:#}"
+        );
     }
 
     #[test]

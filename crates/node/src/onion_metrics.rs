@@ -125,6 +125,12 @@ pub fn entries(c: &OnionCounters) -> Vec<(&'static str, &'static str, &'static s
                 "Cached descriptors dropped after an introduction failure.",
                 k.descriptors_dropped,
             ),
+            (
+                "chive_onion_client_predicted_used_total",
+                "counter",
+                "Rendezvous and introduction circuits that were predicted circuits extended by one hop.",
+                k.predicted_used,
+            ),
         ]);
     }
     if let Some(s) = &c.service {
@@ -190,6 +196,12 @@ pub fn entries(c: &OnionCounters) -> Vec<(&'static str, &'static str, &'static s
                 "Introduction circuits that closed.",
                 s.intro_circuits_lost,
             ),
+            (
+                "chive_onion_service_predicted_used_total",
+                "counter",
+                "Rendezvous circuits that were predicted circuits extended by one hop.",
+                s.predicted_used,
+            ),
         ]);
     }
     v
@@ -217,7 +229,7 @@ pub fn join_record(j: &JoinTiming, t: f64) -> String {
         )
     };
     format!(
-        "{{\"type\":\"onion_join\",\"t\":{t:.6},\"service\":\"{}\",\"attempt\":{},\"rend_built_ms\":{},\"rend_ready_ms\":{},\"intro_built_ms\":{},\"introduced_ms\":{},\"acked_ms\":{},\"joined_ms\":{:.3}}}",
+        "{{\"type\":\"onion_join\",\"t\":{t:.6},\"service\":\"{}\",\"attempt\":{},\"rend_built_ms\":{},\"rend_ready_ms\":{},\"intro_built_ms\":{},\"introduced_ms\":{},\"acked_ms\":{},\"joined_ms\":{:.3},\"rend_predicted\":{},\"intro_predicted\":{}}}",
         j.address,
         j.attempt,
         ms(j.rend_built),
@@ -225,7 +237,9 @@ pub fn join_record(j: &JoinTiming, t: f64) -> String {
         ms(j.intro_built),
         ms(j.introduced),
         ms(j.acked),
-        j.joined.as_secs_f64() * 1e3
+        j.joined.as_secs_f64() * 1e3,
+        j.rend_predicted,
+        j.intro_predicted
     )
 }
 
@@ -289,6 +303,8 @@ mod tests {
             introduced: Some(Duration::from_millis(150)),
             acked: None,
             joined: Duration::from_millis(700),
+            rend_predicted: true,
+            intro_predicted: false,
             at: std::time::Instant::now(),
         };
         let v: serde_json::Value = serde_json::from_str(&join_record(&j, 3.0)).unwrap();
@@ -296,6 +312,13 @@ mod tests {
         assert_eq!(v["attempt"], 2);
         assert!(v["acked_ms"].is_null());
         assert_eq!(v["joined_ms"], 700.0);
+        assert_eq!(
+            (
+                v["rend_predicted"].as_bool(),
+                v["intro_predicted"].as_bool()
+            ),
+            (Some(true), Some(false))
+        );
         assert!(v["service"].as_str().unwrap().ends_with(".onion"));
     }
 }
