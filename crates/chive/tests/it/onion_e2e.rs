@@ -313,6 +313,13 @@ fn a_file_through_an_onion_service_is_byte_exact() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
+    // Predicted circuits (on by default) are counted; whether one fitted the point chosen is
+    // chance on three relays, so only the counter's presence is checked here (the core's
+    // `onion::a_stream_through_cannibalised_circuits_is_byte_exact` checks the extension).
+    assert!(
+        text.contains("\nchive_onion_client_predicted_used_total "),
+        "{text}"
+    );
     for line in [
         "chive_onion_client_joined_total 2\n",
         "chive_onion_client_descriptors_fetched_total 1\n",
@@ -346,6 +353,7 @@ fn a_file_through_an_onion_service_is_byte_exact() {
         assert!(ms("rend_ready_ms") <= ms("introduced_ms"), "{j}");
         assert!(ms("intro_built_ms") <= ms("introduced_ms"), "{j}");
         assert!(ms("introduced_ms") <= ms("joined_ms"), "{j}");
+        assert!(j["rend_predicted"].is_boolean(), "{j}");
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     let svc = loop {
@@ -359,6 +367,17 @@ fn a_file_through_an_onion_service_is_byte_exact() {
     assert_eq!(svc["service_rendezvous_joined"], 2, "{svc}");
     assert_eq!(svc["service_introduce2_accepted"], 2, "{svc}");
     assert_eq!(svc["service_introduce2_replayed"], 0, "{svc}");
+    eprintln!(
+        "predicted circuits used: client {:?} (joins {:?}), service {}",
+        text.lines()
+            .find(|l| l.starts_with("chive_onion_client_predicted_used_total")),
+        joins
+            .iter()
+            .map(|j| (j["rend_predicted"].clone(), j["intro_predicted"].clone()))
+            .collect::<Vec<_>>(),
+        svc["service_predicted_used"]
+    );
+    assert!(svc["service_predicted_used"].is_u64(), "{svc}");
     assert!(
         t0.elapsed() < Duration::from_secs(30),
         "took {:?}",
