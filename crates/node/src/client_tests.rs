@@ -1,0 +1,134 @@
+//! Tests of the client configuration (`client.rs`): options, defaults and refusals.
+
+use super::*;
+
+fn parse(extra: &str) -> Result<ClientConfig, toml::de::Error> {
+    toml::from_str(&format!(
+        "DataDirectory = \"/tmp/x\"\nSocksPort = \"127.0.0.1:1\"\n\
+         Authority = \"127.0.0.1:2\"\nAuthorityIdentity = \"{}\"\n{extra}",
+        "00".repeat(32)
+    ))
+}
+
+fn config(extra: &str) -> ClientConfig {
+    parse(extra).expect("test config parses")
+}
+
+#[test]
+fn unknown_and_misspelt_options_are_refused_beside_the_link_options() {
+    // The Link* options are declared by a macro beside the others: the file still refuses
+    // what nobody reads, and a value of the wrong type names its option, inside the Link*
+    // block or not.
+    for bad in [
+        "LinkKeepAlive = 5",
+        "NoSuchOption = 1",
+        "LinkKeepalive = \"x\"",
+        "OutbufCells = \"x\"",
+    ] {
+        let err = parse(bad).unwrap_err();
+        let name = bad.split(' ').next().unwrap();
+        assert!(err.to_string().contains(name), "{bad}: {err}");
+    }
+    let cfg = config("LinkKeepalive = 2\nLinkIdleTimeout = 7");
+    assert_eq!((cfg.link_keepalive, cfg.link_idle_timeout), (2, 7));
+}
+
+#[test]
+fn link_sockets_keep_their_backlog_small_by_default() {
+    // A client uploading over a slow uplink would otherwise queue its download SENDMEs
+    // behind the whole autotuned send buffer.
+    assert_eq!(config("").link_config().unsent_limit, Some(65_536));
+    assert_eq!(
+        config("LinkUnsentLimit = 8192").link_config().unsent_limit,
+        Some(8192)
+    );
+    assert_eq!(
+        config("LinkUnsentLimit = 0").link_config().unsent_limit,
+        None
+    );
+    assert_eq!(config("").link_config().socket_buffer, None);
+    assert!(config("LinkUnsentLimit = 0").validate().is_ok());
+    for bad in ["LinkUnsentLimit = 100", "LinkUnsentLimit = 20000000"] {
+        let err = config(bad).validate().expect_err(bad);
+        assert!(format!("{err:#}").contains("LinkUnsentLimit"), "{err:#}");
+    }
+}
+
+#[test]
+fn hidden_service_options_are_checked_at_start() {
+    assert!(config("").service_ports().unwrap().is_empty());
+    let ok = config(
+        "HiddenServiceDir = \"/tmp/hs\"\nHiddenServicePort = [\"80 127.0.0.1:8080\", \"22\"]",
+    );
+    assert_eq!(
+        ok.service_ports().unwrap(),
+        vec![
+            (80, "127.0.0.1:8080".parse().unwrap()),
+            (22, "127.0.0.1:22".parse().unwrap())
+        ]
+    );
+    assert_eq!(ok.hidden_service_intro_points, 3);
+    for (bad, names) in [
+        ("HiddenServicePort = [\"80\"]", "HiddenServiceDir"),
+        ("HiddenServiceDir = \"/tmp/hs\"", "HiddenServicePort"),
+        (
+            "HiddenServiceDir = \"/tmp/hs\"\nHiddenServicePort = [\"80 nowhere\"]",
+            "HiddenServicePort",
+        ),
+        (
+            "HiddenServiceDir = \"/tmp/hs\"\nHiddenServicePort = [\"80\", \"80 127.0.0.1:1\"]",
+            "twice",
+        ),
+        (
+            "HiddenServiceDir = \"/tmp/hs\"\nHiddenServicePort = [\"80\"]\nHiddenServiceNumIntroductionPoints = 11",
+            "HiddenServiceNumIntroductionPoints",
+        ),
+    ] {
+        let err = config(bad).validate().expect_err(bad);
+        assert!(format!("{err:#}").contains(names), "{bad}: {err:#}");
+    }
+}
+
+#[test]
+fn predicted_onion_circuits_are_an_option() {
+    let p = |c: &ClientConfig| c.connector_config(OnionPaths::default()).predicted;
+    assert_eq!(p(&config("")), 2);
+    let c = config("OnionPredictedCircuits = 0");
+    assert!(c.validate().is_ok());
+    assert_eq!(p(&c), 0);
+    let err = config("OnionPredictedCircuits = 9").validate().unwrap_err();
+    assert!(
+        format!("{err:#}").contains("OnionPredictedCircuits"),
+        "{err:#}"
+    );
+}
+
+#[test]
+fn the_onion_attempt_timeout_is_an_option() {
+    let t = |c: &ClientConfig| c.connector_config(OnionPaths::default()).attempt_timeout;
+    assert_eq!(t(&config("")), Duration::from_secs(30));
+    let c = config("OnionAttemptTimeout = 7");
+    assert!(c.validate().is_ok());
+    assert_eq!(t(&c), Duration::from_secs(7));
+    for bad in ["OnionAttemptTimeout = 0", "OnionAttemptTimeout = 121"] {
+        let err = config(bad).validate().expect_err(bad);
+        assert!(
+            format!("{err:#}").contains("OnionAttemptTimeout"),
+            "{err:#}"
+        );
+    }
+}
+
+#[test]
+fn link_congestion_control_is_checked_at_start() {
+    assert_eq!(config("").link_config().congestion_control, None);
+    let cc = config("LinkCongestionControl = \"reno\"");
+    assert_eq!(cc.link_config().congestion_control.as_deref(), Some("reno"));
+    let err = config("LinkCongestionControl = \"no-such-cc\"")
+        .validate()
+        .expect_err("an unknown algorithm is refused");
+    assert!(
+        format!("{err:#}").contains("LinkCongestionControl"),
+        "{err:#}"
+    );
+}
