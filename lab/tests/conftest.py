@@ -66,3 +66,24 @@ def _figures_without_pixels(request, monkeypatch):
     from matplotlib.figure import Figure
 
     monkeypatch.setattr(Figure, "savefig", _savefig_without_pixels)
+
+
+# Tests that start processes, open ports, create network namespaces or measure time: `make
+# test` runs them one after another, alone (`pytest -m serial`), after the rest ran on two
+# workers (`pytest -n 2 -m "not serial"`, pytest-xdist). Whole modules here; single tests in
+# mixed modules carry `@pytest.mark.serial` (or `e2e`, which implies it).
+SERIAL_MODULES = {
+    "test_e2e", "test_onion_up", "test_tor_e2e",  # the real binary / the real tor
+    "test_netns", "test_paper002",  # network namespaces
+    "test_network", "test_process", "test_socks_content",  # processes, ports, timing
+}
+# Fixtures that start processes.
+SERIAL_FIXTURES = {"fake_chive", "reaper"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module else ""
+        if (module in SERIAL_MODULES or item.get_closest_marker("e2e") is not None
+                or SERIAL_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.serial)

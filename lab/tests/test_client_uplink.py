@@ -96,6 +96,7 @@ def test_registered_kind_and_scenario_validate():
     assert sc.variant("tor-sockbuf0").options.torrc == {"KISTSockBufSizeFactor": 0}
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(SKIP is not None, reason=f"client-uplink real run: {SKIP}")
 def test_short_real_run_keeps_the_client_backlog_small(tmp_path):
     """Every variant for 12 s (uploads from 4 s; tor's only if tor is installed): every

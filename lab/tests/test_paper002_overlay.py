@@ -428,6 +428,7 @@ def test_pool_can_leave_out_runs_with_an_extra_channel(tmp_path):
     assert po.extra_channel_pairs("dynamic-ackprio", split_three) == []
 
 
+@pytest.mark.serial
 def test_only_relay_b_exits_when_asked(tmp_path):
     tb = netns.Testbed([netns.HostSpec(h, netns.LinkSpec("10mbit")) for h in ("A", "B", "C", "X")])
     for exits, expect_closed in (("all", set()), ("b", {"relayA", "relayB2", "relayC"})):
@@ -451,6 +452,7 @@ def test_registered_kind():
 
 
 # --------------------------------------------------------------- real run
+@pytest.mark.serial
 @pytest.mark.skipif(SKIP is not None, reason=f"paper002-overlay real run: {SKIP}")
 def test_quick_real_run_off_vs_always(tmp_path):
     """Two variants at scale 0.05 (15 s of transfers each): files written,

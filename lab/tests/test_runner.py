@@ -198,6 +198,7 @@ def _skip_reason() -> str | None:
     return chive_cli_missing("cargo build --release", "perf")
 
 
+@pytest.mark.serial
 @pytest.mark.e2e
 @pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
 @pytest.mark.real_figures
