@@ -468,7 +468,9 @@ def test_quick_real_run_off_vs_always(tmp_path):
                     .replace("transfer_bytes = 67108864", "transfer_bytes = 2000000"))
     rc = run_experiment(scen, tmp_path / "out", variants=["one", "split"], repetitions=1, progress=False)
     assert rc == 0, (tmp_path / "out" / "runner.log").read_text()
-    assert time.monotonic() - started < 90
+    # Keeps the test short, with room for a loaded 2-core machine (93 s at load 20-25, session 14,
+    # failed the old 90 s bound; docs/testing.md).
+    assert time.monotonic() - started < 180
     assert (tmp_path / "out" / "manifest.json").is_file()
     out = tmp_path / "out" / "paper002_overlay"
     for f in ("throughput_one.png", "throughput_split.csv", "variance.png", "variance.csv",

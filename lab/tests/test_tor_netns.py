@@ -195,7 +195,8 @@ def test_quick_real_run_of_the_tor_variant(tmp_path):
                     .replace('exit_relays = "b"', ""))
     rc = runner.run_experiment(scen, tmp_path / "out", variants=["tor"], repetitions=1, progress=False)
     assert rc == 0, (tmp_path / "out" / "runner.log").read_text()
-    assert time.monotonic() - started < 150
+    # Keeps the test short, with room for a loaded 2-core machine (83 s at load 20-25, session 14).
+    assert time.monotonic() - started < 240
     summary = json.loads((tmp_path / "out" / "paper002_overlay" / "summary.json").read_text())
     for d in po.DIRECTIONS_TO_B:
         assert summary["variants"]["tor"][d]["goodput_bps"] > 2e5, d
