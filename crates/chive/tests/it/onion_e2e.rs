@@ -113,7 +113,10 @@ fn onion_names_fail_fast_with_proposal_304_codes() {
             ])
             .output()
             .unwrap();
-        assert!(t.elapsed() < Duration::from_secs(1));
+        // The client's answer is timed above (< 1 s over raw SOCKS5); this also counts starting
+        // curl, which took over 1 s on a loaded 2-core machine (session 14).
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(5), "curl took {took:?}");
         assert_eq!(out.status.code(), Some(97), "curl: proxy handshake error");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
