@@ -20,7 +20,7 @@ VENV_STAMP := $(VENV)/.chive-lab-installed
 
 help:
 	@echo "make build   cargo build --release and the lab's Python environment (.venv)"
-	@echo "make test    build, cargo test --release --workspace, pytest lab/tests"
+	@echo "make test    build, cargo test --release --workspace, pytest lab/tests (docs/testing.md)"
 	@echo "make demo    build, start a 3-relay network, curl 1 MiB and 10 MiB through it, stop it"
 	@echo "make bench   cargo bench (crypto per cell, scheduler per cell), the 3-hop 50 MB goodput benchmark and CPU per relayed byte vs tor"
 	@echo "make fuzz    every cargo-fuzz target, 10M executions each (nightly; installs cargo-fuzz); table of execs/cov"
@@ -44,12 +44,15 @@ $(VENV_STAMP): lab/pyproject.toml
 build: deps
 	$(CARGO) build --release
 
+# The lab's tests in two passes (docs/testing.md): those that start nothing on two workers
+# (pytest-xdist), then those marked serial (processes, ports, namespaces, timing) alone.
 # check-features first: a crate that the build and the tests resolve with different features
 # would compile twice here, and the test build would replace the binary pytest runs.
 test: build
 	$(PYTHON) .ci/check-features
 	$(CARGO) test --release --workspace
-	$(VENV)/bin/pytest -q lab/tests
+	$(VENV)/bin/pytest -q -n 2 -m "not serial" lab/tests
+	$(VENV)/bin/pytest -q -m serial lab/tests
 
 demo: build
 	bash lab/scripts/demo.sh

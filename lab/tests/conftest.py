@@ -56,13 +56,37 @@ def _savefig_without_pixels(fig, fname, *args, **kwargs) -> None:
 
 @pytest.fixture(autouse=True)
 def _figures_without_pixels(request, monkeypatch):
-    """Every figure is still built in full (each kind's drawing function runs, with its
-    layout), but ``savefig`` writes an empty file instead of rasterising and encoding a PNG:
-    that was a third of the CPU time of the analysis tests (pytest --durations, issue 15).
-    Tests marked ``real_figures`` render real PNGs (the figure writer's own tests and the
-    end-to-end runs that check the report's pictures)."""
+    """Every figure is still built (each kind's drawing function runs: axes, lines, labels),
+    but ``savefig`` writes an empty file instead of rasterising and encoding a PNG (a third of
+    the analysis tests' CPU time, issue 15), and ``tight_layout`` does nothing: it measures
+    every text with a renderer, and was 63 % of what was left (cProfile of
+    ``test_pool_analyses_several_results_as_one_batch``: 22 of 35 s; docs/testing.md).
+    Tests marked ``real_figures`` lay out and render real PNGs (the figure writer's own tests
+    and the end-to-end runs that check the report's pictures)."""
     if request.node.get_closest_marker("real_figures") is not None:
         return
     from matplotlib.figure import Figure
 
     monkeypatch.setattr(Figure, "savefig", _savefig_without_pixels)
+    monkeypatch.setattr(Figure, "tight_layout", lambda self, *a, **k: None)
+
+
+# Tests that start processes, open ports, create network namespaces or measure time: `make
+# test` runs them one after another, alone (`pytest -m serial`), after the rest ran on two
+# workers (`pytest -n 2 -m "not serial"`, pytest-xdist). Whole modules here; single tests in
+# mixed modules carry `@pytest.mark.serial` (or `e2e`, which implies it).
+SERIAL_MODULES = {
+    "test_e2e", "test_onion_up", "test_tor_e2e",  # the real binary / the real tor
+    "test_netns", "test_paper002",  # network namespaces
+    "test_network", "test_process", "test_socks_content",  # processes, ports, timing
+}
+# Fixtures that start processes.
+SERIAL_FIXTURES = {"fake_chive", "reaper"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module else ""
+        if (module in SERIAL_MODULES or item.get_closest_marker("e2e") is not None
+                or SERIAL_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.serial)

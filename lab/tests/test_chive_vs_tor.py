@@ -205,6 +205,7 @@ def _class_diagnostics(out: Path, label: str, cls: str) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.serial
 def test_quick_scenario_end_to_end(tmp_path):
     reason = _skip_reason()
     if reason is not None:

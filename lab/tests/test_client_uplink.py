@@ -96,6 +96,7 @@ def test_registered_kind_and_scenario_validate():
     assert sc.variant("tor-sockbuf0").options.torrc == {"KISTSockBufSizeFactor": 0}
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(SKIP is not None, reason=f"client-uplink real run: {SKIP}")
 def test_short_real_run_keeps_the_client_backlog_small(tmp_path):
     """Every variant for 12 s (uploads from 4 s; tor's only if tor is installed): every
@@ -120,7 +121,9 @@ def test_short_real_run_keeps_the_client_backlog_small(tmp_path):
     out = tmp_path / "out"
     rc = run_experiment(scen, out, variants=variants, progress=False)
     assert rc == 0, (out / "runner.log").read_text()
-    assert time.monotonic() - started < 60 * len(variants)
+    # Keeps the test short, with room for a loaded 2-core machine (170 s for 3 variants at load
+    # 20-25, session 14; docs/testing.md).
+    assert time.monotonic() - started < 120 * len(variants)
     s = json.loads((out / "client_uplink" / "summary.json").read_text())
     for v in variants:
         e = s["variants"][v]

@@ -123,6 +123,7 @@ def test_client_and_authority_torrc_with_an_onion_service(tmp_path):
                                         mapping, {}))
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
 def test_tor_overlay_places_an_onion_service(tmp_path):
     tb = netns.Testbed([netns.HostSpec(h, netns.LinkSpec("10mbit")) for h in ("A", "B")])
@@ -149,6 +150,7 @@ def test_tor_overlay_places_an_onion_service(tmp_path):
     assert ov.onion_dir("service") == (tmp_path / "service" / tortools.ONION_SERVICE_DIR).resolve()
 
 
+@pytest.mark.serial
 def test_chive_overlay_places_an_onion_service(tmp_path):
     tb = netns.Testbed([netns.HostSpec(h, netns.LinkSpec("10mbit")) for h in ("A", "B")])
     ov = netns.Overlay(tb, tmp_path, binary=Path("/bin/true"))

@@ -50,6 +50,7 @@ def test_variant_options_are_checked():
         p4.VariantOptions(impl="tor", exits={"a": 0, "b": 0})
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
 def test_tor_authority_gets_the_consensus_params(tmp_path):
     tb = netns.Testbed([netns.HostSpec(h, netns.LinkSpec("10mbit")) for h in ("A", "B")])

@@ -161,6 +161,7 @@ def test_arguments_are_checked():
 
 @pytest.mark.skipif(not rc.CHIVE.exists() or not rc.LAB.exists() or shutil.which("curl") is None,
                     reason="needs target/release/chive, .venv/bin/chive-lab and curl")
+@pytest.mark.serial
 def test_short_real_run(tmp_path, capsys):
     out = tmp_path / "out"
     assert rc.main(["--impl", "chive", "--bytes", "5000000", "--runs", "1", "--circuits", "5",

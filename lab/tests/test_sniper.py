@@ -138,6 +138,7 @@ def test_outputs_from_synthetic_runs(tmp_path):
 CHIVE = default_binary()
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not CHIVE.exists(), reason="needs the chive binary (make build)")
 def test_tiny_real_attack_on_chive(tmp_path):
     """Not the full attack: 20 circuits x 2 streams against a 4 MB cap (about 20 MB of cells

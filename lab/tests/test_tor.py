@@ -247,6 +247,7 @@ def test_parse_torrc_refuses_garbage():
         tor.parse_torrc("SocksPort 1\n=oops\n")
 
 
+@pytest.mark.serial
 @needs_tor
 @pytest.mark.parametrize("name", ["auth1", "relay2", "client"])
 def test_tor_verify_config_accepts_generated_torrc(tmp_path: Path, name: str):
@@ -263,6 +264,7 @@ def test_tor_verify_config_accepts_generated_torrc(tmp_path: Path, name: str):
     assert "Configuration was valid" in out.stdout
 
 
+@pytest.mark.serial
 @needs_tor
 def test_tor_verify_config_rejects_what_the_mapping_refuses(tmp_path: Path):
     # The mapping refuses rates below 76800 because tor does: check tor agrees.
@@ -443,6 +445,7 @@ def test_collect_refuses_a_chive_network(tmp_path: Path):
 # -- a failed start ------------------------------------------------------------------------
 
 
+@pytest.mark.serial
 def test_a_tor_node_that_exited_fails_the_run_with_its_log(tmp_path: Path):
     from chive_lab.process import ProcessRecord
     from chive_lab.state import State
@@ -461,6 +464,7 @@ def test_a_tor_node_that_exited_fails_the_run_with_its_log(tmp_path: Path):
     assert "relay1 failed to start" in str(e.value) and "Could not bind" in str(e.value)
 
 
+@pytest.mark.serial
 def test_a_network_that_does_not_bootstrap_fails_the_run(tmp_path: Path):
     from types import SimpleNamespace
 

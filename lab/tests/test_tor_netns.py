@@ -39,6 +39,7 @@ def _placed(tmp_path: Path) -> TorOverlay:
     return ov
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
 def test_torrc_lines_use_host_addresses_and_pin_paths(tmp_path):
     ov = _placed(tmp_path)
@@ -112,6 +113,7 @@ def test_extra_torrc_options_are_checked_and_written(tmp_path):
     assert "clientC" not in ov.nodes and "relayC" not in ov.nodes  # nothing half-placed
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
 def test_clients_run_without_entry_guards_unless_they_pin_the_entry(tmp_path):
     ov = TorOverlay(_testbed(), tmp_path, binary=Path("/bin/true"))
@@ -178,6 +180,7 @@ REAL_SKIP = _real_skip()
 QUICK_TRANSFER_BYTES = 500_000
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(REAL_SKIP is not None, reason=f"tor netns real run: {REAL_SKIP}")
 def test_quick_real_run_of_the_tor_variant(tmp_path):
     """Debian's tor on the paper-002 testbed for 15 s of transfers: every transfer verified,
@@ -192,7 +195,8 @@ def test_quick_real_run_of_the_tor_variant(tmp_path):
                     .replace('exit_relays = "b"', ""))
     rc = runner.run_experiment(scen, tmp_path / "out", variants=["tor"], repetitions=1, progress=False)
     assert rc == 0, (tmp_path / "out" / "runner.log").read_text()
-    assert time.monotonic() - started < 150
+    # Keeps the test short, with room for a loaded 2-core machine (83 s at load 20-25, session 14).
+    assert time.monotonic() - started < 240
     summary = json.loads((tmp_path / "out" / "paper002_overlay" / "summary.json").read_text())
     for d in po.DIRECTIONS_TO_B:
         assert summary["variants"]["tor"][d]["goodput_bps"] > 2e5, d
@@ -235,6 +239,7 @@ def test_standalone_runs_leave_tor_variants_out_only_when_not_asked_for(monkeypa
         standalone_variants("k", ["one", "tor"], ["tor"], explicit=True, say=notes.append)
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
 def test_a_stuck_client_is_restarted_once_without_its_caches(tmp_path, monkeypatch):
     ov = _placed(tmp_path)
@@ -294,6 +299,7 @@ def _fake_start(ov: TorOverlay, monkeypatch, dies: set[str]) -> dict[str, subpro
     return procs
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
 def test_a_tor_node_that_dies_fails_the_run_and_stops_the_rest(tmp_path, monkeypatch):
     ov = _placed(tmp_path)
@@ -305,6 +311,7 @@ def test_a_tor_node_that_dies_fails_the_run_and_stops_the_rest(tmp_path, monkeyp
     assert procs and all(p.poll() is not None for p in procs.values())  # nothing left running
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(TOR_MISSING is not None, reason=f"tor: {TOR_MISSING}")
 def test_a_consensus_that_never_comes_fails_the_run(tmp_path, monkeypatch):
     ov = _placed(tmp_path)

@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, info, warn};
 
-use crate::common::{init_logging, load_config, load_identity, unix_now};
+use crate::common::{init_logging, load_config, load_identity, unix_now, write_ports_file};
 
 /// Command-line arguments of `chive authority`.
 #[derive(clap::Args, Debug)]
@@ -57,6 +57,10 @@ Config file options (TOML):
   TestingMinFastFlagThreshold = 0  bytes/s a relay needs for the Fast flag
   StableUptime = 0                 seconds of uptime a relay needs for the Stable flag
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
+  PortsFile = \"ports.json\"        once DirPort is bound, its address as JSON ({\"DirPort\":
+                                   \"127.0.0.1:40123\"}; relative: in the DataDirectory; written
+                                   whole, then renamed into place). With port 0 in DirPort the
+                                   kernel picks a free port, and this file says which. Default none
   [NetworkParameters]              integers published in the consensus, e.g.
   circwindow = 1000                initial circuit window (100-1000)
   cc_alg = 0                       circuit congestion control: 0 fixed window, 2 Vegas
@@ -98,6 +102,9 @@ pub struct AuthorityConfig {
     log: String,
     #[serde(default)]
     network_parameters: BTreeMap<String, i64>,
+    /// Where the bound DirPort address is written (see the help).
+    #[serde(default)]
+    ports_file: Option<PathBuf>,
 }
 
 fn default_interval() -> u64 {
@@ -119,6 +126,7 @@ pub(crate) struct Settings {
     pub flags: FlagPolicy,
     pub params: NetParams,
     pub log: String,
+    pub ports_file: Option<PathBuf>,
 }
 
 impl AuthorityConfig {
@@ -165,6 +173,7 @@ impl AuthorityConfig {
             },
             params,
             log: self.log,
+            ports_file: self.ports_file,
         })
     }
 }
@@ -551,10 +560,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let listener = TcpListener::bind(settings.dir_port)
         .await
         .with_context(|| format!("cannot listen on DirPort {}", settings.dir_port))?;
+    let dir_addr = listener.local_addr()?;
+    write_ports_file(
+        &settings.data_dir,
+        settings.ports_file.as_deref(),
+        &[("DirPort", dir_addr)],
+    )?;
     info!(
         nickname = %settings.nickname,
         identity = %key.public(),
-        dir_port = %settings.dir_port,
+        dir_port = %dir_addr,
         interval = settings.interval,
         "authority started"
     );

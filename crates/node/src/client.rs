@@ -27,7 +27,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use crate::common::{check_outbuf_cells, init_logging, load_config};
+use crate::common::{check_outbuf_cells, init_logging, load_config, write_ports_file};
 use crate::driver::{
     spawn_stream_io, stop_on_signal, Driver, DriverConfig, Input, StreamCmd, StreamIo, Tunables,
 };
@@ -87,6 +87,11 @@ Config file options (TOML):
                                    record per onion connection (its set-up by step) and an
                                    `onion` record when the onion counters change; default none
   MetricsPort = \"127.0.0.1:9102\"   Prometheus text endpoint (GET /metrics); default off
+  PortsFile = \"ports.json\"        once every listener is bound, their addresses as JSON
+                                   ({\"SocksPort\": \"127.0.0.1:40123\", ...}; relative: in the
+                                   DataDirectory; written whole, then renamed into place). With
+                                   port 0 in the config the kernel picks a free port, and this
+                                   file says which: no race for a port. Default none
   HiddenServiceDir = \"/path\"       run an onion service: its key (created if missing; the
                                    directory must be 0700, the key 0600) and `hostname`,
                                    which holds its address NAME.onion
@@ -166,6 +171,9 @@ pub struct ClientConfig {
     /// Prometheus text endpoint.
     #[serde(rename = "MetricsPort", default)]
     pub metrics_port: Option<SocketAddr>,
+    /// Where the bound listening addresses are written (see the help).
+    #[serde(rename = "PortsFile", default)]
+    pub ports_file: Option<PathBuf>,
     /// Seconds one onion connection attempt may take (see the help).
     #[serde(
         rename = "OnionAttemptTimeout",
@@ -373,7 +381,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let listener = TcpListener::bind(cfg.socks_port)
         .await
         .with_context(|| format!("SocksPort {}: cannot listen", cfg.socks_port))?;
-    info!(addr = %listener.local_addr()?, "SOCKS listening");
+    let socks_addr = listener.local_addr()?;
+    info!(addr = %socks_addr, "SOCKS listening");
 
     let mut seed = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut seed);
@@ -404,6 +413,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if metrics_file.is_some() || cfg.metrics_port.is_some() {
         driver.metrics = Metrics::start(metrics_file.as_deref(), cfg.metrics_port).await?;
     }
+    let mut ports = vec![("SocksPort", socks_addr)];
+    ports.extend(
+        driver
+            .metrics
+            .as_ref()
+            .and_then(Metrics::local_addr)
+            .map(|a| ("MetricsPort", a)),
+    );
+    write_ports_file(&cfg.data_directory, cfg.ports_file.as_deref(), &ports)?;
     driver.apply_switching();
     rand::rngs::OsRng.fill_bytes(&mut seed);
     driver.client = Some(ClientState::new(CircuitManager::new(

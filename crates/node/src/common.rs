@@ -1,5 +1,6 @@
 //! Helpers shared by every subcommand: config loading, logging, key files.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context};
@@ -74,4 +75,65 @@ pub fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// Write `PortsFile` (`file`; relative: inside `data_dir`): a JSON object from each listening
+/// option's name to the address its socket is bound to (the kernel's choice where the config
+/// said port 0). Written whole to `<file>.tmp` and renamed, so a reader never sees half of it.
+pub fn write_ports_file(
+    data_dir: &Path,
+    file: Option<&Path>,
+    ports: &[(&str, SocketAddr)],
+) -> anyhow::Result<()> {
+    let Some(file) = file.filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    let path = data_dir.join(file);
+    let map: serde_json::Map<String, serde_json::Value> = ports
+        .iter()
+        .map(|(name, addr)| (name.to_string(), addr.to_string().into()))
+        .collect();
+    let text = serde_json::Value::Object(map).to_string() + "\n";
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).with_context(|| {
+            format!("PortsFile {}: cannot create its directory", path.display())
+        })?;
+    }
+    let mut tmp = path.clone().into_os_string();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, text)
+        .with_context(|| format!("PortsFile {}: cannot write", tmp.display()))?;
+    std::fs::rename(&tmp, &path)
+        .with_context(|| format!("PortsFile {}: cannot rename into place", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ports_file_lands_whole_under_the_data_directory() {
+        let dir = std::env::temp_dir().join(format!("chive-ports-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let or: SocketAddr = "127.0.0.1:40123".parse().unwrap();
+        let metrics: SocketAddr = "[::1]:9101".parse().unwrap();
+        write_ports_file(
+            &dir,
+            Some(Path::new("sub/ports.json")),
+            &[("ORPort", or), ("MetricsPort", metrics)],
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(dir.join("sub/ports.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["ORPort"], "127.0.0.1:40123");
+        assert_eq!(v["MetricsPort"], "[::1]:9101");
+        assert!(!dir.join("sub/ports.json.tmp").exists());
+        // None or empty: nothing written.
+        write_ports_file(&dir, None, &[("ORPort", or)]).unwrap();
+        write_ports_file(&dir, Some(Path::new("")), &[("ORPort", or)]).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

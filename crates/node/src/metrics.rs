@@ -105,6 +105,8 @@ pub struct Metrics {
     clock: Clock,
     file: Option<std::io::BufWriter<std::fs::File>>,
     shared: Arc<Mutex<Snapshot>>,
+    /// Where the endpoint listens (the kernel's port where `MetricsPort` said 0).
+    listening: Option<SocketAddr>,
     last_tick: Instant,
     last_transmitted: u64,
     last_received: u64,
@@ -145,17 +147,21 @@ impl Metrics {
             None => None,
         };
         let shared = Arc::new(Mutex::new(Snapshot::default()));
+        let mut listening = None;
         if let Some(addr) = port {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| anyhow::anyhow!("MetricsPort {addr}: cannot listen: {e}"))?;
-            info!(addr = %listener.local_addr()?, "metrics endpoint listening");
+            let local = listener.local_addr()?;
+            info!(addr = %local, "metrics endpoint listening");
+            listening = Some(local);
             tokio::spawn(serve(listener, shared.clone()));
         }
         Ok(Some(Metrics {
             clock: Clock::new(),
             file,
             shared,
+            listening,
             last_tick: Instant::now(),
             last_transmitted: 0,
             last_received: 0,
@@ -167,6 +173,11 @@ impl Metrics {
             last_dos: DosStats::default(),
             last_onion: Default::default(),
         }))
+    }
+
+    /// The endpoint's bound address (`MetricsPort`), if it has one.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listening
     }
 
     /// Cells of one write batch were written to the socket at `written`.

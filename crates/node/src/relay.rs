@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::common::{
     check_outbuf_cells, init_logging, keys_dir, load_config, load_identity, load_or_create_secret,
-    unix_now,
+    unix_now, write_ports_file,
 };
 use crate::driver::{stop_on_signal, Driver, DriverConfig, Input, Tunables};
 use crate::limits::{max_mem_in_queues, DosOptions, MemSize};
@@ -114,6 +114,11 @@ Config file options (TOML):
   MetricsPort = \"127.0.0.1:9101\"   Prometheus text endpoint (GET /metrics); default off
   MetricsFile = \"metrics.jsonl\"    JSON-lines instrumentation (per-cell timing, per-second stats);
                                    a relative path is taken inside DataDirectory
+  PortsFile = \"ports.json\"        once every listener is bound, their addresses as JSON
+                                   ({\"ORPort\": \"127.0.0.1:40123\", ...}; relative: in the
+                                   DataDirectory; written whole, then renamed into place). With
+                                   port 0 in the config the kernel picks a free port, and this
+                                   file says which: no race for a port. Default none
   CellSampleRate = 100             time one cell in this many (0 = no per-cell timing)
   SplitDirection = \"off\"           split-direction links (paper 002): \"off\" (default for now),
                                    \"always\" or \"dynamic\". When on, links to relays that also
@@ -219,6 +224,9 @@ pub struct RelayConfig {
     pub metrics_port: Option<SocketAddr>,
     #[serde(rename = "MetricsFile", default)]
     pub metrics_file: Option<PathBuf>,
+    /// Where the bound listening addresses are written (see the help).
+    #[serde(rename = "PortsFile", default)]
+    pub ports_file: Option<PathBuf>,
     #[serde(rename = "CellSampleRate", default = "default_sample_rate")]
     pub cell_sample_rate: u64,
     #[serde(rename = "PublishInterval", default = "default_publish")]
@@ -622,7 +630,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let listener = LinkListener::bind(cfg.or_port, link.clone())
         .await
         .with_context(|| format!("ORPort {}: cannot listen", cfg.or_port))?;
-    info!(nickname = %cfg.nickname, identity = %identity.public(), addr = %listener.local_addr(), "relay listening");
+    // With ORPort port 0 the kernel picks the port: the descriptor carries the bound address.
+    let or_addr = listener.local_addr();
+    info!(nickname = %cfg.nickname, identity = %identity.public(), addr = %or_addr, "relay listening");
 
     let mut seed = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut seed);
@@ -677,6 +687,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .filter(|p| !p.as_os_str().is_empty())
         .map(|p| cfg.data_directory.join(p));
     driver.metrics = Metrics::start(metrics_file.as_deref(), cfg.metrics_port).await?;
+    let mut ports = vec![("ORPort", or_addr)];
+    ports.extend(
+        driver
+            .metrics
+            .as_ref()
+            .and_then(Metrics::local_addr)
+            .map(|a| ("MetricsPort", a)),
+    );
+    write_ports_file(&cfg.data_directory, cfg.ports_file.as_deref(), &ports)?;
     driver.split = cfg.split_config()?;
     driver.switching.options = cfg.switch_options()?;
     driver.apply_policy(Instant::now());
@@ -713,7 +732,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         nickname: cfg.nickname.clone(),
         identity: identity.public(),
         ntor_key: ntor_public.0,
-        address: cfg.or_port,
+        address: or_addr,
         bandwidth: if cfg.bandwidth_rate > 0 {
             cfg.bandwidth_rate
         } else {

@@ -3,8 +3,9 @@
 //! SOCKS5/HTTP clients. Each test file uses what it needs.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -12,12 +13,76 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_chive");
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The listen address every test node is given: port 0, so the kernel picks a free port when
+/// the process binds, and the process reports it in its `PortsFile` (`wait_ports`). A port
+/// probed free by the test and released before the node binds it could be taken in between
+/// by a parallel test's node or by any outgoing connection ("Address already in use").
+pub const ANY_PORT: &str = "127.0.0.1:0";
+
+/// The `PortsFile` a node in `dir` named `name` writes its bound addresses to.
+pub fn ports_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.ports.json"))
+}
+
+/// The addresses `name` wrote to its `PortsFile` (option name → bound address), read once the
+/// file is there (it is renamed into place whole, after every listener is bound). Panics if the
+/// process exits first or after 30 s.
+pub fn wait_ports(dir: &Path, name: &str, child: &mut Child) -> HashMap<String, SocketAddr> {
+    let path = ports_path(dir, name);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let v: HashMap<String, String> = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}: {text:?}", path.display()));
+            return v
+                .into_iter()
+                .map(|(k, a)| {
+                    let addr = a.parse().unwrap_or_else(|e| panic!("{k} {a:?}: {e}"));
+                    (k, addr)
+                })
+                .collect();
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "{name} exited before binding its ports ({status}): {}",
+                std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} wrote no {} in 30 s",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `chive httpd` on a port the kernel picks; the address it printed on stdout.
+pub fn spawn_httpd(dir: &Path) -> (Child, SocketAddr) {
+    let log = std::fs::File::create(dir.join("httpd.log")).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["httpd", "--listen", ANY_PORT])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start httpd: {e}"));
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    let _ = BufReader::new(stdout).read_line(&mut line);
+    let addr = serde_json::from_str::<serde_json::Value>(&line)
+        .ok()
+        .and_then(|v| v["listening"].as_str()?.parse().ok());
+    match addr {
+        Some(addr) => (child, addr),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "httpd printed {line:?}, not its address: {}",
+                std::fs::read_to_string(dir.join("httpd.log")).unwrap_or_default()
+            )
+        }
+    }
 }
 
 /// Who may run beside whom. All end-to-end tests share one test binary, whose tests run on
@@ -52,6 +117,8 @@ pub struct Network {
     pub relays: Vec<SocketAddr>,
     /// Each relay's MetricsPort.
     pub metrics: Vec<SocketAddr>,
+    /// The client's MetricsPort, where `client_extra` gave it one.
+    pub client_metrics: Option<SocketAddr>,
     /// Each relay's config file and the text it was started with.
     pub relay_configs: Vec<(PathBuf, String)>,
     pub authority: SocketAddr,
@@ -72,6 +139,25 @@ impl Drop for Network {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// The authority's identity (`chive authority --print-identity`), created if need be.
+pub fn print_identity(auth_cfg: &Path) -> String {
+    let out = Command::new(BIN)
+        .args([
+            "authority",
+            "--config",
+            auth_cfg.to_str().unwrap(),
+            "--print-identity",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 pub fn spawn(dir: &Path, name: &str, args: &[&str]) -> Child {
@@ -125,73 +211,57 @@ impl Network {
         let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let authority: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let auth_cfg = dir.join("auth.toml");
         std::fs::write(
             &auth_cfg,
             format!(
-                "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{authority}\"\nConsensusInterval = 2\nTestingAllGuards = true\n",
-                dir.join("auth").display()
+                "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{ANY_PORT}\"\nPortsFile = \"{}\"\n\
+                 ConsensusInterval = 2\nTestingAllGuards = true\n",
+                dir.join("auth").display(),
+                ports_path(&dir, "authority").display(),
             ),
         )
         .unwrap();
-        let out = Command::new(BIN)
-            .args([
-                "authority",
-                "--config",
-                auth_cfg.to_str().unwrap(),
-                "--print-identity",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let authority_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let authority_id = print_identity(&auth_cfg);
+        let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
         let mut net = Network {
             dir: dir.clone(),
             children: Vec::new(),
-            socks: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-            http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            socks: unbound,
+            http: unbound,
             relays: Vec::new(),
             metrics: Vec::new(),
+            client_metrics: None,
             relay_configs: Vec::new(),
-            authority,
+            authority: unbound,
             authority_id: authority_id.clone(),
             _turn: turn,
         };
-        // The httpd first: its port was only probed free, and every connection the relays and
-        // the client open takes an ephemeral port from the same range (seen: "Address
-        // already in use" when the httpd started last).
-        let http = net.http.to_string();
-        net.children.push((
-            "httpd".into(),
-            spawn(&dir, "httpd", &["httpd", "--listen", &http]),
-        ));
-        net.children.push((
-            "authority".into(),
-            spawn(
-                &dir,
-                "authority",
-                &["authority", "--config", auth_cfg.to_str().unwrap()],
-            ),
-        ));
+        let (httpd, http) = spawn_httpd(&dir);
+        net.children.push(("httpd".into(), httpd));
+        net.http = http;
+        let auth = spawn(
+            &dir,
+            "authority",
+            &["authority", "--config", auth_cfg.to_str().unwrap()],
+        );
+        // Each child joins `children` before anything may panic, so `Drop` kills it.
+        net.children.push(("authority".into(), auth));
+        let ports = wait_ports(&dir, "authority", &mut net.children[1].1);
+        let authority = ports["DirPort"];
+        net.authority = authority;
         for (i, relay_extra) in (1..).zip(relay_extra) {
-            let or: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-            let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             let cfg = dir.join(format!("relay{i}.toml"));
             let text = format!(
-                "Nickname = \"relay{i}\"\nDataDirectory = \"{}\"\nORPort = \"{or}\"\nAuthority = \"{authority}\"\n\
+                "Nickname = \"relay{i}\"\nDataDirectory = \"{}\"\nORPort = \"{ANY_PORT}\"\nAuthority = \"{authority}\"\n\
                  AuthorityIdentity = \"{authority_id}\"\nExitPolicy = [\"accept 127.0.0.0/8:*\", \"reject *:*\"]\n\
-                 ExitPolicyRejectPrivate = false\nMetricsPort = \"{metrics}\"\nMetricsFile = \"{}\"\n{relay_extra}\n",
+                 ExitPolicyRejectPrivate = false\nMetricsPort = \"{ANY_PORT}\"\nMetricsFile = \"{}\"\nPortsFile = \"{}\"\n\
+                 {relay_extra}\n",
                 dir.join(format!("relay{i}")).display(),
                 dir.join(format!("relay{i}.metrics.jsonl")).display(),
+                ports_path(&dir, &format!("relay{i}")).display(),
             );
             std::fs::write(&cfg, &text).unwrap();
-            net.relays.push(or);
-            net.metrics.push(metrics);
             net.relay_configs.push((cfg.clone(), text));
             net.children.push((
                 format!("relay{i}"),
@@ -202,26 +272,45 @@ impl Network {
                 ),
             ));
         }
-        let ccfg = dir.join("client.toml");
+        for i in 1..=relay_extra.len() {
+            let name = format!("relay{i}");
+            let child = &mut net.children[i + 1].1;
+            let ports = wait_ports(&dir, &name, child);
+            net.relays.push(ports["ORPort"]);
+            net.metrics.push(ports["MetricsPort"]);
+        }
+        let ports = net.start_client("client", &format!("Log = \"debug\"\n{client_extra}"));
+        net.socks = ports["SocksPort"];
+        net.client_metrics = ports.get("MetricsPort").copied();
+        net.wait_ready();
+        net
+    }
+
+    /// Start another `chive client` named `name` (DataDirectory `dir/name`) on this network,
+    /// `extra` appended to its config; the addresses it bound (`SocksPort`, `MetricsPort` if
+    /// `extra` sets one), once it has. Not yet ready to fetch: its consensus may be on the way.
+    pub fn start_client(&mut self, name: &str, extra: &str) -> HashMap<String, SocketAddr> {
+        let cfg = self.dir.join(format!("{name}.toml"));
         std::fs::write(
-            &ccfg,
+            &cfg,
             format!(
-                "DataDirectory = \"{}\"\nSocksPort = \"{}\"\nAuthority = \"{authority}\"\nAuthorityIdentity = \"{authority_id}\"\nLog = \"debug\"\n{client_extra}\n",
-                dir.join("client").display(),
-                net.socks
+                "DataDirectory = \"{}\"\nSocksPort = \"{ANY_PORT}\"\nAuthority = \"{}\"\n\
+                 AuthorityIdentity = \"{}\"\nPortsFile = \"{}\"\n{extra}\n",
+                self.dir.join(name).display(),
+                self.authority,
+                self.authority_id,
+                ports_path(&self.dir, name).display(),
             ),
         )
         .unwrap();
-        net.children.push((
-            "client".into(),
-            spawn(
-                &dir,
-                "client",
-                &["client", "--config", ccfg.to_str().unwrap()],
-            ),
-        ));
-        net.wait_ready();
-        net
+        let child = spawn(
+            &self.dir,
+            name,
+            &["client", "--config", cfg.to_str().unwrap()],
+        );
+        self.children.push((name.to_string(), child));
+        let child = &mut self.children.last_mut().expect("just pushed").1;
+        wait_ports(&self.dir, name, child)
     }
 
     /// Ready when a real fetch through the overlay works.

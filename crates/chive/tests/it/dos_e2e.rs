@@ -73,25 +73,10 @@ fn signal(pid: u32, sig: &str) {
 
 /// Start a second SOCKS client whose circuits all enter through `entry`; its SOCKS address.
 fn start_client(net: &mut Network, name: &str, entry: &str) -> SocketAddr {
-    let socks: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let cfg = net.dir.join(format!("{name}.toml"));
-    std::fs::write(
-        &cfg,
-        format!(
-            "DataDirectory = \"{}\"\nSocksPort = \"{socks}\"\nAuthority = \"{}\"\n\
-             AuthorityIdentity = \"{}\"\nEntryNodes = [\"{entry}\"]\nCircuitBuildTimeout = 20\n",
-            net.dir.join(name).display(),
-            net.authority,
-            net.authority_id,
-        ),
-    )
-    .unwrap();
-    let child = spawn(
-        &net.dir,
+    let socks = net.start_client(
         name,
-        &["client", "--config", cfg.to_str().unwrap()],
-    );
-    net.children.push((name.to_string(), child));
+        &format!("EntryNodes = [\"{entry}\"]\nCircuitBuildTimeout = 20"),
+    )["SocksPort"];
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match fetch(socks, net.http, 1024, None) {

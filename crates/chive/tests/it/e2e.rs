@@ -287,25 +287,10 @@ fn entry_and_middle_nodes_pin_every_circuit() {
     let mut net = Network::start("entrynodes", [""; 3]);
     // A second client on the same network, restricted to relay2 -> relay3 -> exit.
     // relay2 and relay3 are exits too, so the only possible exit is relay1.
-    let socks2: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let cfg = net.dir.join("client2.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "DataDirectory = \"{}\"\nSocksPort = \"{socks2}\"\nAuthority = \"{}\"\nAuthorityIdentity = \"{}\"\n\
-             Log = \"debug\"\nEntryNodes = [\"relay2\"]\nMiddleNodes = [\"RELAY3\"]\n",
-            net.dir.join("client2").display(),
-            net.authority,
-            net.authority_id,
-        ),
-    )
-    .unwrap();
-    let child = spawn(
-        &net.dir,
+    let socks2 = net.start_client(
         "client2",
-        &["client", "--config", cfg.to_str().unwrap()],
-    );
-    net.children.push(("client2".into(), child));
+        "Log = \"debug\"\nEntryNodes = [\"relay2\"]\nMiddleNodes = [\"RELAY3\"]",
+    )["SocksPort"];
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         net.check_alive();
@@ -354,10 +339,9 @@ fn entry_and_middle_nodes_pin_every_circuit() {
     std::fs::write(
         &bad,
         format!(
-            "DataDirectory = \"{}\"\nSocksPort = \"127.0.0.1:{}\"\nAuthority = \"{}\"\nAuthorityIdentity = \"{}\"\n\
+            "DataDirectory = \"{}\"\nSocksPort = \"{ANY_PORT}\"\nAuthority = \"{}\"\nAuthorityIdentity = \"{}\"\n\
              EntryNodes = [\"relay-2\"]\n",
             net.dir.join("bad").display(),
-            free_port(),
             net.authority,
             net.authority_id,
         ),

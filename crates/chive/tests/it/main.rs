@@ -7,6 +7,10 @@
 //! it); every other test that starts processes holds a shared turn (`Network::start` takes
 //! one; a test that spawns `chive` without a network calls `common::shared_turn()`).
 //!
+//! Every node a test starts listens on port 0 and reports the ports it got in its `PortsFile`
+//! (`common::wait_ports`): a port probed free and handed over could be taken in between by a
+//! parallel test (`ports_e2e`).
+//!
 //! A new test file goes here as `tests/it/<name>.rs` plus a `mod <name>;` line below (it
 //! reaches the helpers with `use crate::common;`, often `use common::*;`). Run one file's
 //! tests with `cargo test --release -p chive --test it <name>::`.
@@ -17,6 +21,7 @@ mod circuit_window_e2e;
 mod dos_e2e;
 mod e2e;
 mod onion_e2e;
+mod ports_e2e;
 mod relay_failure_e2e;
 mod reserve_e2e;
 mod sched_e2e;

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common::{free_port, shared_turn, spawn, BIN};
+use crate::common::{ports_path, print_identity, shared_turn, spawn, wait_ports, ANY_PORT};
 
 /// A SOCKS5 CONNECT to `host:80`; returns the REP byte.
 fn socks5_rep(socks: SocketAddr, host: &str) -> u8 {
@@ -46,57 +46,42 @@ fn onion_names_fail_fast_with_proposal_304_codes() {
     let dir = std::env::temp_dir().join(format!("chive-e2e-onion-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let authority: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let auth_cfg = dir.join("auth.toml");
     std::fs::write(
         &auth_cfg,
         format!(
-            "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{authority}\"\n",
-            dir.join("auth").display()
+            "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{ANY_PORT}\"\nPortsFile = \"{}\"\n",
+            dir.join("auth").display(),
+            ports_path(&dir, "authority").display(),
         ),
     )
     .unwrap();
-    let out = Command::new(BIN)
-        .args([
-            "authority",
-            "--config",
-            auth_cfg.to_str().unwrap(),
-            "--print-identity",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let authority_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let socks: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let ccfg = dir.join("client.toml");
-    std::fs::write(
-        &ccfg,
-        format!(
-            "DataDirectory = \"{}\"\nSocksPort = \"{socks}\"\nAuthority = \"{authority}\"\nAuthorityIdentity = \"{authority_id}\"\n",
-            dir.join("client").display()
-        ),
-    )
-    .unwrap();
+    let authority_id = print_identity(&auth_cfg);
     let mut procs = Kill(Vec::new(), dir.clone());
     procs.0.push(spawn(
         &dir,
         "authority",
         &["authority", "--config", auth_cfg.to_str().unwrap()],
     ));
+    let authority = wait_ports(&dir, "authority", &mut procs.0[0])["DirPort"];
+    let ccfg = dir.join("client.toml");
+    std::fs::write(
+        &ccfg,
+        format!(
+            "DataDirectory = \"{}\"\nSocksPort = \"{ANY_PORT}\"\nAuthority = \"{authority}\"\n\
+             AuthorityIdentity = \"{authority_id}\"\nPortsFile = \"{}\"\n",
+            dir.join("client").display(),
+            ports_path(&dir, "client").display(),
+        ),
+    )
+    .unwrap();
     procs.0.push(spawn(
         &dir,
         "client",
         &["client", "--config", ccfg.to_str().unwrap()],
     ));
-    // Both listening.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(socks).is_err() || TcpStream::connect(authority).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "client or authority did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Both listening: each wrote its PortsFile after binding.
+    let socks = wait_ports(&dir, "client", &mut procs.0[1])["SocksPort"];
 
     // rend-spec's example address with its checksum broken, and a valid one nobody serves.
     let good = "pg6mmjiyjmcrsslvykfwnntlaru7p5svn6y2ymmju6nubxndf4pscryd.onion";
@@ -128,7 +113,10 @@ fn onion_names_fail_fast_with_proposal_304_codes() {
             ])
             .output()
             .unwrap();
-        assert!(t.elapsed() < Duration::from_secs(1));
+        // The client's answer is timed above (< 1 s over raw SOCKS5); this also counts starting
+        // curl, which took over 1 s on a loaded 2-core machine (session 14).
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(5), "curl took {took:?}");
         assert_eq!(out.status.code(), Some(97), "curl: proxy handshake error");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -187,36 +175,24 @@ fn socks5_domain_as(
 fn a_file_through_an_onion_service_is_byte_exact() {
     use crate::common::{body_of, pattern, Network};
     let t0 = Instant::now();
-    let client_metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let mut net = Network::start_custom(
         "onion-fetch",
         &["", "", ""],
-        &format!("MetricsFile = \"metrics.jsonl\"\nMetricsPort = \"{client_metrics}\""),
+        &format!("MetricsFile = \"metrics.jsonl\"\nMetricsPort = \"{ANY_PORT}\""),
     );
+    let client_metrics = net.client_metrics.expect("the client's MetricsPort");
     let svc_dir = net.dir.join("service");
     let hs_dir = svc_dir.join("hs");
-    let cfg = net.dir.join("service.toml");
-    let socks2: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    std::fs::write(
-        &cfg,
-        format!(
-            "DataDirectory = \"{}\"\nSocksPort = \"{socks2}\"\nAuthority = \"{}\"\n\
-             AuthorityIdentity = \"{}\"\nLog = \"debug\"\nHiddenServiceDir = \"{}\"\n\
-             HiddenServicePort = [\"80 {}\"]\nMetricsFile = \"metrics.jsonl\"\n",
-            svc_dir.display(),
-            net.authority,
-            net.authority_id,
+    // The service's SOCKS port is unused: a client config needs one.
+    net.start_client(
+        "service",
+        &format!(
+            "Log = \"debug\"\nHiddenServiceDir = \"{}\"\nHiddenServicePort = [\"80 {}\"]\n\
+             MetricsFile = \"metrics.jsonl\"",
             hs_dir.display(),
             net.http
         ),
-    )
-    .unwrap();
-    let child = spawn(
-        &net.dir,
-        "service",
-        &["client", "--config", cfg.to_str().unwrap()],
     );
-    net.children.push(("service".into(), child));
     // The address, from the hostname file.
     let deadline = Instant::now() + Duration::from_secs(10);
     let host = loop {

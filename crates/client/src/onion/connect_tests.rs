@@ -37,16 +37,44 @@ fn descriptor(intro_points: usize) -> OnionDescriptor {
 }
 
 fn connector(max_attempts: u32) -> (OnionConnector, Core) {
+    connector_with(max_attempts, Duration::from_secs(5))
+}
+
+fn connector_with(max_attempts: u32, attempt_timeout: Duration) -> (OnionConnector, Core) {
     let mut c = OnionConnector::new(
         ConnectorConfig {
             max_attempts,
-            attempt_timeout: Duration::from_secs(5),
+            attempt_timeout,
             ..ConnectorConfig::default()
         },
         [3; 32],
     );
     c.set_consensus(consensus(5));
     (c, Core::new(CoreConfig::default(), [1; 32]))
+}
+
+/// The introduction point of `k`'s attempt answers INTRODUCE_ACK "unknown service" (status 1).
+fn refuse_introduction(c: &mut OnionConnector, core: &mut Core, k: &ConnectKey, now: Instant) {
+    let intro = c.attempts[k].intro.unwrap();
+    let nack = chive_cell::IntroduceAck {
+        status: chive_cell::IntroduceAckStatus::UnknownService,
+        extensions: vec![],
+    }
+    .encode()
+    .unwrap();
+    c.on_onion_message(core, intro, RelayCommand::INTRODUCE_ACK, &nack, now);
+}
+
+/// A RENDEZVOUS2 arrives on `k`'s rendezvous circuit without INTRODUCE1 sent: it cannot
+/// authenticate.
+fn unauthenticated_rendezvous2(
+    c: &mut OnionConnector,
+    core: &mut Core,
+    k: &ConnectKey,
+    now: Instant,
+) {
+    let rend = c.attempts[k].rend;
+    c.on_onion_message(core, rend, RelayCommand::RENDEZVOUS2, &[0; 148], now);
 }
 
 fn key(desc: &OnionDescriptor) -> ConnectKey {
@@ -136,15 +164,8 @@ fn an_introduce_ack_that_says_no_moves_on_and_a_bad_rendezvous2_fails_f3() {
     let k = key(&desc);
     let now = Instant::now();
     let t = c.connect(&mut core, k.clone(), desc.clone(), "x.onion", 80, now);
-    let intro = c.attempts[&k].intro.unwrap();
     // INTRODUCE_ACK "unknown service" (status 1): the only attempt fails with 0xF2.
-    let nack = chive_cell::IntroduceAck {
-        status: chive_cell::IntroduceAckStatus::UnknownService,
-        extensions: vec![],
-    }
-    .encode()
-    .unwrap();
-    c.on_onion_message(&mut core, intro, RelayCommand::INTRODUCE_ACK, &nack, now);
+    refuse_introduction(&mut c, &mut core, &k, now);
     assert_eq!(
         c.poll_outcome(),
         Some((
@@ -154,8 +175,7 @@ fn an_introduce_ack_that_says_no_moves_on_and_a_bad_rendezvous2_fails_f3() {
     );
     // A RENDEZVOUS2 that comes without INTRODUCE1 sent cannot authenticate: 0xF3.
     let t = c.connect(&mut core, k.clone(), desc, "x.onion", 80, now);
-    let rend = c.attempts[&k].rend;
-    c.on_onion_message(&mut core, rend, RelayCommand::RENDEZVOUS2, &[0; 148], now);
+    unauthenticated_rendezvous2(&mut c, &mut core, &k, now);
     assert_eq!(
         c.poll_outcome(),
         Some((
@@ -179,21 +199,13 @@ fn a_cached_descriptor_serves_until_it_expires_or_an_introduction_fails() {
     // A rendezvous failure (0xF3) says nothing about the descriptor: it stays.
     c.store_descriptor(desc.clone(), 10);
     let t = c.connect(&mut core, k.clone(), desc.clone(), "x.onion", 80, now);
-    let rend = c.attempts[&k].rend;
-    c.on_onion_message(&mut core, rend, RelayCommand::RENDEZVOUS2, &[0; 148], now);
+    unauthenticated_rendezvous2(&mut c, &mut core, &k, now);
     let f3 = OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::RendezvousFailed));
     assert_eq!(c.poll_outcome(), Some((t, f3)));
     assert!(c.cached_descriptor(&desc.address, 20).is_some());
     // An introduction refused (0xF2): the service may have moved; the next request fetches.
     let t = c.connect(&mut core, k.clone(), desc.clone(), "x.onion", 80, now);
-    let intro = c.attempts[&k].intro.unwrap();
-    let nack = chive_cell::IntroduceAck {
-        status: chive_cell::IntroduceAckStatus::UnknownService,
-        extensions: vec![],
-    }
-    .encode()
-    .unwrap();
-    c.on_onion_message(&mut core, intro, RelayCommand::INTRODUCE_ACK, &nack, now);
+    refuse_introduction(&mut c, &mut core, &k, now);
     let f2 = OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::IntroFailed));
     assert_eq!(c.poll_outcome(), Some((t, f2)));
     assert_eq!(c.cached_descriptor(&desc.address, 20), None);
@@ -229,16 +241,7 @@ fn a_cached_descriptor_serves_until_it_expires_or_an_introduction_fails() {
 
 #[test]
 fn the_attempt_timeout_is_the_configured_one() {
-    let mut c = OnionConnector::new(
-        ConnectorConfig {
-            max_attempts: 1,
-            attempt_timeout: Duration::from_millis(1500),
-            ..ConnectorConfig::default()
-        },
-        [3; 32],
-    );
-    c.set_consensus(consensus(5));
-    let mut core = Core::new(CoreConfig::default(), [1; 32]);
+    let (mut c, mut core) = connector_with(1, Duration::from_millis(1500));
     let desc = descriptor(1);
     let now = Instant::now();
     let t = c.connect(&mut core, key(&desc), desc, "x.onion", 80, now);

@@ -122,6 +122,16 @@ struct Run {
 /// 20-cell burst arrives every second on a web circuit of A, of B and of a third channel C,
 /// in turn. The writers pay batches first come, first served, `RATE` cells a tick. `relays`:
 /// the channels that go to relays (the others are clients').
+impl Run {
+    /// Channel A's cells over channel B's, logged with `what`.
+    fn a_to_b(&self, what: &str) -> f64 {
+        let (a, b) = (self.cells[&A], self.cells[&B]);
+        let ratio = a as f64 / b as f64;
+        eprintln!("{what}: A {a} B {b} (A/B = {ratio:.2})");
+        ratio
+    }
+}
+
 fn run(fair: bool, seconds: u64, web: bool, relays: &[ChannelId]) -> Run {
     let t0 = Instant::now();
     let cfg = SendConfig {
@@ -208,22 +218,14 @@ fn without_fairness_fifty_circuits_take_almost_everything() {
     // Today's cross-channel priority ranks a channel by its best circuit, so per-circuit EWMA
     // counts even out: 50 circuits get about 50 shares of 51.
     let r = run(false, 40, false, &[]);
-    let ratio = r.cells[&A] as f64 / r.cells[&B] as f64;
-    eprintln!(
-        "without ChannelFairness: A {} B {} (A/B = {ratio:.1})",
-        r.cells[&A], r.cells[&B]
-    );
+    let ratio = r.a_to_b("without ChannelFairness");
     assert!(ratio > 10.0, "A/B = {ratio}");
 }
 
 #[test]
 fn with_fairness_a_fifty_circuit_channel_and_a_one_circuit_channel_get_equal_shares() {
     let r = run(true, 40, false, &[]);
-    let ratio = r.cells[&A] as f64 / r.cells[&B] as f64;
-    eprintln!(
-        "with ChannelFairness: A {} B {} (A/B = {ratio:.2})",
-        r.cells[&A], r.cells[&B]
-    );
+    let ratio = r.a_to_b("with ChannelFairness");
     assert!((0.8..=1.2).contains(&ratio), "A/B = {ratio}");
     // And the rate is used: 30 s at RATE cells per tick.
     let total = r.cells[&A] + r.cells[&B];
@@ -244,7 +246,7 @@ fn with_fairness_web_circuits_on_either_channel_still_go_first() {
         assert!(worst <= 3, "{chan:?}: a web burst took {worst} ticks");
     }
     // Fairness between the bulk channels holds with the web traffic beside it.
-    let ratio = r.cells[&A] as f64 / r.cells[&B] as f64;
+    let ratio = r.a_to_b("with web traffic");
     assert!((0.8..=1.2).contains(&ratio), "A/B = {ratio}");
 }
 
@@ -254,11 +256,7 @@ fn with_fairness_a_relay_channel_keeps_per_circuit_shares() {
     // ChannelFairness its circuits still compete one by one with the client channel B, which
     // counts as one circuit.
     let r = run(true, 40, false, &[A]);
-    let ratio = r.cells[&A] as f64 / r.cells[&B] as f64;
-    eprintln!(
-        "relay channel A, ChannelFairness: A {} B {} (A/B = {ratio:.1})",
-        r.cells[&A], r.cells[&B]
-    );
+    let ratio = r.a_to_b("relay channel A, ChannelFairness");
     assert!(ratio > 10.0, "A/B = {ratio}");
 }
 

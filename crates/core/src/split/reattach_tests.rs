@@ -23,6 +23,15 @@ fn cell(n: u32) -> Item {
     ))
 }
 
+/// A handoff marker with no cells counted on the connection being left.
+fn marker(seq: u32, flags: u8) -> Item {
+    Item::Handoff(Handoff {
+        seq,
+        cells: 0,
+        flags,
+    })
+}
+
 fn ids(out: &[AnyCell]) -> Vec<u32> {
     out.iter().map(|c| c.circ_id()).collect()
 }
@@ -251,27 +260,10 @@ fn hostile_binds_are_refused_within_the_limits() {
     // A BIND for a switch already behind us (the peer was on the primary then).
     let mut r = Reorder::default();
     assert!(r.attach_secondary(Some(0)));
-    r.push(
-        Conn::Primary,
-        Item::Handoff(Handoff {
-            seq: 0,
-            cells: 0,
-            flags: 0,
-        }),
-        &mut out,
-    )
-    .unwrap();
+    r.push(Conn::Primary, marker(0, 0), &mut out).unwrap();
     r.closed(Conn::Secondary, &mut out).unwrap();
-    r.push(
-        Conn::Primary,
-        Item::Handoff(Handoff {
-            seq: 1,
-            cells: 0,
-            flags: Handoff::RECOVERY,
-        }),
-        &mut out,
-    )
-    .unwrap();
+    r.push(Conn::Primary, marker(1, Handoff::RECOVERY), &mut out)
+        .unwrap();
     assert_eq!(r.current(), Conn::Primary);
     assert!(!r.attach_secondary(Some(0)), "a switch long past");
     assert!(!r.attach_secondary(Some(1)), "the recovery's number");
@@ -306,15 +298,7 @@ fn hostile_binds_are_refused_within_the_limits() {
     r.closed(Conn::Secondary, &mut out).unwrap();
     assert!(r.attach_secondary(Some(1)));
     r.push(Conn::Secondary, cell(1), &mut out).unwrap();
-    let err = r.push(
-        Conn::Primary,
-        Item::Handoff(Handoff {
-            seq: 0,
-            cells: 0,
-            flags: 0,
-        }),
-        &mut out,
-    );
+    let err = r.push(Conn::Primary, marker(0, 0), &mut out);
     assert!(matches!(err, Err(Violation::Protocol(_))), "{err:?}");
 }
 
@@ -323,16 +307,7 @@ fn an_earlier_versions_bind_attaches_as_before() {
     let mut out = Vec::new();
     let mut r = Reorder::default();
     // The marker read before the BIND: the BIND is for the stretch just begun.
-    r.push(
-        Conn::Primary,
-        Item::Handoff(Handoff {
-            seq: 0,
-            cells: 0,
-            flags: 0,
-        }),
-        &mut out,
-    )
-    .unwrap();
+    r.push(Conn::Primary, marker(0, 0), &mut out).unwrap();
     assert!(r.attach_secondary(None));
     r.push(Conn::Secondary, cell(1), &mut out).unwrap();
     assert_eq!(ids(&out), [1]);
