@@ -34,16 +34,6 @@
 //!   to make room: longer than a 1 MiB fetch lasts. Cutting straight to the middle of the
 //!   band (as the `delta` rule cuts to `delta`) gives it its share within a round trip or two.
 //!
-//! The timed cell leads its burst. chive's SENDME times every 100th cell, and a
-//! window-limited sender releases 100 cells per SENDME; with a window that is a multiple of
-//! 100 the timed cell is the last of its burst and every RTT sample, the minimum too, holds
-//! the burst's own serialisation (99 cells: 44 ms at 10 Mbit/s), so the base delay looked
-//! that much longer and each circuit kept about 100 cells more queued than it counted. The
-//! window in use ([`CongestionControl::cwnd`]) is therefore rounded to the nearest size one
-//! short of a multiple of 100 (199, 299, ...): the timed cell is then the first of its burst
-//! and its round trip holds the queue the burst found (`vegas_min_rtt_is_the_base_delay`).
-//! The arithmetic keeps the unrounded window; `bdp` and `queue_use` use the one in use.
-//!
 //! Not here (compared with Tor): the signal from a blocked local channel (chive's driver
 //! bounds each connection's output buffer instead), the `min_rtt` reset heuristics for a
 //! path whose base delay rises, and negotiation of the SENDME increment (see docs/protocol.md).
@@ -148,42 +138,11 @@ impl Vegas {
     /// The current estimate of the path's bandwidth-delay product, in cells.
     pub fn bdp(&self) -> Option<u32> {
         let (min, ewma) = (self.min_rtt?.as_secs_f64(), self.ewma_rtt?);
-        let cwnd = self.cwnd();
         if ewma <= 0.0 {
-            return Some(cwnd);
+            return Some(self.cwnd);
         }
         // min <= ewma, so this never exceeds cwnd.
-        Some((f64::from(cwnd) * (min / ewma).min(1.0)) as u32)
-    }
-
-    /// The window the sender uses for `nominal`: the nearest size one cell short of a
-    /// multiple of the SENDME increment (199, 299, ...), within `cwnd_min..=cwnd_max`.
-    ///
-    /// A window-limited sender releases one increment per SENDME, cells `n - inc + cwnd + 1
-    /// ..= n + cwnd` after the SENDME for cell `n`; the next timed cell (a multiple of the
-    /// increment) is at position `inc - 1 - cwnd % inc` of that burst. With `cwnd % inc ==
-    /// inc - 1` it is the burst's first cell, so its round trip holds the queue the burst
-    /// found, not the burst's own serialisation (see the module docs). Windows below two
-    /// increments keep their size: one short of one increment would never get a SENDME.
-    fn timed_cell_leads(&self, nominal: u32) -> u32 {
-        let inc = CIRCUIT_SENDME_INCREMENT;
-        if nominal < 2 * inc - 1 {
-            return nominal;
-        }
-        let down = nominal - (nominal + 1) % inc;
-        let up = down + inc;
-        let pick = if nominal - down <= up - nominal && down >= self.p.cwnd_min {
-            down
-        } else if up <= self.p.cwnd_max {
-            up
-        } else {
-            down
-        };
-        if (self.p.cwnd_min..=self.p.cwnd_max).contains(&pick) {
-            pick
-        } else {
-            nominal
-        }
+        Some((f64::from(self.cwnd) * (min / ewma).min(1.0)) as u32)
     }
 
     /// The smallest round trip seen (the path's base delay, as far as this circuit knows).
@@ -209,7 +168,7 @@ impl Vegas {
 
 impl CongestionControl for Vegas {
     fn cwnd(&self) -> u32 {
-        self.timed_cell_leads(self.cwnd)
+        self.cwnd
     }
 
     fn min_rtt(&self) -> Option<Duration> {
@@ -226,9 +185,8 @@ impl CongestionControl for Vegas {
 
     fn on_sendme(&mut self, ack: &SendmeAck) {
         self.update_rtt(ack.rtt);
-        let in_use = self.cwnd();
-        let bdp = self.bdp().unwrap_or(in_use);
-        let queue_use = in_use.saturating_sub(bdp);
+        let bdp = self.bdp().unwrap_or(self.cwnd);
+        let queue_use = self.cwnd.saturating_sub(bdp);
         let p = self.p;
         if self.slow_start {
             if queue_use < p.gamma {
