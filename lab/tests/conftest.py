@@ -67,7 +67,10 @@ def _figures_without_pixels(request, monkeypatch):
         return
     from matplotlib.figure import Figure
 
+    from chive_lab import figures
+
     monkeypatch.setattr(Figure, "savefig", _savefig_without_pixels)
+    monkeypatch.setattr(figures, "palette_png", lambda path: None)
     monkeypatch.setattr(Figure, "tight_layout", lambda self, *a, **k: None)
 
 

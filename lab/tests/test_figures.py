@@ -46,3 +46,19 @@ def test_figure_csvs_are_rounded(tmp_path):
 def test_save_plot_rounds_rows_without_a_picture(tmp_path):
     _png, path = save_plot(tmp_path, "t", ["k", "v", "n"], [["a", 2 / 3, 7], ["b", "1.234567891", 8]], None)
     assert path.read_text().splitlines() == ["k,v,n", "a,0.666667,7", "b,1.234567891,8"]
+
+
+@pytest.mark.real_figures
+def test_pngs_are_stored_with_a_palette_and_keep_their_colours(tmp_path):
+    from PIL import Image
+
+    fig = Figure(name="p", title="t", xlabel="x", ylabel="y",
+                 series=[Series(label=f"s{i}", x=[0, 1, 2], y=[i, i + 1, i * 2]) for i in range(4)])
+    png, _ = write_figure(fig, tmp_path)
+    with Image.open(png) as im:
+        assert im.mode == "P" and im.size == (700, 420)
+        colours = {c for _, c in im.convert("RGB").getcolors(256 * 256)}
+    # matplotlib's first series colours (C0..C3) survive the palette exactly
+    for hex_colour in ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"):
+        rgb = tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+        assert rgb in colours, hex_colour
