@@ -120,7 +120,7 @@ fn goodput_share(kind: ChannelSchedulerKind, late: Lateness, outbuf_max: Duratio
         for (i, q) in reports.iter_mut().enumerate() {
             while q.front().is_some_and(|r| r.due <= now) {
                 let Some(r) = q.pop_front() else { break };
-                p.paid_report(r.conn, r.cells, r.paid_at, Duration::ZERO, &mut src, now);
+                p.paid_report(r.conn, r.cells, now - r.paid_at, &mut src, now);
                 p.written(CHANS[i], r.cells, &mut src, now);
                 take(&mut p, &mut writers);
             }
@@ -235,18 +235,18 @@ fn the_bound_comes_back_down_when_reports_are_on_time_again() {
     p.add_channel(CHANS[0]);
     for i in 0..50u32 {
         let now = t0 + i * 100 * MS;
-        p.paid_report(CHANS[0], 0, now, 40 * MS, &mut src, now);
+        p.paid_report(CHANS[0], 0, 40 * MS, &mut src, now);
     }
     assert!(p.outbuf() > 3 * BASE, "{}", p.outbuf());
     for i in 50..150u32 {
         let now = t0 + i * 100 * MS;
-        p.paid_report(CHANS[0], 0, now, Duration::ZERO, &mut src, now);
+        p.paid_report(CHANS[0], 0, Duration::ZERO, &mut src, now);
     }
     assert_eq!(p.outbuf(), BASE);
     // Unpaced (no write rate): never stretched.
     let mut q = SendPath::new(SendConfig::default());
     q.add_channel(CHANS[0]);
     let now = t0;
-    q.paid_report(CHANS[0], 0, now, 500 * MS, &mut src, now);
+    q.paid_report(CHANS[0], 0, 500 * MS, &mut src, now);
     assert_eq!(q.outbuf(), SendConfig::default().outbuf_cells);
 }

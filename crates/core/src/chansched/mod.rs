@@ -367,23 +367,21 @@ impl SendPath {
         self.call(src, now, |p, ctx| p.budget_freed(ctx));
     }
 
-    /// [`SendPath::paid`] with what the writer measured: it took the tokens at `paid_at`, and
-    /// `wake_lag` is how long the batch's arrival took to wake it (zero if the batch was
-    /// already waiting when it asked for the next). The reaction latency sample is `wake_lag`
-    /// plus the report's own delay (`now - paid_at`): the time a writer that has just paid goes
-    /// without new work, which the unpaid cells must cover ([`latency`]).
+    /// [`SendPath::paid`] with the batch's reaction latency, as the driver measured it: how
+    /// long the writer took to wake for the batch (zero if it was already waiting when the
+    /// writer asked for the next) plus the paid report's own delay (from the writer's taking
+    /// the tokens to this call). It is the time a writer that has just paid may go without new
+    /// work, which the unpaid cells must cover ([`latency`]).
     pub fn paid_report(
         &mut self,
         conn: ConnId,
         cells: usize,
-        paid_at: Instant,
-        wake_lag: Duration,
+        reaction: Duration,
         src: &mut dyn CellSource,
         now: Instant,
     ) {
         if self.accounts.channel_of(conn).is_some() {
-            self.latency
-                .sample(wake_lag + now.saturating_duration_since(paid_at));
+            self.latency.sample(reaction);
         }
         self.paid(conn, cells, src, now);
     }

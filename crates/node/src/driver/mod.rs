@@ -61,7 +61,9 @@ pub use tasks::{
     spawn_stream_io, start_link, stop_on_signal, CellBudget, ConnHandles, Liveness, StreamCmd,
     StreamIo, DEFAULT_LINK_IDLE_TIMEOUT, DEFAULT_LINK_KEEPALIVE,
 };
-pub use tunables::{Tunables, DEFAULT_HEARTBEAT_PERIOD};
+pub use tunables::{
+    check_outbuf_max_msec, Tunables, DEFAULT_HEARTBEAT_PERIOD, MAX_OUTBUF_MAX_MSEC,
+};
 
 /// Capacity of the driver's input queue: readers wait (and stop reading their
 /// sockets) when the core falls behind.
@@ -108,8 +110,15 @@ pub enum Input {
     /// Connection `chan`'s writer finished writing a batch of `cells` cells.
     Written { chan: ChannelId, cells: usize },
     /// Connection `chan`'s writer took the write-bucket tokens for a batch of `cells` cells
-    /// (sent only by rate-limited writers, before the batch's `Written`).
-    Paid { chan: ChannelId, cells: usize },
+    /// at `at` (sent only by rate-limited writers, before the batch's `Written`); `wake_lag`:
+    /// how long the batch took to wake the writer, if it was waiting for one
+    /// ([`chive_core::chansched::SendPath::paid_report`]).
+    Paid {
+        chan: ChannelId,
+        cells: usize,
+        at: Instant,
+        wake_lag: Duration,
+    },
     /// Connection `chan` closed or failed.
     LinkDown { chan: ChannelId, why: String },
     /// Bytes read from a stream's socket.
@@ -265,6 +274,8 @@ fn send_config(cfg: &DriverConfig, params: Option<&chive_dir::NetParams>) -> Sen
     let bucket = cfg.limits.write_bucket.as_ref();
     SendConfig {
         outbuf_cells: cfg.outbuf_cells,
+        write_rate: bucket.map_or(0, |b| b.rate().0),
+        outbuf_max: cfg.tunables.outbuf_max(),
         paced: bucket.is_some(),
         kind: ChannelSchedulerKind::for_rate(
             cfg.tunables.cross_channel,
@@ -494,7 +505,8 @@ impl Driver {
                         let send = &self.send;
                         let outbufs: Vec<(u64, usize)> =
                             self.chans.keys().map(|c| (c.0, send.in_flight(*c))).collect();
-                        m.tick(&self.core, &outbufs, self.cfg.outbuf_cells, now);
+                        m.reaction_latency = self.send.reaction_latency().mean();
+                        m.tick(&self.core, &outbufs, self.send.outbuf(), now);
                     }
                     self.flush(now);
                 }
@@ -544,8 +556,16 @@ impl Driver {
                 // Handled: their room in the queue and in the connection's credit is free again.
                 drop((permit, credit));
             }
-            Input::Paid { chan: conn, cells } => {
-                self.send.paid(conn, cells, &mut self.core, now);
+            Input::Paid {
+                chan: conn,
+                cells,
+                at,
+                wake_lag,
+            } => {
+                // The report's delay counts to when it is handled, not to the wake-up.
+                let reaction = wake_lag + Instant::now().saturating_duration_since(at);
+                self.send
+                    .paid_report(conn, cells, reaction, &mut self.core, now);
                 self.drain_transmits(now);
             }
             Input::Written { chan: conn, cells } => {
@@ -745,7 +765,12 @@ impl Driver {
                 c.h.quiet.queued.fetch_add(1, Ordering::Relaxed);
                 c.h.quiet.wake.notify_one();
             }
-            if c.h.writer.send(WriteMsg::Cells { cells, class }).is_err() {
+            let msg = WriteMsg::Cells {
+                cells,
+                class,
+                sent_at: Instant::now(),
+            };
+            if c.h.writer.send(msg).is_err() {
                 // The writer is gone; its LinkDown is on the way.
                 debug!(?chan, "writer gone");
                 continue;
