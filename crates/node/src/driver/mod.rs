@@ -329,6 +329,8 @@ pub struct Driver {
     pub switching: switching::SwitchIo,
     /// The DoS heartbeat log line (relays only).
     heartbeat: Heartbeat,
+    /// The output bound last logged, and when (it grows for late wake-ups under a rate).
+    outbuf_logged: (usize, Instant),
 }
 
 impl Driver {
@@ -339,6 +341,7 @@ impl Driver {
         let heartbeat = Heartbeat::new(cfg.tunables.heartbeat(), Instant::now());
         Driver {
             heartbeat,
+            outbuf_logged: (cfg.outbuf_cells, Instant::now()),
             core,
             cfg,
             tx,
@@ -391,6 +394,25 @@ impl Driver {
     }
 
     /// Log the DoS heartbeat if one is due (Tor's heartbeat DoS summary).
+    /// Log the output bound when it has moved by a quarter since last logged, at most every
+    /// 10 s: it grows when the driver reacts late to its writers (`OutbufMaxMsec`).
+    fn log_outbuf(&mut self, now: Instant) {
+        let bound = self.send.outbuf();
+        let (last, at) = self.outbuf_logged;
+        if bound.abs_diff(last) * 4 >= last.max(1)
+            && now.saturating_duration_since(at) >= Duration::from_secs(10)
+        {
+            let latency = self.send.reaction_latency();
+            info!(
+                outbuf_cells = bound,
+                reaction_ms = format!("{:.1}", latency.mean().as_secs_f64() * 1e3),
+                reaction_high_ms = format!("{:.1}", latency.high().as_secs_f64() * 1e3),
+                "output bound in force"
+            );
+            self.outbuf_logged = (bound, now);
+        }
+    }
+
     fn beat(&mut self, now: Instant) {
         let dos = self.core.dos_stats();
         let totals = HeartbeatTotals::read(&dos, &self.core.stats());
@@ -496,6 +518,7 @@ impl Driver {
                     self.onion_metrics(now);
                     if self.client.is_none() {
                         self.beat(now);
+                        self.log_outbuf(now);
                     }
                     if let Some(m) = self.metrics.as_mut() {
                         m.quiet_reserve = self.cfg.limits.write_bucket.as_ref().map_or(0, |b| b.reserve());
