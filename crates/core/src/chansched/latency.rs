@@ -112,7 +112,7 @@ mod tests {
             l.high()
         );
         for i in 0..200 {
-            l.sample(if i % 2 == 0 { 0 * MS } else { 40 * MS });
+            l.sample(if i % 2 == 0 { Duration::ZERO } else { 40 * MS });
         }
         let mean = l.mean().as_secs_f64();
         assert!((0.015..0.025).contains(&mean), "mean {mean}");
