@@ -125,6 +125,9 @@ fn goodput_share(kind: ChannelSchedulerKind, late: Lateness, outbuf_max: Duratio
                 take(&mut p, &mut writers);
             }
         }
+        // Whatever the latency, the cells handed over stay under the cap (200 ms of the rate).
+        let in_flight: usize = CHANS.iter().map(|c| p.in_flight(*c)).sum();
+        assert!(in_flight <= 2 * 195, "{in_flight} cells in flight");
         // Writers pay first come, first served (they take turns at who asks first).
         tick += 1;
         for k in 0..CHANS.len() {
