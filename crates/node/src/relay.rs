@@ -169,8 +169,8 @@ Config file options (TOML):
   PublishInterval = 30             seconds between descriptor uploads
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Scheduler,
-CircuitPriorityHalflife, OutbufCells, OutbufMaxMsec, ChannelFairness, MaxMemInQueues and the DoS options without
-dropping circuits.";
+CircuitPriorityHalflife, OutbufCells, OutbufMaxMsec, ChannelFairness, MaxMemInQueues and the DoS
+options without dropping circuits.";
 
 /// `QuietReserve` when unset under a `BandwidthRate` (capped at a quarter of the burst).
 const DEFAULT_QUIET_RESERVE: u64 = 128 * 1024;
