@@ -81,6 +81,8 @@ pub struct Snapshot {
     pub bytes_forwarded_per_sec: f64,
     pub scheduler: String,
     pub outbuf_cells: usize,
+    /// Smoothed reaction latency of paced writers (seconds).
+    pub reaction_latency: f64,
     /// Recent sampled queue delays (seconds), for quantiles.
     pub queue_delays: VecDeque<f64>,
     pub samples_total: u64,
@@ -115,6 +117,8 @@ pub struct Metrics {
     pub quiet_cells: u64,
     /// The write bucket's reserve in force (bytes), set by the driver.
     pub quiet_reserve: u64,
+    /// The send path's smoothed reaction latency (paced writers only), set by the driver.
+    pub reaction_latency: Duration,
     last_circ_sent: std::collections::HashMap<chive_core::CircKey, u64>,
     /// The core's counters and the DoS counters at the last tick (for the per-second deltas).
     last_stats: CoreStats,
@@ -168,6 +172,7 @@ impl Metrics {
             outbuf_full_events: 0,
             quiet_cells: 0,
             quiet_reserve: 0,
+            reaction_latency: Duration::ZERO,
             last_circ_sent: Default::default(),
             last_stats: CoreStats::default(),
             last_dos: DosStats::default(),
@@ -302,8 +307,8 @@ impl Metrics {
         if let Some(f) = self.file.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells},\"stream_xoff_sent\":{},\"stream_xon_sent\":{},\"mem_in_queues\":{}}}",
-                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler, stats.stream_xoff_sent, stats.stream_xon_sent, stats.mem_in_queues
+                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells},\"reaction_ms\":{:.3},\"stream_xoff_sent\":{},\"stream_xon_sent\":{},\"mem_in_queues\":{}}}",
+                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler, self.reaction_latency.as_secs_f64() * 1e3, stats.stream_xoff_sent, stats.stream_xon_sent, stats.mem_in_queues
             );
             for (chan, occupancy) in outbufs.iter().filter(|(_, o)| *o > 0) {
                 let _ = writeln!(
@@ -397,6 +402,7 @@ impl Metrics {
             snap.bytes_forwarded_per_sec = out_rate;
             snap.scheduler = scheduler;
             snap.outbuf_cells = outbuf_cells;
+            snap.reaction_latency = self.reaction_latency.as_secs_f64();
         }
     }
 }
@@ -479,8 +485,14 @@ pub fn render(snap: &Snapshot) -> String {
     metric(
         "chive_outbuf_cells",
         "gauge",
-        "Output buffer bound in cells.",
+        "Output buffer bound in force in cells (OutbufCells, grown for late wake-ups under a rate).",
         snap.outbuf_cells.to_string(),
+    );
+    metric(
+        "chive_send_reaction_latency_seconds",
+        "gauge",
+        "Smoothed time from a paced writer paying a batch to its next batch reaching it.",
+        format!("{:.6}", snap.reaction_latency),
     );
     metric(
         "chive_mem_in_queues_bytes",

@@ -79,6 +79,12 @@ Config file options (TOML):
   OutbufCells = 64                 cells handed to a connection but not yet written, at most
                                    (default: 10 ms of BandwidthRate, at least 8, when set;
                                    else the consensus OutbufCells, else 64)
+  OutbufMaxMsec = 200              with BandwidthRate: the bound above grows by the rate's
+                                   worth of the measured driver reaction latency (writer paid
+                                   -> next batch handed over; mean + 2 deviations), up to this
+                                   many ms of the rate, so late wake-ups on a loaded machine do
+                                   not cap the rate at bound / latency. 0 = fixed bound;
+                                   0..1000 (docs/scheduling.md, \"Late wake-ups\")
   CircuitWindow = 101              circuit window for the circuits this relay packages (its
                                    exit streams), 100..1000, overriding the consensus
                                    circwindow (paper 004); applies with cc_alg=0. Read at start
@@ -168,8 +174,8 @@ Config file options (TOML):
   PublishInterval = 30             seconds between descriptor uploads
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Scheduler,
-CircuitPriorityHalflife, OutbufCells, ChannelFairness, MaxMemInQueues and the DoS options without
-dropping circuits.";
+CircuitPriorityHalflife, OutbufCells, OutbufMaxMsec, ChannelFairness, MaxMemInQueues and the DoS
+options without dropping circuits.";
 
 /// `QuietReserve` when unset under a `BandwidthRate` (capped at a quarter of the burst).
 const DEFAULT_QUIET_RESERVE: u64 = 128 * 1024;
@@ -208,6 +214,8 @@ pub struct RelayConfig {
     pub exit_policy_reject_private: bool,
     #[serde(rename = "OutbufCells", default)]
     pub outbuf_cells: Option<usize>,
+    #[serde(rename = "OutbufMaxMsec", default)]
+    pub outbuf_max_msec: Option<u64>,
     #[serde(rename = "Scheduler", default)]
     pub scheduler: Option<String>,
     #[serde(rename = "CircuitPriorityHalflife", default)]
@@ -355,6 +363,7 @@ impl RelayConfig {
             max_mem_in_queues: Some(mem),
             channel_fairness: self.channel_fairness,
             heartbeat_period: self.heartbeat_period,
+            outbuf_max_msec: self.outbuf_max_msec,
             dos: self.dos_options()?,
         })
     }
@@ -554,6 +563,7 @@ impl RelayConfig {
             );
         }
         check_outbuf_cells(self.outbuf_cells)?;
+        crate::driver::check_outbuf_max_msec(self.outbuf_max_msec).map_err(anyhow::Error::msg)?;
         if let Some(w) = self.circuit_window {
             if !(100..=1000).contains(&w) {
                 bail!("CircuitWindow must be between 100 and 1000 cells");
@@ -852,11 +862,15 @@ mod tests {
             ),
             ("LinkKeepalive = 4000\nLinkIdleTimeout = 0", "LinkKeepalive"),
             ("HeartbeatPeriod = 99999999", "HeartbeatPeriod"),
+            ("OutbufMaxMsec = 1001", "OutbufMaxMsec"),
         ] {
             let err = config(bad).validate().unwrap_err();
             assert!(format!("{err:#}").contains(name), "{bad}: {err:#}");
         }
         assert!(config("HeartbeatPeriod = 0").validate().is_ok());
+        assert!(config("OutbufMaxMsec = 0").validate().is_ok());
+        let t = config("OutbufMaxMsec = 50").tunables().unwrap();
+        assert_eq!(t.outbuf_max(), Duration::from_millis(50));
     }
 
     #[test]

@@ -55,6 +55,9 @@ _CHIVE_ONLY_RELAY_KEYS = {
     "OutbufCells": "chive's bounded per-connection output buffer (cells handed to a connection "
     "before they are written); Tor has no such cap: its KIST scheduler limits writes by the "
     "socket's state instead",
+    "OutbufMaxMsec": "how far chive's output bound may grow for late wake-ups under a "
+    "BandwidthRate; Tor's KIST leaves one congestion window of slack per socket for the same "
+    "reason (KISTSockBufSizeFactor), sized from the network, not from the scheduler's latency",
     "CrossChannelPriority": "chive's cross-channel budget under a shared write rate; Tor's KIST "
     "scheduler orders channels by their best circuit in the same way, always on",
     "ReadRateMargin": "Tor applies BandwidthRate to reading and writing alike; chive lets "

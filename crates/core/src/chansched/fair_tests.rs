@@ -136,6 +136,8 @@ fn run(fair: bool, seconds: u64, web: bool, relays: &[ChannelId]) -> Run {
     let t0 = Instant::now();
     let cfg = SendConfig {
         outbuf_cells: 10,
+        write_rate: 0,
+        outbuf_max: Duration::ZERO,
         paced: true,
         kind: ChannelSchedulerKind::SharedRate,
         quiet_reserve: 0,

@@ -37,12 +37,15 @@
 mod direct;
 #[cfg(test)]
 mod fair_tests;
+pub mod latency;
+#[cfg(test)]
+mod latency_tests;
 mod output;
 mod shared;
 #[cfg(test)]
 mod tests;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chive_cell::Cell;
 
@@ -51,7 +54,12 @@ pub use output::{SendCtx, SendStats, Transmit};
 pub use shared::SharedRate;
 
 use crate::{CellSample, ChannelId, Core};
+use latency::ReactionLatency;
 use output::OutputAccounts;
+
+/// `OutbufMaxMsec` when unset: the output bound may grow to 200 ms of the write rate when the
+/// driver reacts late (docs/scheduling.md, "Late wake-ups").
+pub const DEFAULT_OUTBUF_MAX: Duration = Duration::from_millis(200);
 
 /// A connection, named by an id from the driver's channel-id allocator. A channel's first
 /// connection has the channel's own id; a split-direction channel may have a second one.
@@ -120,8 +128,15 @@ impl ChannelSchedulerKind {
 #[derive(Clone, Debug, PartialEq)]
 pub struct SendConfig {
     /// `OutbufCells`: cells in flight allowed per connection ([`Direct`]), or unpaid over all
-    /// connections ([`SharedRate`]).
+    /// connections ([`SharedRate`]). Under a write rate the bound in force is this plus the
+    /// rate's worth of the measured reaction latency, up to `outbuf_max` ([`latency`]).
     pub outbuf_cells: usize,
+    /// The write bucket's rate in bytes/s (0 = unlimited): what the bound's stretch is
+    /// measured in.
+    pub write_rate: u64,
+    /// `OutbufMaxMsec`: the most the bound may grow to, as time at `write_rate`; zero keeps it
+    /// at `outbuf_cells`.
+    pub outbuf_max: Duration,
     /// Writers pay write-bucket tokens per batch and report it ([`SendPath::paid`]); only then
     /// are unpaid cells counted.
     pub paced: bool,
@@ -140,6 +155,8 @@ impl Default for SendConfig {
     fn default() -> Self {
         SendConfig {
             outbuf_cells: 32,
+            write_rate: 0,
+            outbuf_max: DEFAULT_OUTBUF_MAX,
             paced: false,
             kind: ChannelSchedulerKind::Direct,
             quiet_reserve: 0,
@@ -236,6 +253,8 @@ pub struct SendPath {
     cfg: SendConfig,
     policy: Box<dyn ChannelScheduler>,
     accounts: OutputAccounts,
+    /// How late the driver reacts to its paced writers ([`SendPath::paid_report`]).
+    latency: ReactionLatency,
 }
 
 impl SendPath {
@@ -245,7 +264,39 @@ impl SendPath {
             policy: cfg.kind.build(),
             cfg,
             accounts: OutputAccounts::default(),
+            latency: ReactionLatency::default(),
         }
+    }
+
+    /// The output bound in force: `OutbufCells`, plus under a write rate the rate's worth of
+    /// the measured reaction latency (mean + 2 deviations), at most `OutbufMaxMsec` of the rate.
+    pub fn outbuf(&self) -> usize {
+        if !self.cfg.paced {
+            return self.cfg.outbuf_cells;
+        }
+        latency::stretched_bound(
+            self.cfg.outbuf_cells,
+            self.cfg.write_rate,
+            self.latency.high(),
+            self.cfg.outbuf_max,
+        )
+    }
+
+    /// The reaction latency measured so far.
+    pub fn reaction_latency(&self) -> ReactionLatency {
+        self.latency
+    }
+
+    /// Run `hook` on the policy with a context for `now`.
+    fn call(
+        &mut self,
+        src: &mut dyn CellSource,
+        now: Instant,
+        hook: impl FnOnce(&mut dyn ChannelScheduler, &mut SendCtx<'_>),
+    ) {
+        let outbuf = self.outbuf();
+        let mut ctx = SendCtx::new(&self.cfg, outbuf, &mut self.accounts, src, now);
+        hook(self.policy.as_mut(), &mut ctx);
     }
 
     /// The settings in force.
@@ -304,17 +355,35 @@ impl SendPath {
     /// `chan` may have cells to send (the core's [`Core::poll_ready_channel`], or the connection
     /// it writes on changed).
     pub fn channel_ready(&mut self, chan: ChannelId, src: &mut dyn CellSource, now: Instant) {
-        let mut ctx = SendCtx::new(&self.cfg, &mut self.accounts, src, now);
-        self.policy.schedule(chan, &mut ctx);
+        self.call(src, now, |p, ctx| p.schedule(chan, ctx));
     }
 
-    /// `conn`'s writer took the write-bucket tokens for a batch of `cells` cells.
+    /// `conn`'s writer took the write-bucket tokens for a batch of `cells` cells, reported at
+    /// once (no latency measured: [`SendPath::paid_report`] is the driver's call).
     pub fn paid(&mut self, conn: ConnId, cells: usize, src: &mut dyn CellSource, now: Instant) {
         if !self.accounts.paid(conn, cells) {
             return;
         }
-        let mut ctx = SendCtx::new(&self.cfg, &mut self.accounts, src, now);
-        self.policy.budget_freed(&mut ctx);
+        self.call(src, now, |p, ctx| p.budget_freed(ctx));
+    }
+
+    /// [`SendPath::paid`] with the batch's reaction latency, as the driver measured it: how
+    /// long the writer took to wake for the batch (zero if it was already waiting when the
+    /// writer asked for the next) plus the paid report's own delay (from the writer's taking
+    /// the tokens to this call). It is the time a writer that has just paid may go without new
+    /// work, which the unpaid cells must cover ([`latency`]).
+    pub fn paid_report(
+        &mut self,
+        conn: ConnId,
+        cells: usize,
+        reaction: Duration,
+        src: &mut dyn CellSource,
+        now: Instant,
+    ) {
+        if self.accounts.channel_of(conn).is_some() {
+            self.latency.sample(reaction);
+        }
+        self.paid(conn, cells, src, now);
     }
 
     /// `conn`'s writer wrote its oldest batch, of `cells` cells: room for its channel. Returns
@@ -333,8 +402,7 @@ impl SendPath {
 
     /// End of a driver wake-up (see [`ChannelScheduler::settle`]).
     pub fn settle(&mut self, src: &mut dyn CellSource, now: Instant) {
-        let mut ctx = SendCtx::new(&self.cfg, &mut self.accounts, src, now);
-        self.policy.settle(&mut ctx);
+        self.call(src, now, |p, ctx| p.settle(ctx));
     }
 
     /// The next batch for a writer, in the order decided.

@@ -177,6 +177,7 @@ impl OutputAccounts {
 /// cells and the time of the call.
 pub struct SendCtx<'a> {
     cfg: &'a SendConfig,
+    outbuf: usize,
     accounts: &'a mut OutputAccounts,
     src: &'a mut dyn CellSource,
     now: Instant,
@@ -185,12 +186,14 @@ pub struct SendCtx<'a> {
 impl<'a> SendCtx<'a> {
     pub(super) fn new(
         cfg: &'a SendConfig,
+        outbuf: usize,
         accounts: &'a mut OutputAccounts,
         src: &'a mut dyn CellSource,
         now: Instant,
     ) -> Self {
         SendCtx {
             cfg,
+            outbuf,
             accounts,
             src,
             now,
@@ -200,6 +203,12 @@ impl<'a> SendCtx<'a> {
     /// The settings in force.
     pub fn config(&self) -> &SendConfig {
         self.cfg
+    }
+
+    /// The output bound in force ([`super::SendPath::outbuf`]): `OutbufCells`, stretched by
+    /// the measured reaction latency under a write rate.
+    pub fn outbuf(&self) -> usize {
+        self.outbuf
     }
 
     /// The time of this call.
@@ -238,11 +247,11 @@ impl<'a> SendCtx<'a> {
         self.accounts.conns.values().map(|c| c.unpaid).sum()
     }
 
-    /// Cells the connection `chan` writes on may still take under `OutbufCells`; 0 for an
-    /// unknown channel.
+    /// Cells the connection `chan` writes on may still take under the bound in force
+    /// ([`SendCtx::outbuf`]); 0 for an unknown channel.
     pub fn room(&self, chan: ChannelId) -> usize {
         self.write_conn(chan)
-            .map_or(0, |c| self.cfg.outbuf_cells.saturating_sub(c.in_flight))
+            .map_or(0, |c| self.outbuf.saturating_sub(c.in_flight))
     }
 
     fn write_conn(&self, chan: ChannelId) -> Option<&ConnOutput> {
@@ -251,7 +260,8 @@ impl<'a> SendCtx<'a> {
     }
 
     /// Move up to `limit` of `chan`'s cells to the connection it writes on, as one batch of
-    /// `class`, while that connection has room: `OutbufCells` in flight, twice that for a
+    /// `class`, while that connection has room: the bound in force ([`SendCtx::outbuf`]) in
+    /// flight, twice that for a
     /// [`BatchClass::Quiet`] batch. Returns how many cells moved.
     ///
     /// A quiet batch takes cells only while the channel's next circuit is quiet, one at a time
@@ -267,8 +277,8 @@ impl<'a> SendCtx<'a> {
             return 0;
         };
         let bound = match class {
-            BatchClass::Quiet { .. } => 2 * self.cfg.outbuf_cells,
-            _ => self.cfg.outbuf_cells,
+            BatchClass::Quiet { .. } => 2 * self.outbuf,
+            _ => self.outbuf,
         };
         let room = bound.saturating_sub(conn.in_flight);
         if room == 0 {

@@ -91,8 +91,10 @@ impl SharedRate {
     /// Give the room there is to waiting channels: quiet ones first, then the most deserving.
     fn dispatch(&mut self, ctx: &mut SendCtx<'_>) {
         self.dispatch_quiet(ctx);
-        let outbuf = ctx.config().outbuf_cells;
-        let quantum = (outbuf / 2).max(1);
+        // The bound may be stretched for late wake-ups; the quantum is not, so a newcomer
+        // still waits behind at most half of `OutbufCells` of one channel's cells.
+        let outbuf = ctx.outbuf();
+        let quantum = (ctx.config().outbuf_cells / 2).max(1);
         loop {
             let room = outbuf.saturating_sub(ctx.unpaid_total());
             if room == 0 {
@@ -131,7 +133,7 @@ impl SharedRate {
         let Some(below) = Self::quiet_below(ctx) else {
             return;
         };
-        let cap = 2 * ctx.config().outbuf_cells;
+        let cap = 2 * ctx.outbuf();
         let mut unpaid = ctx.unpaid_total();
         let mut i = 0;
         while i < self.waiting.len() && unpaid < cap {

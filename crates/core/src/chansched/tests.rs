@@ -2,7 +2,7 @@
 //! with a priority each.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chive_cell::{Cell, CellCommand, CELL_LEN, PAYLOAD_LEN};
 
@@ -98,6 +98,8 @@ const OUTBUF: usize = 10;
 fn shared(reserve: u64) -> SendConfig {
     SendConfig {
         outbuf_cells: OUTBUF,
+        write_rate: 0,
+        outbuf_max: Duration::ZERO,
         paced: true,
         kind: ChannelSchedulerKind::SharedRate,
         quiet_reserve: reserve,
@@ -108,6 +110,8 @@ fn shared(reserve: u64) -> SendConfig {
 fn direct() -> SendConfig {
     SendConfig {
         outbuf_cells: OUTBUF,
+        write_rate: 0,
+        outbuf_max: Duration::ZERO,
         paced: false,
         kind: ChannelSchedulerKind::Direct,
         quiet_reserve: 0,

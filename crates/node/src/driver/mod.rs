@@ -61,7 +61,9 @@ pub use tasks::{
     spawn_stream_io, start_link, stop_on_signal, CellBudget, ConnHandles, Liveness, StreamCmd,
     StreamIo, DEFAULT_LINK_IDLE_TIMEOUT, DEFAULT_LINK_KEEPALIVE,
 };
-pub use tunables::{Tunables, DEFAULT_HEARTBEAT_PERIOD};
+pub use tunables::{
+    check_outbuf_max_msec, Tunables, DEFAULT_HEARTBEAT_PERIOD, MAX_OUTBUF_MAX_MSEC,
+};
 
 /// Capacity of the driver's input queue: readers wait (and stop reading their
 /// sockets) when the core falls behind.
@@ -108,8 +110,15 @@ pub enum Input {
     /// Connection `chan`'s writer finished writing a batch of `cells` cells.
     Written { chan: ChannelId, cells: usize },
     /// Connection `chan`'s writer took the write-bucket tokens for a batch of `cells` cells
-    /// (sent only by rate-limited writers, before the batch's `Written`).
-    Paid { chan: ChannelId, cells: usize },
+    /// at `at` (sent only by rate-limited writers, before the batch's `Written`); `wake_lag`:
+    /// how long the batch took to wake the writer, if it was waiting for one
+    /// ([`chive_core::chansched::SendPath::paid_report`]).
+    Paid {
+        chan: ChannelId,
+        cells: usize,
+        at: Instant,
+        wake_lag: Duration,
+    },
     /// Connection `chan` closed or failed.
     LinkDown { chan: ChannelId, why: String },
     /// Bytes read from a stream's socket.
@@ -265,6 +274,8 @@ fn send_config(cfg: &DriverConfig, params: Option<&chive_dir::NetParams>) -> Sen
     let bucket = cfg.limits.write_bucket.as_ref();
     SendConfig {
         outbuf_cells: cfg.outbuf_cells,
+        write_rate: bucket.map_or(0, |b| b.rate().0),
+        outbuf_max: cfg.tunables.outbuf_max(),
         paced: bucket.is_some(),
         kind: ChannelSchedulerKind::for_rate(
             cfg.tunables.cross_channel,
@@ -318,6 +329,8 @@ pub struct Driver {
     pub switching: switching::SwitchIo,
     /// The DoS heartbeat log line (relays only).
     heartbeat: Heartbeat,
+    /// The output bound last logged, and when (it grows for late wake-ups under a rate).
+    outbuf_logged: (usize, Instant),
 }
 
 impl Driver {
@@ -328,6 +341,7 @@ impl Driver {
         let heartbeat = Heartbeat::new(cfg.tunables.heartbeat(), Instant::now());
         Driver {
             heartbeat,
+            outbuf_logged: (cfg.outbuf_cells, Instant::now()),
             core,
             cfg,
             tx,
@@ -380,6 +394,25 @@ impl Driver {
     }
 
     /// Log the DoS heartbeat if one is due (Tor's heartbeat DoS summary).
+    /// Log the output bound when it has moved by a quarter since last logged, at most every
+    /// 10 s: it grows when the driver reacts late to its writers (`OutbufMaxMsec`).
+    fn log_outbuf(&mut self, now: Instant) {
+        let bound = self.send.outbuf();
+        let (last, at) = self.outbuf_logged;
+        if bound.abs_diff(last) * 4 >= last.max(1)
+            && now.saturating_duration_since(at) >= Duration::from_secs(10)
+        {
+            let latency = self.send.reaction_latency();
+            info!(
+                outbuf_cells = bound,
+                reaction_ms = format!("{:.1}", latency.mean().as_secs_f64() * 1e3),
+                reaction_high_ms = format!("{:.1}", latency.high().as_secs_f64() * 1e3),
+                "output bound in force"
+            );
+            self.outbuf_logged = (bound, now);
+        }
+    }
+
     fn beat(&mut self, now: Instant) {
         let dos = self.core.dos_stats();
         let totals = HeartbeatTotals::read(&dos, &self.core.stats());
@@ -485,6 +518,7 @@ impl Driver {
                     self.onion_metrics(now);
                     if self.client.is_none() {
                         self.beat(now);
+                        self.log_outbuf(now);
                     }
                     if let Some(m) = self.metrics.as_mut() {
                         m.quiet_reserve = self.cfg.limits.write_bucket.as_ref().map_or(0, |b| b.reserve());
@@ -494,7 +528,8 @@ impl Driver {
                         let send = &self.send;
                         let outbufs: Vec<(u64, usize)> =
                             self.chans.keys().map(|c| (c.0, send.in_flight(*c))).collect();
-                        m.tick(&self.core, &outbufs, self.cfg.outbuf_cells, now);
+                        m.reaction_latency = self.send.reaction_latency().mean();
+                        m.tick(&self.core, &outbufs, self.send.outbuf(), now);
                     }
                     self.flush(now);
                 }
@@ -544,8 +579,16 @@ impl Driver {
                 // Handled: their room in the queue and in the connection's credit is free again.
                 drop((permit, credit));
             }
-            Input::Paid { chan: conn, cells } => {
-                self.send.paid(conn, cells, &mut self.core, now);
+            Input::Paid {
+                chan: conn,
+                cells,
+                at,
+                wake_lag,
+            } => {
+                // The report's delay counts to when it is handled, not to the wake-up.
+                let reaction = wake_lag + Instant::now().saturating_duration_since(at);
+                self.send
+                    .paid_report(conn, cells, reaction, &mut self.core, now);
                 self.drain_transmits(now);
             }
             Input::Written { chan: conn, cells } => {
@@ -745,7 +788,12 @@ impl Driver {
                 c.h.quiet.queued.fetch_add(1, Ordering::Relaxed);
                 c.h.quiet.wake.notify_one();
             }
-            if c.h.writer.send(WriteMsg::Cells { cells, class }).is_err() {
+            let msg = WriteMsg::Cells {
+                cells,
+                class,
+                sent_at: Instant::now(),
+            };
+            if c.h.writer.send(msg).is_err() {
                 // The writer is gone; its LinkDown is on the way.
                 debug!(?chan, "writer gone");
                 continue;

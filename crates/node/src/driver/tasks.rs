@@ -4,7 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chive_cell::{Cell, CellCommand, EndReason, VarCell};
 use chive_core::chansched::BatchClass;
@@ -156,7 +156,13 @@ pub enum WriteMsg {
     /// [`BatchClass::Quiet`] batch may spend the write bucket's reserve (`QuietReserve`), and
     /// so may every batch queued before it on the same connection (it cannot leave before
     /// them); a [`BatchClass::Bulk`] one may not.
-    Cells { cells: Vec<Cell>, class: BatchClass },
+    /// `sent_at`: when the driver handed it over (the writer measures how long it took to
+    /// wake for it).
+    Cells {
+        cells: Vec<Cell>,
+        class: BatchClass,
+        sent_at: Instant,
+    },
     /// A variable-length link cell (HANDOFF), not acknowledged.
     Var(VarCell),
 }
@@ -289,6 +295,9 @@ pub(super) fn spawn_conn(
     });
     tokio::spawn(async move {
         loop {
+            // A batch sent after this waited for the writer's wake-up (the driver's reaction
+            // latency includes it); one sent before was ready at once.
+            let waiting_since = Instant::now();
             let msg = match liveness.keepalive {
                 Some(k) => match tokio::time::timeout(k, wrx.recv()).await {
                     Ok(msg) => msg,
@@ -313,7 +322,13 @@ pub(super) fn spawn_conn(
                 break;
             };
             let (result, n) = match msg {
-                WriteMsg::Cells { cells, class } if writer.is_paced() => {
+                WriteMsg::Cells {
+                    cells,
+                    class,
+                    sent_at,
+                } if writer.is_paced() => {
+                    let wake_lag =
+                        Instant::now().saturating_duration_since(sent_at.max(waiting_since));
                     let quiet = matches!(class, BatchClass::Quiet { .. });
                     // Pay first and say so: from here on the batch waits only for the socket.
                     // A batch ahead of a quiet one may use the reserve too, or the quiet one
@@ -331,6 +346,8 @@ pub(super) fn spawn_conn(
                     let paid = Input::Paid {
                         chan: id,
                         cells: cells.len(),
+                        at: Instant::now(),
+                        wake_lag,
                     };
                     if tx.send(paid).await.is_err() {
                         return;
@@ -341,7 +358,7 @@ pub(super) fn spawn_conn(
                         Some(cells.len()),
                     )
                 }
-                WriteMsg::Cells { cells, class } => {
+                WriteMsg::Cells { cells, class, .. } => {
                     if let BatchClass::Quiet { .. } = class {
                         // Unpaced: nothing to pay, but keep the count exact.
                         signal.queued.fetch_sub(1, Ordering::Relaxed);

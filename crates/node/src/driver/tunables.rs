@@ -27,12 +27,37 @@ pub struct Tunables {
     pub channel_fairness: Option<bool>,
     /// `HeartbeatPeriod` in seconds (0: off); unset = [`DEFAULT_HEARTBEAT_PERIOD`].
     pub heartbeat_period: Option<u64>,
+    /// `OutbufMaxMsec`: under a write rate the output bound grows with the measured reaction
+    /// latency up to this many ms of the rate (0: fixed at `OutbufCells`); unset =
+    /// [`chive_core::chansched::DEFAULT_OUTBUF_MAX`].
+    pub outbuf_max_msec: Option<u64>,
+}
+
+/// Largest `OutbufMaxMsec`: a second of the rate.
+pub const MAX_OUTBUF_MAX_MSEC: u64 = 1000;
+
+/// `OutbufMaxMsec`, where set, must be between 0 and [`MAX_OUTBUF_MAX_MSEC`].
+pub fn check_outbuf_max_msec(configured: Option<u64>) -> Result<(), String> {
+    match configured {
+        Some(ms) if ms > MAX_OUTBUF_MAX_MSEC => Err(format!(
+            "OutbufMaxMsec must be between 0 (fixed bound) and {MAX_OUTBUF_MAX_MSEC}"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `HeartbeatPeriod` when unset: Tor's default, 6 hours.
 pub const DEFAULT_HEARTBEAT_PERIOD: u64 = 6 * 3600;
 
 impl Tunables {
+    /// The most the output bound may grow to, as time at the write rate (`OutbufMaxMsec`).
+    pub fn outbuf_max(&self) -> std::time::Duration {
+        self.outbuf_max_msec
+            .map_or(chive_core::chansched::DEFAULT_OUTBUF_MAX, |ms| {
+                std::time::Duration::from_millis(ms.min(MAX_OUTBUF_MAX_MSEC))
+            })
+    }
+
     /// How often the relay logs its DoS heartbeat (zero: never).
     pub fn heartbeat(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.heartbeat_period.unwrap_or(DEFAULT_HEARTBEAT_PERIOD))
@@ -120,6 +145,22 @@ mod tests {
         .effective(None)
         .unwrap();
         assert_eq!((kind, outbuf), (SchedulerKind::RoundRobin, 9));
+    }
+
+    #[test]
+    fn outbuf_max_defaults_to_200_ms_and_is_checked() {
+        use std::time::Duration;
+        assert_eq!(Tunables::default().outbuf_max(), Duration::from_millis(200));
+        let off = Tunables {
+            outbuf_max_msec: Some(0),
+            ..Tunables::default()
+        };
+        assert_eq!(off.outbuf_max(), Duration::ZERO);
+        assert!(check_outbuf_max_msec(None).is_ok());
+        assert!(check_outbuf_max_msec(Some(0)).is_ok());
+        assert!(check_outbuf_max_msec(Some(1000)).is_ok());
+        let err = check_outbuf_max_msec(Some(1001)).unwrap_err();
+        assert!(err.starts_with("OutbufMaxMsec must be"), "{err}");
     }
 
     #[test]
