@@ -78,6 +78,11 @@ impl Link {
         self.stream.get_ref().0.get_ref().as_raw_fd()
     }
 
+    /// The TLS 1.3 suite this link negotiated (`TLS13_AES_128_GCM_SHA256` between chive peers).
+    pub(crate) fn tls_suite(&self) -> Option<rustls::SupportedCipherSuite> {
+        self.stream.get_ref().1.negotiated_cipher_suite()
+    }
+
     /// Split into independent reader and writer halves (usable from different tasks).
     pub fn split(self, limits: LinkLimits) -> (LinkReader, LinkWriter) {
         let (rd, wr) = tokio::io::split(self.stream);
@@ -586,7 +591,8 @@ async fn finish(
     let n = handshake::run(&mut stream, &mut rbuf, role, cfg, exporter, expected).await?;
     tracing::debug!(
         %peer_addr, ?role, version = n.version, features = n.features.0,
-        peer = ?n.peer_identity, "link handshake complete"
+        peer = ?n.peer_identity, suite = ?stream.get_ref().1.negotiated_cipher_suite(),
+        "link handshake complete"
     );
     Ok(Link {
         peer_identity: n.peer_identity,

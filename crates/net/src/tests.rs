@@ -149,6 +149,10 @@ async fn relays_authenticate_each_other() {
     assert_eq!(at_a.peer_identity, Some(b_id));
     assert_eq!((at_a.version, at_b.version), (1, 1));
     assert_eq!(at_b.peer_addr, addr);
+    // Both ends prefer AES-128-GCM (tls.rs, LINK_SUITES).
+    let aes128 = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
+    assert_eq!(at_a.tls_suite(), Some(aes128));
+    assert_eq!(at_b.tls_suite(), Some(aes128));
 }
 
 #[tokio::test]
