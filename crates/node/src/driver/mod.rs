@@ -717,20 +717,17 @@ impl Driver {
         while let Some(Transmit {
             chan,
             conn,
+            bytes,
             cells,
             class,
         }) = self.send.poll_transmit()
         {
             let Some(io) = self.chans.get_mut(&chan) else {
                 // The send path forgets a channel with the driver; never reached.
-                warn!(
-                    ?chan,
-                    cells = cells.len(),
-                    "batch for an unknown channel dropped"
-                );
+                warn!(?chan, cells, "batch for an unknown channel dropped");
                 continue;
             };
-            let n = cells.len();
+            let n = cells;
             io.split.sent(n);
             let Some(c) = io.conn_by_id_mut(conn) else {
                 warn!(
@@ -745,7 +742,15 @@ impl Driver {
                 c.h.quiet.queued.fetch_add(1, Ordering::Relaxed);
                 c.h.quiet.wake.notify_one();
             }
-            if c.h.writer.send(WriteMsg::Cells { cells, class }).is_err() {
+            if c.h
+                .writer
+                .send(WriteMsg::Cells {
+                    bytes,
+                    cells,
+                    class,
+                })
+                .is_err()
+            {
                 // The writer is gone; its LinkDown is on the way.
                 debug!(?chan, "writer gone");
                 continue;

@@ -152,11 +152,16 @@ impl StreamIo {
 
 /// What a connection's writer task is given.
 pub enum WriteMsg {
-    /// A batch of cells, acknowledged with [`Input::Paid`] and [`Input::Written`]. A
-    /// [`BatchClass::Quiet`] batch may spend the write bucket's reserve (`QuietReserve`), and
-    /// so may every batch queued before it on the same connection (it cannot leave before
-    /// them); a [`BatchClass::Bulk`] one may not.
-    Cells { cells: Vec<Cell>, class: BatchClass },
+    /// A batch of cells as their wire bytes (`cells` fixed cells, encoded by the core straight
+    /// from their queues: the writer hands them to TLS as they are), acknowledged with
+    /// [`Input::Paid`] and [`Input::Written`]. A [`BatchClass::Quiet`] batch may spend the write
+    /// bucket's reserve (`QuietReserve`), and so may every batch queued before it on the same
+    /// connection (it cannot leave before them); a [`BatchClass::Bulk`] one may not.
+    Cells {
+        bytes: Vec<u8>,
+        cells: usize,
+        class: BatchClass,
+    },
     /// A variable-length link cell (HANDOFF), not acknowledged.
     Var(VarCell),
 }
@@ -313,14 +318,18 @@ pub(super) fn spawn_conn(
                 break;
             };
             let (result, n) = match msg {
-                WriteMsg::Cells { cells, class } if writer.is_paced() => {
+                WriteMsg::Cells {
+                    bytes,
+                    cells,
+                    class,
+                } if writer.is_paced() => {
                     let quiet = matches!(class, BatchClass::Quiet { .. });
                     // Pay first and say so: from here on the batch waits only for the socket.
                     // A batch ahead of a quiet one may use the reserve too, or the quiet one
                     // would wait behind it for tokens above the reserve.
                     writer
                         .pay_for_cells(
-                            cells.len(),
+                            cells,
                             || class.may_spend_reserve(signal.queued.load(Ordering::Relaxed)),
                             Some(&signal.wake),
                         )
@@ -328,29 +337,24 @@ pub(super) fn spawn_conn(
                     if quiet {
                         signal.queued.fetch_sub(1, Ordering::Relaxed);
                     }
-                    let paid = Input::Paid {
-                        chan: id,
-                        cells: cells.len(),
-                    };
+                    let paid = Input::Paid { chan: id, cells };
                     if tx.send(paid).await.is_err() {
                         return;
                     }
-                    let w = writer.write_paid_cells(&cells);
-                    (
-                        liveness.bounded("write progress", w).await,
-                        Some(cells.len()),
-                    )
+                    let w = writer.write_paid_wire(&bytes);
+                    (liveness.bounded("write progress", w).await, Some(cells))
                 }
-                WriteMsg::Cells { cells, class } => {
+                WriteMsg::Cells {
+                    bytes,
+                    cells,
+                    class,
+                } => {
                     if let BatchClass::Quiet { .. } = class {
                         // Unpaced: nothing to pay, but keep the count exact.
                         signal.queued.fetch_sub(1, Ordering::Relaxed);
                     }
-                    let w = writer.write_cells(&cells);
-                    (
-                        liveness.bounded("write progress", w).await,
-                        Some(cells.len()),
-                    )
+                    let w = writer.write_wire(&bytes);
+                    (liveness.bounded("write progress", w).await, Some(cells))
                 }
                 WriteMsg::Var(cell) => {
                     let w = writer.write_var_cell(&cell);
