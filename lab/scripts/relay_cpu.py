@@ -14,8 +14,9 @@ The crypto floor, measured in the same run with criterion (`cargo bench`, short 
 times; the estimates are read from target/criterion/*/new/estimates.json, so nothing parses
 criterion's human output): one cell's onion layer (chive-crypto `RelayHopCrypto`, AES-128-CTR over
 509 bytes; the exit's also takes SHA-1), the client's three layers, and rustls TLS 1.3 records of
-16 KiB, both the cipher alone (AES-256-GCM, the suite chive's links negotiate, via rustls's record
-encrypter/decrypter) and through rustls's connection API on an in-memory pair (which adds copies).
+16 KiB, both the cipher alone (AES-128-GCM, the suite chive's links negotiate since session 14,
+via rustls's record encrypter/decrypter) and through rustls's connection API on an in-memory pair
+(which adds copies).
 Floor per relayed byte (ciphers only): guard and middle = TLS open + one layer + TLS seal; exit = originate
 (layer + digest) + TLS seal; client = TLS open + three layers. A cell carries 498 bytes of data in
 514 on the wire, so TLS costs scale by 514/498 and a cell's crypto is spread over 498 bytes.
@@ -60,13 +61,15 @@ FLOOR_BENCHES = {
     "onion_layer": ("chive-crypto", "crypto", "relay_cell/relay_encrypt_backward"),
     "onion_originate": ("chive-crypto", "crypto", "relay_cell/relay_originate_backward"),
     "client_3hop": ("chive-crypto", "crypto", "relay_cell/client_3hop_decrypt_from_exit"),
-    # The cipher alone (ring's AES-256-GCM through rustls's record encrypter/decrypter).
-    "aead_seal": ("chive-net", "tls_record", "tls_record/aead_seal_16k/aes256gcm"),
-    "aead_open": ("chive-net", "tls_record", "tls_record/aead_open_16k/aes256gcm"),
+    # The cipher alone (ring's AES-128-GCM, the suite chive's links negotiate, through rustls's
+    # record encrypter/decrypter).
+    "aead_seal": ("chive-net", "tls_record", "tls_record/aead_seal_16k/aes128gcm"),
+    "aead_open": ("chive-net", "tls_record", "tls_record/aead_open_16k/aes128gcm"),
     # rustls's connection API, with its buffering copies (what the relays call).
-    "rustls_seal": ("chive-net", "tls_record", "tls_record/seal_16k/aes256gcm"),
-    "rustls_seal_open": ("chive-net", "tls_record", "tls_record/seal_open_16k/aes256gcm"),
-    "rustls128_seal_open": ("chive-net", "tls_record", "tls_record/seal_open_16k/aes128gcm"),
+    "rustls_seal": ("chive-net", "tls_record", "tls_record/seal_16k/aes128gcm"),
+    "rustls_seal_open": ("chive-net", "tls_record", "tls_record/seal_open_16k/aes128gcm"),
+    # AES-256-GCM, what the links negotiated before session 14, for comparison.
+    "rustls256_seal_open": ("chive-net", "tls_record", "tls_record/seal_open_16k/aes256gcm"),
 }
 
 
@@ -192,14 +195,14 @@ def floor_from_estimates(est: dict[str, float]) -> dict:
         "client": tls_open + est["client_3hop"] / CELL_DATA,
         # Raw throughput of the primitives, for comparison with `openssl speed`.
         "aes128ctr_GBps": CELL_PAYLOAD / est["onion_layer"],
-        "aes256gcm_seal_GBps": TLS_RECORD / est["aead_seal"],
-        "aes256gcm_open_GBps": TLS_RECORD / est["aead_open"],
+        "aes128gcm_seal_GBps": TLS_RECORD / est["aead_seal"],
+        "aes128gcm_open_GBps": TLS_RECORD / est["aead_open"],
     }
     if "rustls_seal_open" in est:
         out["relay_rustls"] = est["rustls_seal_open"] / TLS_RECORD * wire + layer
         out["rustls_seal_open_GBps"] = TLS_RECORD / est["rustls_seal_open"]
-    if "rustls128_seal_open" in est:
-        out["rustls128_seal_open_GBps"] = TLS_RECORD / est["rustls128_seal_open"]
+    if "rustls256_seal_open" in est:
+        out["rustls256_seal_open_GBps"] = TLS_RECORD / est["rustls256_seal_open"]
     return out
 
 
@@ -555,9 +558,9 @@ def main(argv=None) -> int:
               f"{floor['tls_seal_ns_per_byte']:.3f}), exit {floor['exit']:.3f}, client {floor['client']:.3f}; "
               f"through rustls's API: relay {floor.get('relay_rustls', float('nan')):.3f}")
         print(f"crypto throughput (GB/s): AES-128-CTR onion layer {floor['aes128ctr_GBps']:.2f}, "
-              f"AES-256-GCM seal {floor['aes256gcm_seal_GBps']:.2f} / open {floor['aes256gcm_open_GBps']:.2f}, "
-              f"rustls seal+open {floor.get('rustls_seal_open_GBps', float('nan')):.2f} (AES-128-GCM "
-              f"{floor.get('rustls128_seal_open_GBps', float('nan')):.2f}); openssl: "
+              f"AES-128-GCM seal {floor['aes128gcm_seal_GBps']:.2f} / open {floor['aes128gcm_open_GBps']:.2f}, "
+              f"rustls seal+open {floor.get('rustls_seal_open_GBps', float('nan')):.2f} (AES-256-GCM "
+              f"{floor.get('rustls256_seal_open_GBps', float('nan')):.2f}); openssl: "
               + ", ".join(f"{alg} {v:.2f}" for alg, v in floor["openssl_GBps"].items() if v))
     if mem:
         print(memory_table(mem))

@@ -101,7 +101,7 @@ def test_floor_per_role():
     assert f["client"] == pytest.approx(5.0)  # open 2 + three layers 3
     assert f["relay_rustls"] == pytest.approx(6.0)  # rustls 5 + layer 1
     assert f["aes128ctr_GBps"] == pytest.approx(509 / 498)
-    assert f["aes256gcm_seal_GBps"] == pytest.approx(514 / 498)
+    assert f["aes128gcm_seal_GBps"] == pytest.approx(514 / 498)
 
 
 def test_idle_cpu_is_taken_out():

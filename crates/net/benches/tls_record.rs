@@ -3,9 +3,9 @@
 //!
 //! A relay decrypts every byte it receives from one link and encrypts it again for the next, so
 //! `seal_open` (client seals a record, server opens it and copies the plaintext out) is the TLS
-//! cost per relayed byte; `seal` alone is the sending half. Both run for the suite chive's links
-//! negotiate (`chive_net`'s configs use the ring provider's default order, which puts
-//! TLS13_AES_256_GCM_SHA384 first) and for AES-128-GCM.
+//! cost per relayed byte; `seal` alone is the sending half. All run for the suite chive's links
+//! negotiate (TLS13_AES_128_GCM_SHA256, `chive_net`'s `LINK_SUITES`) and for AES-256-GCM (what
+//! they negotiated before session 14, the ring provider's first choice).
 //!
 //! Run with `cargo bench -p chive-net --bench tls_record`; `lab/scripts/relay_cpu.py` reads
 //! criterion's `target/criterion/tls_record/*/new/estimates.json`.
@@ -20,7 +20,10 @@ use rustls::crypto::cipher::{
 };
 use rustls::crypto::{ring, CryptoProvider};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
-use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
+use rustls::{
+    ClientConfig, ClientConnection, ConnectionTrafficSecrets, RootCertStore, ServerConfig,
+    ServerConnection,
+};
 
 // The same CPU-time measurement as chive-crypto's benches, so both halves of the floor compare.
 #[path = "../../crypto/benches/support/cpu_time.rs"]
@@ -33,6 +36,14 @@ const RECORD: usize = 16 * 1024;
 
 /// A connected client/server pair restricted to `suite`, handshake done.
 fn pair(suite: rustls::SupportedCipherSuite) -> (ClientConnection, ServerConnection) {
+    pair_with(suite, false)
+}
+
+/// [`pair`], optionally with secret extraction enabled (for [`record_keys`]).
+fn pair_with(
+    suite: rustls::SupportedCipherSuite,
+    extract: bool,
+) -> (ClientConnection, ServerConnection) {
     let provider = Arc::new(CryptoProvider {
         cipher_suites: vec![suite],
         ..ring::default_provider()
@@ -41,7 +52,7 @@ fn pair(suite: rustls::SupportedCipherSuite) -> (ClientConnection, ServerConnect
         .expect("rcgen certificate");
     let cert: CertificateDer<'static> = certified.cert.der().clone();
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certified.key_pair.serialize_der()));
-    let server = ServerConfig::builder_with_provider(provider.clone())
+    let mut server = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("TLS 1.3")
         .with_no_client_auth()
@@ -49,11 +60,13 @@ fn pair(suite: rustls::SupportedCipherSuite) -> (ClientConnection, ServerConnect
         .expect("server config");
     let mut roots = RootCertStore::empty();
     roots.add(cert).expect("root");
-    let client = ClientConfig::builder_with_provider(provider)
+    let mut client = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("TLS 1.3")
         .with_root_certificates(roots)
         .with_no_client_auth();
+    server.enable_secret_extraction = extract;
+    client.enable_secret_extraction = extract;
     let name = ServerName::try_from("bench.invalid").expect("name");
     let mut c = ClientConnection::new(Arc::new(client), name).expect("client");
     let mut s = ServerConnection::new(Arc::new(server)).expect("server");
@@ -81,6 +94,29 @@ fn transfer_into_server(wire: &[u8], s: &mut ServerConnection) {
         s.read_tls(&mut rd).expect("server read_tls");
         s.process_new_packets().expect("server process");
     }
+}
+
+/// The record keys of one direction of a real session of `suite` (so the key has the suite's
+/// length): the sender's and the receiver's copy, each as (key, iv).
+fn record_keys(suite: rustls::SupportedCipherSuite) -> ((AeadKey, Iv), (AeadKey, Iv)) {
+    let (client, server) = pair_with(suite, true);
+    let sent = client
+        .dangerous_extract_secrets()
+        .expect("client secrets")
+        .tx
+        .1;
+    let received = server
+        .dangerous_extract_secrets()
+        .expect("server secrets")
+        .rx
+        .1;
+    let parts = |secrets| match secrets {
+        ConnectionTrafficSecrets::Aes128Gcm { key, iv }
+        | ConnectionTrafficSecrets::Aes256Gcm { key, iv }
+        | ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => (key, iv),
+        _ => unreachable!("a suite this bench does not use"),
+    };
+    (parts(sent), parts(received))
 }
 
 fn records(c: &mut Criterion<ThreadCpuTime>) {
@@ -117,62 +153,59 @@ fn records(c: &mut Criterion<ThreadCpuTime>) {
         });
     }
 
-    // The cipher alone, without rustls's buffering: ring's AES-256-GCM through rustls's record
-    // layer (MessageEncrypter / MessageDecrypter), one 16 KiB record per iteration. The gap to
+    // The cipher alone, without rustls's buffering: ring's AES-GCM through rustls's record layer
+    // (MessageEncrypter / MessageDecrypter), one 16 KiB record per iteration. The gap to
     // `seal_16k` / `seal_open_16k` is rustls copying plaintext in and out of its buffers.
-    let rustls::SupportedCipherSuite::Tls13(suite) = ring::cipher_suite::TLS13_AES_256_GCM_SHA384
-    else {
-        unreachable!("a TLS 1.3 suite")
-    };
-    let mut enc = suite
-        .aead_alg
-        .encrypter(AeadKey::from([7u8; 32]), Iv::new([3u8; 12]));
-    let mut seq = 0u64;
-    g.bench_function(BenchmarkId::new("aead_seal_16k", "aes256gcm"), |b| {
-        b.iter(|| {
-            let msg = OutboundPlainMessage {
-                typ: ContentType::ApplicationData,
-                version: ProtocolVersion::TLSv1_2,
-                payload: OutboundChunks::Single(black_box(&plain)),
-            };
-            seq += 1;
-            // The sealed record stays in rustls's buffer (no `encode`): only the copy in that
-            // the record API itself makes is counted.
-            black_box(enc.encrypt(msg, seq).expect("seal"))
-        })
-    });
-    let mut enc = suite
-        .aead_alg
-        .encrypter(AeadKey::from([9u8; 32]), Iv::new([4u8; 12]));
-    let mut dec = suite
-        .aead_alg
-        .decrypter(AeadKey::from([9u8; 32]), Iv::new([4u8; 12]));
-    let (mut seq_seal, mut seq_open) = (0u64, 0u64);
-    g.bench_function(BenchmarkId::new("aead_open_16k", "aes256gcm"), |b| {
-        // Records are sealed in the (untimed) setup, in order, so sequence numbers match.
-        b.iter_batched(
-            || {
+    for (label, supported) in suites {
+        let rustls::SupportedCipherSuite::Tls13(suite) = supported else {
+            unreachable!("a TLS 1.3 suite")
+        };
+        let ((key, iv), _) = record_keys(supported);
+        let mut enc = suite.aead_alg.encrypter(key, iv);
+        let mut seq = 0u64;
+        g.bench_function(BenchmarkId::new("aead_seal_16k", label), |b| {
+            b.iter(|| {
                 let msg = OutboundPlainMessage {
                     typ: ContentType::ApplicationData,
                     version: ProtocolVersion::TLSv1_2,
-                    payload: OutboundChunks::Single(&plain),
+                    payload: OutboundChunks::Single(black_box(&plain)),
                 };
-                seq_seal += 1;
-                enc.encrypt(msg, seq_seal).expect("seal").encode()
-            },
-            |mut wire| {
-                seq_open += 1;
-                let msg = InboundOpaqueMessage::new(
-                    ContentType::ApplicationData,
-                    ProtocolVersion::TLSv1_2,
-                    &mut wire[5..],
-                );
-                let plain = dec.decrypt(msg, seq_open).expect("open");
-                black_box(plain.payload.len())
-            },
-            BatchSize::SmallInput,
-        )
-    });
+                seq += 1;
+                // The sealed record stays in rustls's buffer (no `encode`): only the copy in
+                // that the record API itself makes is counted.
+                black_box(enc.encrypt(msg, seq).expect("seal"))
+            })
+        });
+        let ((key, iv), (key_rx, iv_rx)) = record_keys(supported);
+        let mut enc = suite.aead_alg.encrypter(key, iv);
+        let mut dec = suite.aead_alg.decrypter(key_rx, iv_rx);
+        let (mut seq_seal, mut seq_open) = (0u64, 0u64);
+        g.bench_function(BenchmarkId::new("aead_open_16k", label), |b| {
+            // Records are sealed in the (untimed) setup, in order, so sequence numbers match.
+            b.iter_batched(
+                || {
+                    let msg = OutboundPlainMessage {
+                        typ: ContentType::ApplicationData,
+                        version: ProtocolVersion::TLSv1_2,
+                        payload: OutboundChunks::Single(&plain),
+                    };
+                    seq_seal += 1;
+                    enc.encrypt(msg, seq_seal).expect("seal").encode()
+                },
+                |mut wire| {
+                    seq_open += 1;
+                    let msg = InboundOpaqueMessage::new(
+                        ContentType::ApplicationData,
+                        ProtocolVersion::TLSv1_2,
+                        &mut wire[5..],
+                    );
+                    let plain = dec.decrypt(msg, seq_open).expect("open");
+                    black_box(plain.payload.len())
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
     g.finish();
 }
 

@@ -78,6 +78,11 @@ impl Link {
         self.stream.get_ref().0.get_ref().as_raw_fd()
     }
 
+    /// The TLS 1.3 suite this link negotiated (`TLS13_AES_128_GCM_SHA256` between chive peers).
+    pub(crate) fn tls_suite(&self) -> Option<rustls::SupportedCipherSuite> {
+        self.stream.get_ref().1.negotiated_cipher_suite()
+    }
+
     /// Split into independent reader and writer halves (usable from different tasks).
     pub fn split(self, limits: LinkLimits) -> (LinkReader, LinkWriter) {
         let (rd, wr) = tokio::io::split(self.stream);
@@ -89,7 +94,9 @@ impl Link {
             },
             LinkWriter {
                 wr,
-                out: Vec::with_capacity(64 * 1024),
+                // Relayed cells come encoded (`write_wire`); this one only holds keepalives
+                // and variable-length cells, so it starts empty.
+                out: Vec::new(),
                 bucket: limits.write_bucket,
             },
         )
@@ -208,7 +215,7 @@ impl std::fmt::Debug for LinkReader {
 /// The writing half of a [`Link`].
 pub struct LinkWriter {
     wr: WriteHalf<Stream>,
-    /// Reused encoding buffer.
+    /// Reused encoding buffer for [`LinkWriter::write_cells`] and variable-length cells.
     out: Vec<u8>,
     bucket: Option<Arc<TokenBucket>>,
 }
@@ -233,7 +240,7 @@ impl LinkWriter {
     }
 
     /// Take the tokens for `cells` cells from the write bucket (if any) without writing:
-    /// a caller that pays first and then calls [`LinkWriter::write_paid_cells`] learns when a
+    /// a caller that pays first and then calls [`LinkWriter::write_paid_wire`] learns when a
     /// batch stops waiting for the rate limit and starts waiting for the socket. While
     /// `quiet()` is false the batch leaves the bucket's reserve alone (see
     /// [`TokenBucket::consume_classed`]).
@@ -256,14 +263,18 @@ impl LinkWriter {
         }
     }
 
-    /// Like [`LinkWriter::write_cells`], for a batch already paid with
-    /// [`LinkWriter::pay_for_cells`]: the bucket is not charged again.
-    pub async fn write_paid_cells(&mut self, cells: &[Cell]) -> Result<(), LinkError> {
-        self.out.clear();
-        for cell in cells {
-            cell.encode_into(&mut self.out);
-        }
-        self.write_out(false).await
+    /// Write cells already encoded (whole cells, as [`Cell::encode_into`] writes them: the
+    /// driver's batches come encoded from the core's queues) and flush, charging the bucket
+    /// like [`LinkWriter::write_cells`]. The bytes go to TLS as they are: no copy here.
+    ///
+    /// Not cancel-safe, like [`LinkWriter::write_cells`].
+    pub async fn write_wire(&mut self, wire: &[u8]) -> Result<(), LinkError> {
+        write_all_flush(&mut self.wr, self.bucket.as_ref(), wire).await
+    }
+
+    /// [`LinkWriter::write_wire`] for a batch already paid with [`LinkWriter::pay_for_cells`].
+    pub async fn write_paid_wire(&mut self, wire: &[u8]) -> Result<(), LinkError> {
+        write_all_flush(&mut self.wr, None, wire).await
     }
 
     /// Write one variable-length cell and flush.
@@ -285,22 +296,34 @@ impl LinkWriter {
 
     /// Write `out` (charging the bucket, if any, when `pace`), flush, and trim the buffer.
     async fn write_out(&mut self, pace: bool) -> Result<(), LinkError> {
-        match self.bucket.as_ref().filter(|_| pace) {
-            None => self.wr.write_all(&self.out).await?,
-            Some(bucket) => {
-                for chunk in self.out.chunks(PACED_WRITE_CHUNK) {
-                    bucket.consume(chunk.len()).await;
-                    self.wr.write_all(chunk).await?;
-                }
-            }
-        }
-        self.wr.flush().await?;
+        let bucket = self.bucket.as_ref().filter(|_| pace);
+        write_all_flush(&mut self.wr, bucket, &self.out).await?;
         // Do not keep a huge buffer around after one exceptional batch.
-        if self.out.capacity() > 1024 * 1024 {
-            self.out = Vec::with_capacity(64 * 1024);
+        if self.out.capacity() > 64 * 1024 {
+            self.out = Vec::new();
         }
         Ok(())
     }
+}
+
+/// Write `data` to TLS (in [`PACED_WRITE_CHUNK`] slices, each charged to `bucket` first, if
+/// any) and flush.
+async fn write_all_flush(
+    wr: &mut WriteHalf<Stream>,
+    bucket: Option<&Arc<TokenBucket>>,
+    data: &[u8],
+) -> Result<(), LinkError> {
+    match bucket {
+        None => wr.write_all(data).await?,
+        Some(bucket) => {
+            for chunk in data.chunks(PACED_WRITE_CHUNK) {
+                bucket.consume(chunk.len()).await;
+                wr.write_all(chunk).await?;
+            }
+        }
+    }
+    wr.flush().await?;
+    Ok(())
 }
 
 impl std::fmt::Debug for LinkWriter {
@@ -584,11 +607,7 @@ async fn finish(
 ) -> Result<Link, LinkError> {
     let mut rbuf = CellBuf::new();
     let n = handshake::run(&mut stream, &mut rbuf, role, cfg, exporter, expected).await?;
-    tracing::debug!(
-        %peer_addr, ?role, version = n.version, features = n.features.0,
-        peer = ?n.peer_identity, "link handshake complete"
-    );
-    Ok(Link {
+    let link = Link {
         peer_identity: n.peer_identity,
         peer_addr,
         version: n.version,
@@ -596,5 +615,10 @@ async fn finish(
         stream,
         rbuf,
         bind_token,
-    })
+    };
+    tracing::debug!(
+        %peer_addr, ?role, version = n.version, features = n.features.0,
+        peer = ?n.peer_identity, suite = ?link.tls_suite(), "link handshake complete"
+    );
+    Ok(link)
 }

@@ -71,7 +71,7 @@ impl CellSource for EwmaCore {
         chan: ChannelId,
         max: usize,
         now: Instant,
-        out: &mut Vec<Cell>,
+        out: &mut Vec<u8>,
     ) -> usize {
         let Some(ch) = self.chans.get_mut(&chan) else {
             return 0;
@@ -88,11 +88,12 @@ impl CellSource for EwmaCore {
                     ch.sched.deactivate(q);
                 }
             }
-            out.push(Cell {
+            Cell {
                 circ_id: 1,
                 command: CellCommand::RELAY,
                 payload: [0; PAYLOAD_LEN],
-            });
+            }
+            .encode_into(out);
             n += 1;
         }
         n
@@ -181,7 +182,7 @@ fn run(fair: bool, seconds: u64, web: bool, relays: &[ChannelId]) -> Run {
         loop {
             p.settle(&mut core, now);
             while let Some(t) = p.poll_transmit() {
-                let n = t.cells.len();
+                let n = t.cells;
                 // Written at once: the bound that matters is the unpaid one.
                 p.written(t.conn, n, &mut core, now);
                 unpaid.push_back((t.conn, n));

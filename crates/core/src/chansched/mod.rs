@@ -47,8 +47,6 @@ mod tests;
 
 use std::time::{Duration, Instant};
 
-use chive_cell::Cell;
-
 pub use direct::Direct;
 pub use output::{SendCtx, SendStats, Transmit};
 pub use shared::SharedRate;
@@ -179,13 +177,14 @@ pub trait CellSource {
     fn is_client_channel(&self, _chan: ChannelId) -> bool {
         false
     }
-    /// Move up to `max` of `chan`'s cells into `out` ([`Core::poll_transmit`]).
+    /// Append the wire bytes of up to `max` of `chan`'s cells to `out`, 514 per cell
+    /// ([`Core::poll_transmit_wire`]); how many cells.
     fn poll_transmit(
         &mut self,
         chan: ChannelId,
         max: usize,
         now: Instant,
-        out: &mut Vec<Cell>,
+        out: &mut Vec<u8>,
     ) -> usize;
     /// A sampled cell from the last transmits ([`Core::poll_cell_sample`]).
     fn poll_cell_sample(&mut self) -> Option<CellSample>;
@@ -213,9 +212,9 @@ impl CellSource for Core {
         chan: ChannelId,
         max: usize,
         now: Instant,
-        out: &mut Vec<Cell>,
+        out: &mut Vec<u8>,
     ) -> usize {
-        Core::poll_transmit(self, chan, max, now, out)
+        Core::poll_transmit_wire(self, chan, max, now, out)
     }
 
     fn poll_cell_sample(&mut self) -> Option<CellSample> {

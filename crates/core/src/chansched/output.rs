@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use chive_cell::Cell;
+use chive_cell::CELL_LEN;
 
 use super::{BatchClass, CellSource, ConnId, SendConfig};
 use crate::idmap::LocalMap;
@@ -17,8 +17,12 @@ pub struct Transmit {
     pub chan: ChannelId,
     /// The connection to write them on.
     pub conn: ConnId,
-    /// The cells, in order.
-    pub cells: Vec<Cell>,
+    /// The cells' wire bytes, in order: `cells` fixed cells of 514 bytes, encoded by the core
+    /// straight from their queues ([`crate::Core::poll_transmit_wire`]), for the writer to hand
+    /// to TLS as they are.
+    pub bytes: Vec<u8>,
+    /// How many cells `bytes` holds.
+    pub cells: usize,
     /// How the batch may draw on the write bucket.
     pub class: BatchClass,
 }
@@ -290,19 +294,19 @@ impl<'a> SendCtx<'a> {
         }
         ch.blocked = false;
         let room = room.min(limit);
-        let mut cells = Vec::with_capacity(room.min(64));
+        let mut bytes = Vec::with_capacity(room.min(64) * CELL_LEN);
         let n = match class {
             BatchClass::Quiet { below } => {
                 let mut n = 0;
                 while n < room
                     && src.channel_priority(chan, now).is_some_and(|p| p < below)
-                    && src.poll_transmit(chan, 1, now, &mut cells) == 1
+                    && src.poll_transmit(chan, 1, now, &mut bytes) == 1
                 {
                     n += 1;
                 }
                 n
             }
-            _ => src.poll_transmit(chan, room, now, &mut cells),
+            _ => src.poll_transmit(chan, room, now, &mut bytes),
         };
         if n == 0 {
             return 0;
@@ -322,7 +326,8 @@ impl<'a> SendCtx<'a> {
         self.accounts.transmits.push_back(Transmit {
             chan,
             conn: conn_id,
-            cells,
+            bytes,
+            cells: n,
             class,
         });
         n

@@ -58,7 +58,7 @@ impl CellSource for FakeCore {
         chan: ChannelId,
         max: usize,
         now: Instant,
-        out: &mut Vec<Cell>,
+        out: &mut Vec<u8>,
     ) -> usize {
         let Some(q) = self.queues.get_mut(&chan) else {
             return 0;
@@ -71,13 +71,14 @@ impl CellSource for FakeCore {
                 circ: CircKey(self.sent.len() as u64),
                 queued: now,
                 dequeued: now,
-                batch_index: out.len(),
+                batch_index: out.len() / CELL_LEN,
             });
-            out.push(Cell {
+            Cell {
                 circ_id: 1,
                 command: CellCommand::RELAY,
                 payload: [0; PAYLOAD_LEN],
-            });
+            }
+            .encode_into(out);
             self.sent.push(chan);
             n += 1;
         }
@@ -131,7 +132,10 @@ fn path(cfg: SendConfig, chans: &[ChannelId]) -> SendPath {
 /// The batches decided so far: (channel, connection, cells, class).
 fn drain(p: &mut SendPath) -> Vec<(ChannelId, ConnId, usize, BatchClass)> {
     std::iter::from_fn(|| p.poll_transmit())
-        .map(|t| (t.chan, t.conn, t.cells.len(), t.class))
+        .map(|t| {
+            assert_eq!(t.bytes.len(), t.cells * CELL_LEN);
+            (t.chan, t.conn, t.cells, t.class)
+        })
         .collect()
 }
 

@@ -47,6 +47,37 @@ pub(super) struct QueuedCell {
 /// queue stores them (Tor charges `packed_cell_mem_cost()`, the same idea).
 pub const CELL_MEM_COST: usize = std::mem::size_of::<QueuedCell>();
 
+/// Where [`Core::poll_transmit`] puts the cells it takes: decoded cells (`Vec<Cell>`) or their
+/// wire bytes (`Vec<u8>`, [`Core::poll_transmit_wire`]). A cell is handed over by reference
+/// from its queue, so encoding it is its only copy.
+pub(super) trait CellSink {
+    /// Append `cell`.
+    fn put(&mut self, cell: &Cell);
+    /// Cells appended so far (a sampled cell's index in its batch).
+    fn cells(&self) -> usize;
+}
+
+impl CellSink for Vec<Cell> {
+    fn put(&mut self, cell: &Cell) {
+        self.push(cell.clone());
+    }
+
+    fn cells(&self) -> usize {
+        self.len()
+    }
+}
+
+impl CellSink for Vec<u8> {
+    fn put(&mut self, cell: &Cell) {
+        cell.encode_into(self);
+    }
+
+    fn cells(&self) -> usize {
+        // Only fixed cells leave through the send path.
+        self.len() / chive_cell::CELL_LEN
+    }
+}
+
 /// One direction of a circuit's cells waiting for their channel, oldest first.
 #[derive(Default)]
 pub(super) struct CellQueue {
@@ -66,10 +97,25 @@ impl CellQueue {
         });
     }
 
-    /// The next cell, and its enqueue time if it was sampled.
+    /// Hand the next cell to `out` where it lies (no move out of the queue first), drop it from
+    /// the queue; its command, and its enqueue time if it was sampled.
+    fn pop_into(
+        &mut self,
+        out: &mut impl CellSink,
+    ) -> Option<(chive_cell::CellCommand, Option<Instant>)> {
+        let q = self.cells.front()?;
+        out.put(&q.cell);
+        let taken = (q.cell.command, q.sampled.then_some(q.queued));
+        self.cells.pop_front();
+        Some(taken)
+    }
+
+    /// The next cell, moved out, and its enqueue time if it was sampled.
+    #[cfg(test)]
     fn pop(&mut self) -> Option<(Cell, Option<Instant>)> {
-        let q = self.cells.pop_front()?;
-        Some((q.cell, q.sampled.then_some(q.queued)))
+        let mut out = Vec::with_capacity(1);
+        let (_, sampled) = self.pop_into(&mut out)?;
+        Some((out.pop()?, sampled))
     }
 
     pub(super) fn len(&self) -> usize {
@@ -175,14 +221,38 @@ impl Core {
         now: Instant,
         out: &mut Vec<Cell>,
     ) -> usize {
+        self.transmit_into(chan, max, now, out)
+    }
+
+    /// [`Core::poll_transmit`], appending each cell's wire encoding ([`Cell::encode_into`], 514
+    /// bytes) to `out` instead: the cell is encoded once, from where it lies in its queue,
+    /// straight into the buffer the connection's writer hands to TLS.
+    pub fn poll_transmit_wire(
+        &mut self,
+        chan: ChannelId,
+        max: usize,
+        now: Instant,
+        out: &mut Vec<u8>,
+    ) -> usize {
+        self.transmit_into(chan, max, now, out)
+    }
+
+    fn transmit_into(
+        &mut self,
+        chan: ChannelId,
+        max: usize,
+        now: Instant,
+        out: &mut impl CellSink,
+    ) -> usize {
         let mut sent = 0;
         let mut drained_edges: Vec<CircKey> = Vec::new();
         let Some(ch) = self.channels.get_mut(&chan) else {
             return 0;
         };
         while sent < max {
-            if let Some(cell) = ch.urgent.pop_front() {
-                out.push(cell);
+            if let Some(cell) = ch.urgent.front() {
+                out.put(cell);
+                ch.urgent.pop_front();
                 sent += 1;
                 continue;
             }
@@ -193,13 +263,14 @@ impl Core {
                 continue;
             };
             let queue = circ.queue(side);
-            let Some((cell, sampled)) = queue.pop() else {
+            let batch_index = out.cells();
+            let Some((command, sampled)) = queue.pop_into(out) else {
                 ch.sched.deactivate(q);
                 continue;
             };
             let left = queue.len();
             circ.cells_sent += 1;
-            if super::switch::counted(cell.command) {
+            if super::switch::counted(command) {
                 circ.sw.sent[usize::from(side == Side::Next)] += 1;
             }
             if self.sw.tracking() {
@@ -212,7 +283,7 @@ impl Core {
                         circ: key,
                         queued,
                         dequeued: now,
-                        batch_index: out.len(),
+                        batch_index,
                     });
                 }
             }
@@ -228,7 +299,6 @@ impl Core {
                 drained_edges.push(key);
             }
             self.stats.queued_cells = self.stats.queued_cells.saturating_sub(1);
-            out.push(cell);
             sent += 1;
         }
         self.stats.cells_transmitted += sent as u64;

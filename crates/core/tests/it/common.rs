@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use chive_cell::{
     parse_relay, relay_payload, Cell, CellCommand, CircId, Create2, Created2, Destroy,
-    DestroyReason, Extend2, Extended2, LinkSpec, RelayCommand,
+    DestroyReason, Extend2, Extended2, LinkSpec, RelayCommand, CELL_LEN,
 };
 use chive_core::{ChannelId, Core, CoreConfig, Event, HopSpec, RelayKeys};
 use chive_crypto::ntor::{self, NtorClientState, NtorSecretKey, NTOR_HTYPE};
@@ -340,11 +340,26 @@ pub fn open(circ: &mut Circ, cell: &Cell) -> Msg {
     }
 }
 
-/// Every cell `core` has for `chan`, as a driver with unlimited room would take them.
+/// Every cell `core` has for `chan`, as a driver with unlimited room would take them: as the
+/// node's driver does, their wire bytes (`poll_transmit_wire`), decoded again here.
 pub fn drain(core: &mut Core, chan: ChannelId, now: Instant) -> Vec<Cell> {
-    let mut out = Vec::new();
-    while core.poll_transmit(chan, 1024, now, &mut out) > 0 {}
-    out
+    let mut wire = Vec::new();
+    let mut n = 0;
+    loop {
+        let got = core.poll_transmit_wire(chan, 1024, now, &mut wire);
+        if got == 0 {
+            break;
+        }
+        n += got;
+    }
+    assert_eq!(
+        wire.len(),
+        n * CELL_LEN,
+        "one fixed cell per transmitted cell"
+    );
+    wire.chunks(CELL_LEN)
+        .map(|c| Cell::decode(c).expect("poll_transmit_wire writes whole fixed cells"))
+        .collect()
 }
 
 /// The DESTROY cells among `cells`, as (circuit id, reason).

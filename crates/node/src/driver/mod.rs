@@ -760,20 +760,17 @@ impl Driver {
         while let Some(Transmit {
             chan,
             conn,
+            bytes,
             cells,
             class,
         }) = self.send.poll_transmit()
         {
             let Some(io) = self.chans.get_mut(&chan) else {
                 // The send path forgets a channel with the driver; never reached.
-                warn!(
-                    ?chan,
-                    cells = cells.len(),
-                    "batch for an unknown channel dropped"
-                );
+                warn!(?chan, cells, "batch for an unknown channel dropped");
                 continue;
             };
-            let n = cells.len();
+            let n = cells;
             io.split.sent(n);
             let Some(c) = io.conn_by_id_mut(conn) else {
                 warn!(
@@ -789,6 +786,7 @@ impl Driver {
                 c.h.quiet.wake.notify_one();
             }
             let msg = WriteMsg::Cells {
+                bytes,
                 cells,
                 class,
                 sent_at: Instant::now(),

@@ -152,14 +152,16 @@ impl StreamIo {
 
 /// What a connection's writer task is given.
 pub enum WriteMsg {
-    /// A batch of cells, acknowledged with [`Input::Paid`] and [`Input::Written`]. A
-    /// [`BatchClass::Quiet`] batch may spend the write bucket's reserve (`QuietReserve`), and
-    /// so may every batch queued before it on the same connection (it cannot leave before
-    /// them); a [`BatchClass::Bulk`] one may not.
+    /// A batch of cells as their wire bytes (`cells` fixed cells, encoded by the core straight
+    /// from their queues: the writer hands them to TLS as they are), acknowledged with
+    /// [`Input::Paid`] and [`Input::Written`]. A [`BatchClass::Quiet`] batch may spend the write
+    /// bucket's reserve (`QuietReserve`), and so may every batch queued before it on the same
+    /// connection (it cannot leave before them); a [`BatchClass::Bulk`] one may not.
     /// `sent_at`: when the driver handed it over (the writer measures how long it took to
     /// wake for it).
     Cells {
-        cells: Vec<Cell>,
+        bytes: Vec<u8>,
+        cells: usize,
         class: BatchClass,
         sent_at: Instant,
     },
@@ -323,6 +325,7 @@ pub(super) fn spawn_conn(
             };
             let (result, n) = match msg {
                 WriteMsg::Cells {
+                    bytes,
                     cells,
                     class,
                     sent_at,
@@ -335,7 +338,7 @@ pub(super) fn spawn_conn(
                     // would wait behind it for tokens above the reserve.
                     writer
                         .pay_for_cells(
-                            cells.len(),
+                            cells,
                             || class.may_spend_reserve(signal.queued.load(Ordering::Relaxed)),
                             Some(&signal.wake),
                         )
@@ -345,29 +348,28 @@ pub(super) fn spawn_conn(
                     }
                     let paid = Input::Paid {
                         chan: id,
-                        cells: cells.len(),
+                        cells,
                         at: Instant::now(),
                         wake_lag,
                     };
                     if tx.send(paid).await.is_err() {
                         return;
                     }
-                    let w = writer.write_paid_cells(&cells);
-                    (
-                        liveness.bounded("write progress", w).await,
-                        Some(cells.len()),
-                    )
+                    let w = writer.write_paid_wire(&bytes);
+                    (liveness.bounded("write progress", w).await, Some(cells))
                 }
-                WriteMsg::Cells { cells, class, .. } => {
+                WriteMsg::Cells {
+                    bytes,
+                    cells,
+                    class,
+                    ..
+                } => {
                     if let BatchClass::Quiet { .. } = class {
                         // Unpaced: nothing to pay, but keep the count exact.
                         signal.queued.fetch_sub(1, Ordering::Relaxed);
                     }
-                    let w = writer.write_cells(&cells);
-                    (
-                        liveness.bounded("write progress", w).await,
-                        Some(cells.len()),
-                    )
+                    let w = writer.write_wire(&bytes);
+                    (liveness.bounded("write progress", w).await, Some(cells))
                 }
                 WriteMsg::Var(cell) => {
                     let w = writer.write_var_cell(&cell);
