@@ -7,7 +7,10 @@
 #
 # Environment: FUZZ_SECONDS (default 600), FUZZ_RUNS (default: no limit), FUZZ_TARGETS
 # (default: all), FUZZ_SANITIZER (none, the default, or address: AddressSanitizer, 5-40 times
-# slower here; the crates are #![forbid(unsafe_code)]), FUZZ_NICE (19).
+# slower here; the crates are #![forbid(unsafe_code)]), FUZZ_NICE (19), FUZZ_TARGET_DIR (where
+# cargo-fuzz builds, default fuzz/target: the instrumented build of every dependency from scratch
+# took over an hour on the loaded 2-core machine in session 14, so point worktrees at one shared,
+# kept directory).
 # Logs: fuzz/logs/<t>.log. Run from the repository root (make fuzz does).
 set -euo pipefail
 
@@ -18,6 +21,8 @@ seconds=${FUZZ_SECONDS:-600}
 sanitizer=${FUZZ_SANITIZER:-none}
 niceness=${FUZZ_NICE:-19}
 runs=${FUZZ_RUNS:+-runs=$FUZZ_RUNS}
+target_dir=()
+[ -z "${FUZZ_TARGET_DIR:-}" ] || target_dir=(--target-dir "$FUZZ_TARGET_DIR")
 all_targets=$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^chive-fuzz$')
 targets=${FUZZ_TARGETS:-$all_targets}
 
@@ -32,7 +37,7 @@ fi
 
 mkdir -p fuzz/logs
 # Build all targets once up front, so the time limits below are spent fuzzing.
-nice -n "$niceness" cargo +nightly fuzz build -s "$sanitizer"
+nice -n "$niceness" cargo +nightly fuzz build -s "$sanitizer" "${target_dir[@]}"
 
 failed=()
 rows=()
@@ -41,7 +46,7 @@ for t in $targets; do
     log="fuzz/logs/$t.log"
     echo "fuzz: $t for ${seconds}s (log: $log)"
     status=0
-    nice -n "$niceness" cargo +nightly fuzz run -s "$sanitizer" "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
+    nice -n "$niceness" cargo +nightly fuzz run -s "$sanitizer" "${target_dir[@]}" "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
         -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 $runs \
         >"$log" 2>&1 || status=$?
     # The final stats line: "#N DONE cov: C ft: F corp: K/Sb ... exec/s: E rss: R".

@@ -22,6 +22,14 @@
 //! `DoSConnectionConnectRate` per second); when it runs empty the address is marked for
 //! `DoSConnectionConnectDefenseTimePeriod` (plus up to half again) and may not connect at all.
 //!
+//! **Stream creation** (Tor 0.4.9's `DoSStreamCreation*`, per circuit, not per address): every
+//! circuit ending at this exit has a bucket of `DoSStreamCreationBurst` tokens, refilled at
+//! `DoSStreamCreationRate` per second; each BEGIN or RESOLVE takes one. One arriving at an empty
+//! bucket gets the `DoSStreamCreationDefenseType` answer: 2 (default) refuses that stream with
+//! END (reason MISC, as Tor: RESOURCELIMIT would make the client avoid the exit), 3 closes the
+//! circuit (DESTROY, RESOURCELIMIT), 1 lets it through. The bucket lives in the circuit
+//! ([`StreamBucket`]), so it costs nothing per address and dies with the circuit.
+//!
 //! Memory: an address has an entry while it has client connections, is marked, or has a bucket
 //! that is not yet full again; idle entries are dropped by a sweep every
 //! [`SWEEP_INTERVAL`], so the map is bounded by the addresses active in the last
@@ -120,13 +128,69 @@ impl Default for ConnectionConfig {
     }
 }
 
-/// Both defences' settings.
+/// `DoSStreamCreationDefenseType`: what a BEGIN or RESOLVE past its circuit's bucket gets
+/// (Tor: 1 none, 2 refuse the stream, 3 close the circuit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamDefense {
+    /// Count it, let it through.
+    None,
+    /// Answer END (reason MISC) for that stream; the circuit stays.
+    RefuseStream,
+    /// Close the circuit with DESTROY (RESOURCELIMIT).
+    CloseCircuit,
+}
+
+impl StreamDefense {
+    /// From Tor's number (1 none, 2 refuse the stream, 3 close the circuit).
+    pub fn from_tor(v: i64) -> Option<StreamDefense> {
+        match v {
+            1 => Some(StreamDefense::None),
+            2 => Some(StreamDefense::RefuseStream),
+            3 => Some(StreamDefense::CloseCircuit),
+            _ => None,
+        }
+    }
+}
+
+/// The stream-creation defence's settings (Tor 0.4.9's names and defaults).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamCreationConfig {
+    /// `DoSStreamCreationEnabled` (default off; Tor's consensus turns it on).
+    pub enabled: bool,
+    /// `DoSStreamCreationRate`: BEGIN/RESOLVE tokens a circuit gets back per second
+    /// (default 100).
+    pub rate: u32,
+    /// `DoSStreamCreationBurst`: a circuit's bucket size (default 300).
+    pub burst: u32,
+    /// `DoSStreamCreationDefenseType` (default refuse the stream).
+    pub defense: StreamDefense,
+}
+
+impl Default for StreamCreationConfig {
+    fn default() -> Self {
+        StreamCreationConfig {
+            enabled: false,
+            rate: 100,
+            burst: 300,
+            defense: StreamDefense::RefuseStream,
+        }
+    }
+}
+
+/// A circuit's stream-creation bucket (kept in the circuit, made full at its first BEGIN or
+/// RESOLVE: the same as Tor's, made full when the circuit is).
+#[derive(Clone, Copy, Debug)]
+pub struct StreamBucket(Bucket);
+
+/// The defences' settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct DosConfig {
     /// `DoSCircuitCreation*`.
     pub circuit_creation: CircuitCreationConfig,
     /// `DoSConnection*`.
     pub connection: ConnectionConfig,
+    /// `DoSStreamCreation*`.
+    pub stream_creation: StreamCreationConfig,
 }
 
 impl DosConfig {
@@ -146,6 +210,9 @@ pub struct DosStats {
     pub connections_refused_concurrent: u64,
     /// Connections refused because the address was marked for its connect rate.
     pub connections_refused_rate: u64,
+    /// BEGIN/RESOLVE cells past their circuit's stream bucket that were refused (END) or
+    /// closed their circuit (`DoSStreamCreationDefenseType` 2 or 3).
+    pub streams_refused: u64,
     /// Addresses tracked now.
     pub tracked_addresses: usize,
 }
@@ -350,6 +417,35 @@ impl DosGuard {
         self.stats.circuits_refused += 1;
         debug!(%addr, "DoS: refusing CREATE2 from marked address");
         cc.defense == DefenseType::Refuse
+    }
+
+    /// A BEGIN or RESOLVE arrived on a circuit ending here (Tor's
+    /// `dos_stream_new_begin_or_resolve_cell`): take a token from the circuit's bucket (made
+    /// full on first use). `None`: let it through; otherwise the defence to apply (counted).
+    pub fn on_stream(
+        &mut self,
+        bucket: &mut Option<StreamBucket>,
+        now: Instant,
+    ) -> Option<StreamDefense> {
+        let sc = self.cfg.stream_creation;
+        if !sc.enabled {
+            return None;
+        }
+        let StreamBucket(b) = bucket.get_or_insert(StreamBucket(Bucket::full(sc.burst, now)));
+        b.refill(sc.rate, sc.burst, now);
+        if b.tokens > 0 {
+            b.take();
+            return None;
+        }
+        if sc.defense == StreamDefense::None {
+            return None;
+        }
+        self.stats.streams_refused += 1;
+        debug!(
+            "DoS: stream creation over its circuit's rate: {:?}",
+            sc.defense
+        );
+        Some(sc.defense)
     }
 
     /// Drop entries that hold nothing worth keeping: no connection, no mark in force, both

@@ -109,8 +109,41 @@ pub const DOS_CONN_CONNECT_DEFENSE_TIME_PERIOD: ParamSpec = ParamSpec {
     max: MAX,
 };
 
+/// `DoSStreamCreationEnabled`: 1 turns the exit's per-circuit stream-creation defence on
+/// (default 0; Tor 0.4.9).
+pub const DOS_STREAM_ENABLED: ParamSpec = ParamSpec {
+    name: "DoSStreamCreationEnabled",
+    default: 0,
+    min: 0,
+    max: 1,
+};
+
+/// `DoSStreamCreationRate`: BEGIN/RESOLVE tokens a circuit gets back per second.
+pub const DOS_STREAM_RATE: ParamSpec = ParamSpec {
+    name: "DoSStreamCreationRate",
+    default: 100,
+    min: 1,
+    max: MAX,
+};
+
+/// `DoSStreamCreationBurst`: the size of a circuit's stream bucket.
+pub const DOS_STREAM_BURST: ParamSpec = ParamSpec {
+    name: "DoSStreamCreationBurst",
+    default: 300,
+    min: 1,
+    max: MAX,
+};
+
+/// `DoSStreamCreationDefenseType`: 1 none, 2 refuse the stream (END), 3 close the circuit.
+pub const DOS_STREAM_DEFENSE_TYPE: ParamSpec = ParamSpec {
+    name: "DoSStreamCreationDefenseType",
+    default: 2,
+    min: 1,
+    max: 3,
+};
+
 /// Every DoS parameter.
-pub const DOS_PARAMS: [ParamSpec; 12] = [
+pub const DOS_PARAMS: [ParamSpec; 16] = [
     DOS_CC_ENABLED,
     DOS_CC_MIN_CONNECTIONS,
     DOS_CC_RATE,
@@ -123,6 +156,10 @@ pub const DOS_PARAMS: [ParamSpec; 12] = [
     DOS_CONN_CONNECT_RATE,
     DOS_CONN_CONNECT_BURST,
     DOS_CONN_CONNECT_DEFENSE_TIME_PERIOD,
+    DOS_STREAM_ENABLED,
+    DOS_STREAM_RATE,
+    DOS_STREAM_BURST,
+    DOS_STREAM_DEFENSE_TYPE,
 ];
 
 #[cfg(test)]
@@ -149,6 +186,8 @@ mod tests {
             ("DoSCircuitCreationBurst", 0),
             ("DoSConnectionConnectDefenseTimePeriod", 9),
             ("DoSConnectionEnabled", 2),
+            ("DoSStreamCreationDefenseType", 4),
+            ("DoSStreamCreationRate", 0),
         ] {
             let mut p = NetParams::new();
             p.set(name, bad).unwrap();

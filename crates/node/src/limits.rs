@@ -1,12 +1,16 @@
 //! A relay's memory cap and DoS options, with torrc's names and semantics: `MaxMemInQueues`
-//! (a size with Tor's units) and the twelve `DoSCircuitCreation*` / `DoSConnection*` options,
+//! (a size with Tor's units) and the sixteen `DoSCircuitCreation*` / `DoSConnection*` /
+//! `DoSStreamCreation*` options,
 //! which override the consensus parameters of the same names (`chive_dir::dos_params`). The
 //! rules they set live in the core (`chive_core::dos`, the OOM handler); this file only turns
 //! options into the core's settings, with the option named in every error.
 
 use std::time::Duration;
 
-use chive_core::dos::{CircuitCreationConfig, ConnectionConfig, DefenseType, DosConfig};
+use chive_core::dos::{
+    CircuitCreationConfig, ConnectionConfig, DefenseType, DosConfig, StreamCreationConfig,
+    StreamDefense,
+};
 use chive_core::{max_mem_in_queues_auto, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES};
 use chive_dir::dos_params::*;
 use chive_dir::{NetParams, ParamSpec};
@@ -149,6 +153,15 @@ impl DosOptions {
                 connect_rate: u(&DOS_CONN_CONNECT_RATE),
                 connect_burst: u(&DOS_CONN_CONNECT_BURST),
                 connect_defense_time: secs(&DOS_CONN_CONNECT_DEFENSE_TIME_PERIOD),
+            },
+            stream_creation: StreamCreationConfig {
+                enabled: self.get(&DOS_STREAM_ENABLED, params) == 1,
+                rate: u(&DOS_STREAM_RATE),
+                burst: u(&DOS_STREAM_BURST),
+                defense: StreamDefense::from_tor(self.get(&DOS_STREAM_DEFENSE_TYPE, params))
+                    .ok_or_else(|| {
+                        format!("{}: must be 1, 2 or 3", DOS_STREAM_DEFENSE_TYPE.name)
+                    })?,
             },
         })
     }

@@ -367,13 +367,15 @@ impl Metrics {
             if dos.circuits_refused > last.circuits_refused
                 || dos.addresses_marked > last.addresses_marked
                 || refused(&dos) > refused(last)
+                || dos.streams_refused > last.streams_refused
             {
                 let _ = writeln!(
                     f,
-                    "{{\"type\":\"dos\",\"t\":{t:.6},\"circuits_refused\":{},\"addresses_marked\":{},\"connections_refused\":{},\"tracked_addresses\":{}}}",
+                    "{{\"type\":\"dos\",\"t\":{t:.6},\"circuits_refused\":{},\"addresses_marked\":{},\"connections_refused\":{},\"streams_refused\":{},\"tracked_addresses\":{}}}",
                     dos.circuits_refused - last.circuits_refused,
                     dos.addresses_marked - last.addresses_marked,
                     refused(&dos) - refused(last),
+                    dos.streams_refused - last.streams_refused,
                     dos.tracked_addresses,
                 );
             }
@@ -529,6 +531,12 @@ pub fn render(snap: &Snapshot) -> String {
         "counter",
         "CREATE2 cells refused with DESTROY (RESOURCELIMIT) by DoSCircuitCreation.",
         snap.dos.circuits_refused.to_string(),
+    );
+    metric(
+        "chive_dos_streams_refused_total",
+        "counter",
+        "BEGIN/RESOLVE cells refused (END) or whose circuit was closed by DoSStreamCreation.",
+        snap.dos.streams_refused.to_string(),
     );
     metric(
         "chive_dos_addresses_marked_total",
@@ -733,6 +741,7 @@ mod tests {
             dos: DosStats {
                 circuits_refused: 11,
                 connections_refused_rate: 2,
+                streams_refused: 5,
                 ..DosStats::default()
             },
             ..Default::default()
@@ -740,6 +749,7 @@ mod tests {
         let text = render(&snap);
         assert!(text.contains("chive_oom_circuits_killed_total 7"));
         assert!(text.contains("chive_dos_circuits_refused_total 11"));
+        assert!(text.contains("chive_dos_streams_refused_total 5"));
         assert!(text.contains("chive_dos_connections_refused_total{reason=\"rate\"} 2"));
     }
 }

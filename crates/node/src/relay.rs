@@ -152,6 +152,10 @@ Config file options (TOML):
   DoSConnectionConnectRate = 20          the consensus; relays listed in the consensus
   DoSConnectionConnectBurst = 40         are exempt
   DoSConnectionConnectDefenseTimePeriod = 86400
+  DoSStreamCreationEnabled = 1           Exits: a per-circuit BEGIN/RESOLVE token bucket
+  DoSStreamCreationRate = 100            (Tor 0.4.9); past it, DefenseType 2 answers END
+  DoSStreamCreationBurst = 300           (MISC), 3 closes the circuit, 1 only counts
+  DoSStreamCreationDefenseType = 2
   CircuitSwitching = \"off\"        circuit switching (paper 003): \"off\", \"connection\" (an entry
                                    moves its heaviest circuit off a congested connection onto a
                                    second connection to the same relay) or \"path\" (an entry
@@ -273,6 +277,14 @@ pub struct RelayConfig {
     pub dos_conn_connect_burst: Option<i64>,
     #[serde(rename = "DoSConnectionConnectDefenseTimePeriod", default)]
     pub dos_conn_connect_defense_time_period: Option<i64>,
+    #[serde(rename = "DoSStreamCreationEnabled", default)]
+    pub dos_stream_enabled: Option<i64>,
+    #[serde(rename = "DoSStreamCreationRate", default)]
+    pub dos_stream_rate: Option<i64>,
+    #[serde(rename = "DoSStreamCreationBurst", default)]
+    pub dos_stream_burst: Option<i64>,
+    #[serde(rename = "DoSStreamCreationDefenseType", default)]
+    pub dos_stream_defense_type: Option<i64>,
     #[serde(rename = "CircuitSwitching", default)]
     pub circuit_switching: Option<String>,
     #[serde(rename = "SwitchGamma", default)]
@@ -395,6 +407,10 @@ impl RelayConfig {
                 "DoSConnectionConnectDefenseTimePeriod",
                 self.dos_conn_connect_defense_time_period,
             ),
+            ("DoSStreamCreationEnabled", self.dos_stream_enabled),
+            ("DoSStreamCreationRate", self.dos_stream_rate),
+            ("DoSStreamCreationBurst", self.dos_stream_burst),
+            ("DoSStreamCreationDefenseType", self.dos_stream_defense_type),
         ])
         .map_err(anyhow::Error::msg)
     }

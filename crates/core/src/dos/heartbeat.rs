@@ -19,6 +19,8 @@ pub struct Totals {
     pub connections_refused_concurrent: u64,
     /// Connections refused: the address connected too fast.
     pub connections_refused_rate: u64,
+    /// BEGIN/RESOLVE refused by the stream-creation defence.
+    pub streams_refused: u64,
     /// Circuits the OOM handler killed.
     pub oom_circuits_killed: u64,
     /// Channels the OOM handler closed.
@@ -35,6 +37,7 @@ impl Totals {
             addresses_marked: dos.addresses_marked,
             connections_refused_concurrent: dos.connections_refused_concurrent,
             connections_refused_rate: dos.connections_refused_rate,
+            streams_refused: dos.streams_refused,
             oom_circuits_killed: core.oom_circuits_killed,
             oom_channels_closed: core.oom_channels_closed,
             oom_bytes_freed: core.oom_bytes_freed,
@@ -56,6 +59,7 @@ impl Totals {
             connections_refused_rate: self
                 .connections_refused_rate
                 .saturating_sub(earlier.connections_refused_rate),
+            streams_refused: self.streams_refused.saturating_sub(earlier.streams_refused),
             oom_circuits_killed: self
                 .oom_circuits_killed
                 .saturating_sub(earlier.oom_circuits_killed),
@@ -72,12 +76,14 @@ impl fmt::Display for Totals {
         write!(
             f,
             "{} CREATE2 refused, {} addresses marked, {} connections refused ({} too many open, \
-             {} too fast), {} circuits killed by the OOM handler ({} channels closed, {} bytes freed)",
+             {} too fast), {} streams refused, {} circuits killed by the OOM handler ({} channels \
+             closed, {} bytes freed)",
             self.circuits_refused,
             self.addresses_marked,
             self.connections_refused_concurrent + self.connections_refused_rate,
             self.connections_refused_concurrent,
             self.connections_refused_rate,
+            self.streams_refused,
             self.oom_circuits_killed,
             self.oom_channels_closed,
             self.oom_bytes_freed
@@ -207,6 +213,7 @@ mod tests {
                     addresses_marked: 2,
                     connections_refused_concurrent: 3,
                     connections_refused_rate: 4,
+                    streams_refused: 9,
                     oom_circuits_killed: 5,
                     oom_channels_closed: 6,
                     oom_bytes_freed: 7,
@@ -219,6 +226,7 @@ mod tests {
             "1 CREATE2 refused",
             "2 addresses marked",
             "7 connections refused (3 too many open, 4 too fast)",
+            "9 streams refused",
             "5 circuits killed by the OOM handler (6 channels closed, 7 bytes freed)",
             "8 addresses tracked",
         ] {

@@ -240,9 +240,10 @@ impl Core {
             return;
         };
         if let Some((chan, id)) = circ.next.take() {
-            let dropped = circ.q_next.len();
+            let (dropped, cap) = (circ.q_next.len(), circ.q_next.capacity());
             circ.q_next.clear();
             self.stats.queued_cells = self.stats.queued_cells.saturating_sub(dropped);
+            self.stats.queue_buffer_cells -= cap;
             if let Some(ch) = self.channels.get_mut(&chan) {
                 ch.circ_ids.remove(&id);
                 ch.sched.deactivate(queue_id(key, Side::Next));

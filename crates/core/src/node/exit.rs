@@ -4,9 +4,12 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use chive_cell::{Begin, Connected, EndReason, RelayCommand, Resolve, Resolved, ResolvedAnswer};
+use chive_cell::{
+    Begin, Connected, DestroyReason, EndReason, RelayCommand, Resolve, Resolved, ResolvedAnswer,
+};
 use tracing::debug;
 
+use crate::dos::StreamDefense;
 use crate::{CircKey, StreamHandle};
 
 use super::circuit::Role;
@@ -73,9 +76,47 @@ impl Core {
         }
     }
 
+    /// The stream-creation defence (`DoSStreamCreation*`, `crate::dos`) for a BEGIN or
+    /// RESOLVE on `key` at this exit: `true` if it was refused (END sent, or the circuit
+    /// closed) and must go no further. Every such cell takes a token, a malformed one too.
+    fn stream_creation_refused(&mut self, key: CircKey, sid: u16, now: Instant) -> bool {
+        let last_hop = self.circuits.get(&key).is_some_and(|c| c.next.is_none());
+        if !self.cfg.dos.stream_creation.enabled || !self.cfg.exit || !last_hop {
+            return false;
+        }
+        let Some(edge) = self.exit_edge(key) else {
+            return false;
+        };
+        let mut bucket = edge.stream_bucket.take();
+        let verdict = self.dos.on_stream(&mut bucket, now);
+        if let Some(edge) = self.exit_edge(key) {
+            edge.stream_bucket = bucket;
+        }
+        match verdict {
+            None | Some(StreamDefense::None) => false,
+            Some(StreamDefense::RefuseStream) => {
+                // MISC, as Tor: RESOURCELIMIT would make the client give up on this exit.
+                self.send_end(key, sid, EndReason::MISC, now);
+                true
+            }
+            Some(StreamDefense::CloseCircuit) => {
+                self.kill_with(
+                    key,
+                    DestroyReason::RESOURCELIMIT,
+                    "DoS: streams opened faster than DoSStreamCreationRate",
+                    now,
+                );
+                true
+            }
+        }
+    }
+
     pub(super) fn on_begin(&mut self, key: CircKey, sid: u16, data: &[u8], now: Instant) {
         if sid == 0 {
             return self.kill(key, "BEGIN with stream id 0", now);
+        }
+        if self.stream_creation_refused(key, sid, now) {
+            return;
         }
         let begin = match Begin::decode(data) {
             Ok(b) => b,
@@ -100,6 +141,9 @@ impl Core {
     }
 
     pub(super) fn on_resolve(&mut self, key: CircKey, sid: u16, data: &[u8], now: Instant) {
+        if sid != 0 && self.stream_creation_refused(key, sid, now) {
+            return;
+        }
         let host = match Resolve::decode(data) {
             Ok(r) => r.host,
             Err(_) => return self.send_end(key, sid, EndReason::TORPROTOCOL, now),

@@ -21,6 +21,9 @@ pub struct CoreStats {
     pub streams: usize,
     /// Cells waiting in all circuit queues.
     pub queued_cells: usize,
+    /// Cells the circuit queues' buffers have room for (their allocated capacity, at least
+    /// `queued_cells`): what `MaxMemInQueues` counts for them.
+    pub queue_buffer_cells: usize,
     /// Cells handed to the driver for sending since start.
     pub cells_transmitted: u64,
     /// Cells received since start.

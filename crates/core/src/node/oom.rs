@@ -1,10 +1,14 @@
 //! `MaxMemInQueues` and the out-of-memory handler, as in C tor (`cell_queues_check_size` in
 //! relay.c, `circuits_handle_oom` in circuitlist.c).
 //!
-//! What counts: every cell in every circuit queue (at [`CELL_MEM_COST`] bytes each) plus the
-//! bytes the driver reports it holds for each channel ([`Core::channel_buffered`]: output
-//! buffers, split-direction hold-back buffers). When the total reaches
-//! [`CoreConfig::max_mem_in_queues`], the handler frees memory until the total is at most
+//! What counts: the room every circuit queue's buffer has (its allocated capacity, at
+//! [`CELL_MEM_COST`] bytes per cell: a `VecDeque` that grew to 4096 cells during a burst holds
+//! that much memory until it is released, however few cells are left in it) plus the bytes the
+//! driver reports it holds for each channel ([`Core::channel_buffered`]: output buffers,
+//! split-direction hold-back buffers). When the total reaches
+//! [`CoreConfig::max_mem_in_queues`], the handler first gives back the buffer room no cell
+//! uses (empty queues' buffers, buffers more than twice their queue's length: this kills
+//! nothing), then, if that was not enough, frees memory until the total is at most
 //! [`OOM_RETAIN_PERCENT`] % of the limit, taking victims in the order of their oldest queued
 //! byte: the circuit whose oldest queued cell is oldest dies first (DESTROY with RESOURCELIMIT
 //! on both sides), and a channel whose reported buffer is older than the next circuit is
@@ -21,7 +25,7 @@ use std::cmp::Reverse;
 use std::time::Instant;
 
 use chive_cell::DestroyReason;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::{ChannelId, CircKey};
 
@@ -72,10 +76,11 @@ enum Victim {
 }
 
 impl Core {
-    /// Bytes counted against `MaxMemInQueues` now: queued cells and driver-held buffers.
+    /// Bytes counted against `MaxMemInQueues` now: the circuit queues' buffers (their
+    /// capacity, not only the cells in them) and driver-held buffers.
     pub(super) fn mem_in_queues(&self) -> usize {
         self.stats
-            .queued_cells
+            .queue_buffer_cells
             .saturating_mul(CELL_MEM_COST)
             .saturating_add(self.driver_bytes)
     }
@@ -129,6 +134,8 @@ impl Core {
         if before <= target {
             return;
         }
+        // Room no cell uses first: freeing it costs no circuit.
+        let compacted = self.compact_queues();
         // Sorting every circuit is O(n log n), as in Tor: this runs rarely, and each run frees
         // at least a tenth of the limit.
         let mut victims: Vec<(Instant, bool, Reverse<usize>, Victim)> = self
@@ -139,7 +146,7 @@ impl Core {
                     (Some(a), Some(b)) => a.min(b),
                     (a, b) => a.or(b)?,
                 };
-                let bytes = (c.q_prev.len() + c.q_next.len()) * CELL_MEM_COST;
+                let bytes = (c.q_prev.capacity() + c.q_next.capacity()) * CELL_MEM_COST;
                 Some((oldest, true, Reverse(bytes), Victim::Circuit(key)))
             })
             .chain(self.channels.iter().filter_map(|(&chan, ch)| {
@@ -179,6 +186,17 @@ impl Core {
         }
         let after = self.mem_in_queues().min(before);
         let killed = (circuits_before - self.circuits.len()) as u64;
+        if killed == 0 && closed_channels == 0 {
+            // Compacting was enough: nothing was killed, nothing to warn about.
+            self.stats.oom_bytes_freed += (before - after) as u64;
+            debug!(
+                in_use = before,
+                limit = self.cfg.max_mem_in_queues,
+                freed = compacted,
+                "MaxMemInQueues reached: gave back unused queue buffer room, killed nothing"
+            );
+            return;
+        }
         self.stats.oom_circuits_killed += killed;
         self.stats.oom_channels_closed += closed_channels;
         self.stats.oom_bytes_freed += (before - after) as u64;
@@ -186,6 +204,7 @@ impl Core {
             in_use = before,
             limit = self.cfg.max_mem_in_queues,
             freed = before - after,
+            compacted,
             circuits_killed = killed,
             channels_closed = closed_channels,
             circuits_left = self.circuits.len(),

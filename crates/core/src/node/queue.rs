@@ -7,6 +7,11 @@
 //! A queue's buffer is released once it has been empty for [`QUEUE_RELEASE_AFTER`] (at once
 //! if it never grew past the smallest allocation): an idle circuit holds no cell buffers, and
 //! a busy one keeps its grown buffer between batches (no regrowth copies per batch).
+//!
+//! `MaxMemInQueues` counts what the buffers hold, not only the cells in them: every change of
+//! a queue's capacity (growth on push, release, clear, teardown) updates
+//! `CoreStats::queue_buffer_cells`, and the OOM handler first gives back idle and oversized
+//! buffers ([`Core::compact_queues`]) before it kills anything.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -122,10 +127,30 @@ impl CellQueue {
         self.cells.len()
     }
 
+    /// Cells the queue's buffer has room for (what it costs against `MaxMemInQueues`).
+    pub(super) fn capacity(&self) -> usize {
+        self.cells.capacity()
+    }
+
+    /// Give back buffer room the queue does not use: an empty queue frees its buffer, a
+    /// non-empty one whose buffer is more than twice its length shrinks to fit. Returns the
+    /// cells of capacity given back. Costs a copy of the queued cells; the OOM handler calls
+    /// it, not the send path.
+    pub(super) fn compact(&mut self) -> usize {
+        let before = self.cells.capacity();
+        if self.cells.is_empty() {
+            self.cells = VecDeque::new();
+        } else if before > 2 * self.cells.len() {
+            self.cells.shrink_to_fit();
+        }
+        before - self.cells.capacity()
+    }
+
     /// Called when a pop left the queue empty at `now`: release a small buffer now; for a
     /// grown one, note the time and return whether the queue must be listed for the sweep.
     fn emptied_at(&mut self, now: Instant) -> bool {
         if self.cells.capacity() <= QUEUE_KEEP_CELLS {
+            // The caller reads the capacity before and after: the release is counted.
             self.cells = VecDeque::new();
             return false;
         }
@@ -290,10 +315,13 @@ impl Core {
             ch.sched.cell_sent(q, now);
             if left == 0 {
                 ch.sched.deactivate(q);
-                if circ.queue(side).emptied_at(now) {
+                let queue = circ.queue(side);
+                let cap = queue.capacity();
+                if queue.emptied_at(now) {
                     self.emptied_queues
                         .push_back((now + QUEUE_RELEASE_AFTER, q));
                 }
+                self.stats.queue_buffer_cells -= cap - circ.queue(side).capacity();
             }
             if left == QUEUE_LOWWATER && circ.edge_out_side() == side && circ.edge_mut().is_some() {
                 drained_edges.push(key);
@@ -324,9 +352,11 @@ impl Core {
             }
         };
         let queue = circ.queue(side);
+        let cap = queue.capacity();
         queue.push(cell, now, sampled);
         let len = queue.len();
         self.stats.queued_cells += 1;
+        self.stats.queue_buffer_cells += queue.capacity() - cap;
         if len > self.cfg.max_circuit_queue {
             return self.kill(
                 key,
@@ -360,9 +390,12 @@ impl Core {
             self.emptied_queues.pop_front();
             let (key, side) = queue_of(q);
             if let Some(circ) = self.circuits.get_mut(&key) {
-                if let Some(next) = circ.queue(side).sweep(now) {
+                let queue = circ.queue(side);
+                let cap = queue.capacity();
+                if let Some(next) = queue.sweep(now) {
                     again.push((next, q));
                 }
+                self.stats.queue_buffer_cells -= cap - queue.capacity();
             }
         }
         // The list stays in due order: entries are appended at now + QUEUE_RELEASE_AFTER,
@@ -371,6 +404,21 @@ impl Core {
             let pos = self.emptied_queues.partition_point(|(d, _)| *d <= e.0);
             self.emptied_queues.insert(pos, e);
         }
+    }
+
+    /// Give back the buffer room no queued cell uses: free the buffers of empty queues (those
+    /// waiting for the sweep) and shrink queues whose buffer is more than twice their length.
+    /// Returns the bytes given back. The OOM handler calls this before it kills circuits: a
+    /// burst that drained leaves grown buffers nobody needs, and freeing them costs no circuit.
+    pub(super) fn compact_queues(&mut self) -> usize {
+        let mut freed = 0;
+        for circ in self.circuits.values_mut() {
+            for side in [Side::Prev, Side::Next] {
+                freed += circ.queue(side).compact();
+            }
+        }
+        self.stats.queue_buffer_cells -= freed;
+        freed * CELL_MEM_COST
     }
 
     pub(super) fn mark_ready(&mut self, chan: ChannelId) {

@@ -60,6 +60,9 @@ pub(super) struct Edge {
     pub(super) window: CircuitWindow,
     pub(super) streams: HashMap<u16, Stream>,
     pub(super) next_stream_id: u16,
+    /// At an exit: the circuit's `DoSStreamCreation*` bucket (`crate::dos`), made at the
+    /// first BEGIN or RESOLVE while the defence is on.
+    pub(super) stream_bucket: Option<crate::dos::StreamBucket>,
 }
 
 impl Edge {
@@ -68,6 +71,7 @@ impl Edge {
             window,
             streams: HashMap::new(),
             next_stream_id: 1,
+            stream_bucket: None,
         }
     }
 

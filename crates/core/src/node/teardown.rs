@@ -92,6 +92,7 @@ impl Core {
             .stats
             .queued_cells
             .saturating_sub(circ.q_prev.len() + circ.q_next.len());
+        self.stats.queue_buffer_cells -= circ.q_prev.capacity() + circ.q_next.capacity();
         for (side, end) in [(Side::Prev, circ.prev), (Side::Next, circ.next)] {
             let Some((chan, id)) = end else { continue };
             if let Some(ch) = self.channels.get_mut(&chan) {

@@ -387,8 +387,17 @@ impl SplitChannel {
         }
     }
 
+    /// Bytes the reorder buffer's room takes (its capacity; 0 unless we read a split
+    /// channel): what the driver reports against `MaxMemInQueues` for it.
+    pub fn held_bytes(&self) -> usize {
+        match &self.side {
+            Side::Reader { reorder, .. } => reorder.held_bytes(),
+            _ => 0,
+        }
+    }
+
     /// Cells held back to restore the peer's order (a reading channel's reorder buffer; 0
-    /// otherwise), for the memory the driver reports against `MaxMemInQueues`.
+    /// otherwise).
     pub fn held(&self) -> usize {
         match &self.side {
             Side::Reader { reorder, .. } => {

@@ -38,6 +38,9 @@ pub const MAX_REORDER_ITEMS: usize = 16_384;
 /// A connection whose cells are being held back stops being read once this many wait.
 pub const HOLD_CELLS: usize = 1024;
 
+/// A reorder queue that drained keeps a buffer of up to this many items; a larger one is freed.
+const RELEASE_ABOVE: usize = 64;
+
 /// The `SplitDirection` option.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum SplitMode {
@@ -355,7 +358,9 @@ impl Reorder {
             Some(p) if conn == Conn::Secondary => p.items.push_back(item),
             _ => self.queues[conn.idx()].push_back(item),
         }
-        self.drain(out)
+        let r = self.drain(out);
+        self.release_drained();
+        r
     }
 
     /// `conn` closed or failed: nothing more comes on it.
@@ -376,7 +381,33 @@ impl Reorder {
         {
             self.unbound_stretch = true;
         }
-        self.drain(out)
+        let r = self.drain(out);
+        self.release_drained();
+        r
+    }
+
+    /// Bytes the held-back items' buffers take: their capacity, not only the items in them
+    /// (a buffer that grew to hold a burst keeps its room until it is released), for the
+    /// memory the driver reports against `MaxMemInQueues`.
+    pub fn held_bytes(&self) -> usize {
+        let room = self.queues.iter().map(VecDeque::capacity).sum::<usize>()
+            + self
+                .pending
+                .iter()
+                .map(|p| p.items.capacity())
+                .sum::<usize>();
+        room * std::mem::size_of::<Item>()
+    }
+
+    /// Free the buffer of a connection's queue that drained after holding more than
+    /// [`RELEASE_ABOVE`] items: holding back is rare (around a hand-off), so the room is not
+    /// kept for the next time.
+    fn release_drained(&mut self) {
+        for q in &mut self.queues {
+            if q.is_empty() && q.capacity() > RELEASE_ABOVE {
+                *q = VecDeque::new();
+            }
+        }
     }
 
     fn switch(&mut self) {
@@ -699,6 +730,31 @@ mod tests {
             }
         }
         (p, q, n)
+    }
+
+    /// The reorder buffer counts for its room while it holds cells, and a buffer that grew for
+    /// a burst is freed once it drains.
+    #[test]
+    fn held_room_is_counted_and_a_drained_burst_buffer_is_freed() {
+        let (p, q, n) = script(&[Step::Cells(2), Step::Switch, Step::Cells(200)]);
+        let mut r = Reorder::new(MAX_REORDER_ITEMS);
+        let mut out = Vec::new();
+        // The secondary's 200 cells arrive before the primary's marker: all held back.
+        for item in q {
+            r.push(Conn::Secondary, item, &mut out).unwrap();
+        }
+        assert_eq!(r.queued(Conn::Secondary), 200);
+        let room = r.held_bytes();
+        assert!(room >= 200 * std::mem::size_of::<Item>(), "{room}");
+        for item in p {
+            r.push(Conn::Primary, item, &mut out).unwrap();
+        }
+        assert_eq!(ids(&out), (1..=n).collect::<Vec<_>>());
+        assert!(
+            r.held_bytes() <= 2 * RELEASE_ABOVE * std::mem::size_of::<Item>(),
+            "the 200-item buffer was freed, small ones may stay: {}",
+            r.held_bytes()
+        );
     }
 
     /// Every interleaving of two sequences (as choice bitmasks) delivers 1..=n in order.

@@ -13,6 +13,7 @@ mod sim;
 
 mod circuit_window;
 mod dos;
+mod dos_streams;
 mod heap;
 mod network;
 mod onion;

@@ -91,7 +91,8 @@ impl Driver {
 
     /// Tell the core how many bytes the driver holds for `chan` and since when (counted
     /// against `MaxMemInQueues`): the batches handed to its writers and not yet written (at
-    /// most `OutbufCells`) and the cells held back to reorder a split channel. What the kernel
+    /// most `OutbufCells`) and the buffer room of the cells held back to reorder a split
+    /// channel (its capacity: it may have grown for a burst). What the kernel
     /// still holds unsent is not counted: `LinkUnsentLimit` bounds it (64 KiB by default), and
     /// reading it (SIOCOUTQ) would need an ioctl this crate's `forbid(unsafe_code)` rules out.
     pub(super) fn report_buffered(&mut self, chan: ChannelId, now: Instant) {
@@ -106,7 +107,7 @@ impl Driver {
             io.held_since = Some(now);
         }
         let conns = std::iter::once(&io.primary).chain(io.secondary.as_ref());
-        let mut cells = held;
+        let mut cells = 0;
         let mut oldest = io.held_since;
         for c in conns {
             cells += c.batches.iter().map(|(_, n)| n).sum::<usize>();
@@ -114,7 +115,11 @@ impl Driver {
                 oldest = Some(oldest.map_or(t, |o| o.min(t)));
             }
         }
-        let bytes = cells * CELL_LEN;
+        // The reorder buffer counts for its room (capacity), not only the cells held. A drained
+        // one keeps at most a small buffer (the rest is freed), not counted: it would make an
+        // idle channel look like one holding old data.
+        let room = if held > 0 { io.split.held_bytes() } else { 0 };
+        let bytes = cells * CELL_LEN + room;
         if bytes != io.reported {
             io.reported = bytes;
             self.core.channel_buffered(chan, bytes, oldest, now);
