@@ -32,14 +32,15 @@ impl CellSource for Bulk {
         _chan: ChannelId,
         max: usize,
         _now: Instant,
-        out: &mut Vec<Cell>,
+        out: &mut Vec<u8>,
     ) -> usize {
         for _ in 0..max {
-            out.push(Cell {
+            Cell {
                 circ_id: 1,
                 command: CellCommand::RELAY,
                 payload: [0; PAYLOAD_LEN],
-            });
+            }
+            .encode_into(out);
         }
         max
     }
@@ -105,7 +106,7 @@ fn goodput_share(kind: ChannelSchedulerKind, late: Lateness, outbuf_max: Duratio
                 .iter()
                 .position(|c| *c == t.conn)
                 .expect("known connection");
-            writers[i].push_back(t.cells.len());
+            writers[i].push_back(t.cells);
         }
     };
     for c in CHANS {
