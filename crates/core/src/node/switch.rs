@@ -154,6 +154,8 @@ impl SwitchState {
                     last_old,
                     outcome: SwitchOutcome::Switched,
                     mode: SwitchMode::Connection,
+                    confirm_wait: None,
+                    confirm_timeout: None,
                 });
             }
         }
@@ -243,6 +245,8 @@ impl Core {
                     last_old: None,
                     outcome: SwitchOutcome::Failed,
                     mode: SwitchMode::Connection,
+                    confirm_wait: None,
+                    confirm_timeout: None,
                 });
             }
         }
@@ -751,6 +755,8 @@ impl Core {
             last_old: None,
             outcome,
             mode: SwitchMode::Connection,
+            confirm_wait: None,
+            confirm_timeout: None,
         });
     }
 

@@ -41,6 +41,8 @@ pub struct SwitchOptions {
     pub buffer_bytes: Option<u32>,
     /// `SwitchTimeoutMsec`.
     pub timeout_ms: Option<u32>,
+    /// `SwitchTimeoutRttFactor` (path variant, client).
+    pub timeout_rtt_factor: Option<u32>,
     /// `SwitchMinShare` (0..1).
     pub min_share: Option<f64>,
 }
@@ -110,6 +112,7 @@ impl Driver {
         let settings = SwitchSettings {
             mode,
             timeout: Duration::from_millis(u64::from(o.timeout_ms.unwrap_or(p.timeout_ms))),
+            timeout_rtt_factor: o.timeout_rtt_factor.unwrap_or(p.timeout_rtt_factor),
             min_share_milli: o.min_share.map_or(p.min_share_milli, |f| {
                 (f.clamp(0.0, 1.0) * 1000.0).round() as u32
             }),
@@ -119,6 +122,7 @@ impl Driver {
             info!(
                 mode = mode.label(),
                 timeout_ms = settings.timeout.as_millis() as u64,
+                timeout_rtt_factor = settings.timeout_rtt_factor,
                 min_share = settings.min_share(),
                 "circuit switching settings"
             );
