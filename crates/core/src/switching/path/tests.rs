@@ -525,7 +525,7 @@ fn set_rtt_takes_the_slowest_leg_and_its_latest_sample() {
     r.leg_closed(B);
     assert_eq!(
         r.estimate(),
-        Some(Duration::from_millis(400)),
+        Some(Duration::from_micros(396_875)), // (425 × 7 + 200) / 8 ms
         "A's smoothed value"
     );
     r.leg_closed(A);
