@@ -15,7 +15,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use chive_core::switching::{CongestionDetector, DetectorConfig, Occupancy};
+use chive_core::switching::{CongestionDetector, DetectorConfig, Level, Occupancy};
 use chive_core::{ChannelId, SwitchMode, SwitchSettings};
 use chive_crypto::IdentityKey;
 use chive_dir::SwitchingMode;
@@ -175,6 +175,10 @@ impl Driver {
             let Some(sample) = det.sample(now, occupancy) else {
                 continue;
             };
+            if sample.level != Level::Underfull {
+                // Congestion building: the switch connection is opened ahead (once per peer).
+                self.core.congestion_building(chan, now);
+            }
             if let Some(trigger) = sample.trigger {
                 debug!(?chan, estimate = trigger.estimate_bytes, reason = ?trigger.reason, "connection congested");
                 self.core.congested(chan, trigger.estimate_bytes, now);
