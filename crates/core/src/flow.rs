@@ -10,7 +10,7 @@
 //! cells. The window's start value plays no part in which cell is acknowledged.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::cc::{CongestionControl, FixedWindow, SendmeAck, CC_CWND_LIMIT};
 
@@ -125,8 +125,13 @@ impl CircuitWindow {
         self.cc.on_data_sent(self.inflight, now);
     }
 
-    /// A circuit SENDME arrived at `now` (with its v1 digest, if any).
-    pub fn on_sendme(&mut self, digest: Option<[u8; 20]>, now: Instant) -> Result<(), FlowError> {
+    /// A circuit SENDME arrived at `now` (with its v1 digest, if any). Returns the round trip
+    /// it measured (from sending the acknowledged cell to now).
+    pub fn on_sendme(
+        &mut self,
+        digest: Option<[u8; 20]>,
+        now: Instant,
+    ) -> Result<Duration, FlowError> {
         let &(expected, sent_at) = self
             .pending
             .front()
@@ -147,7 +152,7 @@ impl CircuitWindow {
         self.inflight = self.inflight.saturating_sub(CIRCUIT_SENDME_INCREMENT);
         self.blocked_since_sendme = false;
         self.cc.on_sendme(&ack);
-        Ok(())
+        Ok(ack.rtt)
     }
 
     /// A DATA cell with running digest `digest` was received and delivered.

@@ -51,6 +51,7 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
     SWITCH_SAMPLE_INTERVAL_MSEC,
     SWITCH_BUFFER_BYTES,
     SWITCH_TIMEOUT_MSEC,
+    SWITCH_TIMEOUT_RTT_FACTOR,
     SWITCH_MIN_SHARE_MILLI,
     // The DoS defences (crate::dos_params).
     dos::DOS_CC_ENABLED,
@@ -180,6 +181,16 @@ pub const SWITCH_TIMEOUT_MSEC: ParamSpec = ParamSpec {
     max: 120_000,
 };
 
+/// Path switching: a switch waits for its confirmation `max(SwitchTimeoutMsec, factor × the
+/// round trip measured on the client's linked circuits)`; 0 keeps the fixed timeout (default 4;
+/// why: `chive_core::switching::confirm_timeout`).
+pub const SWITCH_TIMEOUT_RTT_FACTOR: ParamSpec = ParamSpec {
+    name: "SwitchTimeoutRttFactor",
+    default: 4,
+    min: 0,
+    max: 20,
+};
+
 /// The share of a congested connection's load, in thousandths, a circuit must be able to account
 /// for before an entry moves it (connection mode) or warns its client (path mode): its EWMA cell
 /// count plus queued cells against the detector's occupancy estimate in cells plus every queued
@@ -253,8 +264,10 @@ pub struct SwitchingParams {
     pub sample_interval_ms: u32,
     /// The buffer α and β refer to, in bytes.
     pub buffer_bytes: u32,
-    /// Acknowledgement timeout in milliseconds.
+    /// Acknowledgement timeout in milliseconds (path variant: the floor).
     pub timeout_ms: u32,
+    /// Path variant: the confirmation timeout is at least this many measured round trips.
+    pub timeout_rtt_factor: u32,
     /// The least share of a congested connection's load a moved circuit carries, thousandths.
     pub min_share_milli: u32,
 }
@@ -352,7 +365,7 @@ impl NetParams {
     }
 
     /// The circuit-switching parameters (defaults: off, γ 0.7, α 0.1, β 0.5, 100 ms, 32 KB,
-    /// 2 s, share 0.25). α above β is read as β, so the "no action" band is never inverted.
+    /// 2 s, 4 round trips, share 0.25). α above β is read as β, so the "no action" band is never inverted.
     pub fn switching(&self) -> SwitchingParams {
         // Every spec's range lies within 0..=i32::MAX, so the conversions cannot fail.
         let get = |spec: &ParamSpec| u32::try_from(self.get_spec(spec)).unwrap_or(0);
@@ -365,6 +378,7 @@ impl NetParams {
             sample_interval_ms: get(&SWITCH_SAMPLE_INTERVAL_MSEC),
             buffer_bytes: get(&SWITCH_BUFFER_BYTES),
             timeout_ms: get(&SWITCH_TIMEOUT_MSEC),
+            timeout_rtt_factor: get(&SWITCH_TIMEOUT_RTT_FACTOR),
             min_share_milli: get(&SWITCH_MIN_SHARE_MILLI),
         }
     }
@@ -465,6 +479,7 @@ mod tests {
                 sample_interval_ms: 100,
                 buffer_bytes: 32_768,
                 timeout_ms: 2_000,
+                timeout_rtt_factor: 4,
                 min_share_milli: 250,
             }
         );
@@ -476,6 +491,7 @@ mod tests {
             ("SwitchSampleIntervalMsec", 1),
             ("SwitchBufferBytes", 1 << 40),
             ("SwitchTimeoutMsec", 0),
+            ("SwitchTimeoutRttFactor", 99),
             ("SwitchMinShareMilli", 1001),
         ]);
         let s = p.switching();
@@ -486,6 +502,7 @@ mod tests {
         assert_eq!(s.sample_interval_ms, 10);
         assert_eq!(s.buffer_bytes, 16 << 20);
         assert_eq!(s.timeout_ms, 100);
+        assert_eq!(s.timeout_rtt_factor, 20);
         assert_eq!(s.min_share_milli, 1000);
         assert_eq!(
             params(&[("CircuitSwitching", 9)]).switching().mode,
@@ -512,6 +529,7 @@ mod tests {
             ("SwitchSampleIntervalMsec", 9),
             ("SwitchBufferBytes", 1023),
             ("SwitchTimeoutMsec", 120_001),
+            ("SwitchTimeoutRttFactor", -1),
         ] {
             let err = params(&[(name, bad)]).check_known().unwrap_err();
             assert!(err.to_string().contains(name), "{err}");

@@ -80,8 +80,12 @@ Config file options (TOML):
                                    (relays need CircuitSwitching = \"path\" too). \"off\" or
                                    \"connection\" (a relay-side mode) keep one circuit; default:
                                    the consensus CircuitSwitching
-  SwitchTimeoutMsec = 2000         a path switch waits this long for SWITCH_CONFIRM, then falls
-                                   back to the old circuit (100..120000; default: the consensus)
+  SwitchTimeoutMsec = 2000         a path switch waits at least this long for SWITCH_CONFIRM,
+                                   then falls back to the old circuit (100..120000; default: the
+                                   consensus)
+  SwitchTimeoutRttFactor = 4       ... and at least this many round trips measured on the linked
+                                   circuits (0..20, 0 = the fixed SwitchTimeoutMsec; default: the
+                                   consensus)
   MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among
                                    them one `switch` record per path switch, one `onion_join`
                                    record per onion connection (its set-up by step) and an
@@ -165,6 +169,9 @@ pub struct ClientConfig {
     /// How long a path switch waits for its confirmation.
     #[serde(rename = "SwitchTimeoutMsec", default)]
     pub switch_timeout_msec: Option<u32>,
+    /// A path switch waits at least this many measured round trips for its confirmation.
+    #[serde(rename = "SwitchTimeoutRttFactor", default)]
+    pub switch_timeout_rtt_factor: Option<u32>,
     /// JSON-lines metrics file (relative: in the DataDirectory).
     #[serde(rename = "MetricsFile", default)]
     pub metrics_file: Option<PathBuf>,
@@ -244,7 +251,8 @@ impl ClientConfig {
         Ok(authority_id)
     }
 
-    /// `CircuitSwitching` and `SwitchTimeoutMsec`, checked, with the option named in errors.
+    /// `CircuitSwitching`, `SwitchTimeoutMsec` and `SwitchTimeoutRttFactor`, checked, with the
+    /// option named in errors.
     fn switch_options(&self) -> anyhow::Result<crate::driver::SwitchOptions> {
         let mode = self
             .circuit_switching
@@ -257,9 +265,13 @@ impl ClientConfig {
                 anyhow::bail!("SwitchTimeoutMsec: 100..120000");
             }
         }
+        if self.switch_timeout_rtt_factor.is_some_and(|f| f > 20) {
+            anyhow::bail!("SwitchTimeoutRttFactor: 0..20");
+        }
         Ok(crate::driver::SwitchOptions {
             mode,
             timeout_ms: self.switch_timeout_msec,
+            timeout_rtt_factor: self.switch_timeout_rtt_factor,
             ..Default::default()
         })
     }

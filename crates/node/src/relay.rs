@@ -525,6 +525,8 @@ impl RelayConfig {
                 16_777_216,
             )?,
             timeout_ms: ranged("SwitchTimeoutMsec", self.switch_timeout_msec, 100, 120_000)?,
+            // A client's setting (path switches are timed there): the consensus's here.
+            timeout_rtt_factor: None,
             min_share: self.switch_min_share,
         })
     }

@@ -34,7 +34,8 @@ use tracing::{debug, info, warn};
 
 use crate::idmap::LocalMap;
 use crate::switching::{
-    Arrival, ConfirmOutcome, Fallback, PathLimits, PathReceiver, PathSender, SendError,
+    confirm_timeout, Arrival, ConfirmOutcome, Fallback, PathLimits, PathReceiver, PathSender,
+    SendError, SetRtt,
 };
 use crate::{ChannelId, CircKey};
 
@@ -102,6 +103,10 @@ struct ClientSet {
     /// Legs not to switch onto before the given time (their entry reported congestion, or a
     /// switch onto them timed out): see [`SwitchSettings::leg_avoid`].
     avoid: Vec<(CircKey, Instant)>,
+    /// Round trips measured on the legs; the sender's confirmation timeout follows them.
+    rtt: SetRtt,
+    /// LINKs sent and not answered yet (for a LINK → LINKED round trip).
+    link_sent: Vec<(CircKey, Instant)>,
 }
 
 impl ClientSet {
@@ -200,6 +205,8 @@ impl Core {
                 last_sent: None,
                 control: circ,
                 avoid: Vec::new(),
+                rtt: SetRtt::default(),
+                link_sent: vec![(circ, now)],
             },
         );
         self.send_link(circ, nonce, now);
@@ -229,6 +236,7 @@ impl Core {
             return Err(CoreError::CircuitNotOpen);
         }
         set.linking = Some((spare, deadline));
+        set.link_sent.push((spare, now));
         let nonce = set.nonce;
         self.path.client_spare.insert(spare, home);
         self.send_link(spare, nonce, now);
@@ -389,6 +397,26 @@ impl Core {
         self.path.exit.get(id).map(|s| s.home)
     }
 
+    /// Client: a round trip measured on `key` (a circuit SENDME, LINK → LINKED, SWITCH →
+    /// SWITCH_CONFIRM). If `key` is a leg of a set, the set's confirmation timeout follows:
+    /// `max(SwitchTimeoutMsec, factor × estimate)`, for the switch waiting now too.
+    pub(super) fn path_rtt_sample(&mut self, key: CircKey, rtt: std::time::Duration) {
+        let Some(home) = self.path_home_of(key) else {
+            return;
+        };
+        let settings = self.sw.settings();
+        let Some(set) = self.path.client.get_mut(&home) else {
+            return;
+        };
+        set.rtt.sample(key, rtt);
+        let timeout = confirm_timeout(
+            settings.timeout,
+            settings.timeout_rtt_factor,
+            set.rtt.estimate(),
+        );
+        set.sender.set_confirm_timeout(timeout);
+    }
+
     /// Client: a path message from hop `hop` of `key`.
     pub(super) fn path_client_message(
         &mut self,
@@ -440,6 +468,17 @@ impl Core {
         if link.nonce != set.nonce {
             return self.kill(key, "CONFLUX_LINKED with another set's nonce", now);
         }
+        let sent = set
+            .link_sent
+            .iter()
+            .position(|(c, _)| *c == key)
+            .map(|i| set.link_sent.swap_remove(i).1);
+        if let Some(sent) = sent {
+            self.path_rtt_sample(key, now.saturating_duration_since(sent));
+        }
+        let Some(set) = home.and_then(|h| self.path.client.get_mut(&h)) else {
+            return;
+        };
         if Some(key) == home {
             debug!(?key, "home leg linked at the exit");
             return;
@@ -471,9 +510,12 @@ impl Core {
         let Some(set) = self.path.client.get_mut(&home) else {
             return;
         };
+        let announced = set.sender.announced_at();
+        let timeout = set.sender.confirm_timeout();
         match set.sender.on_confirm(key, seq) {
             Ok(ConfirmOutcome::Confirmed { triggered_at }) => {
                 let rec = set.switch.take();
+                let wait = announced.map(|at| now.saturating_duration_since(at));
                 self.sw.stats_mut().switches += 1;
                 self.sw.stats_mut().completed += 1;
                 let (from, to, first, last_old) = rec
@@ -489,8 +531,13 @@ impl Core {
                     last_old,
                     outcome: SwitchOutcome::Switched,
                     mode: SwitchMode::Path,
+                    confirm_wait: wait,
+                    confirm_timeout: Some(timeout),
                 });
-                debug!(?home, leg = ?key, "path switch confirmed");
+                debug!(?home, leg = ?key, ?wait, ?timeout, "path switch confirmed");
+                if let Some(wait) = wait {
+                    self.path_rtt_sample(key, wait);
+                }
                 if let Some(set) = self.path.client.get_mut(&home) {
                     set.control = key;
                 }
@@ -499,7 +546,9 @@ impl Core {
                 self.send_to_exit(key, RelayCommand::SWITCH_CONFIRM, 0, &body, now);
                 self.path_resume(home, now);
             }
-            Ok(ConfirmOutcome::Stale) => {}
+            Ok(ConfirmOutcome::Stale) => {
+                info!(?home, leg = ?key, seq, "confirmation of a switch already given up (late)");
+            }
             Err(e) => {
                 self.sw.stats_mut().violations += 1;
                 self.path_client_fail(home, &e.to_string(), now);
@@ -608,6 +657,14 @@ impl Core {
         } else {
             self.sw.stats_mut().failed += 1;
         }
+        let timeout = self
+            .path
+            .client
+            .get(&home)
+            .map(|s| s.sender.confirm_timeout());
+        let wait = rec
+            .and_then(|r| r.first_cell)
+            .map(|at| now.saturating_duration_since(at));
         if let Some(r) = rec {
             self.sw.push_record(SwitchRecord {
                 circ: home,
@@ -622,6 +679,8 @@ impl Core {
                     SwitchOutcome::Failed
                 },
                 mode: SwitchMode::Path,
+                confirm_wait: wait,
+                confirm_timeout: timeout,
             });
         }
         match fb {
@@ -641,6 +700,8 @@ impl Core {
                     ?abandoned,
                     resent = cells.len(),
                     timed_out,
+                    ?wait,
+                    ?timeout,
                     "path switch not confirmed: back to the old leg, resending"
                 );
                 self.sw.stats_mut().cells_resent += cells.len() as u64;
@@ -694,6 +755,8 @@ impl Core {
                     last_old: None,
                     outcome: SwitchOutcome::Failed,
                     mode: SwitchMode::Path,
+                    confirm_wait: r.first_cell.map(|at| now.saturating_duration_since(at)),
+                    confirm_timeout: Some(set.sender.confirm_timeout()),
                 });
             }
             for spare in set.spare.into_iter().chain(set.linking.map(|(s, _)| s)) {
@@ -721,6 +784,8 @@ impl Core {
             if set.control == key {
                 set.control = home;
             }
+            set.rtt.leg_closed(key);
+            set.link_sent.retain(|(c, _)| *c != key);
             if let Some(fb) = set.sender.leg_closed(key) {
                 self.path_fallback(home, fb, false, now);
             }
@@ -785,6 +850,7 @@ impl Core {
                         set.unacked.retain(|(l, _)| *l != leg);
                         set.unacked.push((leg, seq));
                     }
+                    info!(set = id, ?leg, seq, "CONFLUX_SWITCH arrived: confirming");
                     let body = SwitchConfirm { seq }.encode();
                     self.send_relay_backward(leg, RelayCommand::SWITCH_CONFIRM, 0, &body, now);
                 }

@@ -294,9 +294,11 @@ impl Core {
                 Ok(s) => s.digest,
                 Err(e) => return self.kill(key, &format!("malformed SENDME: {e}"), now),
             };
-            if let Err(e) = edge.window.on_sendme(digest, now) {
-                return self.kill(key, &e.to_string(), now);
-            }
+            let rtt = match edge.window.on_sendme(digest, now) {
+                Ok(rtt) => rtt,
+                Err(e) => return self.kill(key, &e.to_string(), now),
+            };
+            self.path_rtt_sample(key, rtt);
             self.package_all(key, now);
             // A linked spare's window opened: its home's streams may go on it.
             if let Some(home) = self.path_home_of(key).filter(|h| *h != key) {

@@ -37,6 +37,10 @@ use super::circuit::{queue_id, Role, Side};
 use super::event::Event;
 use super::Core;
 
+/// How long after a failed connection opened ahead the entry waits before opening one ahead to
+/// that peer again (a switch that needs one still opens it at once).
+const PREOPEN_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Switch records waiting for the driver beyond this are dropped (bounded memory).
 const MAX_PENDING_RECORDS: usize = 1000;
 
@@ -95,6 +99,9 @@ pub(super) struct SwitchState {
     settings: SwitchSettings,
     /// Per next hop: the switch connection (mover side).
     spare: HashMap<IdentityKey, Spare>,
+    /// Next hops whose switch connection, opened ahead, failed: not opened ahead again before
+    /// the given time ([`PREOPEN_BACKOFF`]), so an unreachable peer is not dialled every sample.
+    preopen_failed: HashMap<IdentityKey, Instant>,
     /// Channels opened as switch connections (never canonical, never switched from).
     switch_chans: LocalSet<ChannelId>,
     movers: LocalMap<CircKey, Mover>,
@@ -154,6 +161,8 @@ impl SwitchState {
                     last_old,
                     outcome: SwitchOutcome::Switched,
                     mode: SwitchMode::Connection,
+                    confirm_wait: None,
+                    confirm_timeout: None,
                 });
             }
         }
@@ -232,6 +241,11 @@ impl Core {
     /// Opening the switch connection to `peer` failed: its waiting circuits stay where they are.
     pub fn switch_connect_failed(&mut self, peer: IdentityKey, now: Instant) {
         if let Some(Spare::Opening(waiting)) = self.sw.spare.remove(&peer) {
+            if waiting.is_empty() {
+                // Opened ahead: no switch waited for it.
+                self.sw.preopen_failed.retain(|_, until| *until > now);
+                self.sw.preopen_failed.insert(peer, now + PREOPEN_BACKOFF);
+            }
             for (key, c1, triggered) in waiting {
                 self.sw.stats.failed += 1;
                 self.sw.record(SwitchRecord {
@@ -243,6 +257,8 @@ impl Core {
                     last_old: None,
                     outcome: SwitchOutcome::Failed,
                     mode: SwitchMode::Connection,
+                    confirm_wait: None,
+                    confirm_timeout: None,
                 });
             }
         }
@@ -751,6 +767,8 @@ impl Core {
             last_old: None,
             outcome,
             mode: SwitchMode::Connection,
+            confirm_wait: None,
+            confirm_timeout: None,
         });
     }
 

@@ -6,7 +6,8 @@
 //!   (timeout), cuts over with a SWITCH marker on the old connection; each receiving end holds
 //!   the new connection's cells until the marker, checks it, and releases them in order.
 //! - [`path`]: the path variant's sequencing (conflux-style numbers across a client's linked
-//!   circuits): the sender's switch with confirmation and timeout fallback, the receiver's
+//!   circuits): the sender's switch with confirmation and timeout fallback (the timeout a
+//!   multiple of the legs' measured round trip, [`path::confirm_timeout`]), the receiver's
 //!   bounded out-of-order buffer with exactly-once, in-order delivery.
 //!
 //! The wire formats are in chive-cell (`SwitchConn`, `SwitchAck`, `SwitchMarker`,
@@ -27,6 +28,7 @@ pub use detector::{
     Sample, Trigger, TriggerReason, DEFAULT_MIN_SHARE,
 };
 pub use path::{
-    Arrival, ConfirmOutcome, Fallback, LegError, Outgoing, PathLimits, PathReceiver, PathSender,
-    SendError, SeqViolation, SwitchError, SwitchMsg,
+    confirm_timeout, Arrival, ConfirmOutcome, Fallback, LegError, Outgoing, PathLimits,
+    PathReceiver, PathSender, SendError, SeqViolation, SetRtt, SwitchError, SwitchMsg,
+    MAX_RTT_CONFIRM_TIMEOUT,
 };

@@ -43,7 +43,9 @@ pub struct PathLimits {
     /// Cells the sender keeps for a possible fallback before it stops sending (default 1000,
     /// one circuit window: the circuit would block there anyway).
     pub max_unconfirmed: usize,
-    /// How long a switch waits for its confirmation (consensus `SwitchTimeoutMsec`).
+    /// How long a switch waits for its confirmation, counted from the SWITCH going out. The
+    /// client's core sets it from the set's measured round trip ([`confirm_timeout`]); a
+    /// change applies to a switch already waiting too.
     pub confirm_timeout: Duration,
 }
 
@@ -54,6 +56,66 @@ impl Default for PathLimits {
             max_unconfirmed: 1000,
             confirm_timeout: Duration::from_secs(2),
         }
+    }
+}
+
+/// Longest confirmation timeout the round trip can make (a leg that does not answer in a
+/// minute is gone in practice); a larger `SwitchTimeoutMsec` floor still wins.
+pub const MAX_RTT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The confirmation timeout of a path switch: `max(floor, factor × rtt)` (Tor-style: a fixed
+/// floor, and a multiple of the measured round trip above it), the multiple capped at
+/// [`MAX_RTT_CONFIRM_TIMEOUT`]. `rtt` None (nothing measured yet) or `factor` 0 gives the
+/// floor. The timeout only has to tell a late confirmation from a leg that dropped it (a leg
+/// that closes is noticed at once): under load the SWITCH waits behind the entry's backlog,
+/// so a fixed 2 s timed out switches whose confirmation was on its way.
+pub fn confirm_timeout(floor: Duration, factor: u32, rtt: Option<Duration>) -> Duration {
+    match rtt {
+        Some(rtt) if factor > 0 => {
+            floor.max(rtt.saturating_mul(factor).min(MAX_RTT_CONFIRM_TIMEOUT))
+        }
+        _ => floor,
+    }
+}
+
+/// Round trips measured on the legs of a linked set (client side): LINK → LINKED, SWITCH →
+/// SWITCH_CONFIRM, and circuit SENDMEs (each acknowledged cell's round trip). Per leg a
+/// smoothed value (gain 1/8, as TCP's SRTT) and the latest sample; [`SetRtt::estimate`] is
+/// the larger of the two over every leg. Every leg, not only the one switched to: a spare
+/// that has been idle since its LINK carries an idle network's round trip, while the leg
+/// being left shows what the backlog costs now, and the SWITCH meets the same kind of backlog
+/// at the other entry.
+#[derive(Clone, Debug, Default)]
+pub struct SetRtt {
+    /// (leg, smoothed, latest).
+    legs: Vec<(CircKey, Duration, Duration)>,
+}
+
+impl SetRtt {
+    /// A round trip measured on `leg`.
+    pub fn sample(&mut self, leg: CircKey, rtt: Duration) {
+        if let Some(e) = self.legs.iter_mut().find(|(c, _, _)| *c == leg) {
+            e.1 = (e.1 * 7 + rtt) / 8;
+            e.2 = rtt;
+        } else if self.legs.len() < MAX_LEGS * 2 {
+            self.legs.push((leg, rtt, rtt));
+        }
+    }
+
+    /// `leg` is gone: forget it.
+    pub fn leg_closed(&mut self, leg: CircKey) {
+        self.legs.retain(|(c, _, _)| *c != leg);
+    }
+
+    /// The smoothed round trip of `leg`.
+    pub fn smoothed(&self, leg: CircKey) -> Option<Duration> {
+        self.legs.iter().find(|(c, _, _)| *c == leg).map(|e| e.1)
+    }
+
+    /// The round trip a switch's confirmation should be given: the largest smoothed or
+    /// latest sample over the set's legs (None before any sample).
+    pub fn estimate(&self) -> Option<Duration> {
+        self.legs.iter().map(|(_, s, l)| (*s).max(*l)).max()
     }
 }
 
@@ -192,7 +254,7 @@ struct Pending<T> {
     from: CircKey,
     triggered_at: Instant,
     /// Set when the SWITCH went out (with the first cell on `to`): the new leg's counter
-    /// after the SWITCH, and the confirmation deadline.
+    /// after the SWITCH, and when it went out (the deadline is that plus the timeout).
     announced: Option<(u64, Instant)>,
     /// Cells sent on `to` since the switch, consecutive numbers, oldest first.
     kept: VecDeque<(u64, T)>,
@@ -268,9 +330,27 @@ impl<T: Clone> PathSender<T> {
 
     /// When [`PathSender::handle_timeout`] must run next.
     pub fn next_deadline(&self) -> Option<Instant> {
+        self.announced_at()
+            .map(|at| at + self.limits.confirm_timeout)
+    }
+
+    /// When the pending switch's SWITCH went out, if it did.
+    pub fn announced_at(&self) -> Option<Instant> {
         self.pending
             .as_ref()
-            .and_then(|p| p.announced.map(|(_, deadline)| deadline))
+            .and_then(|p| p.announced.map(|(_, at)| at))
+    }
+
+    /// The confirmation timeout in force.
+    pub fn confirm_timeout(&self) -> Duration {
+        self.limits.confirm_timeout
+    }
+
+    /// Change the confirmation timeout. It applies to the switch waiting now as well (its
+    /// deadline is its announcement plus the timeout): a round trip measured while it waits
+    /// moves its deadline.
+    pub fn set_confirm_timeout(&mut self, timeout: Duration) {
+        self.limits.confirm_timeout = timeout;
     }
 
     fn leg_mut(&mut self, circ: CircKey) -> Option<&mut (CircKey, u64)> {
@@ -297,10 +377,9 @@ impl<T: Clone> PathSender<T> {
             entry.1 = sent;
             switch = Some(SwitchMsg { leg, relative_seq });
             self.announce = false;
-            let deadline = now + self.limits.confirm_timeout;
             if let Some(p) = &mut self.pending {
                 if p.to == leg {
-                    p.announced = Some((sent, deadline));
+                    p.announced = Some((sent, now));
                 }
             }
         }

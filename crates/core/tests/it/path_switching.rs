@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chive_core::{
     CircKey, CoreConfig, Event, SchedulerKind, StreamHandle, SwitchMode, SwitchOutcome,
-    SwitchSettings,
+    SwitchRecord, SwitchSettings,
 };
 
 use crate::sim::{pattern, Shape, Sim};
@@ -423,4 +423,101 @@ fn an_exit_with_path_switching_off_never_links() {
     net.idle(31_000);
     assert_eq!(net.nodes[CLIENT].path_set_of(a), Some(None));
     assert_eq!(net.killed(), 0);
+}
+
+/// Every link from `from` to `to` delays what is written from now on by `steps` (1 ms each).
+fn set_delay(net: &mut Net, from: usize, to: usize, steps: u64) {
+    for ((n, _), l) in net.links.iter_mut() {
+        if *n == from && l.peer == to {
+            l.delay = steps;
+        }
+    }
+}
+
+/// A loaded network (the lab diagnosis in docs/protocol.md, "Path variant"): both legs' way back takes long, so the
+/// home's SENDMEs measure a round trip near a second, and the exit's SWITCH_CONFIRM on B comes
+/// 2.5 s after the SWITCH. With the timeout fixed at the 2 s floor (`timeout_rtt_factor` 0)
+/// the switch times out while its confirmation is on its way; with the timeout following the
+/// measured round trip (4 × ~0.9 s) it waits and completes. Returns the client's counters and
+/// its switch record.
+fn late_confirmation(factor: u32, lose_it: bool) -> (chive_core::SwitchStats, SwitchRecord) {
+    let mut net = Net::new();
+    let settings = net.nodes[CLIENT].switching();
+    net.nodes[CLIENT].set_switching(SwitchSettings {
+        timeout: Duration::from_millis(2000),
+        timeout_rtt_factor: factor,
+        ..settings
+    });
+    let (a, b, s) = net.linked();
+    set_delay(&mut net, M1, E1, 800);
+    set_delay(&mut net, M2, E2, 2500);
+    if lose_it {
+        net.blackhole(M2, E2);
+    }
+    let streams = vec![(s, pattern(1_500_000, 13))];
+    net.transfer(&streams, 400_000, |i, net| {
+        if i == 3000 {
+            // A's SENDMEs have measured its round trip by now.
+            assert!(net.congest_e1().is_some());
+        }
+    });
+    net.run(40_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    let c = net.nodes[CLIENT].switch_stats();
+    assert_eq!(
+        (c.cells_lost, net.nodes[X].switch_stats().violations),
+        (0, 0)
+    );
+    let rec = net.nodes[CLIENT].poll_switch_record().expect("a record");
+    let leg = net.nodes[CLIENT].path_current_leg(a);
+    assert_eq!(
+        leg,
+        Some(if rec.outcome == SwitchOutcome::Switched {
+            b
+        } else {
+            a
+        })
+    );
+    (c, rec)
+}
+
+#[test]
+fn a_late_confirmation_completes_the_switch_when_the_timeout_follows_the_round_trip() {
+    let (c, rec) = late_confirmation(4, false);
+    assert_eq!(
+        (c.switches, c.timed_out, c.cells_resent),
+        (1, 0, 0),
+        "{c:?}"
+    );
+    assert_eq!(rec.outcome, SwitchOutcome::Switched);
+    let (wait, timeout) = (rec.confirm_wait.unwrap(), rec.confirm_timeout.unwrap());
+    assert!(wait > Duration::from_millis(2500), "{rec:?}");
+    assert!(timeout > wait, "{rec:?}");
+}
+
+#[test]
+fn a_late_confirmation_times_out_with_a_fixed_timeout() {
+    let (c, rec) = late_confirmation(0, false);
+    assert_eq!((c.switches, c.timed_out), (0, 1), "{c:?}");
+    assert!(c.cells_resent > 0);
+    assert_eq!(rec.outcome, SwitchOutcome::TimedOut);
+    assert_eq!(rec.confirm_timeout, Some(Duration::from_millis(2000)));
+}
+
+/// The same loaded network, but B loses the confirmation: the switch still falls back, after
+/// the adapted timeout (4 × the measured round trip, above the 2 s floor), and nothing is lost.
+#[test]
+fn a_lost_confirmation_falls_back_after_the_adapted_timeout() {
+    let (c, rec) = late_confirmation(4, true);
+    assert_eq!((c.switches, c.timed_out), (0, 1), "{c:?}");
+    assert!(c.cells_resent > 0);
+    assert_eq!(rec.outcome, SwitchOutcome::TimedOut);
+    let (wait, timeout) = (rec.confirm_wait.unwrap(), rec.confirm_timeout.unwrap());
+    assert!(timeout > Duration::from_millis(2500), "{rec:?}");
+    assert!(timeout <= chive_core::switching::MAX_RTT_CONFIRM_TIMEOUT);
+    assert!(
+        wait >= timeout && wait < timeout + Duration::from_millis(50),
+        "{rec:?}"
+    );
 }

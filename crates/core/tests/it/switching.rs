@@ -570,3 +570,74 @@ fn unexpected_or_wrong_markers_close_their_circuit() {
     finish_and_check(&mut net, &streams, 0);
     net.assert_exact(&streams);
 }
+
+/// Congestion building (the detector at or above α) opens the switch connection ahead, once per
+/// peer; the switch that follows finds it open and sends SWITCH_CONN at once. Nothing is opened
+/// ahead with switching off or in path mode, for a lone circuit, or from a switch connection.
+#[test]
+fn congestion_building_opens_the_switch_connection_ahead() {
+    let count_switch_links = |net: &Net| {
+        net.links
+            .keys()
+            .filter(|(n, c)| *n == E && net.nodes[E].is_switch_channel(*c))
+            .count()
+    };
+    for mode in [SwitchMode::Off, SwitchMode::Path] {
+        let mut net = Net::new([mode, SwitchMode::Connection, SwitchMode::Connection]);
+        let _streams = two_circuits(&mut net, 10_000);
+        let (c1, _) = net.e_to_m();
+        assert!(!net.nodes[E].congestion_building(c1, net.now), "{mode:?}");
+    }
+    let mut net = Net::new(ALL);
+    let lone = net.build();
+    let _s = net.open(lone);
+    let (c1, _) = net.e_to_m();
+    assert!(
+        !net.nodes[E].congestion_building(c1, net.now),
+        "a lone circuit"
+    );
+    let streams = {
+        let b = net.build();
+        vec![
+            (_s, pattern(1_000_000, 1)),
+            (net.open(b), pattern(20_000, 2)),
+        ]
+    };
+    assert!(net.nodes[E].congestion_building(c1, net.now));
+    assert!(
+        !net.nodes[E].congestion_building(c1, net.now),
+        "once per peer"
+    );
+    net.run(100);
+    assert_eq!(count_switch_links(&net), 1, "opened ahead");
+    let sw = net
+        .links
+        .keys()
+        .find(|(n, c)| *n == E && net.nodes[E].is_switch_channel(*c))
+        .map(|(_, c)| *c)
+        .unwrap();
+    assert!(
+        !net.nodes[E].congestion_building(sw, net.now),
+        "a switch connection"
+    );
+    assert!(
+        !net.nodes[E].congestion_building(c1, net.now),
+        "already open"
+    );
+    let mut chosen = None;
+    net.transfer(&streams, 200_000, |i, net| {
+        if i == 300 {
+            chosen = net.nodes[E].congested(c1, 0.0, net.now);
+            // SWITCH_CONN went on the open connection in the same call.
+            let link = net.links.get(&(E, sw)).unwrap();
+            assert!(net.nodes[E].has_pending(sw) || !link.pipe.is_empty());
+        }
+    });
+    assert!(chosen.is_some());
+    net.run(5000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    assert_eq!(count_switch_links(&net), 1, "no second connection");
+    let e = net.nodes[E].switch_stats();
+    assert_eq!((e.switches, e.completed, e.timed_out), (1, 1, 0), "{e:?}");
+}

@@ -15,7 +15,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use chive_core::switching::{CongestionDetector, DetectorConfig, Occupancy};
+use chive_core::switching::{CongestionDetector, DetectorConfig, Level, Occupancy};
 use chive_core::{ChannelId, SwitchMode, SwitchSettings};
 use chive_crypto::IdentityKey;
 use chive_dir::SwitchingMode;
@@ -41,6 +41,8 @@ pub struct SwitchOptions {
     pub buffer_bytes: Option<u32>,
     /// `SwitchTimeoutMsec`.
     pub timeout_ms: Option<u32>,
+    /// `SwitchTimeoutRttFactor` (path variant, client).
+    pub timeout_rtt_factor: Option<u32>,
     /// `SwitchMinShare` (0..1).
     pub min_share: Option<f64>,
 }
@@ -110,6 +112,7 @@ impl Driver {
         let settings = SwitchSettings {
             mode,
             timeout: Duration::from_millis(u64::from(o.timeout_ms.unwrap_or(p.timeout_ms))),
+            timeout_rtt_factor: o.timeout_rtt_factor.unwrap_or(p.timeout_rtt_factor),
             min_share_milli: o.min_share.map_or(p.min_share_milli, |f| {
                 (f.clamp(0.0, 1.0) * 1000.0).round() as u32
             }),
@@ -119,6 +122,7 @@ impl Driver {
             info!(
                 mode = mode.label(),
                 timeout_ms = settings.timeout.as_millis() as u64,
+                timeout_rtt_factor = settings.timeout_rtt_factor,
                 min_share = settings.min_share(),
                 "circuit switching settings"
             );
@@ -171,6 +175,10 @@ impl Driver {
             let Some(sample) = det.sample(now, occupancy) else {
                 continue;
             };
+            if sample.level != Level::Underfull {
+                // Congestion building: the switch connection is opened ahead (once per peer).
+                self.core.congestion_building(chan, now);
+            }
             if let Some(trigger) = sample.trigger {
                 debug!(?chan, estimate = trigger.estimate_bytes, reason = ?trigger.reason, "connection congested");
                 self.core.congested(chan, trigger.estimate_bytes, now);

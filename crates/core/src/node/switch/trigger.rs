@@ -75,6 +75,41 @@ impl Core {
                 .is_some_and(|c| c.peer.is_none())
     }
 
+    /// Connection mode: the driver's detector found `chan`'s smoothed occupancy at or above α
+    /// (congestion building, not yet β). Open the switch connection to its peer now, so that
+    /// a switch does not wait for TCP + TLS through the connection's full link: in the lab's
+    /// loaded runs that handshake took 1.6 s and the first switch of every run timed out
+    /// waiting for it. Asks only for a connection that is neither open nor being opened, and
+    /// only where a switch could follow (`chan` is not a switch connection, carries two
+    /// circuits or more and one this relay is the entry of). Returns whether it asked.
+    /// The connection stays open like any switch connection (it is not closed when idle).
+    /// After a failed connection opened ahead, not again to that peer for 30 s.
+    pub fn congestion_building(&mut self, chan: ChannelId, now: Instant) -> bool {
+        if self.sw.settings.mode != SwitchMode::Connection || !self.may_switch_from(chan) {
+            return false;
+        }
+        let Some(ch) = self.channels.get(&chan) else {
+            return false;
+        };
+        let Some(peer) = ch.peer else {
+            return false;
+        };
+        if ch.circ_ids.len() < 2 || self.sw.spare.contains_key(&peer) {
+            return false;
+        }
+        if self.sw.preopen_failed.get(&peer).is_some_and(|t| *t > now) {
+            return false;
+        }
+        self.sw.spare.insert(peer, Spare::Opening(Vec::new()));
+        self.events
+            .push_back(Event::ConnectSwitch { identity: peer });
+        info!(
+            ?chan,
+            "congestion building: opening the switch connection ahead"
+        );
+        true
+    }
+
     /// The driver's detector found `chan` congested, holding `occupancy_bytes` (its estimate
     /// B_t): move the heaviest circuit this node is the entry of (highest EWMA count) to the
     /// switch connection to the same peer. Returns the circuit chosen, or None (mode not

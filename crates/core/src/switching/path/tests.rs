@@ -479,3 +479,90 @@ fn random_switches_and_deliveries_are_exactly_once_in_order() {
         "{fallbacks} {confirmed} {duplicates}"
     );
 }
+
+#[test]
+fn confirm_timeout_is_a_multiple_of_the_round_trip_above_a_floor() {
+    let floor = Duration::from_secs(2);
+    assert_eq!(confirm_timeout(floor, 4, None), floor, "nothing measured");
+    assert_eq!(
+        confirm_timeout(floor, 4, Some(Duration::from_millis(100))),
+        floor,
+        "a fast path keeps the floor"
+    );
+    assert_eq!(
+        confirm_timeout(floor, 4, Some(Duration::from_millis(1500))),
+        Duration::from_secs(6)
+    );
+    assert_eq!(
+        confirm_timeout(floor, 0, Some(Duration::from_secs(5))),
+        floor
+    );
+    assert_eq!(
+        confirm_timeout(floor, 4, Some(Duration::from_secs(3600))),
+        MAX_RTT_CONFIRM_TIMEOUT
+    );
+    let big = Duration::from_secs(100);
+    assert_eq!(confirm_timeout(big, 4, Some(Duration::from_secs(30))), big);
+}
+
+#[test]
+fn set_rtt_takes_the_slowest_leg_and_its_latest_sample() {
+    let mut r = SetRtt::default();
+    assert_eq!(r.estimate(), None);
+    r.sample(A, Duration::from_millis(200));
+    r.sample(B, Duration::from_millis(400));
+    assert_eq!(r.estimate(), Some(Duration::from_millis(400)));
+    // A's backlog grows: its latest sample counts at once, the smoothed value follows.
+    r.sample(A, Duration::from_millis(2000));
+    assert_eq!(r.smoothed(A), Some(Duration::from_millis(425)));
+    assert_eq!(r.estimate(), Some(Duration::from_millis(2000)));
+    r.sample(A, Duration::from_millis(200));
+    assert_eq!(
+        r.estimate(),
+        Some(Duration::from_millis(400)),
+        "B's smoothed value"
+    );
+    r.leg_closed(B);
+    assert_eq!(
+        r.estimate(),
+        Some(Duration::from_micros(396_875)), // (425 × 7 + 200) / 8 ms
+        "A's smoothed value"
+    );
+    r.leg_closed(A);
+    assert_eq!(r.estimate(), None);
+}
+
+#[test]
+fn a_longer_timeout_moves_the_waiting_switchs_deadline() {
+    let limits = PathLimits::default();
+    let mut net = Net::new(limits);
+    net.send(5);
+    net.deliver(A, 100);
+    net.tx.switch_to(B, net.now).unwrap();
+    let announced = net.now;
+    net.send(3);
+    assert_eq!(net.tx.announced_at(), Some(announced));
+    assert_eq!(
+        net.tx.next_deadline(),
+        Some(announced + limits.confirm_timeout)
+    );
+    // A round trip measured meanwhile says the confirmation may take longer.
+    net.tx.set_confirm_timeout(Duration::from_secs(8));
+    assert_eq!(
+        net.tx.next_deadline(),
+        Some(announced + Duration::from_secs(8))
+    );
+    assert!(net
+        .tx
+        .handle_timeout(announced + Duration::from_secs(7))
+        .is_none());
+    let confirms = net.deliver(B, 100);
+    assert_eq!(confirms, vec![(B, 5)]);
+    let (leg, seq) = confirms[0];
+    assert!(matches!(
+        net.tx.on_confirm(leg, seq),
+        Ok(ConfirmOutcome::Confirmed { .. })
+    ));
+    assert_eq!(net.tx.next_deadline(), None);
+    net.expect_out(8);
+}
