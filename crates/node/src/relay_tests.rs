@@ -1,0 +1,171 @@
+//! Tests of the relay configuration (`relay.rs`): options, defaults, refusals and reloads.
+
+use super::*;
+use crate::driver::Liveness;
+
+fn config(extra: &str) -> RelayConfig {
+    toml::from_str(&format!(
+        "Nickname = \"r\"\nDataDirectory = \"/tmp/x\"\nORPort = \"127.0.0.1:1\"\n\
+         Authority = \"127.0.0.1:2\"\nAuthorityIdentity = \"{}\"\n{extra}",
+        "00".repeat(32)
+    ))
+    .expect("test config parses")
+}
+
+#[test]
+fn link_liveness_and_heartbeat_options_are_checked_and_named() {
+    assert!(config("").validate().is_ok());
+    assert_eq!(config("").link().liveness().unwrap(), Liveness::default());
+    let off = config("LinkKeepalive = 0\nLinkIdleTimeout = 0")
+        .link()
+        .liveness()
+        .unwrap();
+    assert_eq!((off.keepalive, off.idle_timeout), (None, None));
+    let fast = config("LinkKeepalive = 1\nLinkIdleTimeout = 3")
+        .link()
+        .liveness()
+        .unwrap();
+    assert_eq!(fast.idle_timeout, Some(Duration::from_secs(3)));
+    for (bad, name) in [
+        ("LinkIdleTimeout = 1", "LinkIdleTimeout"),
+        (
+            "LinkKeepalive = 10\nLinkIdleTimeout = 15",
+            "LinkIdleTimeout",
+        ),
+        ("LinkKeepalive = 4000\nLinkIdleTimeout = 0", "LinkKeepalive"),
+        ("HeartbeatPeriod = 99999999", "HeartbeatPeriod"),
+        ("OutbufMaxMsec = 1001", "OutbufMaxMsec"),
+    ] {
+        let err = config(bad).validate().unwrap_err();
+        assert!(format!("{err:#}").contains(name), "{bad}: {err:#}");
+    }
+    assert!(config("HeartbeatPeriod = 0").validate().is_ok());
+    assert!(config("OutbufMaxMsec = 0").validate().is_ok());
+    let t = config("OutbufMaxMsec = 50").tunables().unwrap();
+    assert_eq!(t.outbuf_max(), Duration::from_millis(50));
+}
+
+#[test]
+fn switching_options_are_checked_and_named() {
+    let c = config("CircuitSwitching = \"connection\"\nSwitchAlpha = 0.05\nSwitchBeta = 0.1");
+    assert!(c.validate().is_ok());
+    let o = c.switch_options().unwrap();
+    assert_eq!(o.mode, Some(chive_dir::SwitchingMode::Connection));
+    assert_eq!((o.alpha, o.beta), (Some(0.05), Some(0.1)));
+    assert_eq!(
+        config("SwitchMinShare = 0.1")
+            .switch_options()
+            .unwrap()
+            .min_share,
+        Some(0.1)
+    );
+    assert_eq!(
+        config("").switch_options().unwrap().mode,
+        None,
+        "consensus decides"
+    );
+    for (bad, name) in [
+        ("CircuitSwitching = \"sometimes\"", "CircuitSwitching"),
+        ("SwitchGamma = 1.0", "SwitchGamma"),
+        ("SwitchBeta = 1.5", "SwitchBeta"),
+        ("SwitchAlpha = 0.6\nSwitchBeta = 0.5", "SwitchAlpha"),
+        ("SwitchSampleIntervalMsec = 5", "SwitchSampleIntervalMsec"),
+        ("SwitchBufferBytes = 10", "SwitchBufferBytes"),
+        ("SwitchTimeoutMsec = 50", "SwitchTimeoutMsec"),
+        ("SwitchMinShare = 1.5", "SwitchMinShare"),
+        ("SwitchMinShare = -0.1", "SwitchMinShare"),
+    ] {
+        let err = config(bad).validate().expect_err(bad);
+        assert!(format!("{err:#}").contains(name), "{bad}: {err:#}");
+    }
+}
+
+#[test]
+fn quiet_reserve_defaults_follow_the_rate_and_burst() {
+    // Unlimited: no reserve.
+    assert_eq!(config("").quiet_reserve(), 0);
+    // 1 MB/s (burst = rate): the default 128 KiB.
+    assert_eq!(config("BandwidthRate = 1000000").quiet_reserve(), 131_072);
+    // A small burst caps the default at a quarter of it.
+    assert_eq!(config("BandwidthRate = 100000").quiet_reserve(), 25_000);
+    // Explicit values win, 0 turns it off.
+    let c = config("BandwidthRate = 1000000\nQuietReserve = 0");
+    assert_eq!(c.quiet_reserve(), 0);
+    assert!(c.validate().is_ok());
+    let c = config("BandwidthRate = 1000000\nQuietReserve = 500000");
+    assert_eq!(c.quiet_reserve(), 500_000);
+    assert!(c.validate().is_ok());
+    // More than half the burst would starve bulk: refused, naming the option.
+    let err = config("BandwidthRate = 1000000\nQuietReserve = 500001")
+        .validate()
+        .expect_err("a reserve above half the burst is refused");
+    assert!(format!("{err:#}").contains("QuietReserve"), "{err:#}");
+}
+
+#[test]
+fn unsent_limit_defaults_to_64k_on_unconstrained_sockets() {
+    // Unlimited relay, kernel-sized buffers: the default limit.
+    assert_eq!(config("").unsent_limit(), Some(65_536));
+    // Constrained sockets (a rate limit switches them on): the buffer is small already.
+    assert_eq!(config("BandwidthRate = 1000000").unsent_limit(), None);
+    assert_eq!(
+        config("BandwidthRate = 1000000\nConstrainedSockets = false").unsent_limit(),
+        Some(65_536)
+    );
+    // Explicit values win; 0 means no limit.
+    assert_eq!(config("LinkUnsentLimit = 0").unsent_limit(), None);
+    assert_eq!(config("LinkUnsentLimit = 8192").unsent_limit(), Some(8192));
+    assert!(config("LinkUnsentLimit = 0").validate().is_ok());
+    for bad in ["LinkUnsentLimit = 100", "LinkUnsentLimit = 20000000"] {
+        let err = config(bad).validate().expect_err(bad);
+        assert!(format!("{err:#}").contains("LinkUnsentLimit"), "{err:#}");
+    }
+}
+
+#[test]
+fn circuit_window_is_checked() {
+    assert_eq!(config("CircuitWindow = 101").circuit_window, Some(101));
+    assert!(config("CircuitWindow = 101").validate().is_ok());
+    assert_eq!(config("").circuit_window, None);
+    for bad in ["CircuitWindow = 99", "CircuitWindow = 1001"] {
+        let err = config(bad).validate().expect_err(bad);
+        assert!(format!("{err:#}").contains("CircuitWindow"), "{err:#}");
+    }
+}
+
+#[test]
+fn link_congestion_control_is_checked_at_start() {
+    // Every Linux kernel has reno.
+    assert!(config("LinkCongestionControl = \"reno\"")
+        .validate()
+        .is_ok());
+    let err = config("LinkCongestionControl = \"no-such-cc\"")
+        .validate()
+        .expect_err("an unknown algorithm is refused");
+    assert!(
+        format!("{err:#}").contains("LinkCongestionControl"),
+        "{err:#}"
+    );
+}
+
+#[test]
+fn memory_and_dos_options_are_checked_naming_them() {
+    let t = config("MaxMemInQueues = \"16 MB\"\nDoSCircuitCreationEnabled = 1")
+        .tunables()
+        .unwrap();
+    assert_eq!(t.max_mem_in_queues, Some(16 << 20));
+    assert!(t.dos_config(None).unwrap().circuit_creation.enabled);
+    assert_eq!(
+        config("").tunables().unwrap().max_mem_in_queues,
+        Some(chive_core::DEFAULT_MAX_MEM_IN_QUEUES)
+    );
+    for (bad, name) in [
+        ("MaxMemInQueues = 100", "MaxMemInQueues"),
+        ("MaxMemInQueues = \"3 furlongs\"", "MaxMemInQueues"),
+        ("DoSCircuitCreationBurst = 0", "DoSCircuitCreationBurst"),
+        ("DoSConnectionDefenseType = 3", "DoSConnectionDefenseType"),
+    ] {
+        let err = config(bad).validate().expect_err(bad);
+        assert!(format!("{err:#}").contains(name), "{err:#}");
+    }
+}
