@@ -426,13 +426,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         driver.metrics = Metrics::start(metrics_file.as_deref(), cfg.metrics_port).await?;
     }
     let mut ports = vec![("SocksPort", socks_addr)];
-    ports.extend(
-        driver
-            .metrics
-            .as_ref()
-            .and_then(Metrics::local_addr)
-            .map(|a| ("MetricsPort", a)),
-    );
+    ports.extend(Metrics::ports_entry(driver.metrics.as_ref()));
     write_ports_file(&cfg.data_directory, cfg.ports_file.as_deref(), &ports)?;
     driver.apply_switching();
     rand::rngs::OsRng.fill_bytes(&mut seed);

@@ -185,6 +185,14 @@ impl Metrics {
         self.listening
     }
 
+    /// The `PortsFile` entry of a node's metrics endpoint, if it listens: a node lists it after
+    /// its own listener.
+    pub fn ports_entry(metrics: Option<&Metrics>) -> Option<(&'static str, SocketAddr)> {
+        metrics
+            .and_then(Metrics::local_addr)
+            .map(|a| ("MetricsPort", a))
+    }
+
     /// Cells of one write batch were written to the socket at `written`.
     pub fn cells_written(&mut self, samples: Vec<CellSample>, written: Instant) {
         if samples.is_empty() {
