@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="start a network and wait until it works",
         description=(
             "Write configs and start 1 authority, N relays (all exits allowing 127.0.0.0/8), "
-            "1 SOCKS client and 1 `chive httpd` on 127.0.0.1 with free ports; wait until the "
+            "1 SOCKS client and 1 `chive httpd` on 127.0.0.1, each on a port the kernel picks (port 0, read back "
+            "from the node's PortsFile); wait until the "
             "consensus lists every relay and a real fetch through the SOCKS port returns the "
             "expected bytes; then print one JSON object on stdout: "
             '{"socks": "127.0.0.1:P", "http": "http://127.0.0.1:P", "dir": DIR, "pids": {...}}. '

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import LabError
+from .ports import ANY, PORTS_FILE
 
 # A TOML bare key. Restricting --set keys to these keeps the writer simple and
 # catches typos such as "Bandwidth Rate".
@@ -29,11 +30,11 @@ MAX_VALUE_CHARS = 4096
 # Keys the lab manages itself in every relay config: overriding them would
 # break the network the lab is building, so --set refuses them.
 MANAGED_RELAY_KEYS = frozenset(
-    {"Nickname", "DataDirectory", "ORPort", "Authority", "AuthorityIdentity"}
+    {"Nickname", "DataDirectory", "ORPort", "Authority", "AuthorityIdentity", "PortsFile"}
 )
 #: Client config keys the lab writes itself; a scenario's ``[network.client]`` cannot set them.
 MANAGED_CLIENT_KEYS = frozenset(
-    {"DataDirectory", "SocksPort", "Authority", "AuthorityIdentity", "Log"}
+    {"DataDirectory", "SocksPort", "Authority", "AuthorityIdentity", "Log", "PortsFile"}
 )
 
 
@@ -179,13 +180,14 @@ def write_toml(path: Path, doc: Mapping[str, Any]) -> None:
 
 # ---------------------------------------------------------------------------
 # The config of each role. Keys are exactly those the chive binary reads (its
-# config structs reject unknown keys).
+# config structs reject unknown keys). Every listener's port defaults to 0 (the kernel picks
+# one) and every node writes the addresses it bound to its PortsFile (chive_lab/ports.py).
 
 
 def authority_config(
     *,
     data_dir: Path,
-    dir_port: int,
+    dir_port: int = ANY,
     consensus_interval: int,
     params: Mapping[str, int],
     log: str,
@@ -196,6 +198,7 @@ def authority_config(
         "Nickname": nickname,
         "DataDirectory": str(data_dir),
         "DirPort": f"127.0.0.1:{dir_port}",
+        "PortsFile": PORTS_FILE,
         "ConsensusInterval": consensus_interval,
         # With a handful of relays every relay must be usable as a guard.
         "TestingAllGuards": True,
@@ -208,7 +211,7 @@ def relay_config(
     *,
     nickname: str,
     data_dir: Path,
-    or_port: int,
+    or_port: int = ANY,
     authority: str,
     authority_identity: str,
     bandwidth_rate: int | None,
@@ -221,6 +224,7 @@ def relay_config(
         "Nickname": nickname,
         "DataDirectory": str(data_dir),
         "ORPort": f"127.0.0.1:{or_port}",
+        "PortsFile": PORTS_FILE,
         "Authority": authority,
         "AuthorityIdentity": authority_identity,
         "BandwidthRate": rate,
@@ -243,7 +247,7 @@ def relay_config(
 def client_config(
     *,
     data_dir: Path,
-    socks_port: int,
+    socks_port: int = ANY,
     authority: str,
     authority_identity: str,
     log: str,
@@ -253,6 +257,7 @@ def client_config(
     config: dict[str, Any] = {
         "DataDirectory": str(data_dir),
         "SocksPort": f"127.0.0.1:{socks_port}",
+        "PortsFile": PORTS_FILE,
         "Authority": authority,
         "AuthorityIdentity": authority_identity,
         "Log": log,
@@ -264,6 +269,7 @@ def client_config(
     return config
 
 
-def httpd_config(*, port: int) -> dict[str, Any]:
-    """Config of the measurement HTTP server."""
+def httpd_config(*, port: int = ANY) -> dict[str, Any]:
+    """Config of the measurement HTTP server. With port 0 it prints the address it bound as
+    its first stdout line (chive_lab.ports.wait_listening)."""
     return {"Listen": f"127.0.0.1:{port}"}

@@ -2,8 +2,9 @@
 
 :meth:`Network.up` writes every node's config into ``DIR/<node>/<node>.toml``,
 starts 1 authority, N relays, 1 client and 1 ``chive httpd`` (logs in
-``DIR/<node>/chive.log``), records them in ``DIR/state.json`` and waits until
-the network really works: the authority serves a consensus that lists every
+``DIR/<node>/chive.log``), every listener on port 0 (each node reports the
+address it bound in ``DIR/<node>/ports.json``, read by :mod:`chive_lab.ports`),
+records them in ``DIR/state.json`` and waits until the network really works: the authority serves a consensus that lists every
 relay, and a real HTTP fetch through the client's SOCKS port returns the
 expected bytes. :meth:`Network.down` stops what ``up`` recorded.
 """
@@ -25,6 +26,7 @@ from typing import Any, Callable
 from . import config as cfg
 from .content import check_body
 from .errors import LabError
+from .ports import PORTS_FILE, wait_listening, wait_ports
 from .process import DownReport, is_running, spawn, stop_processes
 from .socks import fetch
 from .state import State, load_state, save_state, state_path
@@ -75,9 +77,10 @@ def default_binary() -> Path:
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free TCP ports on 127.0.0.1, found by binding port 0.
 
-    All sockets stay open until every port is chosen so the kernel cannot hand
-    out the same one twice; another program could still take one before the
-    node binds it (small window; ``up`` then fails with the node's log).
+    For the real Tor only, which cannot report the ports it bound: chive nodes get port 0 and
+    write a PortsFile (chive_lab/ports.py). All sockets stay open until every port is chosen
+    so the kernel cannot hand out the same one twice; another program could still take one
+    before the node binds it (small window; ``up`` then fails with the node's log).
     """
     socks: list[socket.socket] = []
     try:
@@ -348,6 +351,32 @@ class Network:
         state.nodes.append(rec)
         save_state(dir, state)  # record before waiting on anything
 
+    def _node_ports(self, name: str, option: str, state: State, deadline: float) -> str:
+        """The address node ``name`` bound for ``option``, from its PortsFile
+        (``DIR/<name>/ports.json``, :func:`chive_lab.ports.wait_ports`); LabError quoting the
+        node's log if it exits first, writes a malformed file or none in time."""
+        rec = next((n for n in state.nodes if n.name == name), None)
+        try:
+            ports = wait_ports(Path(state.dir) / name / PORTS_FILE, want=[option], deadline=deadline,
+                               check=lambda: self._check_alive(state), node=name)
+        except LabError as e:
+            if e.log_tail is None and rec is not None:
+                e.log_tail = log_tail(rec.log)
+            raise
+        return ports[option]
+
+    def _httpd_address(self, state: State, deadline: float) -> str:
+        """The address node ``httpd`` (started on port 0) bound: the line it prints to its log
+        (:func:`chive_lab.ports.wait_listening`)."""
+        rec = next(n for n in state.nodes if n.name == "httpd")
+        try:
+            return wait_listening(rec.log, deadline=deadline, check=lambda: self._check_alive(state),
+                                  node="httpd")
+        except LabError as e:
+            if e.log_tail is None:
+                e.log_tail = log_tail(rec.log)
+            raise
+
     def _start_and_wait(
         self,
         spec: NetworkSpec,
@@ -358,24 +387,17 @@ class Network:
     ) -> NetworkInfo:
         deadline = time.monotonic() + spec.timeout
         relay_names = [f"relay{i}" for i in range(1, spec.relays + 1)]
-        ports = free_ports(spec.relays + 4)
-        dir_port, socks_port, http_port, service_socks = ports[0], ports[1], ports[2], ports[3]
-        or_ports = ports[4:]
-        authority = f"127.0.0.1:{dir_port}"
-        state.endpoints = {
-            "authority": authority,
-            "socks": f"127.0.0.1:{socks_port}",
-            "http": f"http://127.0.0.1:{http_port}",
-        }
+        # Every listener on port 0: each node reports the address it bound in its PortsFile
+        # (chive_lab/ports.py), read here before anything that needs it is configured.
+        state.endpoints = {}
 
-        # Authority first: its identity goes into every other config.
+        # Authority first: its identity and DirPort go into every other config.
         auth_dir = dir / "authority"
         auth_toml = auth_dir / "authority.toml"
         cfg.write_toml(
             auth_toml,
             cfg.authority_config(
                 data_dir=auth_dir,
-                dir_port=dir_port,
                 consensus_interval=spec.consensus_interval,
                 params=spec.authority_params,
                 log=spec.log_level,
@@ -385,8 +407,11 @@ class Network:
         state.endpoints["authority_identity"] = identity
         self._progress(f"authority identity {identity}")
         self._start("authority", binary, auth_toml, state, procs)
+        authority = self._node_ports("authority", "DirPort", state, deadline)
+        state.endpoints["authority"] = authority
+        save_state(dir, state)
 
-        for name, port in zip(relay_names, or_ports):
+        for name in relay_names:
             node_dir = dir / name
             path = node_dir / f"{name}.toml"
             cfg.write_toml(
@@ -394,7 +419,6 @@ class Network:
                 cfg.relay_config(
                     nickname=name,
                     data_dir=node_dir,
-                    or_port=port,
                     authority=authority,
                     authority_identity=identity,
                     bandwidth_rate=spec.bandwidth_rate,
@@ -410,7 +434,6 @@ class Network:
             client_toml,
             cfg.client_config(
                 data_dir=client_dir,
-                socks_port=socks_port,
                 authority=authority,
                 authority_identity=identity,
                 log=spec.log_level,
@@ -419,10 +442,16 @@ class Network:
         )
         self._start("client", binary, client_toml, state, procs)
 
-        httpd_toml = dir / "httpd" / "httpd.toml"
-        cfg.write_toml(httpd_toml, cfg.httpd_config(port=http_port))
+        httpd_dir = dir / "httpd"
+        httpd_toml = httpd_dir / "httpd.toml"
+        cfg.write_toml(httpd_toml, cfg.httpd_config())
         self._start("httpd", binary, httpd_toml, state, procs)
         self._progress(f"started authority, {spec.relays} relays, client and httpd in {dir}")
+        for name in relay_names:
+            self._node_ports(name, "ORPort", state, deadline)
+        state.endpoints["socks"] = self._node_ports("client", "SocksPort", state, deadline)
+        state.endpoints["http"] = f"http://{self._httpd_address(state, deadline)}"
+        save_state(dir, state)
 
         self._wait_consensus(authority, relay_names, state, deadline)
         self._progress("consensus lists every relay")
@@ -431,8 +460,7 @@ class Network:
         self._wait_fetch(f"{http}/bytes/{PROBE_BYTES}", state.endpoints["socks"], "client", state, deadline)
         self._progress("a fetch through the network returned the expected bytes")
         if spec.onion_service:
-            self._start_onion_service(spec, binary, dir, state, procs, service_socks, http_port,
-                                      deadline)
+            self._start_onion_service(spec, binary, dir, state, procs, deadline)
         self._progress("ready")
         return NetworkInfo.from_state(state)
 
@@ -443,8 +471,6 @@ class Network:
         dir: Path,
         state: State,
         procs: dict[str, subprocess.Popen],
-        socks_port: int,
-        http_port: int,
         deadline: float,
     ) -> None:
         """Node ``service``: a chive client with HiddenServiceDir in front of the httpd; wait
@@ -455,12 +481,11 @@ class Network:
         toml = node_dir / "service.toml"
         overrides = dict(spec.client_overrides)
         overrides["HiddenServiceDir"] = str(hs_dir)
-        overrides["HiddenServicePort"] = [f"80 127.0.0.1:{http_port}"]
+        overrides["HiddenServicePort"] = [f"80 {state.endpoints['http'].removeprefix('http://')}"]
         cfg.write_toml(
             toml,
             cfg.client_config(
                 data_dir=node_dir,
-                socks_port=socks_port,
                 authority=state.endpoints["authority"],
                 authority_identity=state.endpoints["authority_identity"],
                 log=spec.log_level,
@@ -468,6 +493,7 @@ class Network:
             ),
         )
         self._start("service", binary, toml, state, procs, role="client")
+        self._node_ports("service", "SocksPort", state, deadline)
         hostname = hs_dir / "hostname"
         while True:
             self._check_alive(state)

@@ -45,7 +45,8 @@ from typing import Any, Callable
 from . import config as cfg
 from .content import check_body
 from .errors import LabError
-from .network import Network, NetworkSpec, free_ports
+from .network import Network, NetworkSpec, free_ports, log_tail
+from .ports import PORTS_FILE, wait_ports
 from .process import is_running, spawn
 from .socks import SocksError, fetch, parse_hostport, socks5_connect
 from .state import load_state, save_state
@@ -59,6 +60,8 @@ ATTACK_BYTES = 100_000_000
 TARGET = "relay1"
 IMPLS = ("chive", "tor")
 MIB = 1 << 20
+#: How long a started chive client may take to bind its SOCKS port (it writes its PortsFile).
+CLIENT_PORTS_TIMEOUT_S = 30.0
 
 Progress = Callable[[str], None]
 
@@ -423,9 +426,8 @@ def _record(netdir: Path, proc_rec: Any) -> None:
 def start_chive_client(netdir: Path, binary: Path, name: str) -> tuple[int, str]:
     """A ``chive client`` pinned to relay1 (``EntryNodes``); (pid, SOCKS address)."""
     ep = load_state(netdir).endpoints
-    (port,) = free_ports(1)
     d = netdir / name
-    conf = cfg.client_config(data_dir=d, socks_port=port, authority=ep["authority"],
+    conf = cfg.client_config(data_dir=d, authority=ep["authority"],
                              authority_identity=ep["authority_identity"], log="info",
                              overrides={"EntryNodes": [TARGET], "CircuitBuildTimeout": 30})
     path = d / f"{name}.toml"
@@ -433,7 +435,15 @@ def start_chive_client(netdir: Path, binary: Path, name: str) -> tuple[int, str]
     proc, rec = spawn(name, [str(binary), "client", "--config", str(path)], log_path=d / "chive.log",
                       cwd=d, config=path)
     _record(netdir, rec)
-    return proc.pid, f"127.0.0.1:{port}"
+
+    def exited() -> None:
+        if proc.poll() is not None:
+            raise LabError(f"{name} exited during start-up ({proc.returncode})", node=name,
+                           log_tail=log_tail(d / "chive.log"))
+
+    ports = wait_ports(d / PORTS_FILE, want=["SocksPort"], check=exited, node=name,
+                       deadline=time.monotonic() + CLIENT_PORTS_TIMEOUT_S)
+    return proc.pid, ports["SocksPort"]
 
 
 def start_tor_client(netdir: Path, name: str) -> tuple[int, str]:

@@ -13,7 +13,12 @@ no onion routing.
 Fault injection through the environment: FAKE_CHIVE_FAIL=<nickname or role>
 makes that node exit at start with an error; FAKE_CHIVE_IGNORE_TERM=<role>
 makes that node ignore SIGTERM; FAKE_CHIVE_NO_PUBLISH=<nickname> makes that
-relay never publish a descriptor.
+relay never publish a descriptor; FAKE_CHIVE_BAD_PORTS=<nickname or role> makes that
+node write a malformed PortsFile.
+
+Like the real one, every node writes ``PortsFile`` (relative: in its DataDirectory) once its
+listener is bound: ``{"<option>": "IP:PORT"}`` with the port the kernel gave it for port 0;
+httpd prints ``{"listening": "IP:PORT"}`` on stdout instead.
 """
 
 from __future__ import annotations
@@ -38,6 +43,20 @@ def hostport(text: str) -> tuple[str, int]:
 
 def log(msg: str) -> None:
     print(f"fake-chive: {msg}", file=sys.stderr, flush=True)
+
+
+def write_ports(conf: dict, name: str, option: str, addr: tuple[str, int]) -> None:
+    """The PortsFile, written whole (tmp + rename) as chive does."""
+    if not conf.get("PortsFile"):
+        return
+    path = Path(conf.get("DataDirectory", ".")) / conf["PortsFile"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = f'{{"{option}": "{addr[0]}:{addr[1]}"}}\n'
+    if os.environ.get("FAKE_CHIVE_BAD_PORTS") == name:
+        text = f'{{"{option}": "{addr[0]}"}}\n'  # no port
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.rename(path)
 
 
 def authority(conf: dict, print_identity: bool) -> int:
@@ -86,7 +105,8 @@ def authority(conf: dict, print_identity: bool) -> int:
 
     threading.Thread(target=publish_loop, daemon=True).start()
     server = ThreadingHTTPServer(hostport(conf["DirPort"]), Handler)
-    log(f"authority listening on {conf['DirPort']}")
+    write_ports(conf, "authority", "DirPort", server.server_address[:2])
+    log(f"authority listening on {server.server_address}")
     server.serve_forever()
     return 0
 
@@ -95,6 +115,8 @@ def relay(conf: dict) -> int:
     import urllib.request
 
     host, port = hostport(conf["Authority"])
+    listener = socket.create_server(hostport(conf["ORPort"]))  # held, never accepted
+    write_ports(conf, conf["Nickname"], "ORPort", listener.getsockname()[:2])
     if os.environ.get("FAKE_CHIVE_NO_PUBLISH") == conf["Nickname"]:
         log(f"{conf['Nickname']}: not publishing (test)")
         while True:
@@ -184,7 +206,8 @@ class ThreadingTCP(socketserver.ThreadingTCPServer):
 
 def client(conf: dict) -> int:
     server = ThreadingTCP(hostport(conf["SocksPort"]), SocksHandler)
-    log(f"socks on {conf['SocksPort']}")
+    write_ports(conf, "client", "SocksPort", server.server_address[:2])
+    log(f"socks on {server.server_address}")
     server.serve_forever()
     return 0
 
@@ -210,7 +233,9 @@ def httpd(conf: dict) -> int:
             self.wfile.write(body)
 
     server = ThreadingHTTPServer(hostport(conf["Listen"]), Handler)
-    log(f"httpd on {conf['Listen']}")
+    host, port = server.server_address[:2]
+    print(f'{{"listening": "{host}:{port}"}}', flush=True)  # as chive httpd: first stdout line
+    log(f"httpd on {server.server_address}")
     server.serve_forever()
     return 0
 

@@ -34,7 +34,8 @@ def _all_gone(dir: Path) -> bool:
 
 @pytest.fixture
 def env_clean(monkeypatch):
-    for var in ("FAKE_CHIVE_FAIL", "FAKE_CHIVE_IGNORE_TERM", "FAKE_CHIVE_NO_PUBLISH", "CHIVE_BIN"):
+    for var in ("FAKE_CHIVE_FAIL", "FAKE_CHIVE_IGNORE_TERM", "FAKE_CHIVE_NO_PUBLISH", "FAKE_CHIVE_BAD_PORTS",
+                "CHIVE_BIN"):
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
@@ -90,28 +91,33 @@ def test_up_and_down(tmp_path: Path, fake_chive: Path, env_clean):
         assert all(is_running(pid) for pid in info.pids.values())
         assert info.socks.startswith("127.0.0.1:") and info.http.startswith("http://127.0.0.1:")
 
-        # Configs where documented, with the lab's settings.
+        # Configs where documented, with the lab's settings: every listener on port 0, and the
+        # addresses the lab hands out are those each node wrote to its PortsFile.
         auth = tomllib.loads((dir / "authority" / "authority.toml").read_text())
         assert auth["NetworkParameters"] == {"circwindow": 101}
-        assert auth["DirPort"] == info.authority
+        assert auth["DirPort"] == "127.0.0.1:0" and auth["PortsFile"] == "ports.json"
+        assert json.loads((dir / "authority" / "ports.json").read_text()) == {"DirPort": info.authority}
         assert auth["DataDirectory"] == str(dir.resolve() / "authority")
         identity = (dir / "authority" / "keys" / "identity.key").read_text().strip()
         assert info.authority_identity == identity
+        bound = {info.authority, info.socks, info.http.removeprefix("http://")}
         for i in range(1, 5):
             relay = tomllib.loads((dir / f"relay{i}" / f"relay{i}.toml").read_text())
             assert relay["Nickname"] == f"relay{i}"
-            assert relay["AuthorityIdentity"] == identity
+            assert relay["Authority"] == info.authority and relay["AuthorityIdentity"] == identity
+            assert relay["ORPort"] == "127.0.0.1:0" and relay["PortsFile"] == "ports.json"
             assert relay["BandwidthRate"] == relay["BandwidthBurst"] == 250_000
             assert relay["CircuitPriorityHalflife"] == 0 and relay["Scheduler"] == "rr"
             assert (dir / f"relay{i}" / "chive.log").exists()
+            bound.add(json.loads((dir / f"relay{i}" / "ports.json").read_text())["ORPort"])
         client = tomllib.loads((dir / "client" / "client.toml").read_text())
-        assert client["SocksPort"] == info.socks
+        assert client["SocksPort"] == "127.0.0.1:0"
+        assert json.loads((dir / "client" / "ports.json").read_text()) == {"SocksPort": info.socks}
         httpd = tomllib.loads((dir / "httpd" / "httpd.toml").read_text())
-        assert info.http == f"http://{httpd['Listen']}"
-        or_ports = {
-            tomllib.loads((dir / f"relay{i}" / f"relay{i}.toml").read_text())["ORPort"] for i in range(1, 5)
-        }
-        assert len(or_ports | {auth["DirPort"], client["SocksPort"], httpd["Listen"]}) == 7
+        assert httpd["Listen"] == "127.0.0.1:0"
+        listening = json.loads((dir / "httpd" / "chive.log").read_text().splitlines()[0])["listening"]
+        assert info.http == f"http://{listening}"
+        assert len(bound) == 7 and not any(a.endswith(":0") for a in bound), bound
 
         state = load_state(dir)
         assert state.status == "ready"
@@ -166,11 +172,23 @@ def test_failing_node_is_reported_and_everything_stopped(tmp_path: Path, fake_ch
     assert _all_gone(dir)
 
 
+def test_malformed_ports_file_fails_that_node_and_stops_everything(tmp_path: Path, fake_chive: Path,
+                                                                   env_clean):
+    env_clean.setenv("FAKE_CHIVE_BAD_PORTS", "relay2")
+    dir = tmp_path / "net"
+    with pytest.raises(LabError, match=r"PortsFile .*relay2/ports.json: ORPort = '127.0.0.1' is not") as exc:
+        Network.up(NetworkSpec(binary=fake_chive, timeout=30, consensus_interval=1), dir, progress=_quiet)
+    assert exc.value.node == "relay2" and exc.value.log_tail is not None
+    assert load_state(dir).status.startswith("failed")
+    assert _all_gone(dir)
+
+
 def test_timeout_names_missing_relay(tmp_path: Path, fake_chive: Path, env_clean):
     env_clean.setenv("FAKE_CHIVE_NO_PUBLISH", "relay3")
     dir = tmp_path / "net"
+    # The deadline covers every node binding its ports too: room for slow interpreter starts.
     with pytest.raises(LabError, match="relay3") as exc:
-        Network.up(NetworkSpec(binary=fake_chive, timeout=3, consensus_interval=1), dir, progress=_quiet)
+        Network.up(NetworkSpec(binary=fake_chive, timeout=8, consensus_interval=1), dir, progress=_quiet)
     assert "timed out" in str(exc.value)
     assert exc.value.node == "authority"
     assert _all_gone(dir)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .. import config as cfg
 from ..errors import LabError, RunFailed
+from ..ports import any_port
 from ..process import is_running, spawn
 from ..state import State, save_state
 from .control import control_for
@@ -94,8 +95,9 @@ def start_tor_network(
     verbose = any(w in spec.log_level.lower() for w in ("debug", "trace"))
     relay_names = [f"relay{i}" for i in range(1, spec.relays + 1)]
     # Authority: ORPort, DirPort, ControlPort. Relay: ORPort, ControlPort,
-    # MetricsPort. Client: SocksPort, ControlPort. httpd: one port.
-    ports = iter(free_ports(3 * n_auth + 3 * spec.relays + 3))
+    # MetricsPort. Client: SocksPort, ControlPort. (Tor cannot report the ports it bound, so
+    # they are probed; chive httpd gets port 0 and prints the address it bound.)
+    ports = iter(free_ports(3 * n_auth + 3 * spec.relays + 2))
     authorities = [
         TorNode(name=f"auth{i}", role="authority", dir=dir / f"auth{i}", control_port=next(ports),
                 or_port=next(ports), dir_port=next(ports))
@@ -109,13 +111,12 @@ def start_tor_network(
     nodes = [*authorities, *relays]
     client = TorNode(name="client", role="client", dir=dir / "client", control_port=next(ports),
                      socks_port=next(ports))
-    http_port = next(ports)
 
     state.endpoints = {
         "impl": "tor",
         "authority": f"127.0.0.1:{authorities[0].dir_port}",
         "socks": f"127.0.0.1:{client.socks_port}",
-        "http": f"http://{HTTPD_ADDRESS}:{http_port}",
+        "http": "",  # once httpd reported the port it bound
         "tor": {
             "version": tools.version,
             "binary": tools.tor,
@@ -148,8 +149,8 @@ def start_tor_network(
         save_state(dir, state)  # record before waiting on anything
 
     httpd_toml = dir / "httpd" / "httpd.toml"
-    httpd_cfg = cfg.httpd_config(port=http_port)
-    httpd_cfg["Listen"] = f"{HTTPD_ADDRESS}:{http_port}"
+    httpd_cfg = cfg.httpd_config()
+    httpd_cfg["Listen"] = any_port(HTTPD_ADDRESS)
     cfg.write_toml(httpd_toml, httpd_cfg)
     net._start("httpd", binary, httpd_toml, state, procs)
     progress(
@@ -158,8 +159,10 @@ def start_tor_network(
         f"waiting up to {timeout:.0f} s for bootstrap"
     )
 
-    http = state.endpoints["http"]
     try:
+        state.endpoints["http"] = f"http://{net._httpd_address(state, deadline)}"
+        save_state(dir, state)
+        http = state.endpoints["http"]
         _wait_bootstrap(net, client, relay_names, state, deadline, started)
         net._wait_fetch(f"{http}/bytes/{PROBE_BYTES}", None, "httpd", state, deadline)
         net._wait_fetch(f"{http}/bytes/{PROBE_BYTES}", state.endpoints["socks"], "client", state, deadline)
