@@ -95,21 +95,19 @@ def prepare_keys(tools: TorTools, nodes: list[TorNode], dir: Path, deadline: flo
     def named(node: TorNode, e: LabError) -> LabError:
         return LabError(str(e), node=node.name, log_tail=e.log_tail or log_tails(node.dir))
 
-    for a in (n for n in nodes if n.role == "authority"):
-        try:
-            _make_authority_keys(tools, a, deadline)
-        except LabError as e:
-            raise named(a, e) from e
-    # Every relay's identity (for the authorities' DirAuthority lines and the
-    # bandwidth file); a few at a time, each is one short tor run.
-    servers = [n for n in nodes if n.role != "client"]
+    # Every authority's v3 keys (tor-gencert: a 3072-bit RSA key, the slowest step) and every
+    # server's identity (for the DirAuthority lines and the bandwidth file), a few at a time:
+    # each is one short command, independent of the others (an authority's v3 keys and its
+    # relay identity are different files).
+    jobs = [(a, _make_authority_keys, (tools, a, deadline)) for a in nodes if a.role == "authority"]
+    jobs += [(n, _make_relay_identity, (tools, n, empty, deadline)) for n in nodes if n.role != "client"]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {n.name: pool.submit(_make_relay_identity, tools, n, empty, deadline) for n in servers}
-        for n in servers:
+        futures = [(node, pool.submit(fn, *args)) for node, fn, args in jobs]
+        for node, future in futures:
             try:
-                futures[n.name].result()
+                future.result()
             except LabError as e:
-                raise named(n, e) from e
+                raise named(node, e) from e
     relays = [n for n in nodes if n.role == "relay"]
     (dir / BANDWIDTH_FILE).write_text(bandwidth_file(relays, time.time()), encoding="utf-8")
     return empty
