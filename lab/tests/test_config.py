@@ -121,6 +121,7 @@ def test_authority_config_file(tmp_path: Path):
         "Nickname": "auth",
         "DataDirectory": str(tmp_path / "authority"),
         "DirPort": "127.0.0.1:7000",
+        "PortsFile": "ports.json",
         "ConsensusInterval": 2,
         "TestingAllGuards": True,
         "Log": "info",
@@ -142,6 +143,7 @@ def test_relay_config_defaults_and_overrides(tmp_path: Path):
         "Nickname": "relay1",
         "DataDirectory": str(tmp_path / "relay1"),
         "ORPort": "127.0.0.1:5001",
+        "PortsFile": "ports.json",
         "Authority": "127.0.0.1:7000",
         "AuthorityIdentity": "ab" * 32,
         "BandwidthRate": 0,
@@ -184,6 +186,7 @@ def test_client_and_httpd_config():
     assert tomllib.loads(cfg.toml_dumps(c)) == {
         "DataDirectory": "/d/client",
         "SocksPort": "127.0.0.1:9050",
+        "PortsFile": "ports.json",
         "Authority": "127.0.0.1:7000",
         "AuthorityIdentity": "cd" * 32,
         "Log": "debug",
