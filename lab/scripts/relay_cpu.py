@@ -548,8 +548,10 @@ def main(argv=None) -> int:
     manifest.update(end=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status="complete")
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
+    # Outside a git checkout (an unpacked tarball, a copied tree) the revision is unknown.
+    revision = (manifest["git"]["revision"] or "unknown")[:12]
     print(f"CPU per relayed byte, {args.bytes} bytes per download, median of {args.runs} runs, "
-          f"3-hop loopback, no rate limits (git {manifest['git']['revision'][:12]}"
+          f"3-hop loopback, no rate limits (git {revision}"
           f"{' dirty' if manifest['git']['dirty'] else ''})")
     print(text_table(rows))
     if floor:
