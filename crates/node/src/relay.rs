@@ -153,9 +153,11 @@ Config file options (TOML):
   DoSConnectionConnectBurst = 40         are exempt
   DoSConnectionConnectDefenseTimePeriod = 86400
   DoSStreamCreationEnabled = 1           Exits: a per-circuit BEGIN/RESOLVE token bucket
-  DoSStreamCreationRate = 100            (Tor 0.4.9); past it, DefenseType 2 answers END
-  DoSStreamCreationBurst = 300           (MISC), 3 closes the circuit, 1 only counts
-  DoSStreamCreationDefenseType = 2
+  DoSStreamCreationRate = 100            (Tor 0.4.9); past it, DefenseType 2 refuses the
+  DoSStreamCreationBurst = 300           stream (END MISC; RESOLVED error for a RESOLVE),
+  DoSStreamCreationDefenseType = 2       3 closes the circuit, 1 only counts. As in torrc,
+                                         0 = the consensus's value for every DoS option
+                                         but the three *Enabled (0 = off)
   CircuitSwitching = \"off\"        circuit switching (paper 003): \"off\", \"connection\" (an entry
                                    moves its heaviest circuit off a congested connection onto a
                                    second connection to the same relay) or \"path\" (an entry

@@ -1,0 +1,120 @@
+//! The exit's stream-creation defence (`DoSStreamCreation*`, docs/security.md) on real
+//! processes: a client opens streams as fast as it can on one circuit (one SOCKS username,
+//! many threads) through relays with `DoSStreamCreationEnabled = 1` and a small bucket. The
+//! exit must refuse what is past the bucket (END, reason MISC: the SOCKS request fails) and
+//! count it in its metrics; an honest client's download through the same relays, on its own
+//! circuit, must complete byte-exact during the flood; the exit must keep serving after it.
+//! The deterministic rules (burst, refill, RESOLVE, type 3) are `chive-core`'s `dos_streams`.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+/// The exit's bucket: small, so the flood is refused after a handful of streams.
+const BURST: usize = 20;
+const RATE: usize = 2;
+/// Streams the flooder tries, and the threads that open them at once.
+const FLOOD_STREAMS: usize = 300;
+const FLOOD_THREADS: usize = 16;
+
+/// The sum over every relay of a counter (the exit of a 3-hop circuit over 3 relays may be
+/// any of them).
+fn counter_sum(net: &Network, name: &str) -> u64 {
+    (0..net.metrics.len())
+        .map(|i| {
+            net.scrape(i)
+                .lines()
+                .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0) as u64
+        })
+        .sum()
+}
+
+#[test]
+fn a_stream_flood_on_one_circuit_is_refused_at_the_exit_and_an_honest_fetch_completes() {
+    let dos = format!(
+        "DoSStreamCreationEnabled = 1\nDoSStreamCreationBurst = {BURST}\n\
+         DoSStreamCreationRate = {RATE}\nDoSStreamCreationDefenseType = 2"
+    );
+    let mut net = Network::start("dos_streams", [&dos, &dos, &dos]);
+    let (socks, http) = (net.socks, net.http);
+    // Build the flooder's circuit first (one stream), so the flood is BEGINs, not a build.
+    assert_eq!(
+        fetch(socks, http, 1000, Some(("flood", "x"))).unwrap(),
+        pattern(1000)
+    );
+    assert_eq!(counter_sum(&net, "chive_dos_streams_refused_total"), 0);
+
+    let t0 = Instant::now();
+    let (opened, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let flooders: Vec<_> = (0..FLOOD_THREADS)
+        .map(|t| {
+            let (opened, failed) = (opened.clone(), failed.clone());
+            std::thread::spawn(move || {
+                for _ in (t..FLOOD_STREAMS).step_by(FLOOD_THREADS) {
+                    match socks_connect(socks, http, Some(("flood", "x"))) {
+                        Ok(mut s) => {
+                            opened.fetch_add(1, Ordering::Relaxed);
+                            let _ = write!(s, "GET /bytes/1 HTTP/1.0\r\n\r\n");
+                        }
+                        Err(_) => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    // The honest client (its own circuit: another SOCKS username) during the flood.
+    let honest = std::thread::spawn(move || {
+        let t = Instant::now();
+        let body = fetch(socks, http, 2_000_000, Some(("honest", "x")));
+        (body, t.elapsed())
+    });
+    for f in flooders {
+        f.join().unwrap();
+    }
+    let flood_time = t0.elapsed();
+    let (body, honest_time) = honest.join().unwrap();
+    let body = body.expect("honest download failed during the flood");
+    assert!(body == pattern(2_000_000), "honest download not byte-exact");
+
+    let (opened, failed) = (
+        opened.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+    );
+    let refused = counter_sum(&net, "chive_dos_streams_refused_total") as usize;
+    eprintln!(
+        "stream flood: {FLOOD_STREAMS} SOCKS requests on one circuit in {:.2} s: {opened} opened, \
+         {failed} failed; exit refused {refused}; honest 2 MB in {:.2} s",
+        flood_time.as_secs_f64(),
+        honest_time.as_secs_f64(),
+    );
+    // At most the burst, the refill during the flood, and the warm-up's token opened.
+    let allowed = BURST + RATE * (flood_time.as_secs() as usize + 1);
+    assert!(
+        opened + 1 <= allowed,
+        "{opened} flood streams opened, the bucket allows {allowed}"
+    );
+    assert!(
+        refused >= FLOOD_STREAMS - allowed,
+        "the exit counted {refused} refused streams of {FLOOD_STREAMS}"
+    );
+    assert_eq!(
+        refused, failed,
+        "every refusal reached the SOCKS application, nothing else failed"
+    );
+
+    // The exit keeps serving: the honest circuit and a new one both fetch.
+    assert_eq!(
+        fetch(socks, http, 100_000, Some(("honest", "x"))).unwrap(),
+        pattern(100_000)
+    );
+    assert_eq!(fetch(socks, http, 100_000, None).unwrap(), pattern(100_000));
+    net.check_alive();
+}
