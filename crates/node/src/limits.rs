@@ -265,7 +265,7 @@ mod tests {
             16,
             "a new DoS option needs its range tested"
         );
-        for spec in DOS_PARAMS {
+        for spec in DOS_PARAMS.iter() {
             for ok in [spec.min, spec.max] {
                 let o = DosOptions::new(&[(spec.name, Some(ok))]);
                 let o = o.unwrap_or_else(|e| panic!("{} = {ok}: {e}", spec.name));
