@@ -195,6 +195,10 @@ pub struct DosConfig {
     pub connection: ConnectionConfig,
     /// `DoSStreamCreation*`.
     pub stream_creation: StreamCreationConfig,
+    /// `DoSRefuseSingleHopClientRendezvous`: drop an ESTABLISH_RENDEZVOUS arriving straight
+    /// from a client's channel (a single-hop rendezvous circuit), as Tor's
+    /// `rend_mid_establish_rendezvous` (default off).
+    pub refuse_single_hop_rendezvous: bool,
 }
 
 impl DosConfig {
@@ -218,6 +222,9 @@ pub struct DosStats {
     /// closed their circuit (type 3) or, with type 1, let through (Tor counts those too, as
     /// its heartbeat's "stream rejected").
     pub streams_refused: u64,
+    /// ESTABLISH_RENDEZVOUS cells dropped for coming from a single-hop client
+    /// (`DoSRefuseSingleHopClientRendezvous`).
+    pub single_hop_refused: u64,
     /// Addresses tracked now.
     pub tracked_addresses: usize,
 }
@@ -452,6 +459,17 @@ impl DosGuard {
             sc.defense
         );
         Some(sc.defense)
+    }
+
+    /// An ESTABLISH_RENDEZVOUS came straight from a client's channel: `true` if it must be
+    /// dropped (`DoSRefuseSingleHopClientRendezvous`; counted, as Tor's
+    /// `dos_note_refuse_single_hop_client`).
+    pub fn refuse_single_hop_rendezvous(&mut self) -> bool {
+        if !self.cfg.refuse_single_hop_rendezvous {
+            return false;
+        }
+        self.stats.single_hop_refused += 1;
+        true
     }
 
     /// Drop entries that hold nothing worth keeping: no connection, no mark in force, both

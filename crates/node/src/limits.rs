@@ -83,10 +83,11 @@ pub fn max_mem_in_queues(opt: Option<&MemSize>) -> Result<(usize, Option<String>
     Ok((usize::try_from(bytes).unwrap_or(usize::MAX), warning))
 }
 
-/// The `*Enabled` options (0/1; torrc also takes "auto", which is chive's unset), the only
-/// ones where 0 is a value of its own rather than "use the consensus".
+/// The on/off options (the three `*Enabled` and `DoSRefuseSingleHopClientRendezvous`, 0..=1;
+/// torrc also takes "auto", which is chive's unset), the only ones where 0 is a value of its
+/// own rather than "use the consensus".
 fn is_switch(spec: &ParamSpec) -> bool {
-    spec.name.ends_with("Enabled")
+    (spec.min, spec.max) == (0, 1)
 }
 
 /// MemTotal from /proc/meminfo, if readable.
@@ -107,9 +108,10 @@ pub struct DosOptions {
 impl DosOptions {
     /// The options set, as (name, value); a value outside the parameter's range is an error
     /// naming the option (Tor refuses such a torrc, while a consensus value is clamped). As in
-    /// torrc, 0 for any option but the three `*Enabled` ones means "use the consensus
-    /// parameter" (tor's man page: "0 means use the consensus parameter"), the same as unset;
-    /// an `*Enabled` option set to 0 turns its defence off whatever the consensus says.
+    /// torrc, 0 for any option but the on/off ones (the `*Enabled` three and
+    /// `DoSRefuseSingleHopClientRendezvous`) means "use the consensus parameter" (tor's man
+    /// page), the same as unset; an on/off option set to 0 turns its defence off whatever the
+    /// consensus says.
     pub fn new(values: &[(&str, Option<i64>)]) -> Result<DosOptions, String> {
         let mut set = Vec::new();
         for &(name, value) in values {
@@ -175,6 +177,7 @@ impl DosOptions {
                         format!("{}: must be 1, 2 or 3", DOS_STREAM_DEFENSE_TYPE.name)
                     })?,
             },
+            refuse_single_hop_rendezvous: self.get(&DOS_REFUSE_SINGLE_HOP, params) == 1,
         })
     }
 }
@@ -262,7 +265,7 @@ mod tests {
     fn every_dos_option_takes_its_range_and_refuses_past_it() {
         assert_eq!(
             DOS_PARAMS.len(),
-            16,
+            17,
             "a new DoS option needs its range tested"
         );
         for spec in DOS_PARAMS.iter() {
@@ -309,6 +312,7 @@ mod tests {
             "Enabled = 0 is off, whatever the consensus"
         );
         assert!(!c.circuit_creation.enabled && !c.connection.enabled);
+        assert!(!c.refuse_single_hop_rendezvous);
         assert_eq!(c.stream_creation.rate, 7);
         assert_eq!(c.stream_creation.burst, 300);
         assert_eq!(c.stream_creation.defense, StreamDefense::CloseCircuit);
