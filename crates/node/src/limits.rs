@@ -331,9 +331,9 @@ mod tests {
         let (v, warning) = mem(MemSize::Bytes(MIN_CONFIGURED_MEM)).unwrap();
         assert_eq!(v as u64, MIN_CONFIGURED_MEM);
         assert!(warning.is_some());
-        let (_, warning) = mem(MemSize::Bytes(MIN_MAX_MEM_IN_QUEUES as u64 - 1)).unwrap();
+        let (_, warning) = mem(MemSize::Bytes(MIN_MAX_MEM_IN_QUEUES - 1)).unwrap();
         assert!(warning.is_some());
-        let (_, warning) = mem(MemSize::Bytes(MIN_MAX_MEM_IN_QUEUES as u64)).unwrap();
+        let (_, warning) = mem(MemSize::Bytes(MIN_MAX_MEM_IN_QUEUES)).unwrap();
         assert!(warning.is_none());
         let (v, _) = mem(MemSize::Bytes(u64::MAX)).unwrap();
         assert_eq!(v, usize::try_from(u64::MAX).unwrap_or(usize::MAX));
