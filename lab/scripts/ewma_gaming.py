@@ -16,7 +16,7 @@ the middles' channels to the entry, where no relay can tell the clients apart.
 
     CHIVE_BIN=$PWD/target/release/chive .venv/bin/python lab/scripts/ewma_gaming.py \\
         --out runs/ewma-gaming [--configs ewma,ewma+fair,rr] [--circuits 50] [--seconds 30]
-        [--shared-middles] [--set ReadRateMargin=1.0]
+        [--shared-middles] [--set ReadRateMargin=1.0] [--param cc_alg=2]
 
 Configurations: `ewma` (today's default: CrossChannelPriority ranks a channel by its best
 circuit), `ewma+fair` (`ChannelFairness = true`: client channels ranked by their total),
@@ -121,6 +121,8 @@ def run_one(name, args, outdir):
           "--quiet"]
     for kv in CONFIGS[name] + args.set:
         up += ["--set", kv]
+    for kv in args.param:
+        up += ["--param", kv]
     info = json.loads(subprocess.run(up, check=True, capture_output=True, text=True).stdout)
     procs = []
     try:
@@ -192,6 +194,8 @@ def main():
                     help="let gamer and single share middles and exits (4 relays), so they also meet "
                          "on the middles' channels to the entry; default: disjoint paths (5 relays)")
     ap.add_argument("--set", action="append", default=[], help="extra relay option KEY=VALUE")
+    ap.add_argument("--param", action="append", default=[],
+                    help="consensus parameter KEY=INT for the authority, e.g. cc_alg=2 (Vegas)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     args.out.mkdir(parents=True, exist_ok=True)

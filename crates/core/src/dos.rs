@@ -24,11 +24,14 @@
 //!
 //! **Stream creation** (Tor 0.4.9's `DoSStreamCreation*`, per circuit, not per address): every
 //! circuit ending at this exit has a bucket of `DoSStreamCreationBurst` tokens, refilled at
-//! `DoSStreamCreationRate` per second; each BEGIN or RESOLVE takes one. One arriving at an empty
-//! bucket gets the `DoSStreamCreationDefenseType` answer: 2 (default) refuses that stream with
-//! END (reason MISC, as Tor: RESOURCELIMIT would make the client avoid the exit), 3 closes the
-//! circuit (DESTROY, RESOURCELIMIT), 1 lets it through. The bucket lives in the circuit
-//! ([`StreamBucket`]), so it costs nothing per address and dies with the circuit.
+//! `DoSStreamCreationRate` per second; each well-formed BEGIN and each RESOLVE takes one. One
+//! arriving at an empty bucket gets the `DoSStreamCreationDefenseType` answer: 2 (default)
+//! refuses that stream (a BEGIN with END, reason MISC, as Tor: RESOURCELIMIT would make the
+//! client avoid the exit; a RESOLVE with a RESOLVED transient error), 3 closes the circuit
+//! (DESTROY, RESOURCELIMIT), 1 lets it through. Every one of them is counted, type 1 included
+//! (Tor's `dos_stream_new_begin_or_resolve_cell` counts before it looks at the type). The
+//! bucket lives in the circuit ([`StreamBucket`]), so it costs nothing per address and dies
+//! with the circuit.
 //!
 //! Memory: an address has an entry while it has client connections, is marked, or has a bucket
 //! that is not yet full again; idle entries are dropped by a sweep every
@@ -134,7 +137,8 @@ impl Default for ConnectionConfig {
 pub enum StreamDefense {
     /// Count it, let it through.
     None,
-    /// Answer END (reason MISC) for that stream; the circuit stays.
+    /// Refuse that stream (BEGIN: END, reason MISC; RESOLVE: RESOLVED with a transient
+    /// error, as Tor); the circuit stays.
     RefuseStream,
     /// Close the circuit with DESTROY (RESOURCELIMIT).
     CloseCircuit,
@@ -191,6 +195,10 @@ pub struct DosConfig {
     pub connection: ConnectionConfig,
     /// `DoSStreamCreation*`.
     pub stream_creation: StreamCreationConfig,
+    /// `DoSRefuseSingleHopClientRendezvous`: drop an ESTABLISH_RENDEZVOUS arriving straight
+    /// from a client's channel (a single-hop rendezvous circuit), as Tor's
+    /// `rend_mid_establish_rendezvous` (default off).
+    pub refuse_single_hop_rendezvous: bool,
 }
 
 impl DosConfig {
@@ -210,9 +218,13 @@ pub struct DosStats {
     pub connections_refused_concurrent: u64,
     /// Connections refused because the address was marked for its connect rate.
     pub connections_refused_rate: u64,
-    /// BEGIN/RESOLVE cells past their circuit's stream bucket that were refused (END) or
-    /// closed their circuit (`DoSStreamCreationDefenseType` 2 or 3).
+    /// BEGIN/RESOLVE cells that found their circuit's stream bucket empty: refused (type 2),
+    /// closed their circuit (type 3) or, with type 1, let through (Tor counts those too, as
+    /// its heartbeat's "stream rejected").
     pub streams_refused: u64,
+    /// ESTABLISH_RENDEZVOUS cells dropped for coming from a single-hop client
+    /// (`DoSRefuseSingleHopClientRendezvous`).
+    pub single_hop_refused: u64,
     /// Addresses tracked now.
     pub tracked_addresses: usize,
 }
@@ -421,7 +433,8 @@ impl DosGuard {
 
     /// A BEGIN or RESOLVE arrived on a circuit ending here (Tor's
     /// `dos_stream_new_begin_or_resolve_cell`): take a token from the circuit's bucket (made
-    /// full on first use). `None`: let it through; otherwise the defence to apply (counted).
+    /// full on first use). `None`: let it through; otherwise the defence to apply. A cell
+    /// that finds the bucket empty is counted whatever the defence type, as in Tor.
     pub fn on_stream(
         &mut self,
         bucket: &mut Option<StreamBucket>,
@@ -437,15 +450,26 @@ impl DosGuard {
             b.take();
             return None;
         }
+        self.stats.streams_refused += 1;
         if sc.defense == StreamDefense::None {
             return None;
         }
-        self.stats.streams_refused += 1;
         debug!(
             "DoS: stream creation over its circuit's rate: {:?}",
             sc.defense
         );
         Some(sc.defense)
+    }
+
+    /// An ESTABLISH_RENDEZVOUS came straight from a client's channel: `true` if it must be
+    /// dropped (`DoSRefuseSingleHopClientRendezvous`; counted, as Tor's
+    /// `dos_note_refuse_single_hop_client`).
+    pub fn refuse_single_hop_rendezvous(&mut self) -> bool {
+        if !self.cfg.refuse_single_hop_rendezvous {
+            return false;
+        }
+        self.stats.single_hop_refused += 1;
+        true
     }
 
     /// Drop entries that hold nothing worth keeping: no connection, no mark in force, both

@@ -142,8 +142,17 @@ pub const DOS_STREAM_DEFENSE_TYPE: ParamSpec = ParamSpec {
     max: 3,
 };
 
+/// `DoSRefuseSingleHopClientRendezvous`: 1 makes a rendezvous point drop, silently, an
+/// ESTABLISH_RENDEZVOUS on a circuit that a client built straight to it (default 0, as Tor).
+pub const DOS_REFUSE_SINGLE_HOP: ParamSpec = ParamSpec {
+    name: "DoSRefuseSingleHopClientRendezvous",
+    default: 0,
+    min: 0,
+    max: 1,
+};
+
 /// Every DoS parameter.
-pub const DOS_PARAMS: [ParamSpec; 16] = [
+pub const DOS_PARAMS: [ParamSpec; 17] = [
     DOS_CC_ENABLED,
     DOS_CC_MIN_CONNECTIONS,
     DOS_CC_RATE,
@@ -160,6 +169,7 @@ pub const DOS_PARAMS: [ParamSpec; 16] = [
     DOS_STREAM_RATE,
     DOS_STREAM_BURST,
     DOS_STREAM_DEFENSE_TYPE,
+    DOS_REFUSE_SINGLE_HOP,
 ];
 
 #[cfg(test)]

@@ -70,6 +70,7 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
     dos::DOS_STREAM_RATE,
     dos::DOS_STREAM_BURST,
     dos::DOS_STREAM_DEFENSE_TYPE,
+    dos::DOS_REFUSE_SINGLE_HOP,
     crate::cc_params::CC_ALG,
     crate::cc_params::CC_CWND_INIT,
     crate::cc_params::CC_CWND_MIN,

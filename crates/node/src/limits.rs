@@ -83,6 +83,13 @@ pub fn max_mem_in_queues(opt: Option<&MemSize>) -> Result<(usize, Option<String>
     Ok((usize::try_from(bytes).unwrap_or(usize::MAX), warning))
 }
 
+/// The on/off options (the three `*Enabled` and `DoSRefuseSingleHopClientRendezvous`, 0..=1;
+/// torrc also takes "auto", which is chive's unset), the only ones where 0 is a value of its
+/// own rather than "use the consensus".
+fn is_switch(spec: &ParamSpec) -> bool {
+    (spec.min, spec.max) == (0, 1)
+}
+
 /// MemTotal from /proc/meminfo, if readable.
 fn total_ram() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -100,7 +107,11 @@ pub struct DosOptions {
 
 impl DosOptions {
     /// The options set, as (name, value); a value outside the parameter's range is an error
-    /// naming the option (Tor refuses such a torrc, while a consensus value is clamped).
+    /// naming the option (Tor refuses such a torrc, while a consensus value is clamped). As in
+    /// torrc, 0 for any option but the on/off ones (the `*Enabled` three and
+    /// `DoSRefuseSingleHopClientRendezvous`) means "use the consensus parameter" (tor's man
+    /// page), the same as unset; an on/off option set to 0 turns its defence off whatever the
+    /// consensus says.
     pub fn new(values: &[(&str, Option<i64>)]) -> Result<DosOptions, String> {
         let mut set = Vec::new();
         for &(name, value) in values {
@@ -109,6 +120,9 @@ impl DosOptions {
                 .iter()
                 .find(|s| s.name == name)
                 .ok_or_else(|| format!("{name}: not a DoS option"))?;
+            if v == 0 && !is_switch(spec) {
+                continue;
+            }
             if !(spec.min..=spec.max).contains(&v) {
                 return Err(format!(
                     "{name}: {v} is out of range {}..={}",
@@ -163,6 +177,7 @@ impl DosOptions {
                         format!("{}: must be 1, 2 or 3", DOS_STREAM_DEFENSE_TYPE.name)
                     })?,
             },
+            refuse_single_hop_rendezvous: self.get(&DOS_REFUSE_SINGLE_HOP, params) == 1,
         })
     }
 }
@@ -235,12 +250,104 @@ mod tests {
     fn out_of_range_dos_options_are_errors_naming_them() {
         for (name, bad) in [
             ("DoSCircuitCreationDefenseType", 3),
-            ("DoSCircuitCreationBurst", 0),
+            ("DoSCircuitCreationBurst", -1),
             ("DoSConnectionConnectDefenseTimePeriod", 9),
             ("DoSConnectionEnabled", 2),
         ] {
             let err = DosOptions::new(&[(name, Some(bad))]).unwrap_err();
             assert!(err.starts_with(&format!("{name}: ")), "{err}");
+        }
+    }
+
+    /// Every `DoS*` option: its range's ends are taken, one past either end is refused with
+    /// the option named (0 aside, which is "the consensus's value" for all but `*Enabled`).
+    #[test]
+    fn every_dos_option_takes_its_range_and_refuses_past_it() {
+        assert_eq!(
+            DOS_PARAMS.len(),
+            17,
+            "a new DoS option needs its range tested"
+        );
+        for spec in DOS_PARAMS.iter() {
+            for ok in [spec.min, spec.max] {
+                let o = DosOptions::new(&[(spec.name, Some(ok))]);
+                let o = o.unwrap_or_else(|e| panic!("{} = {ok}: {e}", spec.name));
+                o.config(None)
+                    .unwrap_or_else(|e| panic!("{} = {ok}: {e}", spec.name));
+                if ok != 0 || is_switch(spec) {
+                    assert_eq!(o.get(spec, None), ok, "{}", spec.name);
+                }
+            }
+            let mut bad = vec![spec.max + 1, -1, i64::MIN];
+            if spec.min > 1 || (spec.min == 1 && is_switch(spec)) {
+                bad.push(spec.min - 1);
+            }
+            for v in bad {
+                let err = DosOptions::new(&[(spec.name, Some(v))])
+                    .expect_err(&format!("{} = {v} must be refused", spec.name));
+                assert!(err.starts_with(&format!("{}: {v} ", spec.name)), "{err}");
+            }
+        }
+    }
+
+    /// As in torrc, 0 means "use the consensus" for every option but the switches, where it
+    /// turns the defence off.
+    #[test]
+    fn zero_means_the_consensus_value_except_for_the_switches() {
+        let mut params = NetParams::new();
+        params.set("DoSStreamCreationEnabled", 1).unwrap();
+        params.set("DoSStreamCreationRate", 7).unwrap();
+        params.set("DoSStreamCreationDefenseType", 3).unwrap();
+        params
+            .set("DoSConnectionConnectDefenseTimePeriod", 600)
+            .unwrap();
+        let zeros: Vec<(&str, Option<i64>)> =
+            DOS_PARAMS.iter().map(|s| (s.name, Some(0))).collect();
+        let c = DosOptions::new(&zeros)
+            .unwrap()
+            .config(Some(&params))
+            .unwrap();
+        assert!(
+            !c.stream_creation.enabled,
+            "Enabled = 0 is off, whatever the consensus"
+        );
+        assert!(!c.circuit_creation.enabled && !c.connection.enabled);
+        assert!(!c.refuse_single_hop_rendezvous);
+        assert_eq!(c.stream_creation.rate, 7);
+        assert_eq!(c.stream_creation.burst, 300);
+        assert_eq!(c.stream_creation.defense, StreamDefense::CloseCircuit);
+        assert_eq!(c.connection.connect_defense_time, Duration::from_secs(600));
+        assert_eq!(c.circuit_creation.rate, 3);
+        assert_eq!(c.circuit_creation.defense, DefenseType::Refuse);
+        let no_consensus = DosOptions::new(&zeros).unwrap().config(None).unwrap();
+        assert_eq!(no_consensus, DosConfig::default());
+    }
+
+    /// `MaxMemInQueues`: 1 MiB is the least taken (with a warning below 256 MiB), one byte
+    /// less is refused, as are sizes that overflow and units of bits; each error names it.
+    #[test]
+    fn max_mem_in_queues_range_ends() {
+        let mem = |m: MemSize| max_mem_in_queues(Some(&m));
+        let (v, warning) = mem(MemSize::Bytes(MIN_CONFIGURED_MEM)).unwrap();
+        assert_eq!(v as u64, MIN_CONFIGURED_MEM);
+        assert!(warning.is_some());
+        let (_, warning) = mem(MemSize::Bytes(MIN_MAX_MEM_IN_QUEUES - 1)).unwrap();
+        assert!(warning.is_some());
+        let (_, warning) = mem(MemSize::Bytes(MIN_MAX_MEM_IN_QUEUES)).unwrap();
+        assert!(warning.is_none());
+        let (v, _) = mem(MemSize::Bytes(u64::MAX)).unwrap();
+        assert_eq!(v, usize::try_from(u64::MAX).unwrap_or(usize::MAX));
+        for bad in [
+            MemSize::Bytes(MIN_CONFIGURED_MEM - 1),
+            MemSize::Bytes(1),
+            MemSize::Text("1023 KB".into()),
+            MemSize::Text("17179869184 GB".into()),
+            MemSize::Text("256 Mbits".into()),
+            MemSize::Text("-5 MB".into()),
+            MemSize::Text("".into()),
+        ] {
+            let err = mem(bad.clone()).expect_err(&format!("{bad:?}"));
+            assert!(err.starts_with("MaxMemInQueues: "), "{bad:?}: {err}");
         }
     }
 }

@@ -547,8 +547,14 @@ pub fn render(snap: &Snapshot) -> String {
     metric(
         "chive_dos_streams_refused_total",
         "counter",
-        "BEGIN/RESOLVE cells refused (END) or whose circuit was closed by DoSStreamCreation.",
+        "BEGIN/RESOLVE cells past their circuit's DoSStreamCreation bucket (refused, circuit closed, or counted only with defense type 1).",
         snap.dos.streams_refused.to_string(),
+    );
+    metric(
+        "chive_dos_single_hop_refused_total",
+        "counter",
+        "ESTABLISH_RENDEZVOUS from single-hop clients dropped (DoSRefuseSingleHopClientRendezvous).",
+        snap.dos.single_hop_refused.to_string(),
     );
     metric(
         "chive_dos_addresses_marked_total",
@@ -754,6 +760,7 @@ mod tests {
                 circuits_refused: 11,
                 connections_refused_rate: 2,
                 streams_refused: 5,
+                single_hop_refused: 3,
                 ..DosStats::default()
             },
             ..Default::default()
@@ -762,6 +769,7 @@ mod tests {
         assert!(text.contains("chive_oom_circuits_killed_total 7"));
         assert!(text.contains("chive_dos_circuits_refused_total 11"));
         assert!(text.contains("chive_dos_streams_refused_total 5"));
+        assert!(text.contains("chive_dos_single_hop_refused_total 3"));
         assert!(text.contains("chive_dos_connections_refused_total{reason=\"rate\"} 2"));
     }
 }

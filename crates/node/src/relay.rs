@@ -153,9 +153,13 @@ Config file options (TOML):
   DoSConnectionConnectBurst = 40         are exempt
   DoSConnectionConnectDefenseTimePeriod = 86400
   DoSStreamCreationEnabled = 1           Exits: a per-circuit BEGIN/RESOLVE token bucket
-  DoSStreamCreationRate = 100            (Tor 0.4.9); past it, DefenseType 2 answers END
-  DoSStreamCreationBurst = 300           (MISC), 3 closes the circuit, 1 only counts
-  DoSStreamCreationDefenseType = 2
+  DoSStreamCreationRate = 100            (Tor 0.4.9); past it, DefenseType 2 refuses the
+  DoSStreamCreationBurst = 300           stream (END MISC; RESOLVED error for a RESOLVE),
+  DoSStreamCreationDefenseType = 2       3 closes the circuit, 1 only counts. As in torrc,
+                                         0 = the consensus's value for every DoS option
+                                         but the on/off ones (0 = off)
+  DoSRefuseSingleHopClientRendezvous = 1 a rendezvous point drops ESTABLISH_RENDEZVOUS from
+                                         a client connected straight to it (Tor's)
   CircuitSwitching = \"off\"        circuit switching (paper 003): \"off\", \"connection\" (an entry
                                    moves its heaviest circuit off a congested connection onto a
                                    second connection to the same relay) or \"path\" (an entry
@@ -285,6 +289,8 @@ pub struct RelayConfig {
     pub dos_stream_burst: Option<i64>,
     #[serde(rename = "DoSStreamCreationDefenseType", default)]
     pub dos_stream_defense_type: Option<i64>,
+    #[serde(rename = "DoSRefuseSingleHopClientRendezvous", default)]
+    pub dos_refuse_single_hop: Option<i64>,
     #[serde(rename = "CircuitSwitching", default)]
     pub circuit_switching: Option<String>,
     #[serde(rename = "SwitchGamma", default)]
@@ -411,6 +417,10 @@ impl RelayConfig {
             ("DoSStreamCreationRate", self.dos_stream_rate),
             ("DoSStreamCreationBurst", self.dos_stream_burst),
             ("DoSStreamCreationDefenseType", self.dos_stream_defense_type),
+            (
+                "DoSRefuseSingleHopClientRendezvous",
+                self.dos_refuse_single_hop,
+            ),
         ])
         .map_err(anyhow::Error::msg)
     }

@@ -162,10 +162,28 @@ fn memory_and_dos_options_are_checked_naming_them() {
     for (bad, name) in [
         ("MaxMemInQueues = 100", "MaxMemInQueues"),
         ("MaxMemInQueues = \"3 furlongs\"", "MaxMemInQueues"),
-        ("DoSCircuitCreationBurst = 0", "DoSCircuitCreationBurst"),
+        ("DoSCircuitCreationBurst = -1", "DoSCircuitCreationBurst"),
         ("DoSConnectionDefenseType = 3", "DoSConnectionDefenseType"),
+        ("DoSStreamCreationEnabled = 2", "DoSStreamCreationEnabled"),
+        ("DoSStreamCreationRate = -3", "DoSStreamCreationRate"),
+        (
+            "DoSStreamCreationBurst = 2147483648",
+            "DoSStreamCreationBurst",
+        ),
+        (
+            "DoSStreamCreationDefenseType = 4",
+            "DoSStreamCreationDefenseType",
+        ),
     ] {
         let err = config(bad).validate().expect_err(bad);
         assert!(format!("{err:#}").contains(name), "{err:#}");
     }
+    // 0 is torrc's "use the consensus" (the defaults here), except for the switches.
+    let t = config("DoSStreamCreationEnabled = 1\nDoSStreamCreationRate = 0\nDoSStreamCreationBurst = 0\nDoSStreamCreationDefenseType = 0")
+        .tunables()
+        .unwrap();
+    let sc = t.dos_config(None).unwrap().stream_creation;
+    assert!(sc.enabled);
+    assert_eq!((sc.rate, sc.burst), (100, 300));
+    assert_eq!(sc.defense, chive_core::dos::StreamDefense::RefuseStream);
 }

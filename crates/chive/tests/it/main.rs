@@ -19,6 +19,7 @@ mod common;
 
 mod circuit_window_e2e;
 mod dos_e2e;
+mod dos_streams_e2e;
 mod e2e;
 mod onion_e2e;
 mod ports_e2e;

@@ -21,6 +21,8 @@ pub struct Totals {
     pub connections_refused_rate: u64,
     /// BEGIN/RESOLVE refused by the stream-creation defence.
     pub streams_refused: u64,
+    /// ESTABLISH_RENDEZVOUS from single-hop clients dropped.
+    pub single_hop_refused: u64,
     /// Circuits the OOM handler killed.
     pub oom_circuits_killed: u64,
     /// Channels the OOM handler closed.
@@ -38,6 +40,7 @@ impl Totals {
             connections_refused_concurrent: dos.connections_refused_concurrent,
             connections_refused_rate: dos.connections_refused_rate,
             streams_refused: dos.streams_refused,
+            single_hop_refused: dos.single_hop_refused,
             oom_circuits_killed: core.oom_circuits_killed,
             oom_channels_closed: core.oom_channels_closed,
             oom_bytes_freed: core.oom_bytes_freed,
@@ -60,6 +63,9 @@ impl Totals {
                 .connections_refused_rate
                 .saturating_sub(earlier.connections_refused_rate),
             streams_refused: self.streams_refused.saturating_sub(earlier.streams_refused),
+            single_hop_refused: self
+                .single_hop_refused
+                .saturating_sub(earlier.single_hop_refused),
             oom_circuits_killed: self
                 .oom_circuits_killed
                 .saturating_sub(earlier.oom_circuits_killed),
@@ -76,14 +82,15 @@ impl fmt::Display for Totals {
         write!(
             f,
             "{} CREATE2 refused, {} addresses marked, {} connections refused ({} too many open, \
-             {} too fast), {} streams refused, {} circuits killed by the OOM handler ({} channels \
-             closed, {} bytes freed)",
+             {} too fast), {} streams refused, {} single-hop rendezvous refused, {} circuits \
+             killed by the OOM handler ({} channels closed, {} bytes freed)",
             self.circuits_refused,
             self.addresses_marked,
             self.connections_refused_concurrent + self.connections_refused_rate,
             self.connections_refused_concurrent,
             self.connections_refused_rate,
             self.streams_refused,
+            self.single_hop_refused,
             self.oom_circuits_killed,
             self.oom_channels_closed,
             self.oom_bytes_freed
@@ -214,6 +221,7 @@ mod tests {
                     connections_refused_concurrent: 3,
                     connections_refused_rate: 4,
                     streams_refused: 9,
+                    single_hop_refused: 11,
                     oom_circuits_killed: 5,
                     oom_channels_closed: 6,
                     oom_bytes_freed: 7,
@@ -227,6 +235,7 @@ mod tests {
             "2 addresses marked",
             "7 connections refused (3 too many open, 4 too fast)",
             "9 streams refused",
+            "11 single-hop rendezvous refused",
             "5 circuits killed by the OOM handler (6 channels closed, 7 bytes freed)",
             "8 addresses tracked",
         ] {

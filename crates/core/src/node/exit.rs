@@ -77,9 +77,18 @@ impl Core {
     }
 
     /// The stream-creation defence (`DoSStreamCreation*`, `crate::dos`) for a BEGIN or
-    /// RESOLVE on `key` at this exit: `true` if it was refused (END sent, or the circuit
-    /// closed) and must go no further. Every such cell takes a token, a malformed one too.
-    fn stream_creation_refused(&mut self, key: CircKey, sid: u16, now: Instant) -> bool {
+    /// RESOLVE (`resolve`) on `key` at this exit: `true` if it was refused (END or RESOLVED
+    /// error sent, or the circuit closed) and must go no further. As in Tor's
+    /// `connection_exit_begin_conn` / `connection_exit_begin_resolve`, a BEGIN takes its token
+    /// once it has been parsed (a malformed one is answered TORPROTOCOL and takes none), a
+    /// RESOLVE before anything else.
+    fn stream_creation_refused(
+        &mut self,
+        key: CircKey,
+        sid: u16,
+        resolve: bool,
+        now: Instant,
+    ) -> bool {
         let last_hop = self.circuits.get(&key).is_some_and(|c| c.next.is_none());
         if !self.cfg.dos.stream_creation.enabled || !self.cfg.exit || !last_hop {
             return false;
@@ -94,6 +103,20 @@ impl Core {
         }
         match verdict {
             None | Some(StreamDefense::None) => false,
+            Some(StreamDefense::RefuseStream) if resolve => {
+                // Tor: `dns_send_resolved_error_cell(conn, RESOLVED_TYPE_ERROR_TRANSIENT)`.
+                let body = Resolved {
+                    answers: vec![ResolvedAnswer::TransientError(0)],
+                }
+                .encode();
+                match body {
+                    Ok(body) => {
+                        self.send_relay_backward(key, RelayCommand::RESOLVED, sid, &body, now)
+                    }
+                    Err(_) => self.send_end(key, sid, EndReason::MISC, now),
+                }
+                true
+            }
             Some(StreamDefense::RefuseStream) => {
                 // MISC, as Tor: RESOURCELIMIT would make the client give up on this exit.
                 self.send_end(key, sid, EndReason::MISC, now);
@@ -115,9 +138,6 @@ impl Core {
         if sid == 0 {
             return self.kill(key, "BEGIN with stream id 0", now);
         }
-        if self.stream_creation_refused(key, sid, now) {
-            return;
-        }
         let begin = match Begin::decode(data) {
             Ok(b) => b,
             Err(e) => {
@@ -127,6 +147,9 @@ impl Core {
         };
         if !self.cfg.exit || self.circuits.get(&key).is_some_and(|c| c.next.is_some()) {
             return self.send_end(key, sid, EndReason::EXITPOLICY, now);
+        }
+        if self.stream_creation_refused(key, sid, false, now) {
+            return;
         }
         let handle = match self.open_begun_stream(key, sid, BegunAt::Exit, now) {
             Ok(handle) => handle,
@@ -141,7 +164,7 @@ impl Core {
     }
 
     pub(super) fn on_resolve(&mut self, key: CircKey, sid: u16, data: &[u8], now: Instant) {
-        if sid != 0 && self.stream_creation_refused(key, sid, now) {
+        if sid != 0 && self.stream_creation_refused(key, sid, true, now) {
             return;
         }
         let host = match Resolve::decode(data) {

@@ -140,12 +140,18 @@ impl Core {
                 .unwrap_or_default();
                 self.send_relay_backward(key, RelayCommand::INTRODUCE_ACK, 0, &ack, now);
             }
-            RelayCommand::ESTABLISH_RENDEZVOUS => match self.onion.rend.establish(key, data) {
-                Ok(()) => {
-                    self.send_relay_backward(key, RelayCommand::RENDEZVOUS_ESTABLISHED, 0, &[], now)
+            RelayCommand::ESTABLISH_RENDEZVOUS if self.single_hop_client(key) => {
+                if self.dos.refuse_single_hop_rendezvous() {
+                    // Tor: a silent drop, so the client has to time out before moving on.
+                    debug!(
+                        ?key,
+                        "DoS: ESTABLISH_RENDEZVOUS from a single-hop client dropped"
+                    );
+                    return;
                 }
-                Err(e) => self.kill(key, &e.to_string(), now),
-            },
+                self.establish_rendezvous(key, data, now);
+            }
+            RelayCommand::ESTABLISH_RENDEZVOUS => self.establish_rendezvous(key, data, now),
             RelayCommand::RENDEZVOUS1 => match self.onion.rend.rendezvous1(key, data) {
                 Ok((client, r2)) => {
                     // RENDEZVOUS2 is the last cell this relay originates on the client's
@@ -160,6 +166,25 @@ impl Core {
             },
             _ => {}
         }
+    }
+
+    /// ESTABLISH_RENDEZVOUS on `key`: keep its cookie and answer RENDEZVOUS_ESTABLISHED.
+    fn establish_rendezvous(&mut self, key: CircKey, data: &[u8], now: Instant) {
+        match self.onion.rend.establish(key, data) {
+            Ok(()) => {
+                self.send_relay_backward(key, RelayCommand::RENDEZVOUS_ESTABLISHED, 0, &[], now)
+            }
+            Err(e) => self.kill(key, &e.to_string(), now),
+        }
+    }
+
+    /// Whether `key` came to this relay straight from a client's channel (Tor's
+    /// `channel_is_client(circ->p_chan)`): a circuit of one hop.
+    fn single_hop_client(&self, key: CircKey) -> bool {
+        self.circuits
+            .get(&key)
+            .and_then(|c| c.prev)
+            .is_some_and(|(chan, _)| self.channel_is_client(chan))
     }
 
     /// The circuit this one is joined to at this rendezvous point, if any.

@@ -220,3 +220,62 @@ fn only_known_relays_are_exempt() {
     b.client_channel(50, FLOODER);
     assert!(!b.r.core.allow_connection(FLOODER, b.now));
 }
+
+/// `DoSRefuseSingleHopClientRendezvous`: a rendezvous point drops, silently and counted, an
+/// ESTABLISH_RENDEZVOUS on a circuit a client built straight to it; one that came through
+/// another relay is served; off (the default), the single-hop one is served too.
+#[test]
+fn single_hop_rendezvous_is_dropped_when_refused() {
+    use chive_cell::RelayCommand;
+    use common::Path;
+
+    let on = DosConfig {
+        refuse_single_hop_rendezvous: true,
+        ..DosConfig::default()
+    };
+    let mut p = Path::new(CoreConfig::default());
+    p.r.core.set_dos_config(on);
+    p.x.core.set_dos_config(on);
+    // One hop: client → R. R drops it, answers nothing, keeps the circuit.
+    let mut one = p.create();
+    p.send(
+        &mut one,
+        0,
+        RelayCommand::ESTABLISH_RENDEZVOUS,
+        0,
+        &[7; 20],
+        false,
+    );
+    assert!(p.read(&mut one).is_empty(), "a silent drop");
+    assert_eq!(p.r.core.dos_stats().single_hop_refused, 1);
+    assert_eq!(p.r.core.stats().circuits, 1, "the circuit is still up");
+    // Two hops: X sees it from R, a relay: served.
+    let mut two = p.create2();
+    p.send(
+        &mut two,
+        1,
+        RelayCommand::ESTABLISH_RENDEZVOUS,
+        0,
+        &[8; 20],
+        false,
+    );
+    p.r_to_x();
+    p.x_to_r();
+    let got: Vec<_> = p.read(&mut two).into_iter().map(|m| m.cmd).collect();
+    assert_eq!(got, [RelayCommand::RENDEZVOUS_ESTABLISHED]);
+    assert_eq!(p.x.core.dos_stats().single_hop_refused, 0);
+    // Off: the single-hop one is served.
+    let mut p = Path::new(CoreConfig::default());
+    let mut one = p.create();
+    p.send(
+        &mut one,
+        0,
+        RelayCommand::ESTABLISH_RENDEZVOUS,
+        0,
+        &[7; 20],
+        false,
+    );
+    let got: Vec<_> = p.read(&mut one).into_iter().map(|m| m.cmd).collect();
+    assert_eq!(got, [RelayCommand::RENDEZVOUS_ESTABLISHED]);
+    assert_eq!(p.r.core.dos_stats().single_hop_refused, 0);
+}
