@@ -368,6 +368,16 @@ impl RelayConfig {
             .unsent_limit(self.socket_buffer().is_some(), self.bandwidth_rate)
     }
 
+    /// The rate the unsent limit grows with per round trip ([`chive_net::LinkConfig::unsent_rtt_rate`]):
+    /// the `BandwidthRate` when the limit is its default under a rate (unset
+    /// `LinkUnsentLimit`, sockets not constrained); an explicit limit is used as it is.
+    fn unsent_rtt_rate(&self) -> Option<u64> {
+        (self.bandwidth_rate > 0
+            && self.link().unsent_limit.is_none()
+            && self.socket_buffer().is_none())
+        .then_some(self.bandwidth_rate)
+    }
+
     /// The settings SIGHUP may change in the running core. Fails, naming the option, on a
     /// bad `MaxMemInQueues` or `DoS*` value; a warning for a legal but unwise one is logged.
     fn tunables(&self) -> anyhow::Result<Tunables> {
@@ -555,6 +565,7 @@ impl RelayConfig {
         let _ = (
             self.socket_buffer(),
             self.unsent_limit(),
+            self.unsent_rtt_rate(),
             self.read_rate(),
             self.burst(),
             self.quiet_reserve(),
@@ -662,6 +673,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         features: cfg.features(),
         socket_buffer: cfg.socket_buffer(),
         unsent_limit: cfg.unsent_limit(),
+        unsent_rtt_rate: cfg
+            .unsent_rtt_rate()
+            .map(|rate| (rate, chive_tools::sockq::tcp_rtt as chive_net::RttProbe)),
         congestion_control: cfg.link().congestion_control.clone(),
     });
     let listener = LinkListener::bind(cfg.or_port, link.clone())

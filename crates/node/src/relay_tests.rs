@@ -126,6 +126,19 @@ fn a_rate_leaves_socket_buffers_autotuned_and_bounds_the_unsent_bytes() {
         (c.socket_buffer(), c.unsent_limit())
     };
     assert_eq!(sockets("BandwidthRate = 500000"), (None, Some(5000)));
+    // ... growing per link by the rate times twice its round trip (chive-net's
+    // `rtt_scaled_unsent`), unless the limit is set or the sockets are constrained.
+    let rtt_rate = |extra: &str| config(extra).unsent_rtt_rate();
+    assert_eq!(rtt_rate("BandwidthRate = 500000"), Some(500_000));
+    assert_eq!(rtt_rate(""), None);
+    assert_eq!(
+        rtt_rate("BandwidthRate = 500000\nLinkUnsentLimit = 8192"),
+        None
+    );
+    assert_eq!(
+        rtt_rate("BandwidthRate = 500000\nConstrainedSockets = true"),
+        None
+    );
     assert_eq!(sockets("BandwidthRate = 1000000"), (None, Some(10_000)));
     assert_eq!(sockets("BandwidthRate = 100000"), (None, Some(4096)));
     assert_eq!(sockets("BandwidthRate = 50000000"), (None, Some(65_536)));
