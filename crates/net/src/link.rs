@@ -552,9 +552,14 @@ pub(crate) fn constrained_mss(buffer: u32) -> u32 {
 /// have them whatever the kernel copies at accept.
 pub(crate) fn tune_link_socket(tcp: &TcpStream, cfg: &LinkConfig) -> Result<(), LinkError> {
     let limit = match (cfg.unsent_limit, cfg.unsent_rtt_rate) {
-        (Some(base), Some((rate, probe))) => {
+        (Some(base), Some(per)) => {
             use std::os::fd::AsRawFd;
-            Some(rtt_scaled_unsent(base, rate, probe(tcp.as_raw_fd())))
+            Some(rtt_scaled_unsent(
+                base,
+                per.rate,
+                per.max,
+                (per.probe)(tcp.as_raw_fd()),
+            ))
         }
         (limit, _) => limit,
     };
@@ -584,17 +589,15 @@ fn set_congestion_control<S: std::os::fd::AsFd>(socket: &S, name: &str) -> Resul
         })
 }
 
-/// The most [`rtt_scaled_unsent`] gives (the option's upper bound).
-pub const MAX_UNSENT_LIMIT: u32 = 16 << 20;
-
 /// TCP_NOTSENT_LOWAT for a link under a rate ([`LinkConfig::unsent_rtt_rate`]): `base` plus
-/// `rate` bytes/s for twice `rtt` (none known: `base`), at most [`MAX_UNSENT_LIMIT`]. On
-/// loopback that is `base`; over a 60 ms round trip at 500 kB/s, 5000 + 60000 bytes.
-pub fn rtt_scaled_unsent(base: u32, rate: u64, rtt: Option<std::time::Duration>) -> u32 {
+/// `rate` bytes/s for twice `rtt` (none known: `base`), at most `max` (and never below
+/// `base`). On loopback that is `base`; over a 60 ms round trip at 500 kB/s, 5000 + 60000
+/// bytes.
+pub fn rtt_scaled_unsent(base: u32, rate: u64, max: u32, rtt: Option<std::time::Duration>) -> u32 {
     let extra = rtt.map_or(0, |rtt| {
-        (u128::from(rate) * 2 * rtt.as_micros() / 1_000_000).min(u128::from(MAX_UNSENT_LIMIT))
+        (u128::from(rate) * 2 * rtt.as_micros() / 1_000_000).min(u128::from(u32::MAX))
     });
-    (u64::from(base) + extra as u64).min(u64::from(MAX_UNSENT_LIMIT)) as u32
+    (u128::from(base) + extra).min(u128::from(max.max(base))) as u32
 }
 
 /// Set TCP_NOTSENT_LOWAT (see [`LinkConfig::unsent_limit`]).

@@ -103,9 +103,11 @@ Config file options (TOML):
                                    window in flight is not capped; the backlog waits in the
                                    relay's circuit queues, where SENDMEs and quiet circuits
                                    go first, not behind megabytes of kernel send buffer.
-                                   Default: 10 ms of BandwidthRate (4096..65536) when set,
-                                   else 64 KiB; none if sockets are constrained (their whole
-                                   buffer is small then). Read at start only
+                                   Default with BandwidthRate: 10 ms of it plus the rate times
+                                   twice each link's round trip at set-up, 4096..65536 (a
+                                   small fixed limit caps a delayed link far below the rate);
+                                   without: 64 KiB; none if sockets are constrained (their
+                                   whole buffer is small then). Read at start only
   LinkCongestionControl = \"bbr\"    TCP congestion control for link sockets (TCP_CONGESTION),
                                    checked at start; default: the system's. BBR keeps the
                                    standing queues short that delay ACKs and SENDMEs behind
@@ -368,9 +370,10 @@ impl RelayConfig {
             .unsent_limit(self.socket_buffer().is_some(), self.bandwidth_rate)
     }
 
-    /// The rate the unsent limit grows with per round trip ([`chive_net::LinkConfig::unsent_rtt_rate`]):
-    /// the `BandwidthRate` when the limit is its default under a rate (unset
-    /// `LinkUnsentLimit`, sockets not constrained); an explicit limit is used as it is.
+    /// The rate the unsent limit grows with per round trip ([`chive_net::LinkConfig::unsent_rtt_rate`],
+    /// up to the no-rate default, 64 KiB): the `BandwidthRate` when the limit is its default
+    /// under a rate (unset `LinkUnsentLimit`, sockets not constrained); an explicit limit is
+    /// used as it is.
     fn unsent_rtt_rate(&self) -> Option<u64> {
         (self.bandwidth_rate > 0
             && self.link().unsent_limit.is_none()
@@ -673,9 +676,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         features: cfg.features(),
         socket_buffer: cfg.socket_buffer(),
         unsent_limit: cfg.unsent_limit(),
-        unsent_rtt_rate: cfg
-            .unsent_rtt_rate()
-            .map(|rate| (rate, chive_tools::sockq::tcp_rtt as chive_net::RttProbe)),
+        unsent_rtt_rate: cfg.unsent_rtt_rate().map(|rate| chive_net::UnsentPerRtt {
+            rate,
+            max: crate::link_options::DEFAULT_UNSENT_LIMIT,
+            probe: chive_tools::sockq::tcp_rtt,
+        }),
         congestion_control: cfg.link().congestion_control.clone(),
     });
     let listener = LinkListener::bind(cfg.or_port, link.clone())
