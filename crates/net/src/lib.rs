@@ -23,8 +23,8 @@ mod tls;
 
 pub use bucket::TokenBucket;
 pub use link::{
-    check_congestion_control, connect, connect_from, Accepting, Link, LinkLimits, LinkListener,
-    LinkReader, LinkWriter,
+    check_congestion_control, connect, connect_from, rtt_scaled_unsent, Accepting, Link,
+    LinkLimits, LinkListener, LinkReader, LinkWriter,
 };
 
 /// Link protocol versions this implementation speaks, in increasing order.
@@ -70,6 +70,23 @@ impl FeatureSet {
     }
 }
 
+/// Reads a TCP socket's smoothed round trip (`None`: unknown), see
+/// [`LinkConfig::unsent_rtt_rate`].
+pub type RttProbe = fn(std::os::fd::RawFd) -> Option<std::time::Duration>;
+
+/// How a link's unsent limit grows with its round trip under a rate
+/// ([`LinkConfig::unsent_rtt_rate`], [`rtt_scaled_unsent`]).
+#[derive(Clone, Copy)]
+pub struct UnsentPerRtt {
+    /// The `BandwidthRate`, bytes/s.
+    pub rate: u64,
+    /// The most the limit may grow to (a relay passes its no-rate default, 64 KiB: a rate
+    /// never gets more unsent bytes than no rate, however long the round trip).
+    pub max: u32,
+    /// Reads the socket's round trip.
+    pub probe: RttProbe,
+}
+
 /// How this node presents itself on links.
 pub struct LinkConfig {
     /// The relay identity proven in the link handshake. Required to accept links (a responder
@@ -88,6 +105,14 @@ pub struct LinkConfig {
     /// SENDME or a quiet circuit's cell can go ahead of bulk; in the kernel it would wait
     /// behind up to megabytes of autotuned send buffer (docs/scheduling.md).
     pub unsent_limit: Option<u32>,
+    /// A `BandwidthRate` the unsent limit grows with, up to a maximum, and how to read a
+    /// socket's round trip (TCP_INFO; this crate forbids `unsafe`, so the caller passes the
+    /// reader, `chive_tools::sockq::tcp_rtt`): if set, each link's TCP_NOTSENT_LOWAT is
+    /// `unsent_limit` plus the rate times twice the round trip when the link is set up, at
+    /// most `max` ([`rtt_scaled_unsent`]). A fixed small limit caps a link at about limit /
+    /// RTT on a delayed path (onion testbed: 5000 bytes at 60 ms gave ~100 kB/s of a
+    /// 500 kB/s rate; docs/scheduling.md, "Socket buffers under a rate").
+    pub unsent_rtt_rate: Option<UnsentPerRtt>,
     /// TCP congestion control for link sockets (`TCP_CONGESTION`, e.g. `"bbr"`); `None` keeps
     /// the system default. A relay's links are its bulk flows: an algorithm that keeps queues
     /// short (BBR) avoids the standing queues that delay everyone's ACKs and SENDMEs

@@ -28,6 +28,7 @@ fn relay_cfg(features: u64) -> (Arc<LinkConfig>, IdentityKey) {
             features: FeatureSet(features),
             socket_buffer: None,
             unsent_limit: None,
+            unsent_rtt_rate: None,
             congestion_control: None,
         }),
         public,
@@ -40,6 +41,7 @@ fn client_cfg(features: u64) -> LinkConfig {
         features: FeatureSet(features),
         socket_buffer: None,
         unsent_limit: None,
+        unsent_rtt_rate: None,
         congestion_control: None,
     }
 }
@@ -769,7 +771,50 @@ async fn link_sockets_take_the_configured_congestion_control() {
         let r = socket2::SockRef::from(sock);
         assert_eq!(r.tcp_notsent_lowat().unwrap(), 8192);
     }
+    // Under a rate the limit grows with the connection's round trip (here a probe that
+    // says 30 µs: 8192 + 2 × 10 GB/s × 30 µs).
+    cfg.unsent_rtt_rate = Some(crate::UnsentPerRtt {
+        rate: 10_000_000_000,
+        max: 1 << 20,
+        probe: |_| Some(std::time::Duration::from_micros(30)),
+    });
+    for sock in [&client, &server] {
+        crate::link::tune_link_socket(sock, &cfg).unwrap();
+        let set = socket2::SockRef::from(sock).tcp_notsent_lowat().unwrap();
+        assert_eq!(set, 8192 + 600_000);
+    }
     crate::check_congestion_control("reno").unwrap();
     let err = crate::check_congestion_control("no-such-cc").unwrap_err();
     assert!(err.to_string().contains("no-such-cc"), "{err}");
+}
+
+#[test]
+fn the_rate_scaled_unsent_limit_adds_two_round_trips_of_the_rate() {
+    use crate::rtt_scaled_unsent as scaled;
+    use std::time::Duration;
+    const MAX: u32 = 65_536;
+    // Loopback-like round trips add next to nothing; 60 ms at 500 kB/s adds 60 kB.
+    assert_eq!(scaled(5000, 500_000, MAX, None), 5000);
+    assert_eq!(
+        scaled(5000, 500_000, MAX, Some(Duration::from_micros(50))),
+        5050
+    );
+    assert_eq!(
+        scaled(5000, 500_000, MAX, Some(Duration::from_millis(60))),
+        65_000
+    );
+    // Never past the maximum (a rate gets no more unsent bytes than no rate), whatever the
+    // rate or round trip; never below the base.
+    assert_eq!(
+        scaled(5000, 500_000, MAX, Some(Duration::from_millis(61))),
+        MAX
+    );
+    assert_eq!(
+        scaled(5000, u64::MAX, MAX, Some(Duration::from_secs(10))),
+        MAX
+    );
+    assert_eq!(
+        scaled(100_000, 1, MAX, Some(Duration::from_secs(1))),
+        100_000
+    );
 }

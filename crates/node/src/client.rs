@@ -318,7 +318,8 @@ impl ClientConfig {
             identity: None,
             features: FeatureSet::EMPTY,
             socket_buffer: None,
-            unsent_limit: self.link().unsent_limit(false),
+            unsent_limit: self.link().unsent_limit(false, 0),
+            unsent_rtt_rate: None,
             congestion_control: self.link().congestion_control.clone(),
         }
     }

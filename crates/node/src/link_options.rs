@@ -6,11 +6,20 @@ use anyhow::anyhow;
 
 use crate::driver::Liveness;
 
-/// `LinkUnsentLimit` when unset on link sockets whose buffers are not constrained: at
-/// 10 Mbit/s about 50 ms of data, so a SENDME queued behind it waits that long instead of
-/// the ~1.8 s that autotuned buffers held on the paper-002 testbed; on loopback still far
-/// above what one wake-up of the writer needs (docs/scheduling.md, "The unsent limit").
+/// `LinkUnsentLimit` when unset on link sockets whose buffers are not constrained and whose
+/// node has no `BandwidthRate`: at 10 Mbit/s about 50 ms of data, so a SENDME queued behind
+/// it waits that long instead of the ~1.8 s that autotuned buffers held on the paper-002
+/// testbed; on loopback still far above what one wake-up of the writer needs
+/// (docs/scheduling.md, "The unsent limit"). Also the most a rate's default may be.
 pub const DEFAULT_UNSENT_LIMIT: u32 = 64 * 1024;
+
+/// The least `LinkUnsentLimit` a rate's default may be (and the least the option accepts):
+/// below about three segments the writer wakes for every segment sent.
+pub const MIN_UNSENT_LIMIT: u32 = 4096;
+
+/// How much of a `BandwidthRate` the default `LinkUnsentLimit` holds: 10 ms, the same share
+/// the constrained buffers used to hold (docs/scheduling.md, "Socket buffers under a rate").
+pub const RATE_UNSENT_DIVISOR: u64 = 100;
 
 /// The link-socket and link-liveness options of a relay's or a client's config file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +105,7 @@ impl LinkOptions {
     /// below the idle timeout.
     pub fn validate(&self) -> anyhow::Result<()> {
         if let Some(bytes) = self.unsent_limit {
-            if bytes != 0 && !(4096..=16 << 20).contains(&bytes) {
+            if bytes != 0 && !(MIN_UNSENT_LIMIT..=16 << 20).contains(&bytes) {
                 anyhow::bail!(
                     "LinkUnsentLimit must be 0 (no limit) or between 4096 and 16777216 bytes"
                 );
@@ -115,14 +124,20 @@ impl LinkOptions {
         Liveness::from_options(self.keepalive, self.idle_timeout).map_err(anyhow::Error::msg)
     }
 
-    /// TCP_NOTSENT_LOWAT for link sockets: 0 turns it off; unset means
-    /// [`DEFAULT_UNSENT_LIMIT`] unless the sockets' buffers are already constrained (their
-    /// whole send buffer is small then).
-    pub fn unsent_limit(&self, constrained_buffers: bool) -> Option<u32> {
+    /// TCP_NOTSENT_LOWAT for link sockets: 0 turns it off, a value is used as it is. Unset:
+    /// none if the sockets' buffers are constrained (their whole send buffer is small then);
+    /// else 10 ms of `rate` (bytes/s; 0 = no `BandwidthRate`) between [`MIN_UNSENT_LIMIT`]
+    /// and [`DEFAULT_UNSENT_LIMIT`]; else [`DEFAULT_UNSENT_LIMIT`].
+    pub fn unsent_limit(&self, constrained_buffers: bool, rate: u64) -> Option<u32> {
         match self.unsent_limit {
             Some(0) => None,
             Some(bytes) => Some(bytes),
             None if constrained_buffers => None,
+            None if rate > 0 => Some(
+                (rate / RATE_UNSENT_DIVISOR)
+                    .clamp(MIN_UNSENT_LIMIT.into(), DEFAULT_UNSENT_LIMIT.into())
+                    as u32,
+            ),
             None => Some(DEFAULT_UNSENT_LIMIT),
         }
     }

@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use chive_client::onion::{ConnectorCounters, JoinTiming, ServiceCounters};
+use chive_client::onion::{ConnectorCounters, JoinTiming, PoolCounters, ServiceCounters};
 use chive_core::OnionRelayStats;
 
 /// One node's onion counters.
@@ -19,6 +19,86 @@ pub struct OnionCounters {
     pub client: Option<ConnectorCounters>,
     /// The service this client runs (HiddenServiceDir only).
     pub service: Option<ServiceCounters>,
+    /// The client's predicted internal circuits (clients only).
+    pub client_pool: Option<PoolStats>,
+    /// The service's predicted rendezvous circuits (HiddenServiceDir only).
+    pub service_pool: Option<PoolStats>,
+}
+
+/// One predicted-circuit pool ([`chive_client::onion::InternalPool`]): what it did and what
+/// it holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Launched / built / used / failed / expired since start.
+    pub counters: PoolCounters,
+    /// Built circuits waiting to be taken now.
+    pub ready: usize,
+}
+
+/// The `chive_onion_<role>_pool_*` entries of one pool (`role`: "client" or "service").
+fn pool_entries(
+    role: &'static str,
+    p: &PoolStats,
+) -> [(&'static str, &'static str, &'static str, u64); 6] {
+    let c = &p.counters;
+    let client = role == "client";
+    let pick = |a: &'static str, b: &'static str| if client { a } else { b };
+    [
+        (
+            pick(
+                "chive_onion_client_pool_launched_total",
+                "chive_onion_service_pool_launched_total",
+            ),
+            "counter",
+            "Predicted internal circuits launched (OnionPredictedCircuits).",
+            c.launched,
+        ),
+        (
+            pick(
+                "chive_onion_client_pool_built_total",
+                "chive_onion_service_pool_built_total",
+            ),
+            "counter",
+            "Predicted internal circuits built.",
+            c.built,
+        ),
+        (
+            pick(
+                "chive_onion_client_pool_used_total",
+                "chive_onion_service_pool_used_total",
+            ),
+            "counter",
+            "Predicted internal circuits taken and extended to a point.",
+            c.used,
+        ),
+        (
+            pick(
+                "chive_onion_client_pool_failed_total",
+                "chive_onion_service_pool_failed_total",
+            ),
+            "counter",
+            "Predicted internal circuits closed before they were taken (build failed or lost).",
+            c.failed,
+        ),
+        (
+            pick(
+                "chive_onion_client_pool_expired_total",
+                "chive_onion_service_pool_expired_total",
+            ),
+            "counter",
+            "Predicted internal circuits closed after an hour unused.",
+            c.expired,
+        ),
+        (
+            pick(
+                "chive_onion_client_pool_ready",
+                "chive_onion_service_pool_ready",
+            ),
+            "gauge",
+            "Built predicted internal circuits waiting to be taken.",
+            p.ready as u64,
+        ),
+    ]
 }
 
 /// `(name, kind, help, value)` of every metric `c` has, in a fixed order; the JSON record's
@@ -204,6 +284,12 @@ pub fn entries(c: &OnionCounters) -> Vec<(&'static str, &'static str, &'static s
             ),
         ]);
     }
+    if let Some(p) = &c.client_pool {
+        v.extend(pool_entries("client", p));
+    }
+    if let Some(p) = &c.service_pool {
+        v.extend(pool_entries("service", p));
+    }
     v
 }
 
@@ -288,6 +374,59 @@ mod tests {
         assert!(text.contains("\nchive_onion_service_introduce2_undecryptable_total 2\n"));
         assert!(text.contains("# TYPE chive_onion_client_descriptor_cache_hits_total counter"));
         assert_eq!(text.matches("# TYPE").count(), entries(&both).len());
+    }
+
+    #[test]
+    fn each_pool_has_its_counters_under_its_role() {
+        let pool = |launched, used, failed, expired, ready| PoolStats {
+            counters: PoolCounters {
+                launched,
+                built: launched - failed,
+                used,
+                failed,
+                expired,
+            },
+            ready,
+        };
+        let none = OnionCounters {
+            client: Some(ConnectorCounters::default()),
+            ..Default::default()
+        };
+        assert!(!json_record(&none, 1.0).contains("pool"));
+        let c = OnionCounters {
+            client_pool: Some(pool(7, 3, 2, 1, 1)),
+            service_pool: Some(pool(5, 4, 0, 0, 1)),
+            ..none
+        };
+        let v: serde_json::Value = serde_json::from_str(&json_record(&c, 2.0)).unwrap();
+        assert_eq!(
+            [
+                &v["client_pool_launched"],
+                &v["client_pool_built"],
+                &v["client_pool_used"],
+                &v["client_pool_failed"],
+                &v["client_pool_expired"],
+                &v["client_pool_ready"],
+            ],
+            [7, 5, 3, 2, 1, 1].map(serde_json::Value::from).each_ref()
+        );
+        assert_eq!(v["service_pool_launched"], 5);
+        assert_eq!(v["service_pool_used"], 4);
+        let mut text = String::new();
+        render(&c, &mut text);
+        assert!(
+            text.contains("\nchive_onion_client_pool_used_total 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nchive_onion_service_pool_launched_total 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE chive_onion_client_pool_ready gauge"),
+            "{text}"
+        );
+        assert_eq!(text.matches("# TYPE").count(), entries(&c).len());
     }
 
     #[test]

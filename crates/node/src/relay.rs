@@ -91,8 +91,11 @@ Config file options (TOML):
   ConstrainedSockets = true        limit link sockets' kernel buffers (SO_SNDBUF/SO_RCVBUF)...
   ConstrainedSockSize = 20000      ...to this many bytes (2048..262144), as Tor's options do, so
                                    queued cells wait where the scheduler can reorder them.
-                                   Default: on when BandwidthRate is set, sized to 10 ms of it
-                                   (at least 8192); off (kernel autotuning) when unlimited.
+                                   Default: off (kernel autotuning), with or without a
+                                   BandwidthRate: a fixed buffer caps a link at size / RTT
+                                   (8 KiB over 60 ms: 137 kB/s), LinkUnsentLimit bounds the
+                                   kernel's backlog instead. When on, the size defaults to
+                                   10 ms of BandwidthRate (at least 8192), else 8192.
                                    Constrained links also use segments of size/8 (536..1460
                                    bytes), so the small window holds several segments
   LinkUnsentLimit = 65536          bytes a link socket may hold written but not yet sent
@@ -100,8 +103,11 @@ Config file options (TOML):
                                    window in flight is not capped; the backlog waits in the
                                    relay's circuit queues, where SENDMEs and quiet circuits
                                    go first, not behind megabytes of kernel send buffer.
-                                   Default: 64 KiB unless sockets are constrained (their whole
-                                   buffer is small then). Read at start only
+                                   Default with BandwidthRate: 10 ms of it plus the rate times
+                                   twice each link's round trip at set-up, 4096..65536 (a
+                                   small fixed limit caps a delayed link far below the rate);
+                                   without: 64 KiB; none if sockets are constrained (their
+                                   whole buffer is small then). Read at start only
   LinkCongestionControl = \"bbr\"    TCP congestion control for link sockets (TCP_CONGESTION),
                                    checked at start; default: the system's. BBR keeps the
                                    standing queues short that delay ACKs and SENDMEs behind
@@ -343,14 +349,17 @@ pub(crate) fn default_log() -> String {
 const UNLIMITED_BANDWIDTH: u64 = 100_000_000;
 
 impl RelayConfig {
-    /// Kernel socket buffer size for links, if constrained. A rate-limited relay's
-    /// buffers only add delay beyond what the rate drains quickly: without a limit, loopback
-    /// autotuning lets megabytes queue in the kernel in FIFO order, where no scheduler acts.
+    /// Kernel socket buffer size for links, if constrained (`ConstrainedSockets = true`; off
+    /// by default, with or without a rate). Under a `BandwidthRate` a fixed buffer of 10 ms of
+    /// the rate capped a link at buffer / RTT (≈ 137 kB/s at 60 ms RTT), far below the rate:
+    /// the kernel's autotuning sizes the window to the path, and [`Self::unsent_limit`]
+    /// keeps the backlog in the relay's queues (docs/scheduling.md, "Socket buffers under a
+    /// rate").
     fn socket_buffer(&self) -> Option<u32> {
-        let limited = self.bandwidth_rate > 0;
-        if !self.constrained_sockets.unwrap_or(limited) {
+        if !self.constrained_sockets.unwrap_or(false) {
             return None;
         }
+        let limited = self.bandwidth_rate > 0;
         Some(self.constrained_sock_size.unwrap_or_else(|| {
             if limited {
                 (self.bandwidth_rate / 100).clamp(8192, 262_144) as u32
@@ -360,9 +369,22 @@ impl RelayConfig {
         }))
     }
 
-    /// TCP_NOTSENT_LOWAT for link sockets, if any (see `LinkUnsentLimit` in the help).
+    /// TCP_NOTSENT_LOWAT for link sockets, if any (see `LinkUnsentLimit` in the help): under
+    /// a rate 10 ms of it (4..64 KiB) unless set or the sockets are constrained.
     fn unsent_limit(&self) -> Option<u32> {
-        self.link().unsent_limit(self.socket_buffer().is_some())
+        self.link()
+            .unsent_limit(self.socket_buffer().is_some(), self.bandwidth_rate)
+    }
+
+    /// The rate the unsent limit grows with per round trip ([`chive_net::LinkConfig::unsent_rtt_rate`],
+    /// up to the no-rate default, 64 KiB): the `BandwidthRate` when the limit is its default
+    /// under a rate (unset `LinkUnsentLimit`, sockets not constrained); an explicit limit is
+    /// used as it is.
+    fn unsent_rtt_rate(&self) -> Option<u64> {
+        (self.bandwidth_rate > 0
+            && self.link().unsent_limit.is_none()
+            && self.socket_buffer().is_none())
+        .then_some(self.bandwidth_rate)
     }
 
     /// The settings SIGHUP may change in the running core. Fails, naming the option, on a
@@ -556,6 +578,7 @@ impl RelayConfig {
         let _ = (
             self.socket_buffer(),
             self.unsent_limit(),
+            self.unsent_rtt_rate(),
             self.read_rate(),
             self.burst(),
             self.quiet_reserve(),
@@ -663,6 +686,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         features: cfg.features(),
         socket_buffer: cfg.socket_buffer(),
         unsent_limit: cfg.unsent_limit(),
+        unsent_rtt_rate: cfg.unsent_rtt_rate().map(|rate| chive_net::UnsentPerRtt {
+            rate,
+            max: crate::link_options::DEFAULT_UNSENT_LIMIT,
+            probe: chive_tools::sockq::tcp_rtt,
+        }),
         congestion_control: cfg.link().congestion_control.clone(),
     });
     let listener = LinkListener::bind(cfg.or_port, link.clone())

@@ -103,15 +103,10 @@ fn quiet_reserve_defaults_follow_the_rate_and_burst() {
 }
 
 #[test]
-fn unsent_limit_defaults_to_64k_on_unconstrained_sockets() {
+fn unsent_limit_defaults_to_64k_without_a_rate() {
     // Unlimited relay, kernel-sized buffers: the default limit.
+    assert_eq!(config("").socket_buffer(), None);
     assert_eq!(config("").unsent_limit(), Some(65_536));
-    // Constrained sockets (a rate limit switches them on): the buffer is small already.
-    assert_eq!(config("BandwidthRate = 1000000").unsent_limit(), None);
-    assert_eq!(
-        config("BandwidthRate = 1000000\nConstrainedSockets = false").unsent_limit(),
-        Some(65_536)
-    );
     // Explicit values win; 0 means no limit.
     assert_eq!(config("LinkUnsentLimit = 0").unsent_limit(), None);
     assert_eq!(config("LinkUnsentLimit = 8192").unsent_limit(), Some(8192));
@@ -120,6 +115,78 @@ fn unsent_limit_defaults_to_64k_on_unconstrained_sockets() {
         let err = config(bad).validate().expect_err(bad);
         assert!(format!("{err:#}").contains("LinkUnsentLimit"), "{err:#}");
     }
+}
+
+#[test]
+fn a_rate_leaves_socket_buffers_autotuned_and_bounds_the_unsent_bytes() {
+    // Under a rate: no SO_SNDBUF/SO_RCVBUF (a fixed buffer caps a link at size / RTT), and
+    // 10 ms of the rate unsent, between 4 KiB and 64 KiB.
+    let sockets = |extra: &str| {
+        let c = config(extra);
+        (c.socket_buffer(), c.unsent_limit())
+    };
+    assert_eq!(sockets("BandwidthRate = 500000"), (None, Some(5000)));
+    // ... growing per link by the rate times twice its round trip (chive-net's
+    // `rtt_scaled_unsent`), unless the limit is set or the sockets are constrained.
+    let rtt_rate = |extra: &str| config(extra).unsent_rtt_rate();
+    assert_eq!(rtt_rate("BandwidthRate = 500000"), Some(500_000));
+    assert_eq!(rtt_rate(""), None);
+    assert_eq!(
+        rtt_rate("BandwidthRate = 500000\nLinkUnsentLimit = 8192"),
+        None
+    );
+    assert_eq!(
+        rtt_rate("BandwidthRate = 500000\nConstrainedSockets = true"),
+        None
+    );
+    assert_eq!(sockets("BandwidthRate = 1000000"), (None, Some(10_000)));
+    assert_eq!(sockets("BandwidthRate = 100000"), (None, Some(4096)));
+    assert_eq!(sockets("BandwidthRate = 50000000"), (None, Some(65_536)));
+    assert_eq!(
+        sockets("BandwidthRate = 500000\nConstrainedSockets = false"),
+        (None, Some(5000))
+    );
+    // An explicit limit wins over the rate's; 0 turns it off.
+    assert_eq!(
+        sockets("BandwidthRate = 500000\nLinkUnsentLimit = 65536"),
+        (None, Some(65_536))
+    );
+    assert_eq!(
+        sockets("BandwidthRate = 500000\nLinkUnsentLimit = 0"),
+        (None, None)
+    );
+}
+
+#[test]
+fn constrained_sockets_keep_the_old_behaviour() {
+    // `ConstrainedSockets = true` is the default before session 15: buffers of 10 ms of the
+    // rate (at least 8 KiB), no unsent limit unless set.
+    let sockets = |extra: &str| {
+        let c = config(extra);
+        (c.socket_buffer(), c.unsent_limit())
+    };
+    assert_eq!(
+        sockets("BandwidthRate = 1000000\nConstrainedSockets = true"),
+        (Some(10_000), None)
+    );
+    assert_eq!(
+        sockets("BandwidthRate = 500000\nConstrainedSockets = true"),
+        (Some(8192), None)
+    );
+    assert_eq!(sockets("ConstrainedSockets = true"), (Some(8192), None));
+    assert_eq!(
+        sockets("BandwidthRate = 500000\nConstrainedSockets = true\nConstrainedSockSize = 30000"),
+        (Some(30_000), None)
+    );
+    assert_eq!(
+        sockets("BandwidthRate = 500000\nConstrainedSockets = true\nLinkUnsentLimit = 4096"),
+        (Some(8192), Some(4096))
+    );
+    // The size alone does not switch constraining on.
+    assert_eq!(
+        sockets("BandwidthRate = 500000\nConstrainedSockSize = 30000"),
+        (None, Some(5000))
+    );
 }
 
 #[test]

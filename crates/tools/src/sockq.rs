@@ -18,6 +18,27 @@ pub fn tcp_unsent_bytes(fd: RawFd) -> u64 {
     }
 }
 
+/// The smoothed round trip of TCP socket `fd` (Linux TCP_INFO `tcpi_rtt`; right after the
+/// handshake, its sample), `None` if the call fails or the kernel has no sample yet. Used to
+/// size a rate-limited relay's `TCP_NOTSENT_LOWAT` per link (`chive_net::LinkConfig::unsent_rtt_rate`).
+pub fn tcp_rtt(fd: RawFd) -> Option<std::time::Duration> {
+    // SAFETY: `info` is a plain C struct of integers, valid when zeroed; the kernel writes at
+    // most `len` bytes (its size) into it; a bad descriptor makes the call fail untouched.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && info.tcpi_rtt > 0)
+        .then(|| std::time::Duration::from_micros(u64::from(info.tcpi_rtt)))
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Write;
@@ -44,5 +65,10 @@ mod tests {
         }
         assert!(tcp_unsent_bytes(c.as_raw_fd()) > 0, "wrote {written} bytes");
         assert_eq!(tcp_unsent_bytes(-1), 0);
+        // A connected socket has a round-trip sample from its handshake (loopback: well
+        // under a second); a bad descriptor has none.
+        let rtt = tcp_rtt(c.as_raw_fd()).expect("a handshake sample");
+        assert!(rtt < std::time::Duration::from_secs(1), "{rtt:?}");
+        assert_eq!(tcp_rtt(-1), None);
     }
 }

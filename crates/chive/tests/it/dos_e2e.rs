@@ -246,6 +246,7 @@ fn client_link_config() -> chive_net::LinkConfig {
         features: chive_net::FeatureSet::EMPTY,
         socket_buffer: None,
         unsent_limit: None,
+        unsent_rtt_rate: None,
         congestion_control: None,
     }
 }

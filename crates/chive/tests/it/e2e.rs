@@ -85,6 +85,7 @@ fn hostile_input_does_not_disturb_a_concurrent_transfer() {
             features: chive_net::FeatureSet::EMPTY,
             socket_buffer: None,
             unsent_limit: None,
+            unsent_rtt_rate: None,
             congestion_control: None,
         };
         for relay in &net.relays {

@@ -702,6 +702,17 @@ impl Driver {
         if let Some(client) = self.client.as_mut() {
             c.client = Some(client.onion.counters);
             c.service = client.service.as_ref().map(|s| s.counters());
+            c.client_pool = Some(crate::onion_metrics::PoolStats {
+                counters: client.onion.pool_counters(),
+                ready: client.onion.predicted_ready(),
+            });
+            c.service_pool = client
+                .service
+                .as_ref()
+                .map(|s| crate::onion_metrics::PoolStats {
+                    counters: s.pool_counters(),
+                    ready: s.predicted_ready(),
+                });
             while let Some(j) = client.onion.poll_join_timing() {
                 m.onion_join(&j);
             }

@@ -20,6 +20,7 @@ fn driver(write_bucket: Option<Arc<TokenBucket>>, tunables: Tunables) -> Driver 
                 features: FeatureSet::EMPTY,
                 socket_buffer: None,
                 unsent_limit: None,
+                unsent_rtt_rate: None,
                 congestion_control: None,
             }),
             limits: LinkLimits {

@@ -45,8 +45,9 @@ B_BANDWIDTH = 50_000_000
 def _relay_overrides(host: str, base: dict) -> dict:
     o = dict(base)
     if host == "B":
-        # Lower advertised bandwidth => no Guard flag. BandwidthRate would also switch on
-        # constrained sockets and a larger OutbufCells; pin both to the unlimited relays' values.
+        # Lower advertised bandwidth => no Guard flag. BandwidthRate also sets a larger
+        # OutbufCells (and, in binaries before session 15, constrained sockets); pin both to the
+        # unlimited relays' values. Its rate's LinkUnsentLimit default is the cap, 64 KiB, as theirs.
         o.update({"BandwidthRate": B_BANDWIDTH, "BandwidthBurst": B_BANDWIDTH,
                   "ConstrainedSockets": False, "OutbufCells": 64})
     return o
