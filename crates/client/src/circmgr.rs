@@ -317,7 +317,7 @@ impl CircuitManager {
         if let Some(pin) = pin {
             // A nickname or a hex identity (`find_pinned` takes both).
             if !info.exit_nickname.eq_ignore_ascii_case(pin)
-                && IdentityKey::from_hex(pin).map_or(true, |id| id != info.exit)
+                && IdentityKey::from_hex(pin).ok() != Some(info.exit)
             {
                 return false;
             }
