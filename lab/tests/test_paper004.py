@@ -48,6 +48,14 @@ def test_variant_options_are_checked():
         p4.VariantOptions(impl="tor", exits={"t": 101})
     with pytest.raises(LabError, match="one exit"):
         p4.VariantOptions(impl="tor", exits={"a": 0, "b": 0})
+    # Client options: chive's only, and not the ones the kind sets.
+    assert p4.VariantOptions(exits={"a": 0}, client={"PinnedExitCircuits": 0}).client == {"PinnedExitCircuits": 0}
+    with pytest.raises(LabError, match="chive's"):
+        p4.VariantOptions(impl="tor", exits={"t": 0}, client={"PinnedExitCircuits": 0})
+    with pytest.raises(LabError, match="set by the kind"):
+        p4._check_client({"MaxCircuitDirtiness": 10}, "client")
+    with pytest.raises(LabError, match="option name"):
+        p4._check_client({"bad key": 1}, "client")
 
 
 @pytest.mark.serial

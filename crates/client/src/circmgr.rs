@@ -12,6 +12,12 @@
 //!   port somewhere), and must be the pinned relay for `host.<nickname>.exit`.
 //! - `preemptive_circuits` clean circuits are kept built so that a new stream
 //!   rarely waits for a circuit to be built.
+//! - A request pinned to an exit predicts that exit and port ([`crate::predict`], Tor's
+//!   predicted ports keyed by exit too): `pinned_exit_circuits` clean circuits ending there
+//!   are kept built or building for an hour after the last such request, so the next pinned
+//!   request attaches to a built circuit instead of waiting for CREATEs. At most
+//!   [`crate::predict::MAX_CLEAN`] clean circuits and `max_building` builds; a prediction
+//!   whose circuit fails to build backs off; unused circuits close when it expires.
 //! - `entry_nodes` / `middle_nodes` (Tor's EntryNodes / MiddleNodes) restrict the
 //!   guard, including the persistent one, and the middles of every circuit.
 //! - A circuit that fails blames relays as [`crate::down`] says: new paths avoid them for
@@ -43,8 +49,10 @@ use tracing::{debug, info, warn};
 use crate::begin::{BeginTimeouts, Waiting};
 use crate::down::{blame, Blame, DownList};
 use crate::path::{
-    choose_guard, parse_exit_notation, select_path, select_spare_path, PathRequest, PathTarget,
+    choose_guard, find_pinned, parse_exit_notation, select_path, select_spare_path, PathRequest,
+    PathTarget,
 };
+use crate::predict::{ExitPredictor, DEFAULT_PER_EXIT, MAX_CLEAN};
 
 /// Circuit manager settings.
 #[derive(Clone, Debug)]
@@ -68,6 +76,9 @@ pub struct CircMgrConfig {
     /// Tor's `CircuitStreamTimeout`: how long a stream waits for CONNECTED before it is
     /// retried on another circuit; `None`: Tor's schedule (10 s, 10 s, then 15 s).
     pub stream_timeout: Option<Duration>,
+    /// Clean circuits kept at each exit that requests were pinned to recently, per port
+    /// ([`crate::predict`]; 0: none).
+    pub pinned_exit_circuits: usize,
 }
 
 impl Default for CircMgrConfig {
@@ -81,6 +92,7 @@ impl Default for CircMgrConfig {
             middle_nodes: Vec::new(),
             relay_retry: Duration::from_secs(60),
             stream_timeout: None,
+            pinned_exit_circuits: DEFAULT_PER_EXIT,
         }
     }
 }
@@ -141,6 +153,19 @@ struct CircInfo {
     /// A stream's BEGIN timed out on it (Tor makes it dirty), or a relay on its path was blamed
     /// for a circuit's end: it takes no new streams.
     timed_out: bool,
+    /// Launched for this predicted exit and port ([`crate::predict`]); cleared by its first
+    /// stream.
+    predicted: Option<(IdentityKey, u16)>,
+}
+
+impl CircInfo {
+    /// Clean: no stream yet, none waiting, no other role, usable for new streams.
+    fn is_clean(&self) -> bool {
+        self.isolation.is_none()
+            && self.waiting.is_empty()
+            && self.spare_of.is_none()
+            && !self.timed_out
+    }
 }
 
 /// Path switching: a home circuit whose spare went (or could not be built) gets another try
@@ -160,6 +185,8 @@ pub struct CircuitManager {
     down: DownList,
     /// Streams whose BEGIN is out, timed.
     begins: BeginTimeouts,
+    /// Exits that pinned requests used recently.
+    predictor: ExitPredictor,
     next_ticket: u64,
     rng: StdRng,
 }
@@ -200,6 +227,7 @@ impl CircuitManager {
         CircuitManager {
             down: DownList::new(cfg.relay_retry),
             begins: BeginTimeouts::new(cfg.stream_timeout),
+            predictor: ExitPredictor::new(cfg.pinned_exit_circuits),
             cfg,
             consensus: None,
             circuits: HashMap::new(),
@@ -287,7 +315,10 @@ impl CircuitManager {
             }
         }
         if let Some(pin) = pin {
-            if !info.exit_nickname.eq_ignore_ascii_case(pin) {
+            // A nickname or a hex identity (`find_pinned` takes both).
+            if !info.exit_nickname.eq_ignore_ascii_case(pin)
+                && IdentityKey::from_hex(pin).ok() != Some(info.exit)
+            {
                 return false;
             }
         }
@@ -323,6 +354,12 @@ impl CircuitManager {
             Some((h, n)) => (h.to_string(), Some(n.to_string())),
             None => (req.host.clone(), None),
         };
+        // A pinned CONNECT predicts its exit and port (Tor notes the port of every CONNECT).
+        if let (Some(pin), RequestKind::Connect, Some(cons)) = (&pin, &req.kind, &self.consensus) {
+            if let Some(exit) = find_pinned(cons, pin) {
+                self.predictor.note_used(exit.identity, req.port, now);
+            }
+        }
         // A built circuit: prefer one already dirty with this key, then a clean one.
         let mut best: Option<(bool, CircKey)> = None;
         for (key, info) in &self.circuits {
@@ -357,13 +394,11 @@ impl CircuitManager {
             }
             return;
         }
-        match self.launch(
-            core,
-            Some((&host, req.port)),
-            pin.as_deref(),
-            req.kind == RequestKind::Resolve,
-            now,
-        ) {
+        let target = match req.kind {
+            RequestKind::Resolve => PathTarget::Any,
+            RequestKind::Connect => target_of(&host, req.port),
+        };
+        match self.launch(core, target, pin.as_deref(), "request", now) {
             Ok(key) => {
                 if let Some(info) = self.circuits.get_mut(&key) {
                     info.waiting.push((ticket, req, attempts));
@@ -394,6 +429,12 @@ impl CircuitManager {
                     if info.isolation.is_none() {
                         info.isolation = Some(req.isolation.clone());
                         info.dirty_since = Some(now);
+                        if info.predicted.take().is_some() {
+                            debug!(
+                                ?key,
+                                "a circuit built for a predicted exit takes its first stream"
+                            );
+                        }
                     }
                 }
                 // The user name only (never the password), for operators and tests.
@@ -418,13 +459,14 @@ impl CircuitManager {
         }
     }
 
-    /// Build a new circuit whose exit allows `target` (or any exit).
+    /// Build a new circuit whose exit allows `target` (pinned: that exit). `why` is logged:
+    /// "request", "preemptive" or "predicted".
     fn launch(
         &mut self,
         core: &mut Core,
-        target: Option<(&str, u16)>,
+        target: PathTarget<'_>,
         pin: Option<&str>,
-        any_exit: bool,
+        why: &'static str,
         now: Instant,
     ) -> Result<CircKey, String> {
         let Some(full) = self.consensus.clone() else {
@@ -466,12 +508,8 @@ impl CircuitManager {
                 .find_map(|c| choose_guard(c, &self.cfg.entry_nodes, &mut self.rng))
                 .map(|r| r.identity);
         }
-        let path_target = match target {
-            Some((h, p)) if !any_exit => target_of(h, p),
-            _ => PathTarget::Any,
-        };
         let req = PathRequest {
-            target: path_target,
+            target,
             exit_nickname: pin,
             guard: self.guard.as_ref(),
             hops: 3,
@@ -493,7 +531,7 @@ impl CircuitManager {
         let names: Vec<&str> = path.iter().map(|r| r.nickname.as_str()).collect();
         let ids: Vec<IdentityKey> = path.iter().map(|r| r.identity).collect();
         let key = core.launch_circuit(path.iter().map(|r| hop_spec(r)).collect(), now);
-        info!(?key, path = %names.join(","), "launching circuit");
+        info!(?key, why = %why, path = %names.join(","), "launching circuit");
         self.circuits.insert(
             key,
             CircInfo {
@@ -507,6 +545,7 @@ impl CircuitManager {
                 spare_of: None,
                 spare_tried: None,
                 timed_out: false,
+                predicted: None,
             },
         );
         Ok(key)
@@ -550,6 +589,7 @@ impl CircuitManager {
                 spare_of: Some(home),
                 spare_tried: None,
                 timed_out: false,
+                predicted: None,
             },
         );
     }
@@ -560,6 +600,10 @@ impl CircuitManager {
             return;
         };
         info.built = true;
+        if let Some((exit, port)) = info.predicted {
+            self.predictor.on_built(&exit, port);
+            info!(?circ, port, "circuit for a predicted exit built");
+        }
         if let Some(home) = info.spare_of {
             if let Err(e) = core.path_add_spare(home, circ, now) {
                 debug!(?circ, ?home, error = %e, "spare not linked (its home is gone); closing it");
@@ -599,6 +643,17 @@ impl CircuitManager {
         let Some(info) = self.circuits.remove(&circ) else {
             return;
         };
+        if let (Some((exit, port)), false) = (info.predicted, info.built) {
+            if let Some(pause) = self.predictor.on_failed(&exit, port, now) {
+                info!(
+                    ?circ,
+                    ?cause,
+                    port,
+                    pause_ms = pause.as_millis() as u64,
+                    "circuit for a predicted exit failed to build; backing off"
+                );
+            }
+        }
         let mut blamed = Vec::new();
         for (id, b) in blame(cause, hops, &info.path) {
             if self.down.mark(id, b, now) {
@@ -725,23 +780,105 @@ impl CircuitManager {
         for home in spareless {
             self.launch_spare(core, home, now);
         }
-        let clean = self
-            .circuits
-            .values()
-            .filter(|c| {
-                c.isolation.is_none()
-                    && c.waiting.is_empty()
-                    && c.spare_of.is_none()
-                    && !c.timed_out
-            })
-            .count();
+        self.keep_predicted(core, now);
+        let clean = self.circuits.values().filter(|c| c.is_clean()).count();
         let building = self.circuits.values().filter(|c| !c.built).count();
         let want = self.cfg.preemptive_circuits.saturating_sub(clean);
         for _ in 0..want.min(self.cfg.max_building.saturating_sub(building)) {
-            if let Err(e) = self.launch(core, None, None, true, now) {
+            if let Err(e) = self.launch(core, PathTarget::Any, None, "preemptive", now) {
                 warn!(error = %e, "cannot build a preemptive circuit");
                 break;
             }
         }
     }
+
+    /// Predicted exits ([`crate::predict`]): close the unused circuits of predictions that are
+    /// over, then launch what each active one lacks, within [`MAX_CLEAN`] clean circuits and
+    /// `max_building` builds. A prediction whose exit left the consensus, no longer allows the
+    /// port, or is blamed for a failure ([`crate::down`]) launches nothing meanwhile (a pinned
+    /// request still builds on demand).
+    fn keep_predicted(&mut self, core: &mut Core, now: Instant) {
+        self.predictor.expire(now);
+        let over: Vec<CircKey> = self
+            .circuits
+            .iter()
+            .filter(|(k, c)| {
+                c.built
+                    && c.is_clean()
+                    && c.predicted
+                        .is_some_and(|(e, p)| !self.predictor.is_predicted(&e, p, now))
+                    && core.circuit_streams(**k) == 0
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for key in over {
+            debug!(
+                ?key,
+                "closing an unused circuit of a predicted exit no longer predicted"
+            );
+            self.circuits.remove(&key);
+            core.close_circuit(key, now);
+        }
+        let Some(cons) = self.consensus.clone() else {
+            return;
+        };
+        for (exit, port) in self.predictor.active(now) {
+            let Some(relay) = cons.relay_by_identity(&exit) else {
+                continue;
+            };
+            if !relay.exit_policy.allows_port_somewhere(port)
+                || self.down.blame_of(&exit, now).is_some()
+            {
+                continue;
+            }
+            let have = self
+                .circuits
+                .values()
+                .filter(|c| c.exit == exit && c.is_clean())
+                .count();
+            for _ in have..self.predictor.per_exit() {
+                let clean = self.circuits.values().filter(|c| c.is_clean()).count();
+                let building = self.circuits.values().filter(|c| !c.built).count();
+                if clean >= MAX_CLEAN || building >= self.cfg.max_building {
+                    return;
+                }
+                match self.launch(
+                    core,
+                    PathTarget::Port(port),
+                    Some(&exit.to_hex()),
+                    "predicted",
+                    now,
+                ) {
+                    Ok(key) => {
+                        if let Some(info) = self.circuits.get_mut(&key) {
+                            info.predicted = Some((exit, port));
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, port, "cannot build a circuit for a predicted exit");
+                        self.predictor.on_failed(&exit, port, now);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Clean circuits (built or building) ending at `exit`: what a pinned request to it could
+    /// attach to without a new build.
+    pub fn clean_circuits_at(&self, exit: &IdentityKey) -> usize {
+        self.circuits
+            .values()
+            .filter(|c| c.exit == *exit && c.is_clean())
+            .count()
+    }
+
+    /// Exits and ports predicted now.
+    pub fn predicted_exits(&self, now: Instant) -> Vec<(IdentityKey, u16)> {
+        self.predictor.active(now)
+    }
 }
+
+#[cfg(test)]
+#[path = "circmgr_tests.rs"]
+mod tests;

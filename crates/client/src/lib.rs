@@ -4,6 +4,7 @@
 //! - [`path`]: bandwidth-weighted guard / middle / exit selection from a consensus.
 //! - [`circmgr`]: which circuit a stream goes on (reuse, isolation, dirtiness,
 //!   preemptive circuits), driving a sans-IO [`chive_core::Core`].
+//! - [`predict`]: exits that pinned requests used recently, kept with clean circuits.
 //! - [`down`]: relays the client believes down after a failure, and for how long.
 //! - [`cc`]: the consensus's congestion-control parameters as the core's policy choice.
 //! - [`onion`]: onion services: a service's introduction points, descriptor and rendezvous
@@ -17,4 +18,5 @@ pub mod circmgr;
 pub mod down;
 pub mod onion;
 pub mod path;
+pub mod predict;
 pub mod socks;

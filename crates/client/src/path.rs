@@ -30,6 +30,8 @@ pub enum PathTarget<'a> {
     Ip(SocketAddr),
     /// A hostname the exit will resolve: the policy must allow the port somewhere.
     Host(&'a str, u16),
+    /// Any address on this port (a circuit for a predicted exit and port).
+    Port(u16),
     /// No particular target (preemptive circuits): any exit.
     Any,
 }
@@ -103,6 +105,7 @@ impl fmt::Display for PathTarget<'_> {
         match self {
             PathTarget::Ip(a) => write!(f, "{a}"),
             PathTarget::Host(h, p) => write!(f, "{h}:{p}"),
+            PathTarget::Port(p) => write!(f, "port {p}"),
             PathTarget::Any => f.write_str("any destination"),
         }
     }
@@ -117,7 +120,9 @@ fn usable(r: &ConsensusRelay) -> bool {
 fn allows(r: &ConsensusRelay, target: &PathTarget<'_>) -> bool {
     match target {
         PathTarget::Ip(a) => r.exit_policy.allows(a.ip(), a.port()),
-        PathTarget::Host(_, port) => r.exit_policy.allows_port_somewhere(*port),
+        PathTarget::Host(_, port) | PathTarget::Port(port) => {
+            r.exit_policy.allows_port_somewhere(*port)
+        }
         PathTarget::Any => r.exit_policy.is_exit(),
     }
 }
@@ -197,7 +202,7 @@ impl<'a> NodeFilter<'a> {
 }
 
 /// Find a pinned exit by nickname (case-insensitive) or by 64-hex-digit identity.
-fn find_pinned<'c>(consensus: &'c Consensus, name: &str) -> Option<&'c ConsensusRelay> {
+pub(crate) fn find_pinned<'c>(consensus: &'c Consensus, name: &str) -> Option<&'c ConsensusRelay> {
     consensus
         .relays
         .iter()

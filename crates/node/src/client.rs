@@ -113,6 +113,11 @@ Config file options (TOML):
                                    the first onion connection until an hour after the last;
                                    service: rendezvous, always), each extended by one hop to
                                    the chosen point instead of built anew (0..8, 0 = none)
+  PinnedExitCircuits = 2           clean circuits kept built to an exit that requests pinned
+                                   (HOST.NICKNAME.exit) for that port, from the first such
+                                   request until an hour after the last, so the next one needs
+                                   no circuit build (Tor's predicted ports, keyed by exit;
+                                   0..8, 0 = none)
   LinkKeepalive = 5                seconds: a link that wrote nothing for this long sends a
                                    PADDING cell, so its peer knows it is alive (0 = off)
   LinkIdleTimeout = 20             seconds: a link that read nothing (or could write nothing)
@@ -193,6 +198,9 @@ pub struct ClientConfig {
         default = "default_onion_predicted_circuits"
     )]
     pub onion_predicted_circuits: usize,
+    /// Clean circuits kept per predicted pinned exit (see the help).
+    #[serde(rename = "PinnedExitCircuits", default = "default_pinned_exit_circuits")]
+    pub pinned_exit_circuits: usize,
     /// Onion service directory (key, hostname); unset = no service.
     #[serde(rename = "HiddenServiceDir", default)]
     pub hidden_service_dir: Option<PathBuf>,
@@ -240,6 +248,12 @@ impl ClientConfig {
             anyhow::bail!(
                 "OnionPredictedCircuits: 0..{}",
                 chive_client::onion::pool::MAX_PREDICTED
+            );
+        }
+        if self.pinned_exit_circuits > chive_client::predict::MAX_PER_EXIT {
+            anyhow::bail!(
+                "PinnedExitCircuits: 0..{}",
+                chive_client::predict::MAX_PER_EXIT
             );
         }
         if !(1..=chive_dir::MAX_INTRO_POINTS).contains(&self.hidden_service_intro_points) {
@@ -362,6 +376,9 @@ fn default_intro_points() -> usize {
 fn default_onion_attempt_timeout() -> u64 {
     30
 }
+fn default_pinned_exit_circuits() -> usize {
+    chive_client::predict::DEFAULT_PER_EXIT
+}
 fn default_onion_predicted_circuits() -> usize {
     chive_client::onion::pool::DEFAULT_PREDICTED
 }
@@ -440,6 +457,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             relay_retry: Duration::from_secs(cfg.relay_retry_interval),
             stream_timeout: (cfg.circuit_stream_timeout > 0)
                 .then(|| Duration::from_secs(cfg.circuit_stream_timeout)),
+            pinned_exit_circuits: cfg.pinned_exit_circuits,
             ..CircMgrConfig::default()
         },
         seed,

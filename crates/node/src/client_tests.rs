@@ -104,6 +104,16 @@ fn predicted_onion_circuits_are_an_option() {
 }
 
 #[test]
+fn pinned_exit_circuits_are_an_option() {
+    assert_eq!(config("").pinned_exit_circuits, 2);
+    let c = config("PinnedExitCircuits = 0");
+    assert!(c.validate().is_ok());
+    assert_eq!(c.pinned_exit_circuits, 0);
+    let err = config("PinnedExitCircuits = 9").validate().unwrap_err();
+    assert!(format!("{err:#}").contains("PinnedExitCircuits"), "{err:#}");
+}
+
+#[test]
 fn the_onion_attempt_timeout_is_an_option() {
     let t = |c: &ClientConfig| c.connector_config(OnionPaths::default()).attempt_timeout;
     assert_eq!(t(&config("")), Duration::from_secs(30));

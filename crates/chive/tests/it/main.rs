@@ -23,6 +23,7 @@ mod dos_streams_e2e;
 mod e2e;
 mod onion_e2e;
 mod ports_e2e;
+mod predicted_exit_e2e;
 mod relay_failure_e2e;
 mod reserve_e2e;
 mod sched_e2e;

@@ -30,7 +30,9 @@ circuit on demand; tor may hand out a clean circuit it built ahead), and the ana
 Variants (:class:`VariantOptions`): ``impl`` (chive, or tor: Debian's tor in every role),
 ``params`` (consensus parameters, chive's names: ``cc_alg``, ``circwindow``), ``exits``
 (series label -> the exit's ``CircuitWindow``, 0 = the consensus window; tor exits take 0),
-``paper`` (the paper's finding for the report), ``fresh_circuit`` (a new circuit per fetch).
+``paper`` (the paper's finding for the report), ``fresh_circuit`` (a new circuit per fetch),
+``client`` (more options for chive's torperf client, e.g. ``{ PinnedExitCircuits = 0 }`` to
+compare with and without the circuits it keeps at pinned exits; chive only).
 Series labels are unique in a scenario.
 
 Per run: ``perf-<series>-<size>.jsonl`` (transfer records), ``run.json``, node logs.
@@ -96,6 +98,19 @@ def _check_exits(value: dict[str, Any], path: str) -> dict[str, Any]:
     return value
 
 
+#: Options of the torperf client the kind sets itself (a variant may not override them).
+_KIND_CLIENT_KEYS = ("EntryNodes", "MiddleNodes", "MaxCircuitDirtiness")
+
+
+def _check_client(value: dict[str, Any], path: str) -> dict[str, Any]:
+    for key in value:
+        if not key.isalnum() or not key[:1].isupper():
+            raise LabError(f"{path}.{key}: not a chive client option name")
+        if key in _KIND_CLIENT_KEYS:
+            raise LabError(f"{path}.{key}: set by the kind (pins and `dirtiness`)")
+    return value
+
+
 @dataclass(frozen=True)
 class VariantOptions:
     """What a ``[[variant]]`` of this kind declares."""
@@ -106,10 +121,14 @@ class VariantOptions:
                                    doc="series label -> CircuitWindow (0: the consensus')")
     paper: str = option("", doc="the paper's finding for this setting")
     fresh_circuit: bool = option(False, doc="a new circuit per fetch (a random SOCKS username each)")
+    client: dict[str, Any] = option(default_factory=dict, check=_check_client,
+                                    doc="more options for chive's torperf client (chive only)")
 
     def __post_init__(self) -> None:
         if self.impl == "tor" and any(self.exits.values()):
             raise LabError("tor exits take no CircuitWindow (set circwindow in params)")
+        if self.impl == "tor" and self.client:
+            raise LabError("client options are chive's (tor clients are configured by the kind)")
         if self.impl == "tor" and len(self.exits) != 1:
             raise LabError("a tor variant has one exit (tor clients pin it; no .exit notation)")
 
@@ -139,7 +158,8 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     end = warmup_s + measure_s
     info: dict[str, Any] = {"variant": variant, "rep": rep, "impl": v.impl, "params": p.__dict__,
                             "consensus": dict(v.params), "exits": {}, "measure_s": measure_s,
-                            "warmup_s": warmup_s, "fresh_circuit": v.fresh_circuit}
+                            "warmup_s": warmup_s, "fresh_circuit": v.fresh_circuit,
+                            "client": dict(v.client)}
     try:
         tb.up()
         ov = (TorOverlay if tor else netns.Overlay)(tb, out_dir / "net", binary=chive_bin,
@@ -160,7 +180,8 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
             if p.bulk_loops:
                 ov.add_client("C", "bulk", port=SOCKS_BULK, extra={**pins, "ExitNodes": [BULK_EXIT]})
         else:
-            ov.add_client("C", "perf", port=SOCKS_PERF, extra={**pins, "MaxCircuitDirtiness": p.dirtiness})
+            ov.add_client("C", "perf", port=SOCKS_PERF,
+                          extra={**v.client, **pins, "MaxCircuitDirtiness": p.dirtiness})
             if p.bulk_loops:
                 ov.add_client("C", "bulk", port=SOCKS_BULK, extra=pins)
         ov.add_httpd("W", "httpd", port=HTTP_PORT)
