@@ -471,9 +471,7 @@ impl Core {
                         e.1 = sample;
                     }
                 }
-                let Some(m) = self.sw.movers.get_mut(&key) else {
-                    return None;
-                };
+                let m = self.sw.movers.get_mut(&key)?;
                 match m.ms.on_ack(ack, sent) {
                     Ok(AckOutcome::CutOver(marker)) => self.cut_over(key, marker, now),
                     Ok(AckOutcome::Refused(status)) => {
