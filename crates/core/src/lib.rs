@@ -30,7 +30,9 @@ pub use node::{
     CoreStats, Event, HopSpec, OnionRelayStats, RelayKeys, CELL_MEM_COST,
     DEFAULT_MAX_MEM_IN_QUEUES, MAX_PATH_LEN, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
-pub use node::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};
+pub use node::{
+    SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats, SWITCH_IDLE_CLOSE,
+};
 pub use sched::{CircuitScheduler, QueueId, SchedulerKind};
 
 /// A channel: the logical link to one neighbour. Chosen by the driver, unique per core.

@@ -83,7 +83,7 @@ Config file options (TOML):
   SwitchTimeoutMsec = 2000         a path switch waits at least this long for SWITCH_CONFIRM,
                                    then falls back to the old circuit (100..120000; default: the
                                    consensus)
-  SwitchTimeoutRttFactor = 4       ... and at least this many round trips measured on the linked
+  SwitchTimeoutRttFactor = 3       ... and at least this many round trips measured on the linked
                                    circuits (0..20, 0 = the fixed SwitchTimeoutMsec; default: the
                                    consensus)
   MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among

@@ -651,6 +651,11 @@ pub fn render(snap: &Snapshot) -> String {
             "Cells that overtook their SWITCH marker on the new connection and were held back.",
             sw.cells_held,
         ),
+        (
+            "chive_switch_idle_closed_total",
+            "Connection variant, entry: switch connections closed after a minute without a circuit.",
+            sw.idle_closed,
+        ),
     ] {
         metric(name, "counter", help, v.to_string());
     }

@@ -66,6 +66,7 @@ pub use oom::{
     max_mem_in_queues_auto, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
 pub use queue::CELL_MEM_COST;
+pub use switch::SWITCH_IDLE_CLOSE;
 pub use switch_report::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};
 
 use channel::Channel;

@@ -16,7 +16,7 @@
 //!   connection: the markers carry them and the receiver checks them.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chive_cell::{
     Cell, CellCommand, CircId, DestroyReason, SwitchAck, SwitchConn, SwitchMarker, SwitchStatus,
@@ -39,10 +39,19 @@ use super::Core;
 
 /// How long after a failed connection opened ahead the entry waits before opening one ahead to
 /// that peer again (a switch that needs one still opens it at once).
-const PREOPEN_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30);
+const PREOPEN_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Switch records waiting for the driver beyond this are dropped (bounded memory).
 const MAX_PENDING_RECORDS: usize = 1000;
+
+/// A switch connection that carried no circuit and no switch in progress for this long is
+/// closed (the mover's side; opened ahead at α, it may never be used, and its circuits end).
+/// A later switch to that peer opens a new one.
+pub const SWITCH_IDLE_CLOSE: Duration = Duration::from_secs(60);
+
+/// How often the mover looks for idle switch connections while it has one: a connection is
+/// closed between [`SWITCH_IDLE_CLOSE`] and that plus this after it became idle.
+const IDLE_CHECK: Duration = Duration::from_secs(5);
 
 /// Relay cells of one circuit per direction on its current connection in that direction.
 #[derive(Clone, Copy, Debug, Default)]
@@ -81,6 +90,10 @@ enum Spare {
 
 struct Mover {
     ms: MoverSwitch<Cell>,
+    /// When the detector fired (the switch-time metric starts here). The SWITCH_ACK timeout
+    /// runs from SWITCH_CONN going out (`ms`), not from here: a switch that waited for its
+    /// connection to open must not spend its timeout on the handshake.
+    triggered: Instant,
     /// When the circuit's last cell left on the old connection.
     last_old: Option<Instant>,
     old: (ChannelId, CircId),
@@ -104,6 +117,15 @@ pub(super) struct SwitchState {
     preopen_failed: HashMap<IdentityKey, Instant>,
     /// Channels opened as switch connections (never canonical, never switched from).
     switch_chans: LocalSet<ChannelId>,
+    /// Switch connections found idle (no circuit, no switch in progress) at the last check,
+    /// and since when.
+    idle_since: HashMap<ChannelId, Instant>,
+    /// The next look for idle switch connections (while there is one).
+    idle_check_at: Option<Instant>,
+    /// Per next hop with a switch connection: SWITCH_CONN → SWITCH_ACK round trips (smoothed
+    /// with gain 1/8, latest). The ACK timeout of the next switch to that peer is
+    /// `confirm_timeout(SwitchTimeoutMsec, SwitchTimeoutRttFactor, max of the two)`.
+    ack_rtt: HashMap<IdentityKey, (Duration, Duration)>,
     movers: LocalMap<CircKey, Mover>,
     peers: LocalMap<CircKey, Peer>,
     /// Every endpoint of a circuit in a switch.
@@ -229,6 +251,7 @@ impl Core {
             },
         );
         self.sw.switch_chans.insert(chan);
+        self.sw.idle_check_at.get_or_insert(now + IDLE_CHECK);
         let waiting = match self.sw.spare.insert(peer, Spare::Open(chan)) {
             Some(Spare::Opening(w)) => w,
             _ => Vec::new(),
@@ -285,6 +308,17 @@ impl Core {
             return;
         };
         let seq = self.sw.seq.get(&key).copied().unwrap_or(0);
+        let rtt = self
+            .channels
+            .get(&c2)
+            .and_then(|c| c.peer)
+            .and_then(|p| self.sw.ack_rtt.get(&p))
+            .map(|(smoothed, latest)| (*smoothed).max(*latest));
+        let timeout = crate::switching::confirm_timeout(
+            self.sw.settings.timeout,
+            self.sw.settings.timeout_rtt_factor,
+            rtt,
+        );
         let body = SwitchConn {
             seq,
             old_circ_id: x,
@@ -297,8 +331,8 @@ impl Core {
             seq,
             received_on_old,
             self.cfg.max_circuit_queue,
-            triggered,
-            self.sw.settings.timeout,
+            now,
+            timeout,
         );
         self.sw.ends.insert((c1, x), (key, End::Old));
         self.sw.ends.insert((c2, y), (key, End::New));
@@ -306,6 +340,7 @@ impl Core {
             key,
             Mover {
                 ms,
+                triggered,
                 last_old: None,
                 old: (c1, x),
                 new: (c2, y),
@@ -313,7 +348,6 @@ impl Core {
         );
         debug!(?key, seq, old = x, new = y, "SWITCH_CONN sent");
         self.push_urgent(c2, cell);
-        let _ = now;
     }
 
     fn alloc_switch_id(&mut self, chan: ChannelId) -> Option<CircId> {
@@ -426,6 +460,18 @@ impl Core {
                     .circuits
                     .get(&key)
                     .map_or(0, |c| c.sw.sent[ix(Side::Next)]);
+                if matches!(
+                    m.ms.state(),
+                    crate::switching::MoverState::AwaitingAck { .. }
+                ) {
+                    let sample = now.saturating_duration_since(m.ms.triggered_at());
+                    if let Some(peer) = self.channels.get(&m.new.0).and_then(|c| c.peer) {
+                        let e = self.sw.ack_rtt.entry(peer).or_insert((sample, sample));
+                        e.0 = (e.0 * 7 + sample) / 8;
+                        e.1 = sample;
+                    }
+                }
+                let m = self.sw.movers.get_mut(&key)?;
                 match m.ms.on_ack(ack, sent) {
                     Ok(AckOutcome::CutOver(marker)) => self.cut_over(key, marker, now),
                     Ok(AckOutcome::Refused(status)) => {
@@ -513,7 +559,7 @@ impl Core {
             return;
         };
         let (old, new) = (m.old, m.new);
-        let triggered = m.ms.triggered_at();
+        let triggered = m.triggered;
         let last_old = m.last_old;
         self.send_marker(old.0, old.1, marker);
         self.rebind(key, Side::Next, new, now);
@@ -762,7 +808,7 @@ impl Core {
             circ: key,
             from: m.old.0,
             to: Some(m.new.0),
-            triggered: m.ms.triggered_at(),
+            triggered: m.triggered,
             ended: now,
             last_old: None,
             outcome,
@@ -825,6 +871,10 @@ impl Core {
     /// `chan` is closing: switches that needed it end; a switch connection is forgotten.
     pub(super) fn sw_channel_closed(&mut self, chan: ChannelId, now: Instant) {
         if self.sw.switch_chans.remove(&chan) {
+            self.sw.idle_since.remove(&chan);
+            if let Some(peer) = self.channels.get(&chan).and_then(|c| c.peer) {
+                self.sw.ack_rtt.remove(&peer);
+            }
             self.sw
                 .spare
                 .retain(|_, s| !matches!(s, Spare::Open(c) if *c == chan));
@@ -860,13 +910,57 @@ impl Core {
         }
     }
 
-    /// The earliest switch deadline (a mover waiting for SWITCH_ACK).
+    /// The earliest switch deadline (a mover waiting for SWITCH_ACK, the idle check).
     pub(super) fn sw_next_deadline(&self) -> Option<Instant> {
         self.sw
             .movers
             .values()
             .filter_map(|m| m.ms.next_deadline())
+            .chain(self.sw.idle_check_at)
             .min()
+    }
+
+    /// Whether switch connection `chan` carries nothing: no circuit, no switch in progress
+    /// (an end in `ends`, a circuit whose first cell there has not left), nothing queued.
+    fn switch_channel_idle(&self, chan: ChannelId) -> bool {
+        let Some(ch) = self.channels.get(&chan) else {
+            return false;
+        };
+        ch.circ_ids.is_empty()
+            && ch.urgent.is_empty()
+            && !self.sw.ends.keys().any(|(c, _)| *c == chan)
+            && !self.sw.first_cell.values().any(|f| f.2 == chan)
+    }
+
+    /// The idle check: close the switch connections idle since the check
+    /// [`SWITCH_IDLE_CLOSE`] ago or earlier; schedule the next check while one is left.
+    fn sw_close_idle(&mut self, now: Instant) {
+        self.sw.idle_check_at = None;
+        let chans: Vec<ChannelId> = self.sw.switch_chans.iter().copied().collect();
+        for chan in chans {
+            if !self.switch_channel_idle(chan) {
+                self.sw.idle_since.remove(&chan);
+                continue;
+            }
+            let since = *self.sw.idle_since.entry(chan).or_insert(now);
+            if now.saturating_duration_since(since) < SWITCH_IDLE_CLOSE {
+                continue;
+            }
+            info!(
+                ?chan,
+                idle_s = now.saturating_duration_since(since).as_secs(),
+                "closing the idle switch connection"
+            );
+            self.sw.stats.idle_closed += 1;
+            self.channel_closed(chan, now);
+            self.events.push_back(Event::CloseChannel {
+                chan,
+                reason: "switch connection idle".to_string(),
+            });
+        }
+        if !self.sw.switch_chans.is_empty() {
+            self.sw.idle_check_at = Some(now + IDLE_CHECK);
+        }
     }
 
     /// Time passed: movers without an acknowledgement give up (DESTROY on the new id cancels
@@ -876,6 +970,9 @@ impl Core {
     /// may take long; a hostile mover holds at most `MAX_PENDING_PER_PEER` reservations of at
     /// most `max_circuit_queue` cells each.
     pub(super) fn sw_handle_timeout(&mut self, now: Instant) {
+        if self.sw.idle_check_at.is_some_and(|t| t <= now) {
+            self.sw_close_idle(now);
+        }
         let expired: Vec<CircKey> = self
             .sw
             .movers

@@ -56,13 +56,15 @@ impl SwitchMode {
 pub struct SwitchSettings {
     /// Mode.
     pub mode: SwitchMode,
-    /// How long the mover waits for SWITCH_ACK (`SwitchTimeoutMsec`). Path variant: the
-    /// floor of the confirmation timeout (see `timeout_rtt_factor`).
+    /// The floor of how long a switch waits for its answer (`SwitchTimeoutMsec`): SWITCH_ACK
+    /// (connection variant), SWITCH_CONFIRM (path variant); see `timeout_rtt_factor`.
     pub timeout: Duration,
-    /// Path variant, client: a switch waits for its SWITCH_CONFIRM `max(timeout, factor ×
-    /// the set's measured round trip)` ([`crate::switching::confirm_timeout`]); 0 keeps the
-    /// fixed `timeout`. Default 4. In the lab's loaded runs with a fixed 2 s, 25 of 27 path
-    /// switches timed out while the confirmation was on its way (docs/protocol.md, "Path variant").
+    /// A switch waits for its answer `max(timeout, factor × the measured round trip)`
+    /// ([`crate::switching::confirm_timeout`]): path variant (client), the linked set's;
+    /// connection variant (entry), SWITCH_CONN → SWITCH_ACK to that peer. 0 keeps the
+    /// fixed `timeout`. Default 3. In the lab's loaded runs with a fixed 2 s, 25 of 27 path
+    /// switches timed out while the confirmation was on its way; with factor 4 none did, and
+    /// the longest wait was 1.39 round trips (docs/protocol.md, "Path variant").
     pub timeout_rtt_factor: u32,
     /// The share of a congested connection's load, in thousandths, a circuit's weight must
     /// reach to be moved (`SwitchMinShareMilli`; see
@@ -89,7 +91,7 @@ impl Default for SwitchSettings {
         SwitchSettings {
             mode: SwitchMode::Off,
             timeout: Duration::from_millis(2000),
-            timeout_rtt_factor: 4,
+            timeout_rtt_factor: 3,
             min_share_milli: 250,
             leg_avoid: Duration::from_secs(10),
         }
@@ -133,6 +135,9 @@ pub struct SwitchStats {
     pub path_out_of_order: u64,
     /// Path variant, exit: copies dropped (a number already delivered or buffered).
     pub path_duplicates: u64,
+    /// Switch connections closed after [`crate::SWITCH_IDLE_CLOSE`] without a circuit
+    /// (mover).
+    pub idle_closed: u64,
 }
 
 /// How a switch this node started ended (one [`SwitchRecord`] each).

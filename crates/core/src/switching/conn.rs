@@ -168,7 +168,7 @@ pub struct MoverSwitch<T> {
 
 impl<T> MoverSwitch<T> {
     /// Start switch `seq` (send SWITCH_CONN now); `received_on_old` backward cells already
-    /// came on C1; wait at most `timeout` for the acknowledgement.
+    /// came on C1; wait at most `timeout` from `now` for the acknowledgement.
     pub fn new(
         seq: u32,
         received_on_old: u64,
@@ -191,7 +191,7 @@ impl<T> MoverSwitch<T> {
         self.state
     }
 
-    /// When the switch was started (for the switch-time metric).
+    /// When the switch was started (SWITCH_CONN sent: the timeout counts from here).
     pub fn triggered_at(&self) -> Instant {
         self.triggered_at
     }

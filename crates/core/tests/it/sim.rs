@@ -83,6 +83,9 @@ pub struct Sim {
     pub fail_switch_connect: bool,
     /// Switch connections lose everything the peer writes (it never answers).
     pub mute_switch_peer: bool,
+    /// Leave ConnectSwitch unanswered in `events` (the test opens the connection later with
+    /// `connect(.., true)`).
+    pub defer_switch_connect: bool,
     /// Upload only: an exit keeps what arrives under this stream of node 0 instead of echoing
     /// it (so nothing flows back to the client).
     pub upload_only: Option<StreamHandle>,
@@ -155,6 +158,7 @@ impl Sim {
             slow: None,
             fail_switch_connect: false,
             mute_switch_peer: false,
+            defer_switch_connect: false,
             rng,
         }
     }
@@ -278,6 +282,7 @@ impl Sim {
                 let to = self.node_of(&identity);
                 self.connect(n, to, false);
             }
+            Event::ConnectSwitch { .. } if self.defer_switch_connect => self.events.push((n, ev)),
             Event::ConnectSwitch { identity } => {
                 if self.fail_switch_connect {
                     self.nodes[n].switch_connect_failed(identity, self.now);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chive_cell::{Cell, CellCommand, Destroy, DestroyReason, SwitchConn, SwitchMarker};
 use chive_core::{
     ChannelId, CircKey, CoreConfig, SchedulerKind, StreamHandle, SwitchMode, SwitchOutcome,
-    SwitchSettings,
+    SwitchSettings, SWITCH_IDLE_CLOSE,
 };
 
 use crate::sim::{pattern, Link, Shape, Sim};
@@ -640,4 +640,169 @@ fn congestion_building_opens_the_switch_connection_ahead() {
     assert_eq!(count_switch_links(&net), 1, "no second connection");
     let e = net.nodes[E].switch_stats();
     assert_eq!((e.switches, e.completed, e.timed_out), (1, 1, 0), "{e:?}");
+}
+
+/// The SWITCH_ACK timeout counts from SWITCH_CONN going out, not from the trigger: in session
+/// 14's kept lab run the first switch of each repetition waited 1.6 s for its connection's
+/// handshake and timed out 0.4 s after its SWITCH_CONN left. Here the connection opens 800 ms
+/// after the trigger with a 500 ms timeout; the switch completes, and its switch time still
+/// counts from the trigger.
+#[test]
+fn ack_timeout_counts_from_the_switch_conn_not_the_trigger() {
+    let mut net = Net::new(ALL);
+    let settings = net.nodes[E].switching();
+    net.nodes[E].set_switching(SwitchSettings {
+        timeout: Duration::from_millis(500),
+        ..settings
+    });
+    net.defer_switch_connect = true;
+    let streams = two_circuits(&mut net, 3_000_000);
+    let (c1, _) = net.e_to_m();
+    let mut triggered_at = None;
+    net.transfer(&streams, 200_000, |i, net| {
+        if i == 100 {
+            assert!(net.nodes[E].congested(c1, 0.0, net.now).is_some());
+            triggered_at = Some(net.now);
+        }
+        if i == 900 {
+            let asked = net
+                .events
+                .iter()
+                .any(|(n, e)| *n == E && matches!(e, chive_core::Event::ConnectSwitch { .. }));
+            assert!(asked, "the entry asked for the switch connection");
+            let _ = net.connect(E, M, true);
+        }
+    });
+    net.run(5000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    let e = net.nodes[E].switch_stats();
+    assert_eq!((e.switches, e.timed_out), (1, 0), "{e:?}");
+    let rec = net.nodes[E].poll_switch_record().expect("a switch record");
+    assert_eq!(rec.outcome, SwitchOutcome::Switched);
+    assert_eq!(Some(rec.triggered), triggered_at);
+    assert!(
+        rec.ended.duration_since(rec.triggered) >= Duration::from_millis(800),
+        "switch time counts from the trigger: {rec:?}"
+    );
+}
+
+/// A switch connection opened ahead that no switch used is closed after `SWITCH_IDLE_CLOSE`
+/// (not before); one carrying a moved circuit stays while the circuit lives and is closed a
+/// minute after it ended. The circuits left on C1 keep working.
+#[test]
+fn idle_switch_connections_are_closed() {
+    let switch_links = |net: &Net| -> Vec<ChannelId> {
+        net.links
+            .keys()
+            .filter(|(n, c)| *n == E && net.nodes[E].is_switch_channel(*c))
+            .map(|(_, c)| *c)
+            .collect()
+    };
+    let idle = SWITCH_IDLE_CLOSE.as_millis() as usize;
+    // Opened ahead, never used.
+    let mut net = Net::new(ALL);
+    let streams = two_circuits(&mut net, 20_000);
+    let (c1, _) = net.e_to_m();
+    assert!(net.nodes[E].congestion_building(c1, net.now));
+    net.run(100);
+    assert_eq!(switch_links(&net).len(), 1, "opened ahead");
+    net.idle(idle - 1000);
+    assert_eq!(switch_links(&net).len(), 1, "still open before a minute");
+    net.idle(7000);
+    assert!(switch_links(&net).is_empty(), "closed after a minute idle");
+    assert_eq!(net.nodes[E].switch_stats().idle_closed, 1);
+    // C1's circuits are untouched; a new congestion report opens a new one.
+    net.transfer(&streams, 200_000, |_, _| {});
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+
+    // Carrying a moved circuit: kept while it lives, closed a minute after it ended.
+    let mut net = Net::new(ALL);
+    let a = net.build();
+    let b = net.build();
+    let streams = vec![
+        (net.open(a), pattern(600_000, 0)),
+        (net.open(b), pattern(20_000, 0x5a)),
+    ];
+    let (c1, _) = net.e_to_m();
+    let mut chosen = None;
+    net.transfer(&streams, 200_000, |i, net| {
+        if i == 200 {
+            chosen = net.nodes[E].congested(c1, 0.0, net.now);
+        }
+    });
+    net.run(5000);
+    net.assert_exact(&streams);
+    assert_eq!(chosen, Some(a), "the bulk circuit moved");
+    assert_eq!(net.nodes[E].switch_stats().completed, 1);
+    net.idle(idle + 7000);
+    assert_eq!(switch_links(&net).len(), 1, "a circuit lives on it");
+    let now = net.now;
+    net.nodes[CLIENT].close_circuit(a, now);
+    net.run(1000);
+    net.idle(idle + 7000);
+    assert!(
+        switch_links(&net).is_empty(),
+        "closed after its circuit ended"
+    );
+    assert_eq!(net.nodes[E].switch_stats().idle_closed, 1);
+    assert_eq!(net.killed(), 0);
+}
+
+/// The ACK timeout follows the SWITCH_CONN → SWITCH_ACK round trips measured to that peer
+/// (`max(SwitchTimeoutMsec, SwitchTimeoutRttFactor × RTT)`): in session 14's kept run a
+/// SWITCH_CONN queued on the switch connection behind a moved circuit's bytes and its ACK came
+/// after the fixed 2 s. Here a first ACK takes ~0.4 s (under the 0.5 s floor), a second ~0.9
+/// s: factor 3 waits for it, factor 0 (the fixed floor) times out. Returns E's counters.
+fn slow_second_ack(factor: u32) -> chive_core::SwitchStats {
+    let mut net = Net::new(ALL);
+    let settings = net.nodes[E].switching();
+    net.nodes[E].set_switching(SwitchSettings {
+        timeout: Duration::from_millis(500),
+        timeout_rtt_factor: factor,
+        min_share_milli: 0,
+        ..settings
+    });
+    let circs: Vec<CircKey> = (0..3).map(|_| net.build()).collect();
+    let streams: Vec<(StreamHandle, Vec<u8>)> = circs
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| (net.open(k), pattern(600_000, i as u8)))
+        .collect();
+    let (c1, _) = net.e_to_m();
+    assert!(net.nodes[E].congestion_building(c1, net.now));
+    net.run(50);
+    let set_back_delay = |net: &mut Net, d: u64| {
+        let sw: Vec<ChannelId> = net
+            .links
+            .iter()
+            .filter(|((n, _), l)| *n == M && l.peer == E && net.nodes[E].is_switch_channel(l.pchan))
+            .map(|((_, c), _)| *c)
+            .collect();
+        assert_eq!(sw.len(), 1);
+        net.links.get_mut(&(M, sw[0])).unwrap().delay = d;
+    };
+    set_back_delay(&mut net, 400);
+    net.transfer(&streams, 400_000, |i, net| {
+        if i == 100 {
+            assert!(net.nodes[E].congested(c1, 0.0, net.now).is_some());
+        }
+        if i == 1000 {
+            set_back_delay(net, 900);
+            assert!(net.nodes[E].congested(c1, 0.0, net.now).is_some());
+        }
+    });
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    net.nodes[E].switch_stats()
+}
+
+#[test]
+fn ack_timeout_follows_the_measured_round_trip() {
+    let e = slow_second_ack(3);
+    assert_eq!((e.triggered, e.completed, e.timed_out), (2, 2, 0), "{e:?}");
+    let e = slow_second_ack(0);
+    assert_eq!((e.triggered, e.completed, e.timed_out), (2, 1, 1), "{e:?}");
 }

@@ -41,7 +41,8 @@ pub struct SwitchOptions {
     pub buffer_bytes: Option<u32>,
     /// `SwitchTimeoutMsec`.
     pub timeout_ms: Option<u32>,
-    /// `SwitchTimeoutRttFactor` (path variant, client).
+    /// `SwitchTimeoutRttFactor` (a client option for the path variant; relays take the
+    /// consensus value, which also scales the connection variant's SWITCH_ACK timeout).
     pub timeout_rtt_factor: Option<u32>,
     /// `SwitchMinShare` (0..1).
     pub min_share: Option<f64>,
