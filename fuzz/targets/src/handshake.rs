@@ -36,6 +36,7 @@ pub(crate) fn config(responder: bool) -> &'static LinkConfig {
         features: FeatureSet(SPLIT_DIRECTION),
         socket_buffer: None,
         unsent_limit: None,
+        unsent_rtt_rate: None,
         congestion_control: None,
     };
     if responder {
@@ -86,6 +87,7 @@ pub(crate) fn peer_cells(we_respond: bool, peer_has_identity: bool) -> Vec<u8> {
         features: FeatureSet(SPLIT_DIRECTION),
         socket_buffer: None,
         unsent_limit: None,
+        unsent_rtt_rate: None,
         congestion_control: None,
     };
     handshake_cells(!we_respond, &peer, &EXPORTER).expect("peer cells encode")
