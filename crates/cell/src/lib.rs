@@ -196,6 +196,26 @@ impl Cell {
 
     /// Parse a fixed cell from exactly 514 bytes.
     pub fn decode(buf: &[u8]) -> Result<Cell, CellError> {
+        let (circ_id, command) = Self::decode_header(buf)?;
+        let mut payload = [0u8; PAYLOAD_LEN];
+        payload.copy_from_slice(&buf[FIXED_HEADER_LEN..]);
+        Ok(Cell {
+            circ_id,
+            command,
+            payload,
+        })
+    }
+
+    /// [`Cell::decode`] into this cell, a reused buffer (no 514-byte value is returned and
+    /// moved on). On error the cell is left unchanged.
+    pub fn decode_from(&mut self, buf: &[u8]) -> Result<(), CellError> {
+        (self.circ_id, self.command) = Self::decode_header(buf)?;
+        self.payload.copy_from_slice(&buf[FIXED_HEADER_LEN..]);
+        Ok(())
+    }
+
+    /// A fixed cell's circuit id and command, after checking its length and command.
+    fn decode_header(buf: &[u8]) -> Result<(CircId, CellCommand), CellError> {
         if buf.len() != CELL_LEN {
             return Err(CellError::WrongLength {
                 what: "fixed cell",
@@ -203,19 +223,14 @@ impl Cell {
                 got: buf.len(),
             });
         }
-        let (head, body) = buf.split_at(FIXED_HEADER_LEN);
-        let circ_id = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
-        let command = CellCommand(head[4]);
+        let command = CellCommand(buf[4]);
         if command.is_variable() {
             return Err(CellError::VariableCommandInFixedCell(command.0));
         }
-        let mut payload = [0u8; PAYLOAD_LEN];
-        payload.copy_from_slice(body);
-        Ok(Cell {
-            circ_id,
+        Ok((
+            u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]),
             command,
-            payload,
-        })
+        ))
     }
 }
 

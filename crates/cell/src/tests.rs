@@ -597,7 +597,26 @@ proptest! {
         let framed = frame_len(&bytes);
         let decoded = decode_cell(&bytes).ok().flatten().map(|(_, used)| used);
         prop_assert_eq!(framed, decoded);
-        let _ = Cell::decode(&bytes);
+        // Decoding into a reused cell agrees with decoding a new one, and leaves the cell
+        // unchanged on error.
+        let mut reused = Cell::new(7, CellCommand::RELAY, b"before").unwrap();
+        let before = reused.clone();
+        match Cell::decode(&bytes) {
+            Ok(cell) => {
+                prop_assert!(reused.decode_from(&bytes).is_ok());
+                prop_assert!(same_fixed(&reused, &cell));
+            }
+            Err(_) => {
+                prop_assert!(reused.decode_from(&bytes).is_err());
+                prop_assert!(same_fixed(&reused, &before));
+            }
+        }
+        if let Some(whole) = bytes.get(..CELL_LEN) {
+            if let Ok(cell) = Cell::decode(whole) {
+                prop_assert!(reused.decode_from(whole).is_ok());
+                prop_assert!(same_fixed(&reused, &cell));
+            }
+        }
         let _ = Create2::decode(&bytes);
         let _ = Created2::decode(&bytes);
         let _ = Extended2::decode(&bytes);
@@ -647,4 +666,8 @@ fn xon_xoff_bodies() {
     assert_eq!(Xon::decode(&x.encode()).unwrap(), x);
     assert!(Xon::decode(&[0, 1, 2]).is_err(), "truncated rate");
     assert!(Xon::decode(&[2, 0, 0, 0, 0]).is_err(), "unknown version");
+}
+
+fn same_fixed(a: &Cell, b: &Cell) -> bool {
+    (a.circ_id, a.command, a.payload) == (b.circ_id, b.command, b.payload)
 }

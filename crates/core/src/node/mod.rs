@@ -253,6 +253,21 @@ impl Core {
         }
     }
 
+    /// A fixed cell arrived on `chan`, by reference: the driver decodes each cell into one
+    /// reused buffer, and a relay cell passed on is then copied once, into its circuit queue
+    /// (by value through [`Core::handle_cell`] it was moved four more times). Cells of a
+    /// circuit being switched and other commands take [`Core::handle_cell`]'s path with a copy.
+    pub fn handle_cell_mut(&mut self, chan: ChannelId, cell: &mut Cell, now: Instant) {
+        let relay = matches!(cell.command, CellCommand::RELAY | CellCommand::RELAY_EARLY);
+        if !relay || !self.sw.ends.is_empty() {
+            return self.handle_cell(chan, cell.clone(), now);
+        }
+        self.stats.cells_received += 1;
+        if self.channels.contains_key(&chan) {
+            self.on_relay(chan, cell, now);
+        }
+    }
+
     /// A fixed cell arrived on `chan`.
     pub fn handle_cell(&mut self, chan: ChannelId, cell: Cell, now: Instant) {
         self.stats.cells_received += 1;
@@ -260,7 +275,7 @@ impl Core {
             return;
         }
         // Cells on the ids of a circuit being switched go to the switching code first.
-        let cell = if self.sw.ends.is_empty() {
+        let mut cell = if self.sw.ends.is_empty() {
             cell
         } else {
             match self.sw_intercept(chan, cell, now) {
@@ -269,7 +284,7 @@ impl Core {
             }
         };
         match cell.command {
-            CellCommand::RELAY | CellCommand::RELAY_EARLY => self.on_relay(chan, cell, now),
+            CellCommand::RELAY | CellCommand::RELAY_EARLY => self.on_relay(chan, &mut cell, now),
             CellCommand::CREATE2 => self.on_create2(chan, cell, now),
             CellCommand::CREATED2 => self.on_created2(chan, cell, now),
             CellCommand::DESTROY => self.on_destroy(chan, cell, now),

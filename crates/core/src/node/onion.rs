@@ -197,7 +197,7 @@ impl Core {
     pub(super) fn splice_forward(
         &mut self,
         partner: CircKey,
-        mut cell: chive_cell::Cell,
+        cell: &mut chive_cell::Cell,
         now: Instant,
     ) {
         let Some(circ) = self.circuits.get_mut(&partner) else {
@@ -209,7 +209,7 @@ impl Core {
         crypto.encrypt_backward(&mut cell.payload);
         cell.circ_id = prev_id;
         cell.command = chive_cell::CellCommand::RELAY;
-        self.enqueue(partner, Side::Prev, cell, now);
+        self.enqueue(partner, Side::Prev, &*cell, now);
     }
 
     /// A circuit is gone: forget it in the tables, and close its rendezvous partner (the

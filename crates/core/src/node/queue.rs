@@ -93,13 +93,37 @@ pub(super) struct CellQueue {
     listed: bool,
 }
 
-impl CellQueue {
-    pub(super) fn push(&mut self, cell: Cell, now: Instant, sampled: bool) {
-        self.cells.push_back(QueuedCell {
-            cell,
-            queued: now,
+/// A cell as [`Core::enqueue`] takes it: owned (moved into the queue) or borrowed (copied
+/// into the queue: a relayed cell comes by reference from the driver's decoding buffer, so this
+/// copy is its only one between decoding and encoding).
+pub(super) trait QueueCell {
+    /// Append this cell to `cells`.
+    fn push_to(self, cells: &mut VecDeque<QueuedCell>, queued: Instant, sampled: bool);
+}
+
+impl QueueCell for Cell {
+    fn push_to(self, cells: &mut VecDeque<QueuedCell>, queued: Instant, sampled: bool) {
+        cells.push_back(QueuedCell {
+            cell: self,
+            queued,
             sampled,
         });
+    }
+}
+
+impl QueueCell for &Cell {
+    fn push_to(self, cells: &mut VecDeque<QueuedCell>, queued: Instant, sampled: bool) {
+        cells.push_back(QueuedCell {
+            cell: self.clone(),
+            queued,
+            sampled,
+        });
+    }
+}
+
+impl CellQueue {
+    pub(super) fn push(&mut self, cell: impl QueueCell, now: Instant, sampled: bool) {
+        cell.push_to(&mut self.cells, now, sampled);
     }
 
     /// Hand the next cell to `out` where it lies (no move out of the queue first), drop it from
@@ -337,7 +361,7 @@ impl Core {
     }
 
     /// Put a cell on a circuit's queue toward `side` and wake its channel.
-    pub(super) fn enqueue(&mut self, key: CircKey, side: Side, cell: Cell, now: Instant) {
+    pub(super) fn enqueue(&mut self, key: CircKey, side: Side, cell: impl QueueCell, now: Instant) {
         let Some(circ) = self.circuits.get_mut(&key) else {
             return;
         };

@@ -20,7 +20,8 @@ use super::Core;
 const MAX_RELAY_EARLY: u8 = 8;
 
 impl Core {
-    pub(super) fn on_relay(&mut self, chan: ChannelId, mut cell: Cell, now: Instant) {
+    /// A relay cell, by reference: passed on, it is copied once, into its queue.
+    pub(super) fn on_relay(&mut self, chan: ChannelId, cell: &mut Cell, now: Instant) {
         let Some(key) = self.lookup(chan, cell.circ_id) else {
             debug!(
                 ?chan,
@@ -58,7 +59,7 @@ impl Core {
                         self.relay_cell_for_us(key, &cell.payload, digest, early, now);
                     } else if let Some((_, next_id)) = circ.next {
                         cell.circ_id = next_id;
-                        self.enqueue(key, Side::Next, cell, now);
+                        self.enqueue(key, Side::Next, &*cell, now);
                     } else if let Some(partner) = self.spliced_partner(key) {
                         self.splice_forward(partner, cell, now);
                     } else {
@@ -68,7 +69,7 @@ impl Core {
                     crypto.encrypt_backward(&mut cell.payload);
                     if let Some((_, prev_id)) = circ.prev {
                         cell.circ_id = prev_id;
-                        self.enqueue(key, Side::Prev, cell, now);
+                        self.enqueue(key, Side::Prev, &*cell, now);
                     }
                 }
             }

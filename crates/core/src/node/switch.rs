@@ -534,7 +534,7 @@ impl Core {
             },
             c if counted(c) => match p.ps.on_new_cell(cell) {
                 Ok(None) => {}
-                Ok(Some(cell)) => self.on_relay(cell_chan(&self.sw, key), cell, now),
+                Ok(Some(mut cell)) => self.on_relay(cell_chan(&self.sw, key), &mut cell, now),
                 Err(v) => self.sw_violation(key, &v, now),
             },
             other => self.sw_violation(
@@ -637,8 +637,8 @@ impl Core {
             held = released.len(),
             "circuit moved to the new connection (peer)"
         );
-        for cell in released {
-            self.on_relay(new.0, cell, now);
+        for mut cell in released {
+            self.on_relay(new.0, &mut cell, now);
         }
     }
 
@@ -677,8 +677,8 @@ impl Core {
             held = released.len(),
             "switch complete in both directions"
         );
-        for cell in released {
-            self.on_relay(new.0, cell, now);
+        for mut cell in released {
+            self.on_relay(new.0, &mut cell, now);
         }
     }
 

@@ -288,18 +288,25 @@ impl SplitChannel {
     /// returned `Ok(None)` with `cell` as the only released cell. Returns false, changing
     /// nothing, whenever `receive` might do anything else (markers, held cells, refusals).
     pub fn receive_direct(&mut self, which: Conn, cell: &AnyCell) -> bool {
-        let marker = matches!(cell, AnyCell::Var(v)
-            if v.command == CellCommand::HANDOFF || v.command == CellCommand::BIND);
+        let handoff = matches!(cell, AnyCell::Var(v) if v.command == CellCommand::HANDOFF);
+        let marker = handoff || matches!(cell, AnyCell::Var(v) if v.command == CellCommand::BIND);
+        self.direct(which, handoff, marker, cell_len(cell))
+    }
+
+    /// [`SplitChannel::receive_direct`] for a fixed cell (never a marker), which the caller
+    /// then hands to the core by reference (`Core::handle_cell_mut`).
+    pub fn receive_direct_fixed(&mut self, which: Conn) -> bool {
+        self.direct(which, false, false, CELL_LEN as u64)
+    }
+
+    fn direct(&mut self, which: Conn, handoff: bool, marker: bool, len: u64) -> bool {
         let direct = match &mut self.side {
             Side::None => true,
-            Side::Reader { reorder, .. } => {
-                !matches!(cell, AnyCell::Var(v) if v.command == CellCommand::HANDOFF)
-                    && reorder.pass(which)
-            }
+            Side::Reader { reorder, .. } => !handoff && reorder.pass(which),
             Side::Writer { .. } => which == Conn::Primary && !marker,
         };
         if direct {
-            self.bytes_in += cell_len(cell);
+            self.bytes_in += len;
         }
         direct
     }
@@ -732,7 +739,12 @@ mod tests {
             for (i, (which, cell)) in script.iter().enumerate() {
                 let (mut a, mut b) = (Vec::new(), Vec::new());
                 let ra = slow.receive(*which, cell.clone(), &mut a);
-                let rb = if fast.receive_direct(*which, cell) {
+                // Fixed cells take the by-reference entry, as the driver's `on_fixed_cell`.
+                let direct = match cell {
+                    AnyCell::Fixed(_) => fast.receive_direct_fixed(*which),
+                    AnyCell::Var(_) => fast.receive_direct(*which, cell),
+                };
+                let rb = if direct {
                     direct_taken += 1;
                     b.push(cell.clone());
                     Ok(None)

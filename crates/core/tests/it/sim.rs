@@ -267,8 +267,8 @@ impl Sim {
                 busy = true;
             }
             while link.pipe.front().is_some_and(|(t, _)| *t <= self.step_no) {
-                let cell = link.pipe.pop_front().unwrap().1;
-                self.nodes[link.peer].handle_cell(link.pchan, cell, self.now);
+                let mut cell = link.pipe.pop_front().unwrap().1;
+                self.nodes[link.peer].handle_cell_mut(link.pchan, &mut cell, self.now);
             }
         }
         self.step_no += 1;

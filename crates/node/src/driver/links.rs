@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use chive_cell::{decode_cell, AnyCell, Bind, CellCommand, VarCell};
+use chive_cell::{decode_cell, AnyCell, Bind, CellCommand, VarCell, CELL_LEN};
 use chive_core::split::{
     Conn, Decision, Refusal, SecondaryDown, SplitChannel, SplitMode, Violation,
 };
@@ -114,6 +114,20 @@ impl Driver {
     pub(super) fn on_cells(&mut self, conn: ChannelId, bytes: &[u8], now: Instant) {
         let mut rest = bytes;
         while !rest.is_empty() {
+            // A fixed cell (every cell a relay passes on): decoded into the reused
+            // `cell_scratch` and handed on by reference, so it is copied once more, into its
+            // circuit queue, instead of being moved through the calls by value.
+            if let Some((cell, tail)) = rest
+                .split_first_chunk::<CELL_LEN>()
+                .filter(|(c, _)| !CellCommand(c[4]).is_variable())
+            {
+                if self.cell_scratch.decode_from(cell).is_err() {
+                    return self.conn_down(conn, "undecodable cell bytes", now);
+                }
+                rest = tail;
+                self.on_fixed_cell(conn, now);
+                continue;
+            }
             match decode_cell(rest) {
                 Ok(Some((cell, used))) => {
                     rest = rest.get(used..).unwrap_or_default();
@@ -131,6 +145,25 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// `on_cell` for the fixed cell in `cell_scratch`: by reference to the core in the common
+    /// case (`receive_direct`'s), otherwise copied into `on_cell`'s path.
+    fn on_fixed_cell(&mut self, conn: ChannelId, now: Instant) {
+        if self.cell_scratch.command == CellCommand::PADDING {
+            return;
+        }
+        let Some((chan, which)) = self.locate(conn) else {
+            return;
+        };
+        let Some(io) = self.chans.get_mut(&chan) else {
+            return;
+        };
+        // The same test as `on_cell`'s fast path (after the channel is open).
+        if io.split.is_open() && io.held_cells == 0 && io.split.receive_direct_fixed(which) {
+            return self.core.handle_cell_mut(chan, &mut self.cell_scratch, now);
+        }
+        self.on_cell(conn, AnyCell::Fixed(self.cell_scratch.clone()), now);
     }
 
     pub(super) fn on_cell(&mut self, conn: ChannelId, cell: AnyCell, now: Instant) {

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chive_cell::{AnyCell, CellCommand, EndReason, ResolvedAnswer, VarCell};
+use chive_cell::{AnyCell, Cell, CellCommand, EndReason, ResolvedAnswer, VarCell, PAYLOAD_LEN};
 pub use chive_core::chansched::BatchClass;
 use chive_core::chansched::{ChannelSchedulerKind, SendConfig, SendPath, Transmit};
 use chive_core::{ChannelId, Core, Event, LocalMap, SchedulerKind, StreamHandle};
@@ -325,6 +325,8 @@ pub struct Driver {
     cell_budget: CellBudget,
     /// Reused by `on_cell` for the cells the split state releases.
     recv_scratch: Vec<AnyCell>,
+    /// The fixed cell `on_cells` decodes into and hands to the core by reference.
+    cell_scratch: Cell,
     /// Circuit switching: options, per-connection congestion detectors, switch connects.
     pub switching: switching::SwitchIo,
     /// The DoS heartbeat log line (relays only).
@@ -358,6 +360,11 @@ impl Driver {
             send,
             cell_budget: Arc::new(tokio::sync::Semaphore::new(INPUT_CELLS)),
             recv_scratch: Vec::new(),
+            cell_scratch: Cell {
+                circ_id: 0,
+                command: CellCommand::PADDING,
+                payload: [0; PAYLOAD_LEN],
+            },
             switching: switching::SwitchIo::default(),
         }
     }
