@@ -45,6 +45,7 @@ mod handshake;
 mod http;
 mod io;
 mod more_seeds;
+mod ntor;
 mod onion;
 mod relay;
 pub mod seeds;
@@ -56,6 +57,7 @@ pub use config::config;
 pub use dir::{consensus, descriptor, exit_policy};
 pub use handshake::link_handshake;
 pub use http::{http_response, http_server};
+pub use ntor::ntor;
 pub use onion::{onion_descriptor, onion_msg};
 pub use relay::relay_msg;
 pub use socks::socks;
@@ -79,4 +81,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("http_server", http_server),
     ("http_response", http_response),
     ("config", config),
+    ("ntor", ntor),
 ];

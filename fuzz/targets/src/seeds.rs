@@ -36,6 +36,7 @@ pub fn all() -> Vec<Seed> {
     out.extend(named("http_server", more_seeds::http_requests()));
     out.extend(named("http_response", more_seeds::http_responses()));
     out.extend(named("config", more_seeds::configs()));
+    out.extend(named("ntor", crate::ntor::seeds()));
     out
 }
 

@@ -1,0 +1,156 @@
+//! Target `ntor`: both circuit handshakes on bytes from the network — the relay's side of ntor
+//! on a CREATE2 onionskin, the client's on a CREATED2 reply, the onion service's opening of an
+//! INTRODUCE2 and the client's check of RENDEZVOUS2 (hs-ntor).
+//!
+//! A fuzzer cannot forge a MAC, so arbitrary bytes would only ever reach the first length check.
+//! Instead every input is a *change* to a genuine message, made with fixed keys: the first byte
+//! picks the message (modulo [`NTOR_KINDS`]'s length; bit 7 asks for the message to be cut to the
+//! input's length), the rest is XORed into the genuine message byte by byte and, where it is
+//! longer, appended. Properties: no panic; the unchanged message is accepted and both sides
+//! derive the same keys (or the same plaintext); a changed message is refused, except where the
+//! protocol lets the sender choose the bytes (the client's ephemeral key X in an onionskin: the
+//! relay answers, and the genuine client then refuses that answer).
+
+use chive_crypto::hs_ntor::{
+    client_introduce_with_secret, client_rendezvous, service_open_introduce,
+    service_rendezvous_with_secret,
+};
+use chive_crypto::ntor::{client_create_with_secret, client_finish, server_handshake_with_secret};
+use chive_crypto::{HsIntroSecret, IdentityKeypair, NtorSecretKey};
+
+/// The message kinds, selected by the input's first byte.
+pub const NTOR_KINDS: &[&str] = &["onionskin", "created2", "introduce2", "rendezvous2"];
+
+const RELAY_ID: [u8; 20] = [0x11; 20];
+const CLIENT_X: [u8; 32] = [0x22; 32];
+const RELAY_Y: [u8; 32] = [0x33; 32];
+/// INTRODUCE2's cleartext header (covered by the MAC, not encrypted).
+const INTRO_HEADER: &[u8] = b"introduce2 header: auth key, extensions";
+const INTRO_PLAINTEXT: &[u8] = b"rendezvous cookie, onion key, link specifiers";
+
+fn relay_key() -> NtorSecretKey {
+    NtorSecretKey::from_bytes([0x44; 32])
+}
+
+fn intro_secret() -> HsIntroSecret {
+    HsIntroSecret {
+        auth_key: IdentityKeypair::from_secret_bytes(&[0x55; 32]).public(),
+        enc_secret: NtorSecretKey::from_bytes([0x66; 32]),
+        subcredential: [0x77; 32],
+    }
+}
+
+/// `genuine` changed by `input` as the module docs say.
+fn changed(genuine: &[u8], input: &[u8], cut: bool) -> Vec<u8> {
+    let mut out = genuine.to_vec();
+    for (i, b) in input.iter().enumerate() {
+        match out.get_mut(i) {
+            Some(o) => *o ^= b,
+            None => out.push(*b),
+        }
+    }
+    if cut {
+        out.truncate(input.len());
+    }
+    out
+}
+
+/// The fuzz target.
+pub fn ntor(data: &[u8]) {
+    let Some((&select, input)) = data.split_first() else {
+        return;
+    };
+    let cut = select & 0x80 != 0;
+    let id = RELAY_ID;
+    let key = relay_key();
+    match usize::from(select & 0x7f) % NTOR_KINDS.len() {
+        0 => {
+            let (state, skin) = client_create_with_secret(CLIENT_X, &id, &key.public());
+            let msg = changed(&skin, input, cut);
+            let served = server_handshake_with_secret(RELAY_Y, &id, &key, &msg);
+            if msg == skin {
+                let (reply, relay_km) = served.expect("the genuine onionskin is accepted");
+                let client_km = client_finish(state, &reply).expect("the genuine reply checks");
+                assert_eq!(client_km.0, relay_km.0, "both sides derive the same keys");
+            } else if let Ok((reply, _)) = served {
+                // Only X may differ (ID and B are checked, the length is fixed): the relay
+                // answers a key the genuine client did not send, and that client refuses it.
+                assert_eq!(msg[..52], skin[..52], "relay accepted a wrong ID or B");
+                assert!(
+                    client_finish(state, &reply).is_err(),
+                    "client accepted a reply to another X"
+                );
+            }
+        }
+        1 => {
+            let (state, skin) = client_create_with_secret(CLIENT_X, &id, &key.public());
+            let (reply, relay_km) = server_handshake_with_secret(RELAY_Y, &id, &key, &skin)
+                .expect("the genuine onionskin is accepted");
+            let msg = changed(&reply, input, cut);
+            let finished = client_finish(state, &msg);
+            if msg[..] == reply[..] {
+                let km = finished.expect("the genuine reply checks");
+                assert_eq!(km.0, relay_km.0, "both sides derive the same keys");
+            } else {
+                assert!(finished.is_err(), "client accepted a changed CREATED2");
+            }
+        }
+        2 => {
+            let intro = intro_secret();
+            let (_, encrypted) = client_introduce_with_secret(
+                CLIENT_X,
+                &intro.public(),
+                INTRO_HEADER,
+                INTRO_PLAINTEXT,
+            )
+            .expect("the service's key is a valid point");
+            let msg = changed(&encrypted, input, cut);
+            let opened = service_open_introduce(&intro, INTRO_HEADER, &msg);
+            if msg == encrypted {
+                let opened = opened.expect("the genuine INTRODUCE2 opens");
+                assert_eq!(opened.plaintext, INTRO_PLAINTEXT, "plaintext survives");
+            } else {
+                assert!(opened.is_err(), "service opened a changed INTRODUCE2");
+            }
+        }
+        _ => {
+            let intro = intro_secret();
+            let (state, encrypted) = client_introduce_with_secret(
+                CLIENT_X,
+                &intro.public(),
+                INTRO_HEADER,
+                INTRO_PLAINTEXT,
+            )
+            .expect("the service's key is a valid point");
+            let opened = service_open_introduce(&intro, INTRO_HEADER, &encrypted)
+                .expect("the genuine INTRODUCE2 opens");
+            let (info, service_km) =
+                service_rendezvous_with_secret(RELAY_Y, &intro, &opened.client_pk)
+                    .expect("the genuine client key is a valid point");
+            let msg = changed(&info, input, cut);
+            let finished = client_rendezvous(state, &msg);
+            if msg[..] == info[..] {
+                let km = finished.expect("the genuine RENDEZVOUS2 checks");
+                assert_eq!(km.0, service_km.0, "both sides derive the same keys");
+            } else {
+                assert!(finished.is_err(), "client accepted a changed RENDEZVOUS2");
+            }
+        }
+    }
+}
+
+/// Seeds: each message unchanged, cut to its own length, and with one byte flipped.
+pub fn seeds() -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (i, kind) in NTOR_KINDS.iter().enumerate() {
+        let select = u8::try_from(i).expect("few kinds");
+        out.push((format!("{kind}-genuine"), vec![select]));
+        out.push((format!("{kind}-flip-first"), vec![select, 0x01]));
+        let mut late = vec![select];
+        late.extend(std::iter::repeat_n(0u8, 40));
+        late.push(0x80);
+        out.push((format!("{kind}-flip-late"), late));
+        out.push((format!("{kind}-cut"), vec![select | 0x80, 0, 0, 0]));
+    }
+    out
+}
