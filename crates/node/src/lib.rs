@@ -18,6 +18,7 @@ pub mod driver;
 pub mod fuzzing;
 pub mod limits;
 pub mod link_options;
+pub mod memtrim;
 pub mod metrics;
 pub mod onion_client;
 pub mod onion_dir;

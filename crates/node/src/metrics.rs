@@ -13,7 +13,8 @@
 //! - `{"type":"oom", ...}` in a second when the OOM handler ran (`MaxMemInQueues`): circuits
 //!   killed, channels closed, bytes freed in that second, memory in use and the limit;
 //! - `{"type":"dos", ...}` in a second when the DoS defences refused something: CREATE2 cells
-//!   refused, addresses marked, connections refused in that second, addresses tracked.
+//!   refused, addresses marked, connections refused, streams refused, single-hop rendezvous
+//!   refused in that second, addresses tracked ([`dos_record`]).
 //!
 //! Sampling (`CellSampleRate`, one cell in N) keeps the cost small; the
 //! per-second records cost O(circuits) once a second.
@@ -373,23 +374,8 @@ impl Metrics {
                     core.max_mem_in_queues(),
                 );
             }
-            let (dos, last) = (core.dos_stats(), &self.last_dos);
-            let refused =
-                |d: &DosStats| d.connections_refused_concurrent + d.connections_refused_rate;
-            if dos.circuits_refused > last.circuits_refused
-                || dos.addresses_marked > last.addresses_marked
-                || refused(&dos) > refused(last)
-                || dos.streams_refused > last.streams_refused
-            {
-                let _ = writeln!(
-                    f,
-                    "{{\"type\":\"dos\",\"t\":{t:.6},\"circuits_refused\":{},\"addresses_marked\":{},\"connections_refused\":{},\"streams_refused\":{},\"tracked_addresses\":{}}}",
-                    dos.circuits_refused - last.circuits_refused,
-                    dos.addresses_marked - last.addresses_marked,
-                    refused(&dos) - refused(last),
-                    dos.streams_refused - last.streams_refused,
-                    dos.tracked_addresses,
-                );
+            if let Some(line) = dos_record(t, &core.dos_stats(), &self.last_dos) {
+                let _ = writeln!(f, "{line}");
             }
             if let Err(e) = f.flush() {
                 warn!(error = %e, "cannot write metrics file");
@@ -422,6 +408,29 @@ impl Metrics {
 }
 
 /// Milliseconds with three decimals, or `null`.
+/// The `{"type":"dos"}` record of the second at `t` (unix seconds) if the DoS defences
+/// refused anything since `last` (the counters at the previous record): each count is that
+/// second's, `tracked_addresses` the number now.
+pub fn dos_record(t: f64, dos: &DosStats, last: &DosStats) -> Option<String> {
+    let refused = |d: &DosStats| d.connections_refused_concurrent + d.connections_refused_rate;
+    let any = dos.circuits_refused > last.circuits_refused
+        || dos.addresses_marked > last.addresses_marked
+        || refused(dos) > refused(last)
+        || dos.streams_refused > last.streams_refused
+        || dos.single_hop_refused > last.single_hop_refused;
+    any.then(|| {
+        format!(
+            "{{\"type\":\"dos\",\"t\":{t:.6},\"circuits_refused\":{},\"addresses_marked\":{},\"connections_refused\":{},\"streams_refused\":{},\"single_hop_refused\":{},\"tracked_addresses\":{}}}",
+            dos.circuits_refused.saturating_sub(last.circuits_refused),
+            dos.addresses_marked.saturating_sub(last.addresses_marked),
+            refused(dos).saturating_sub(refused(last)),
+            dos.streams_refused.saturating_sub(last.streams_refused),
+            dos.single_hop_refused.saturating_sub(last.single_hop_refused),
+            dos.tracked_addresses,
+        )
+    })
+}
+
 fn ms(d: Option<Duration>) -> String {
     d.map(|d| format!("{:.3}", d.as_secs_f64() * 1e3))
         .unwrap_or_else(|| "null".into())
@@ -776,5 +785,49 @@ mod tests {
         assert!(text.contains("chive_dos_streams_refused_total 5"));
         assert!(text.contains("chive_dos_single_hop_refused_total 3"));
         assert!(text.contains("chive_dos_connections_refused_total{reason=\"rate\"} 2"));
+    }
+
+    #[test]
+    fn dos_record_counts_the_second_and_names_every_refusal() {
+        let last = DosStats {
+            circuits_refused: 10,
+            streams_refused: 4,
+            single_hop_refused: 1,
+            ..DosStats::default()
+        };
+        assert_eq!(
+            dos_record(1.0, &last, &last),
+            None,
+            "nothing new, no record"
+        );
+        // A second in which only single-hop rendezvous were refused still writes one.
+        let now = DosStats {
+            single_hop_refused: 3,
+            tracked_addresses: 2,
+            ..last
+        };
+        let line = dos_record(2.5, &now, &last).expect("a record");
+        let v: serde_json::Value = serde_json::from_str(&line).expect("valid JSON");
+        assert_eq!(v["type"], "dos");
+        assert_eq!(v["t"], 2.5);
+        assert_eq!(v["single_hop_refused"], 2);
+        assert_eq!(v["circuits_refused"], 0);
+        assert_eq!(v["streams_refused"], 0);
+        assert_eq!(v["tracked_addresses"], 2);
+        let now = DosStats {
+            circuits_refused: 15,
+            addresses_marked: 1,
+            connections_refused_concurrent: 2,
+            connections_refused_rate: 1,
+            streams_refused: 7,
+            ..last
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&dos_record(3.0, &now, &last).expect("a record")).unwrap();
+        assert_eq!(v["circuits_refused"], 5);
+        assert_eq!(v["addresses_marked"], 1);
+        assert_eq!(v["connections_refused"], 3);
+        assert_eq!(v["streams_refused"], 3);
+        assert_eq!(v["single_hop_refused"], 0);
     }
 }

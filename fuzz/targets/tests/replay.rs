@@ -79,3 +79,33 @@ fn checked_in_seeds_match_the_generator() {
         );
     }
 }
+
+#[test]
+fn every_cargo_fuzz_target_is_replayed_here() {
+    // `make fuzz` runs the `[[bin]]`s of fuzz/Cargo.toml; `make test` replays `TARGETS`. A
+    // target added to one and not the other would be fuzzed but never replayed (or the reverse).
+    let manifest = std::fs::read_to_string(fuzz_dir().join("Cargo.toml")).expect("fuzz/Cargo.toml");
+    let mut bins: Vec<&str> = manifest
+        .split("[[bin]]")
+        .skip(1)
+        .filter_map(|section| {
+            section
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("name = \""))
+                .and_then(|rest| rest.strip_suffix('"'))
+        })
+        .collect();
+    bins.sort_unstable();
+    let mut names: Vec<&str> = TARGETS.iter().map(|(t, _)| *t).collect();
+    names.sort_unstable();
+    assert_eq!(bins, names, "fuzz/Cargo.toml's targets and TARGETS differ");
+    for name in &bins {
+        let wrapper = fuzz_dir().join("fuzz_targets").join(format!("{name}.rs"));
+        let text = std::fs::read_to_string(&wrapper).unwrap_or_default();
+        assert!(
+            text.contains(&format!("chive_fuzz_targets::{name}")),
+            "{} does not call chive_fuzz_targets::{name}",
+            wrapper.display()
+        );
+    }
+}

@@ -100,6 +100,11 @@ const STREAMS_PER_CIRCUIT: usize = 2;
 /// sit in the queues: about 81 MiB above, beyond cap + margin.
 const SNIPER_CAP: u64 = 16 * MIB;
 const SNIPER_MARGIN: u64 = 48 * MIB;
+/// How far above its RSS before the attack relay1 may stay once the attacker is gone (its
+/// link closed, its circuits freed): the relay gives the freed queue memory back to the OS
+/// (`chive_node::memtrim`, glibc's `malloc_trim`). Without that, freed memory below live heap
+/// chunks stayed in the RSS: 24-209 MiB above the start after a 256 MB attack (session 15).
+const SNIPER_AFTER_MARGIN: u64 = 5 * MIB;
 
 #[test]
 fn sniper_attack_is_bounded_by_max_mem_in_queues() {
@@ -213,6 +218,29 @@ fn sniper_attack_is_bounded_by_max_mem_in_queues() {
     assert!(
         net.log("relay1").contains("out of memory for queues"),
         "no OOM log line"
+    );
+
+    // The attacker goes away: its link closes, its circuits die, and relay1's RSS must come
+    // back near where it started (the memory given back, not only freed).
+    signal(sniper, "-KILL");
+    let t_kill = Instant::now();
+    let mut after = rss(target).unwrap_or(u64::MAX);
+    while after > before + SNIPER_AFTER_MARGIN && t_kill.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(100));
+        after = rss(target).unwrap_or(u64::MAX);
+    }
+    eprintln!(
+        "sniper killed: relay1 RSS {} MiB after {:.1} s (before the attack {} MiB)",
+        after / MIB,
+        t_kill.elapsed().as_secs_f64(),
+        before / MIB
+    );
+    assert!(
+        after <= before + SNIPER_AFTER_MARGIN,
+        "relay1 RSS stayed at {} MiB after the attacker was killed, above {} MiB before + {} MiB",
+        after / MIB,
+        before / MIB,
+        SNIPER_AFTER_MARGIN / MIB
     );
     drop(held);
 }

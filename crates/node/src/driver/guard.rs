@@ -15,6 +15,28 @@ use super::tasks::start_link;
 use super::Driver;
 
 impl Driver {
+    /// Every tick: once the bytes counted against `MaxMemInQueues` fell far below their peak
+    /// (an OOM run, or the circuits of a closed attacking link freed), give the memory they
+    /// held back to the OS (`crate::memtrim`: glibc keeps freed heap memory otherwise).
+    pub(super) fn release_memory(&mut self, now: Instant) {
+        if !crate::memtrim::can_release() {
+            return;
+        }
+        let in_queues = self.core.stats().mem_in_queues;
+        let peak = self.mem_release.peak();
+        if self
+            .mem_release
+            .due(in_queues, self.core.max_mem_in_queues(), now)
+        {
+            crate::memtrim::release();
+            info!(
+                peak_mib = peak.max(in_queues) >> 20,
+                now_mib = in_queues >> 20,
+                "queues fell below their peak: freed memory given back to the OS (malloc_trim)"
+            );
+        }
+    }
+
     /// A connection was accepted (TCP only): ask the connection defence, then run the TLS and
     /// link handshakes in their own task (a slow peer blocks nobody). A refused connection is
     /// closed before any TLS work, as Tor's listener does.

@@ -333,6 +333,8 @@ pub struct Driver {
     heartbeat: Heartbeat,
     /// The output bound last logged, and when (it grows for late wake-ups under a rate).
     outbuf_logged: (usize, Instant),
+    /// When to give memory the queues freed back to the OS (`crate::memtrim`).
+    mem_release: crate::memtrim::MemRelease,
 }
 
 impl Driver {
@@ -344,6 +346,7 @@ impl Driver {
         Driver {
             heartbeat,
             outbuf_logged: (cfg.outbuf_cells, Instant::now()),
+            mem_release: crate::memtrim::MemRelease::default(),
             core,
             cfg,
             tx,
@@ -521,6 +524,7 @@ impl Driver {
                         client.tick(&mut self.core, now);
                     }
                     self.split_tick(now);
+                    self.release_memory(now);
                     self.switch_metrics();
                     self.onion_metrics(now);
                     if self.client.is_none() {
