@@ -236,10 +236,13 @@ impl Metrics {
             d.map_or_else(|| "null".to_string(), |d| format!("{:.6}", d.as_secs_f64()))
         };
         let (wait, timeout) = (opt_secs(r.confirm_wait), opt_secs(r.confirm_timeout));
+        let held = r
+            .held_by
+            .map_or_else(|| "null".to_string(), |h| format!("\"{}\"", h.label()));
         if let Some(f) = self.file.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"type\":\"switch\",\"t\":{:.6},\"mode\":\"{}\",\"circ\":{},\"from\":{},\"to\":{},\"outcome\":\"{}\",\"triggered\":{:.6},\"switch_time_s\":{secs:.6},\"gap_s\":{gap},\"confirm_wait_s\":{wait},\"confirm_timeout_s\":{timeout}}}",
+                "{{\"type\":\"switch\",\"t\":{:.6},\"mode\":\"{}\",\"circ\":{},\"from\":{},\"to\":{},\"outcome\":\"{}\",\"triggered\":{:.6},\"switch_time_s\":{secs:.6},\"gap_s\":{gap},\"confirm_wait_s\":{wait},\"confirm_timeout_s\":{timeout},\"held_by\":{held}}}",
                 self.clock.unix(r.ended),
                 r.mode.label(),
                 r.circ.0,

@@ -165,6 +165,36 @@ impl SwitchOutcome {
     }
 }
 
+/// Path variant, client: why the first cell did not go on the new leg the moment CONGESTED
+/// arrived (what the trigger→first-cell time waited for), checked right after the switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwitchHold {
+    /// The moved streams' 500-cell stream window was used up (or XOFF): the first cell waited
+    /// for a stream SENDME (XON), which the exit sends as the old leg's backlog arrives.
+    StreamWindow,
+    /// The new leg's circuit window was closed.
+    CircuitWindow,
+    /// The new leg's queue at this client was above its high-water mark.
+    Queue,
+    /// The sender kept its limit of unconfirmed cells (an earlier switch).
+    Kept,
+    /// No stream had data waiting: the application had not written more yet.
+    NoData,
+}
+
+impl SwitchHold {
+    /// For metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            SwitchHold::StreamWindow => "stream_window",
+            SwitchHold::CircuitWindow => "circuit_window",
+            SwitchHold::Queue => "queue",
+            SwitchHold::Kept => "kept",
+            SwitchHold::NoData => "no_data",
+        }
+    }
+}
+
 /// One switch started at this node, for the metrics' `switch` record. Connection variant: at
 /// the entry, `ended` is when the circuit's first cell left on the new connection. Path
 /// variant: at the client, `triggered` is CONGESTED's arrival and `ended` when the first cell
@@ -194,6 +224,9 @@ pub struct SwitchRecord {
     pub confirm_wait: Option<Duration>,
     /// Path variant: the confirmation timeout in force when it ended.
     pub confirm_timeout: Option<Duration>,
+    /// Path variant, client: what held the first cell after CONGESTED (None: it went at once,
+    /// or the connection variant).
+    pub held_by: Option<SwitchHold>,
     /// Which variant: connection (`circ` moved to connection `to`) or path (the client moved
     /// home circuit `circ`'s streams to its other leg, whose first hop is on `to`).
     pub mode: SwitchMode,
