@@ -4,6 +4,7 @@ targets, figures) on synthetic run directories."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -35,7 +36,12 @@ def test_scenario_declares_the_paper_testbed_and_variants():
     assert v["path"].switching == "path" and v["path"].spare_path
     assert v["tor-conflux"].impl == "tor" and v["tor-conflux"].conflux and v["tor-conflux"].spare_path
     assert v["tor-multiplexed"].impl == "tor" and not v["tor-multiplexed"].conflux
+    # chive as tor runs (congestion control, stream XON/XOFF): consensus params per variant.
+    assert v["path-vegas"].switching == "path" and v["path-vegas"].params == {"cc_alg": 2}
+    assert v["multiplexed-vegas"].switching == "off" and v["multiplexed-vegas"].params == {"cc_alg": 2}
+    assert v["path"].params == {}
     t = p.targets
+    assert t["switching"] == "path"  # connection mode cannot gain on this testbed (docs/netns.md)
     assert t["switch_time_p50_max_s"] == 0.05 and t["throughput_ratio_min"] == 1.9
     assert t["latency_reduction_min"] == 0.37 and t["bytes_lost_max"] == 0
     quick = sc.load_scenario(SCENARIO, quick=True)
@@ -159,8 +165,11 @@ def _write_run(d: Path, *, secs: dict[str, float], rtt: float, switch_times: lis
 
 
 def _scenario(tmp_path: Path, labels: list[str]):
+    """The quick scenario, its targets judging the connection variant (the synthetic runs'
+    switching variant; the scenario itself judges path)."""
     s = sc.load_scenario(SCENARIO, quick=True)
-    return sc.select_variants(s, labels)
+    opts = dataclasses.replace(s.options, targets={**s.options.targets, "switching": "connection"})
+    return sc.select_variants(dataclasses.replace(s, options=opts), labels)
 
 
 def test_analysis_on_synthetic_runs(tmp_path):

@@ -607,7 +607,11 @@ impl Core {
             rec.to = to_chan;
         }
         self.sw.stats_mut().triggered += 1;
-        let circ_id = self.circuits.get(&key).and_then(|c| c.next).map(|(_, id)| id);
+        let circ_id = self
+            .circuits
+            .get(&key)
+            .and_then(|c| c.next)
+            .map(|(_, id)| id);
         info!(?home, from = ?key, ?to, ?circ_id, "entry congested: moving the streams to the other leg");
         // Anything waiting (stream data) goes on the new leg now.
         self.package_all(home, now);
@@ -635,7 +639,12 @@ impl Core {
         if !first.flow.can_package() && waiting.all(|s| !s.flow.can_package()) {
             return Some(SwitchHold::StreamWindow);
         }
-        if self.path.client.get(&home).is_some_and(|s| s.sender.is_blocked()) {
+        if self
+            .path
+            .client
+            .get(&home)
+            .is_some_and(|s| s.sender.is_blocked())
+        {
             return Some(SwitchHold::Kept);
         }
         let leg = self.circuits.get(&to)?;
@@ -947,7 +956,11 @@ impl Core {
         self.sw.stats_mut().congested_sent += 1;
         self.sw.stats_mut().triggered += 1;
         // The circuit id on the client's link: the client logs the same id on its trigger.
-        let circ_id = self.circuits.get(&key).and_then(|c| c.prev).map(|(_, id)| id);
+        let circ_id = self
+            .circuits
+            .get(&key)
+            .and_then(|c| c.prev)
+            .map(|(_, id)| id);
         info!(
             ?key,
             ?chan,

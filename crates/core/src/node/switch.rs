@@ -440,7 +440,7 @@ impl Core {
             mode: SwitchMode::Connection,
             confirm_wait: None,
             confirm_timeout: None,
-                    held_by: None,
+            held_by: None,
         });
     }
 

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use chive_core::{
-    CircKey, CoreConfig, Event, SchedulerKind, StreamHandle, SwitchMode, SwitchOutcome,
+    CircKey, CoreConfig, Event, SchedulerKind, StreamHandle, SwitchHold, SwitchMode, SwitchOutcome,
     SwitchRecord, SwitchSettings,
 };
 
@@ -158,6 +158,40 @@ fn upload_moves_to_the_spare_and_the_exit_restores_order() {
     );
     assert!(
         rec.ended - rec.triggered < Duration::from_millis(50),
+        "{rec:?}"
+    );
+}
+
+/// The switch is optimistic (data follows the SWITCH before any confirmation), but the moved
+/// stream's 500-cell window is shared by the legs: once the upload has filled the slow leg A
+/// (E1 -> M1 carries 2 cells a step), a switch finds the window used up and its first cell on
+/// B waits for the next stream SENDME, which the exit sends only as A's backlog arrives. The
+/// record says so (`held_by`), and the wait is that SENDME's, not a confirmation's: the first
+/// cell goes long before the exit's SWITCH_CONFIRM is back.
+#[test]
+fn a_switch_with_the_stream_window_used_up_waits_for_a_stream_sendme() {
+    let mut net = Net::new();
+    let (a, b, s) = net.linked();
+    let streams = vec![(s, pattern(3_000_000, 3))];
+    net.transfer(&streams, 300_000, |i, net| {
+        if i == 1000 {
+            assert!(net.congest_e1().is_some());
+        }
+    });
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(b));
+    let rec = net.nodes[CLIENT].poll_switch_record().expect("a record");
+    assert_eq!(rec.outcome, SwitchOutcome::Switched);
+    assert_eq!(rec.held_by, Some(SwitchHold::StreamWindow), "{rec:?}");
+    let held = rec.ended - rec.triggered;
+    assert!(held > Duration::ZERO, "{rec:?}");
+    // A stream SENDME comes every 50 cells A delivers: 25 steps at 2 cells a step, plus the
+    // way back; the confirmation needs the SWITCH's round trip over B as well.
+    assert!(held <= Duration::from_millis(100), "{rec:?}");
+    assert!(
+        rec.confirm_wait.is_some_and(|w| w > Duration::ZERO),
         "{rec:?}"
     );
 }
