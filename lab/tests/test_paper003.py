@@ -161,7 +161,8 @@ def _write_run(d: Path, *, secs: dict[str, float], rtt: float, switch_times: lis
         cd = d / "net" / "clientC2"
         cd.mkdir(parents=True)
         (cd / "metrics.jsonl").write_text(json.dumps({"type": "switch", "t": T0 + 12, "mode": "path", "circ": 3,
-                                                      "outcome": "switched", "switch_time_s": path_switch}) + "\n")
+                                                      "outcome": "switched", "switch_time_s": path_switch,
+                                                      "held_by": "stream_window"}) + "\n")
 
 
 def _scenario(tmp_path: Path, labels: list[str]):
@@ -234,6 +235,7 @@ def test_a_failed_upload_or_a_lost_cell_misses_lossless(tmp_path):
     assert v["multiplexed"]["upload"]["failed"] == 1 and "sha256" in v["multiplexed"]["upload"]["errors"][0]
     assert v["connection"]["switching"]["cells_lost"] == 2
     assert v["connection"]["switching"]["switches"] == 2  # the entry's and the client's (path) switch
+    assert v["connection"]["switching"]["held_by"] == {"stream_window": 1}  # only path records say
     assert v["connection"]["switching"]["switch_time_s"]["p50"] == pytest.approx(0.6)
     assert v["connection"]["switching"]["bytes_lost"] == 2 * p3a.CELL_BYTES
     assert v["connection"]["drop_rate"] == pytest.approx(2 / 4000)  # both entries sent 2000 cells
