@@ -663,6 +663,12 @@ pub fn render(snap: &Snapshot) -> String {
         metric(name, "counter", help, v.to_string());
     }
     metric(
+        "chive_switch_path_out_of_order_peak",
+        "gauge",
+        "Path variant, exit: the most cells one linked set's out-of-order buffer held at once (limit 2048).",
+        sw.path_out_of_order_peak.to_string(),
+    );
+    metric(
         "chive_switch_time_seconds_sum",
         "counter",
         "Sum over switches of the time from the congestion report to the first cell on the new connection.",

@@ -135,6 +135,9 @@ pub struct SwitchStats {
     pub path_out_of_order: u64,
     /// Path variant, exit: copies dropped (a number already delivered or buffered).
     pub path_duplicates: u64,
+    /// Path variant, exit: the most cells one set's out-of-order buffer held at once (its
+    /// hard limit is `PathLimits::max_out_of_order`): how close honest traffic comes to it.
+    pub path_out_of_order_peak: u64,
     /// Switch connections closed after [`crate::SWITCH_IDLE_CLOSE`] without a circuit
     /// (mover).
     pub idle_closed: u64,

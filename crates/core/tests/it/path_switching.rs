@@ -238,6 +238,11 @@ fn with_congestion_control_the_first_cell_goes_at_once() {
     let x = net.nodes[X].switch_stats();
     assert_eq!((x.violations, x.path_duplicates), (0, 0), "{x:?}");
     assert!(x.path_out_of_order > 0, "no reordering exercised: {x:?}");
+    // The peak the exit held at once is recorded, and stayed inside the hard window.
+    assert!(
+        x.path_out_of_order_peak > 0 && x.path_out_of_order_peak < 2048,
+        "{x:?}"
+    );
     let rec = net.nodes[CLIENT].poll_switch_record().expect("a record");
     assert_eq!(rec.outcome, SwitchOutcome::Switched);
     assert_eq!(rec.held_by, None, "{rec:?}");
