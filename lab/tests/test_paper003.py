@@ -4,6 +4,7 @@ targets, figures) on synthetic run directories."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -35,7 +36,12 @@ def test_scenario_declares_the_paper_testbed_and_variants():
     assert v["path"].switching == "path" and v["path"].spare_path
     assert v["tor-conflux"].impl == "tor" and v["tor-conflux"].conflux and v["tor-conflux"].spare_path
     assert v["tor-multiplexed"].impl == "tor" and not v["tor-multiplexed"].conflux
+    # chive as tor runs (congestion control, stream XON/XOFF): consensus params per variant.
+    assert v["path-vegas"].switching == "path" and v["path-vegas"].params == {"cc_alg": 2}
+    assert v["multiplexed-vegas"].switching == "off" and v["multiplexed-vegas"].params == {"cc_alg": 2}
+    assert v["path"].params == {}
     t = p.targets
+    assert t["switching"] == "path"  # connection mode cannot gain on this testbed (docs/netns.md)
     assert t["switch_time_p50_max_s"] == 0.05 and t["throughput_ratio_min"] == 1.9
     assert t["latency_reduction_min"] == 0.37 and t["bytes_lost_max"] == 0
     quick = sc.load_scenario(SCENARIO, quick=True)
@@ -155,12 +161,16 @@ def _write_run(d: Path, *, secs: dict[str, float], rtt: float, switch_times: lis
         cd = d / "net" / "clientC2"
         cd.mkdir(parents=True)
         (cd / "metrics.jsonl").write_text(json.dumps({"type": "switch", "t": T0 + 12, "mode": "path", "circ": 3,
-                                                      "outcome": "switched", "switch_time_s": path_switch}) + "\n")
+                                                      "outcome": "switched", "switch_time_s": path_switch,
+                                                      "held_by": "stream_window"}) + "\n")
 
 
 def _scenario(tmp_path: Path, labels: list[str]):
+    """The quick scenario, its targets judging the connection variant (the synthetic runs'
+    switching variant; the scenario itself judges path)."""
     s = sc.load_scenario(SCENARIO, quick=True)
-    return sc.select_variants(s, labels)
+    opts = dataclasses.replace(s.options, targets={**s.options.targets, "switching": "connection"})
+    return sc.select_variants(dataclasses.replace(s, options=opts), labels)
 
 
 def test_analysis_on_synthetic_runs(tmp_path):
@@ -225,6 +235,7 @@ def test_a_failed_upload_or_a_lost_cell_misses_lossless(tmp_path):
     assert v["multiplexed"]["upload"]["failed"] == 1 and "sha256" in v["multiplexed"]["upload"]["errors"][0]
     assert v["connection"]["switching"]["cells_lost"] == 2
     assert v["connection"]["switching"]["switches"] == 2  # the entry's and the client's (path) switch
+    assert v["connection"]["switching"]["held_by"] == {"stream_window": 1}  # only path records say
     assert v["connection"]["switching"]["switch_time_s"]["p50"] == pytest.approx(0.6)
     assert v["connection"]["switching"]["bytes_lost"] == 2 * p3a.CELL_BYTES
     assert v["connection"]["drop_rate"] == pytest.approx(2 / 4000)  # both entries sent 2000 cells

@@ -31,7 +31,8 @@ pub use node::{
     DEFAULT_MAX_MEM_IN_QUEUES, MAX_PATH_LEN, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
 pub use node::{
-    SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats, SWITCH_IDLE_CLOSE,
+    SwitchHold, SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats,
+    SWITCH_IDLE_CLOSE,
 };
 pub use sched::{CircuitScheduler, QueueId, SchedulerKind};
 

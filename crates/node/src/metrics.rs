@@ -237,10 +237,13 @@ impl Metrics {
             d.map_or_else(|| "null".to_string(), |d| format!("{:.6}", d.as_secs_f64()))
         };
         let (wait, timeout) = (opt_secs(r.confirm_wait), opt_secs(r.confirm_timeout));
+        let held = r
+            .held_by
+            .map_or_else(|| "null".to_string(), |h| format!("\"{}\"", h.label()));
         if let Some(f) = self.file.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"type\":\"switch\",\"t\":{:.6},\"mode\":\"{}\",\"circ\":{},\"from\":{},\"to\":{},\"outcome\":\"{}\",\"triggered\":{:.6},\"switch_time_s\":{secs:.6},\"gap_s\":{gap},\"confirm_wait_s\":{wait},\"confirm_timeout_s\":{timeout}}}",
+                "{{\"type\":\"switch\",\"t\":{:.6},\"mode\":\"{}\",\"circ\":{},\"from\":{},\"to\":{},\"outcome\":\"{}\",\"triggered\":{:.6},\"switch_time_s\":{secs:.6},\"gap_s\":{gap},\"confirm_wait_s\":{wait},\"confirm_timeout_s\":{timeout},\"held_by\":{held}}}",
                 self.clock.unix(r.ended),
                 r.mode.label(),
                 r.circ.0,
@@ -668,6 +671,12 @@ pub fn render(snap: &Snapshot) -> String {
     ] {
         metric(name, "counter", help, v.to_string());
     }
+    metric(
+        "chive_switch_path_out_of_order_peak",
+        "gauge",
+        "Path variant, exit: the most cells one linked set's out-of-order buffer held at once (limit 2048).",
+        sw.path_out_of_order_peak.to_string(),
+    );
     metric(
         "chive_switch_time_seconds_sum",
         "counter",

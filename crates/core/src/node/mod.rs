@@ -67,7 +67,9 @@ pub use oom::{
 };
 pub use queue::CELL_MEM_COST;
 pub use switch::SWITCH_IDLE_CLOSE;
-pub use switch_report::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};
+pub use switch_report::{
+    SwitchHold, SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats,
+};
 
 use channel::Channel;
 use circuit::{queue_id, Circuit, Role, Side};

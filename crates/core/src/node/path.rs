@@ -43,7 +43,7 @@ use super::circuit::Role;
 use super::event::CoreError;
 #[cfg(doc)]
 use super::switch_report::SwitchSettings;
-use super::switch_report::{SwitchMode, SwitchOutcome, SwitchRecord};
+use super::switch_report::{SwitchHold, SwitchMode, SwitchOutcome, SwitchRecord};
 use super::Core;
 
 mod exit;
@@ -130,6 +130,8 @@ struct PendingRecord {
     first_cell: Option<Instant>,
     /// When the last cell before the switch went on the old leg.
     last_old: Option<Instant>,
+    /// What held the first cell on the new leg right after the switch.
+    held_by: Option<SwitchHold>,
 }
 
 struct ExitSet {
@@ -533,6 +535,7 @@ impl Core {
                     mode: SwitchMode::Path,
                     confirm_wait: wait,
                     confirm_timeout: Some(timeout),
+                    held_by: rec.and_then(|r| r.held_by),
                 });
                 debug!(?home, leg = ?key, ?wait, ?timeout, "path switch confirmed");
                 if let Some(wait) = wait {
@@ -592,6 +595,7 @@ impl Core {
             to: None,
             first_cell: None,
             last_old: None,
+            held_by: None,
         });
         let to_chan = self.first_chan(to);
         if let Some(rec) = self
@@ -603,9 +607,51 @@ impl Core {
             rec.to = to_chan;
         }
         self.sw.stats_mut().triggered += 1;
-        info!(?home, from = ?key, ?to, "entry congested: moving the streams to the other leg");
+        let circ_id = self
+            .circuits
+            .get(&key)
+            .and_then(|c| c.next)
+            .map(|(_, id)| id);
+        info!(?home, from = ?key, ?to, ?circ_id, "entry congested: moving the streams to the other leg");
         // Anything waiting (stream data) goes on the new leg now.
         self.package_all(home, now);
+        let held_by = self.path_switch_hold(home, to);
+        if let Some(rec) = self
+            .path
+            .client
+            .get_mut(&home)
+            .and_then(|s| s.switch.as_mut())
+        {
+            if rec.first_cell.is_none() {
+                rec.held_by = held_by;
+            }
+        }
+    }
+
+    /// Client, right after a switch of `home`'s streams to `to` found no cell to send: what
+    /// held it (for the switch record's breakdown of the trigger→first-cell time).
+    fn path_switch_hold(&self, home: CircKey, to: CircKey) -> Option<SwitchHold> {
+        let edge = self.circuits.get(&home)?.edge()?;
+        let mut waiting = edge.streams.values().filter(|s| !s.pending.is_empty());
+        let Some(first) = waiting.next() else {
+            return Some(SwitchHold::NoData);
+        };
+        if !first.flow.can_package() && waiting.all(|s| !s.flow.can_package()) {
+            return Some(SwitchHold::StreamWindow);
+        }
+        if self
+            .path
+            .client
+            .get(&home)
+            .is_some_and(|s| s.sender.is_blocked())
+        {
+            return Some(SwitchHold::Kept);
+        }
+        let leg = self.circuits.get(&to)?;
+        if !leg.edge().is_some_and(|e| e.window.can_package()) {
+            return Some(SwitchHold::CircuitWindow);
+        }
+        Some(SwitchHold::Queue)
     }
 
     /// Client: time passed (switch confirmations, spares that never linked).
@@ -681,6 +727,7 @@ impl Core {
                 mode: SwitchMode::Path,
                 confirm_wait: wait,
                 confirm_timeout: timeout,
+                held_by: r.held_by,
             });
         }
         match fb {
@@ -757,6 +804,7 @@ impl Core {
                     mode: SwitchMode::Path,
                     confirm_wait: r.first_cell.map(|at| now.saturating_duration_since(at)),
                     confirm_timeout: Some(set.sender.confirm_timeout()),
+                    held_by: r.held_by,
                 });
             }
             for spare in set.spare.into_iter().chain(set.linking.map(|(s, _)| s)) {
@@ -907,9 +955,16 @@ impl Core {
         self.send_relay_backward(key, RelayCommand::CONGESTED, 0, &body, now);
         self.sw.stats_mut().congested_sent += 1;
         self.sw.stats_mut().triggered += 1;
+        // The circuit id on the client's link: the client logs the same id on its trigger.
+        let circ_id = self
+            .circuits
+            .get(&key)
+            .and_then(|c| c.prev)
+            .map(|(_, id)| id);
         info!(
             ?key,
             ?chan,
+            ?circ_id,
             "connection congested: told the heaviest circuit's client"
         );
         Some(key)

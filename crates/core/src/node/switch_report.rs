@@ -135,6 +135,9 @@ pub struct SwitchStats {
     pub path_out_of_order: u64,
     /// Path variant, exit: copies dropped (a number already delivered or buffered).
     pub path_duplicates: u64,
+    /// Path variant, exit: the most cells one set's out-of-order buffer held at once (its
+    /// hard limit is `PathLimits::max_out_of_order`): how close honest traffic comes to it.
+    pub path_out_of_order_peak: u64,
     /// Switch connections closed after [`crate::SWITCH_IDLE_CLOSE`] without a circuit
     /// (mover).
     pub idle_closed: u64,
@@ -161,6 +164,36 @@ impl SwitchOutcome {
             SwitchOutcome::Refused => "refused",
             SwitchOutcome::TimedOut => "timed_out",
             SwitchOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// Path variant, client: why the first cell did not go on the new leg the moment CONGESTED
+/// arrived (what the trigger→first-cell time waited for), checked right after the switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwitchHold {
+    /// The moved streams' 500-cell stream window was used up (or XOFF): the first cell waited
+    /// for a stream SENDME (XON), which the exit sends as the old leg's backlog arrives.
+    StreamWindow,
+    /// The new leg's circuit window was closed.
+    CircuitWindow,
+    /// The new leg's queue at this client was above its high-water mark.
+    Queue,
+    /// The sender kept its limit of unconfirmed cells (an earlier switch).
+    Kept,
+    /// No stream had data waiting: the application had not written more yet.
+    NoData,
+}
+
+impl SwitchHold {
+    /// For metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            SwitchHold::StreamWindow => "stream_window",
+            SwitchHold::CircuitWindow => "circuit_window",
+            SwitchHold::Queue => "queue",
+            SwitchHold::Kept => "kept",
+            SwitchHold::NoData => "no_data",
         }
     }
 }
@@ -194,6 +227,9 @@ pub struct SwitchRecord {
     pub confirm_wait: Option<Duration>,
     /// Path variant: the confirmation timeout in force when it ended.
     pub confirm_timeout: Option<Duration>,
+    /// Path variant, client: what held the first cell after CONGESTED (None: it went at once,
+    /// or the connection variant).
+    pub held_by: Option<SwitchHold>,
     /// Which variant: connection (`circ` moved to connection `to`) or path (the client moved
     /// home circuit `circ`'s streams to its other leg, whose first hop is on `to`).
     pub mode: SwitchMode,

@@ -8,8 +8,9 @@
 
 use std::time::Duration;
 
+use chive_core::cc::{CcKind, VegasParams};
 use chive_core::{
-    CircKey, CoreConfig, Event, SchedulerKind, StreamHandle, SwitchMode, SwitchOutcome,
+    CircKey, CoreConfig, Event, SchedulerKind, StreamHandle, SwitchHold, SwitchMode, SwitchOutcome,
     SwitchRecord, SwitchSettings,
 };
 
@@ -28,6 +29,8 @@ type Net = Sim;
 
 trait PathSwitching {
     fn new() -> Self;
+    /// The same network with `cc_alg = 2` (Vegas) on every node: streams use XON/XOFF.
+    fn vegas() -> Self;
     /// A circuit through the nodes `path`.
     fn build(&mut self, path: [usize; 3]) -> CircKey;
     fn linked(&mut self) -> (CircKey, CircKey, StreamHandle);
@@ -41,33 +44,52 @@ trait PathSwitching {
     fn congest_e1(&mut self) -> Option<CircKey>;
 }
 
-impl PathSwitching for Net {
-    fn new() -> Self {
-        let mut sim = Sim::overlay(29, vec![CoreConfig::default()], 5, |_| CoreConfig {
+/// A client and five relays (all exits, EWMA, path switching on), `cc` on every node.
+fn path_net(cc: CcKind) -> Net {
+    let mut sim = Sim::overlay(
+        29,
+        vec![CoreConfig {
+            congestion_control: cc,
+            ..CoreConfig::default()
+        }],
+        5,
+        |_| CoreConfig {
             exit: true,
             scheduler: SchedulerKind::Ewma { halflife: 30.0 },
+            congestion_control: cc,
             ..CoreConfig::default()
+        },
+    );
+
+    for core in &mut sim.nodes[1..] {
+        core.set_switching(SwitchSettings {
+            mode: SwitchMode::Path,
+            timeout: Duration::from_millis(2000),
+            ..SwitchSettings::default()
         });
-        for core in &mut sim.nodes[1..] {
-            core.set_switching(SwitchSettings {
-                mode: SwitchMode::Path,
-                timeout: Duration::from_millis(2000),
-                ..SwitchSettings::default()
-            });
-        }
-        sim.shape = Shape {
-            budget: 32,
-            delay: 2,
-        };
-        sim.slow = Some((
-            E1,
-            M1,
-            Shape {
-                budget: 2,
-                delay: 30,
-            },
-        ));
-        sim
+    }
+    sim.shape = Shape {
+        budget: 32,
+        delay: 2,
+    };
+    sim.slow = Some((
+        E1,
+        M1,
+        Shape {
+            budget: 2,
+            delay: 30,
+        },
+    ));
+    sim
+}
+
+impl PathSwitching for Net {
+    fn new() -> Self {
+        path_net(CcKind::Fixed)
+    }
+
+    fn vegas() -> Self {
+        path_net(CcKind::Vegas(VegasParams::default()))
     }
 
     fn build(&mut self, path: [usize; 3]) -> CircKey {
@@ -160,6 +182,71 @@ fn upload_moves_to_the_spare_and_the_exit_restores_order() {
         rec.ended - rec.triggered < Duration::from_millis(50),
         "{rec:?}"
     );
+}
+
+/// The switch is optimistic (data follows the SWITCH before any confirmation), but the moved
+/// stream's 500-cell window is shared by the legs: once the upload has filled the slow leg A
+/// (E1 -> M1 carries 2 cells a step), a switch finds the window used up and its first cell on
+/// B waits for the next stream SENDME, which the exit sends only as A's backlog arrives. The
+/// record says so (`held_by`), and the wait is that SENDME's, not a confirmation's: the first
+/// cell goes long before the exit's SWITCH_CONFIRM is back.
+#[test]
+fn a_switch_with_the_stream_window_used_up_waits_for_a_stream_sendme() {
+    let mut net = Net::new();
+    let (a, b, s) = net.linked();
+    let streams = vec![(s, pattern(3_000_000, 3))];
+    net.transfer(&streams, 300_000, |i, net| {
+        if i == 1000 {
+            assert!(net.congest_e1().is_some());
+        }
+    });
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(b));
+    let rec = net.nodes[CLIENT].poll_switch_record().expect("a record");
+    assert_eq!(rec.outcome, SwitchOutcome::Switched);
+    assert_eq!(rec.held_by, Some(SwitchHold::StreamWindow), "{rec:?}");
+    let held = rec.ended - rec.triggered;
+    assert!(held > Duration::ZERO, "{rec:?}");
+    // A stream SENDME comes every 50 cells A delivers: 25 steps at 2 cells a step, plus the
+    // way back; the confirmation needs the SWITCH's round trip over B as well.
+    assert!(held <= Duration::from_millis(100), "{rec:?}");
+    assert!(
+        rec.confirm_wait.is_some_and(|w| w > Duration::ZERO),
+        "{rec:?}"
+    );
+}
+
+/// The same switch with congestion control (`cc_alg = 2`, as tor runs and conflux requires):
+/// streams use XON/XOFF and each leg has its own congestion window, so the first cell goes on
+/// B the moment CONGESTED arrives; the exit still delivers every byte once, in order.
+#[test]
+fn with_congestion_control_the_first_cell_goes_at_once() {
+    let mut net = Net::vegas();
+    let (a, b, s) = net.linked();
+    let streams = vec![(s, pattern(3_000_000, 3))];
+    net.transfer(&streams, 300_000, |i, net| {
+        if i == 1000 {
+            assert!(net.congest_e1().is_some());
+        }
+    });
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(b));
+    let x = net.nodes[X].switch_stats();
+    assert_eq!((x.violations, x.path_duplicates), (0, 0), "{x:?}");
+    assert!(x.path_out_of_order > 0, "no reordering exercised: {x:?}");
+    // The peak the exit held at once is recorded, and stayed inside the hard window.
+    assert!(
+        x.path_out_of_order_peak > 0 && x.path_out_of_order_peak < 2048,
+        "{x:?}"
+    );
+    let rec = net.nodes[CLIENT].poll_switch_record().expect("a record");
+    assert_eq!(rec.outcome, SwitchOutcome::Switched);
+    assert_eq!(rec.held_by, None, "{rec:?}");
+    assert_eq!(rec.ended, rec.triggered, "{rec:?}");
 }
 
 #[test]

@@ -35,7 +35,8 @@ the second leg; chive's path mode: the spare circuit). Per client, at the same m
 Variants (:class:`VariantOptions`): ``impl`` (chive or tor), ``switching`` (chive relays'
 ``CircuitSwitching``), ``alpha``/``beta`` (``SwitchAlpha``/``SwitchBeta``; a set of
 connection variants with different (α, β) is the Fig 4 sweep), ``conflux`` (tor clients'
-``ConfluxEnabled``), ``spare_path``, ``relay`` (more chive relay options), ``paper``.
+``ConfluxEnabled``), ``spare_path``, ``relay`` (more chive relay options), ``params`` (consensus
+parameters, e.g. ``cc_alg = 2``), ``paper``.
 
 A ``switching = "path"`` variant is skipped (``skipped.json`` with the reason) while the binary's
 client has no ``CircuitSwitching`` option; otherwise its clients get ``CircuitSwitching = "path"``
@@ -140,6 +141,9 @@ class VariantOptions:
     conflux: bool = option(False, doc="tor clients: ConfluxEnabled 1 (two legs)")
     spare_path: bool = option(False, doc="clients may use path 2 (entry2, middle2) as well")
     relay: dict[str, Any] = option(default_factory=dict, doc="more chive relay options")
+    params: dict[str, Any] = option(default_factory=dict,
+                                    doc="consensus parameters, chive's names (cc_alg = 2: Vegas, "
+                                        "stream XON/XOFF instead of the 500-cell stream window)")
     paper: str = option("", doc="the paper's finding for this setting")
 
     def __post_init__(self) -> None:
@@ -237,12 +241,13 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
                             "exit_rate_Bps": netns.parse_rate(p.rate_of(EXIT)) // 8, "relay_limit": p.relay_limit,
                             "upload_bytes": p.upload_bytes, "client_delays_ms": list(p.client_delays_ms),
                             "switching": v.switching, "alpha": v.alpha, "beta": v.beta,
-                            "conflux": v.conflux, "spare_path": v.spare_path}
+                            "conflux": v.conflux, "spare_path": v.spare_path,
+                            "consensus": dict(v.params)}
     try:
         tb.up()
         ov = (TorOverlay if tor else netns.Overlay)(tb, out_dir / "net", binary=chive_bin,
                                                     log=p.log_level, progress=say)
-        ov.add_authority(WEB_HOST, port=DIR_PORT)
+        ov.add_authority(WEB_HOST, port=DIR_PORT, params=dict(v.params))
         for i, (nick, port) in enumerate(RELAYS.items()):
             host = relay_host(p, nick)
             rate = netns.parse_rate(p.rate_of(nick)) // 8

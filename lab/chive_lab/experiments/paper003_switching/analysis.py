@@ -216,6 +216,12 @@ def summarize_variant(v: Any, runs: list[dict[str, Any]], skipped: str | None, w
     # records of binaries before it carry no gap_s.
     gaps = [float(s["gap_s"]) for s in sw
             if s.get("outcome") == "switched" and isinstance(s.get("gap_s"), (int, float))]
+    # Path switches: what held the first cell after CONGESTED (records since session 16).
+    held_by: dict[str, int] = {}
+    for s in sw:
+        if s.get("outcome") == "switched" and "held_by" in s:
+            k = str(s["held_by"]) if s["held_by"] is not None else "none"
+            held_by[k] = held_by.get(k, 0) + 1
     prom = [rel["prom"] for r in runs for rel in r["relays"].values()]
     have_prom = any(prom)
     lost = sum(p.get("chive_switch_cells_lost_total", 0.0) for p in prom)
@@ -225,6 +231,7 @@ def summarize_variant(v: Any, runs: list[dict[str, Any]], skipped: str | None, w
     e["switching"] = {"switches": outcomes.get("switched", 0), "outcomes": outcomes,
                       "switch_time_s": stats.summarize(times),
                       "gap_s": stats.summarize(gaps),
+                      "held_by": held_by,
                       "cells_lost": int(lost) if have_prom else None,
                       "bytes_lost": int(lost) * CELL_BYTES if have_prom else None,
                       "cells_resent": int(resent) if have_prom else None,

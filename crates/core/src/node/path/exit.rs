@@ -165,8 +165,11 @@ impl Core {
         let before = set.recv.buffered();
         match set.recv.on_cell(key, (cmd, sid, data.to_vec())) {
             Ok(Arrival::Accepted) => {
-                if set.recv.buffered() > before {
-                    self.sw.stats_mut().path_out_of_order += 1;
+                let now_buffered = set.recv.buffered();
+                if now_buffered > before {
+                    let st = self.sw.stats_mut();
+                    st.path_out_of_order += 1;
+                    st.path_out_of_order_peak = st.path_out_of_order_peak.max(now_buffered as u64);
                 }
             }
             Ok(Arrival::Duplicate) => {
