@@ -87,6 +87,7 @@ fn hostile_input_does_not_disturb_a_concurrent_transfer() {
             unsent_limit: None,
             unsent_rtt_rate: None,
             congestion_control: None,
+            record_layer: Default::default(),
         };
         for relay in &net.relays {
             let Ok(link) = chive_net::connect(*relay, None, &cfg).await else {
