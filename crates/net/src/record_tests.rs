@@ -414,16 +414,16 @@ fn truncated_and_oversized_records() {
     );
     // Too short to hold a tag and a content type.
     assert_eq!(
-        p.opener.open(&mut vec![23, 3, 3, 0, 16]).unwrap_err(),
+        p.opener.open(&mut [23, 3, 3, 0, 16]).unwrap_err(),
         RecordError::TooShort(16)
     );
     // A plaintext record type, or TLS 1.0's version.
     assert!(matches!(
-        p.opener.open(&mut vec![22, 3, 3, 0, 40]),
+        p.opener.open(&mut [22, 3, 3, 0, 40]),
         Err(RecordError::BadHeader { ty: 22, .. })
     ));
     assert!(matches!(
-        p.opener.open(&mut vec![23, 3, 1, 0, 40]),
+        p.opener.open(&mut [23, 3, 1, 0, 40]),
         Err(RecordError::BadHeader {
             version: 0x0301,
             ..
