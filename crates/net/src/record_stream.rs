@@ -27,6 +27,7 @@ use rustls::unbuffered::{ConnectionState, EncodeError};
 use rustls::{CipherSuite, ConnectionTrafficSecrets, SupportedCipherSuite};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use zeroize::Zeroizing;
 
 use crate::handshake::{BIND_EXPORTER_LABEL, EXPORTER_LABEL, EXPORTER_LEN};
 use crate::record::{
@@ -72,15 +73,16 @@ impl Kernel {
     }
 }
 
-/// Captures the one secret the link needs from the handshake: the exporter master secret.
+/// Captures the one secret the link needs from the handshake: the exporter master secret
+/// (wiped when dropped).
 #[derive(Debug, Default)]
-pub(crate) struct ExporterCapture(Mutex<Option<Vec<u8>>>);
+pub(crate) struct ExporterCapture(Mutex<Option<Zeroizing<Vec<u8>>>>);
 
 impl rustls::KeyLog for ExporterCapture {
     fn log(&self, label: &str, _client_random: &[u8], secret: &[u8]) {
         if label == "EXPORTER_SECRET" {
             if let Ok(mut slot) = self.0.lock() {
-                *slot = Some(secret.to_vec());
+                *slot = Some(Zeroizing::new(secret.to_vec()));
             }
         }
     }
@@ -91,7 +93,7 @@ impl rustls::KeyLog for ExporterCapture {
 }
 
 impl ExporterCapture {
-    fn take(&self) -> Option<Vec<u8>> {
+    fn take(&self) -> Option<Zeroizing<Vec<u8>>> {
         self.0.lock().ok().and_then(|mut s| s.take())
     }
 }
@@ -113,7 +115,7 @@ pub(crate) fn tls13_exporter(
         other => return Err(LinkError::Tls(format!("no exporter for suite {other:?}"))),
     };
     let empty = digest::digest(hash, b"");
-    let mut derived = vec![0u8; hash.output_len()];
+    let mut derived = Zeroizing::new(vec![0u8; hash.output_len()]);
     expand_label(prf, exporter_secret, label, empty.as_ref(), &mut derived)?;
     expand_label(prf, &derived, b"exporter", empty.as_ref(), out)
 }
