@@ -337,10 +337,13 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 # ---------------------------------------------------------------- running a network ------------
 
-def lab_up(impl: str, netdir: Path) -> dict:
+def lab_up(impl: str, netdir: Path, sets: list[str] = ()) -> dict:
+    """Start the network; `sets` (KEY=VALUE) go to chive's relays as `chive-lab up --set`."""
     cmd = [str(LAB), "up", "--impl", impl, "--dir", str(netdir), "--relays", "3", "--quiet"]
     if impl == "chive":
         cmd += ["--chive-bin", str(CHIVE)]
+        for kv in sets:
+            cmd += ["--set", kv]
     res = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"chive-lab up --impl {impl} failed: {res.stderr.strip()[-2000:]}")
@@ -461,7 +464,7 @@ def run_impl(impl: str, args, hz: int) -> tuple[list[dict], dict | None]:
     netdir = args.out / f"net-{impl}"
     lab_down(netdir)
     progress(f"{impl}: starting a 3-relay network in {netdir}")
-    info = lab_up(impl, netdir)
+    info = lab_up(impl, netdir, args.sets)
     try:
         curl(info["socks"], f"{info['http']}/bytes/1000000", args.timeout)  # warm-up
         idle = idle_rates(info, args.idle_seconds, hz) if args.idle_seconds > 0 else {}
@@ -493,7 +496,7 @@ def run_manifest(args) -> dict:
     return {"script": "lab/scripts/relay_cpu.py", "command": sys.argv,
             "git": {"revision": git["revision"], "dirty": git["dirty"]}, "binary": str(CHIVE),
             "versions": versions, "bytes": args.bytes, "runs": args.runs, "impl": args.impl,
-            "circuits": args.circuits,
+            "circuits": args.circuits, "sets": args.sets,
             "host": {"hostname": socket.gethostname(), "kernel": platform.release(),
                      "cores": os.cpu_count(), "load": os.getloadavg()},
             "start": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "end": None, "status": "running"}
@@ -514,6 +517,8 @@ def parse_args(argv):
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "relay-cpu")
     ap.add_argument("--no-floor", action="store_true", help="skip the criterion crypto floor")
     ap.add_argument("--floor-seconds", type=int, default=3, help="criterion measurement time [3]")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a relay option for chive's relays (repeatable), e.g. LinkRecordLayer=own")
     ap.add_argument("--markdown", action="store_true", help="also print the table as markdown")
     args = ap.parse_args(argv)
     args.impl = [i for i in args.impl.split(",") if i]
@@ -522,6 +527,8 @@ def parse_args(argv):
         ap.error(f"--impl takes chive and/or tor, not {','.join(bad) or 'nothing'}")
     if args.bytes <= 0 or args.runs <= 0:
         ap.error("--bytes and --runs must be positive")
+    if any("=" not in kv for kv in args.sets):
+        ap.error("--set takes KEY=VALUE")
     return args
 
 

@@ -157,6 +157,9 @@ def test_arguments_are_checked():
     with pytest.raises(SystemExit):
         rc.parse_args(["--bytes", "0"])
     assert rc.parse_args(["--impl", "tor"]).impl == ["tor"]
+    assert rc.parse_args(["--set", "LinkRecordLayer=own"]).sets == ["LinkRecordLayer=own"]
+    with pytest.raises(SystemExit):
+        rc.parse_args(["--set", "LinkRecordLayer"])
 
 
 @pytest.mark.skipif(not rc.CHIVE.exists() or not rc.LAB.exists() or shutil.which("curl") is None,

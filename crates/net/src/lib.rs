@@ -19,6 +19,8 @@ mod framing;
 pub mod fuzzing;
 mod handshake;
 mod link;
+mod record;
+mod record_stream;
 mod tls;
 
 pub use bucket::TokenBucket;
@@ -118,6 +120,34 @@ pub struct LinkConfig {
     /// short (BBR) avoids the standing queues that delay everyone's ACKs and SENDMEs
     /// (docs/netns.md, session 6), without changing the host's default for other programs.
     pub congestion_control: Option<String>,
+    /// Who seals and opens this node's TLS records once the handshake is done
+    /// (`LinkRecordLayer`): rustls (the default), or this crate's own record layer.
+    pub record_layer: RecordLayer,
+}
+
+/// Who seals and opens a link's TLS records after the handshake (`LinkRecordLayer`). The wire
+/// is TLS 1.3 either way, so the two interoperate: each end chooses for itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RecordLayer {
+    /// rustls does everything (tokio-rustls over a buffered socket reader).
+    #[default]
+    Rustls,
+    /// rustls's unbuffered API does the handshake; its traffic secrets are extracted and the
+    /// records are sealed and opened in place by this crate (`record.rs`), with two copies of
+    /// each received byte fewer (docs/performance.md, session 16).
+    Own,
+}
+
+impl std::str::FromStr for RecordLayer {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "rustls" => Ok(RecordLayer::Rustls),
+            "own" => Ok(RecordLayer::Own),
+            other => Err(format!("{other:?}: expected \"rustls\" or \"own\"")),
+        }
+    }
 }
 
 impl std::fmt::Debug for LinkConfig {
@@ -125,6 +155,7 @@ impl std::fmt::Debug for LinkConfig {
         f.debug_struct("LinkConfig")
             .field("identity", &self.identity.as_ref().map(|k| k.public()))
             .field("features", &self.features)
+            .field("record_layer", &self.record_layer)
             .finish()
     }
 }

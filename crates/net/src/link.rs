@@ -5,13 +5,14 @@ use std::sync::{Arc, OnceLock};
 
 use chive_cell::{AnyCell, Cell, VarCell, CELL_LEN};
 use chive_crypto::IdentityKey;
-use tokio::io::{AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 
 use crate::framing::{CellBuf, Fill};
 use crate::handshake::{self, Role, BIND_EXPORTER_LABEL, EXPORTER_LABEL, EXPORTER_LEN};
-use crate::{tls, FeatureSet, LinkConfig, LinkError, TokenBucket, HANDSHAKE_TIMEOUT};
+use crate::record_stream::{self, RecordStream};
+use crate::{tls, FeatureSet, LinkConfig, LinkError, RecordLayer, TokenBucket, HANDSHAKE_TIMEOUT};
 
 /// Size of the socket read buffer under TLS: rustls itself reads only 4 KiB per call, so this
 /// buffer is what makes one `read` syscall bring in many cells.
@@ -20,8 +21,73 @@ const SOCKET_READ_BUF: usize = 64 * 1024;
 /// batch is paced smoothly instead of being sent in one burst after one long wait.
 const PACED_WRITE_CHUNK: usize = 16 * 1024;
 
-/// The transport under a link.
-type Stream = TlsStream<BufReader<TcpStream>>;
+/// The transport under a link: TLS records by rustls or by this crate ([`RecordLayer`]).
+enum Stream {
+    Rustls(Box<TlsStream<BufReader<TcpStream>>>),
+    Own(Box<RecordStream>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Rustls(s) => s.get_ref().0.get_ref(),
+            Stream::Own(s) => s.tcp(),
+        }
+    }
+
+    fn suite(&self) -> Option<rustls::SupportedCipherSuite> {
+        match self {
+            Stream::Rustls(s) => s.get_ref().1.negotiated_cipher_suite(),
+            Stream::Own(s) => Some(s.suite()),
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Rustls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Own(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Rustls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, data),
+            Stream::Own(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, data),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Rustls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::Own(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Rustls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::Own(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
 
 /// An established, authenticated link to a peer.
 pub struct Link {
@@ -75,12 +141,18 @@ impl Link {
     #[cfg(unix)]
     pub fn raw_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
-        self.stream.get_ref().0.get_ref().as_raw_fd()
+        self.stream.tcp().as_raw_fd()
     }
 
     /// The TLS 1.3 suite this link negotiated (`TLS13_AES_128_GCM_SHA256` between chive peers).
     pub(crate) fn tls_suite(&self) -> Option<rustls::SupportedCipherSuite> {
-        self.stream.get_ref().1.negotiated_cipher_suite()
+        self.stream.suite()
+    }
+
+    /// Whether this link's records are sealed and opened by this crate
+    /// ([`RecordLayer::Own`]).
+    pub fn own_records(&self) -> bool {
+        matches!(self.stream, Stream::Own(_))
     }
 
     /// Split into independent reader and writer halves (usable from different tasks).
@@ -336,6 +408,7 @@ impl std::fmt::Debug for LinkWriter {
 pub struct LinkListener {
     tcp: TcpListener,
     acceptor: TlsAcceptor,
+    server_config: Arc<rustls::ServerConfig>,
     cfg: Arc<LinkConfig>,
     local_addr: SocketAddr,
 }
@@ -357,7 +430,8 @@ impl LinkListener {
                 "accepting links requires a relay identity".into(),
             ));
         }
-        let acceptor = TlsAcceptor::from(tls::server_config()?);
+        let server_config = tls::server_config()?;
+        let acceptor = TlsAcceptor::from(server_config.clone());
         let socket = new_socket(addr, cfg.socket_buffer)?;
         socket.set_reuseaddr(true)?;
         socket.bind(addr)?;
@@ -367,6 +441,7 @@ impl LinkListener {
         Ok(LinkListener {
             tcp,
             acceptor,
+            server_config,
             cfg,
             local_addr,
         })
@@ -385,6 +460,7 @@ impl LinkListener {
             tcp,
             peer_addr,
             acceptor: self.acceptor.clone(),
+            server_config: self.server_config.clone(),
             cfg: self.cfg.clone(),
         })
     }
@@ -395,6 +471,7 @@ pub struct Accepting {
     tcp: TcpStream,
     peer_addr: SocketAddr,
     acceptor: TlsAcceptor,
+    server_config: Arc<rustls::ServerConfig>,
     cfg: Arc<LinkConfig>,
 }
 
@@ -423,15 +500,30 @@ impl Accepting {
             tcp,
             peer_addr,
             acceptor,
+            server_config,
             cfg,
         } = self;
         let fut = async move {
             tune_link_socket(&tcp, &cfg)?;
-            let io = prepare(tcp)?;
-            let tls = acceptor.accept(io).await.map_err(tls_err)?;
-            let (exporter, bind_token) = exporters(std::ops::Deref::deref(tls.get_ref().1))?;
+            let (stream, exporter, bind_token) = match cfg.record_layer {
+                RecordLayer::Rustls => {
+                    let io = prepare(tcp)?;
+                    let tls = acceptor.accept(io).await.map_err(tls_err)?;
+                    let (exporter, bind) = exporters(std::ops::Deref::deref(tls.get_ref().1))?;
+                    (
+                        Stream::Rustls(Box::new(TlsStream::from(tls))),
+                        exporter,
+                        bind,
+                    )
+                }
+                RecordLayer::Own => {
+                    tcp.set_nodelay(true)?;
+                    let (s, exporter, bind) = record_stream::accept(tcp, &server_config).await?;
+                    (Stream::Own(Box::new(s)), exporter, bind)
+                }
+            };
             finish(
-                TlsStream::from(tls),
+                stream,
                 peer_addr,
                 Role::Responder,
                 &cfg,
@@ -466,21 +558,37 @@ pub async fn connect_from(
     cfg: &LinkConfig,
 ) -> Result<Link, LinkError> {
     let fut = async {
-        let connector = TlsConnector::from(client_config()?);
         let socket = new_socket(addr, cfg.socket_buffer)?;
         if let Some(ip) = local {
             socket.bind(SocketAddr::new(ip, 0))?;
         }
         let tcp = socket.connect(addr).await?;
         tune_link_socket(&tcp, cfg)?;
-        let io = prepare(tcp)?;
-        let tls = connector
-            .connect(tls::server_name(addr), io)
-            .await
-            .map_err(tls_err)?;
-        let (exporter, bind_token) = exporters(std::ops::Deref::deref(tls.get_ref().1))?;
+        let (stream, exporter, bind_token) = match cfg.record_layer {
+            RecordLayer::Rustls => {
+                let io = prepare(tcp)?;
+                let connector = TlsConnector::from(client_config()?);
+                let tls = connector
+                    .connect(tls::server_name(addr), io)
+                    .await
+                    .map_err(tls_err)?;
+                let (exporter, bind) = exporters(std::ops::Deref::deref(tls.get_ref().1))?;
+                (
+                    Stream::Rustls(Box::new(TlsStream::from(tls))),
+                    exporter,
+                    bind,
+                )
+            }
+            RecordLayer::Own => {
+                tcp.set_nodelay(true)?;
+                let config = client_config()?;
+                let (s, exporter, bind) =
+                    record_stream::connect(tcp, &config, tls::server_name(addr)).await?;
+                (Stream::Own(Box::new(s)), exporter, bind)
+            }
+        };
         finish(
-            TlsStream::from(tls),
+            stream,
             addr,
             Role::Initiator,
             cfg,
@@ -641,7 +749,8 @@ async fn finish(
     };
     tracing::debug!(
         %peer_addr, ?role, version = n.version, features = n.features.0,
-        peer = ?n.peer_identity, suite = ?link.tls_suite(), "link handshake complete"
+        peer = ?n.peer_identity, suite = ?link.tls_suite(), own_records = link.own_records(),
+        "link handshake complete"
     );
     Ok(link)
 }

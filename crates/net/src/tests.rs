@@ -30,6 +30,7 @@ fn relay_cfg(features: u64) -> (Arc<LinkConfig>, IdentityKey) {
             unsent_limit: None,
             unsent_rtt_rate: None,
             congestion_control: None,
+            record_layer: Default::default(),
         }),
         public,
     )
@@ -43,6 +44,7 @@ fn client_cfg(features: u64) -> LinkConfig {
         unsent_limit: None,
         unsent_rtt_rate: None,
         congestion_control: None,
+        record_layer: Default::default(),
     }
 }
 
@@ -818,3 +820,6 @@ fn the_rate_scaled_unsent_limit_adds_two_round_trips_of_the_rate() {
         100_000
     );
 }
+
+#[path = "record_link_tests.rs"]
+mod record_link;

@@ -1,5 +1,5 @@
 //! The `Link*` options relays and clients share (`LinkUnsentLimit`, `LinkKeepalive`,
-//! `LinkIdleTimeout`, `LinkCongestionControl`): declared once for both config files
+//! `LinkIdleTimeout`, `LinkCongestionControl`, `LinkRecordLayer`): declared once for both config files
 //! ([`with_link_options!`]), checked once ([`LinkOptions::validate`]), one error per option.
 
 use anyhow::anyhow;
@@ -34,6 +34,8 @@ pub struct LinkOptions {
     pub idle_timeout: u64,
     /// `LinkCongestionControl`: TCP_CONGESTION on link sockets (unset: the system's default).
     pub congestion_control: Option<String>,
+    /// `LinkRecordLayer`: `"rustls"` (unset) or `"own"`, see [`LinkOptions::record_layer`].
+    pub record_layer: Option<String>,
 }
 
 /// `with_link_options! { /// doc  #[derive(Deserialize…)] pub struct XConfig { … } }` declares
@@ -63,6 +65,8 @@ macro_rules! with_link_options {
             pub link_idle_timeout: u64,
             #[serde(rename = "LinkCongestionControl", default)]
             pub link_congestion_control: Option<String>,
+            #[serde(rename = "LinkRecordLayer", default)]
+            pub link_record_layer: Option<String>,
         }
 
         impl $name {
@@ -73,6 +77,7 @@ macro_rules! with_link_options {
                     keepalive: self.link_keepalive,
                     idle_timeout: self.link_idle_timeout,
                     congestion_control: self.link_congestion_control.clone(),
+                    record_layer: self.link_record_layer.clone(),
                 }
             }
         }
@@ -87,6 +92,7 @@ impl Default for LinkOptions {
             keepalive: default_keepalive(),
             idle_timeout: default_idle_timeout(),
             congestion_control: None,
+            record_layer: None,
         }
     }
 }
@@ -116,7 +122,17 @@ impl LinkOptions {
                 .map_err(|e| anyhow!("LinkCongestionControl: {e}"))?;
         }
         self.liveness()?;
+        self.record_layer()?;
         Ok(())
+    }
+
+    /// `LinkRecordLayer`: who seals and opens TLS records after the handshake, rustls (unset,
+    /// `"rustls"`) or chive-net's own record layer (`"own"`).
+    pub fn record_layer(&self) -> anyhow::Result<chive_net::RecordLayer> {
+        match &self.record_layer {
+            None => Ok(chive_net::RecordLayer::default()),
+            Some(name) => name.parse().map_err(|e| anyhow!("LinkRecordLayer: {e}")),
+        }
     }
 
     /// `LinkKeepalive` and `LinkIdleTimeout`, checked.

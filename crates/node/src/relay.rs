@@ -112,6 +112,11 @@ Config file options (TOML):
                                    checked at start; default: the system's. BBR keeps the
                                    standing queues short that delay ACKs and SENDMEs behind
                                    bulk (docs/netns.md). Read at start only
+  LinkRecordLayer = \"rustls\"       who seals and opens TLS records after the handshake:
+                                   \"rustls\" (default) or \"own\" (rustls does the handshake,
+                                   chive-net the records in place: two copies fewer per
+                                   received byte; docs/performance.md, session 16). The wire
+                                   is TLS 1.3 either way. Read at start only
   HeartbeatPeriod = 21600          seconds between DoS heartbeat log lines: CREATE2 and
                                    connections refused, addresses marked, OOM kills, since
                                    the last line and since start (Tor's heartbeat; 0 = off;
@@ -692,6 +697,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             probe: chive_tools::sockq::tcp_rtt,
         }),
         congestion_control: cfg.link().congestion_control.clone(),
+        // Checked at start (`LinkOptions::validate`).
+        record_layer: cfg.link().record_layer().unwrap_or_default(),
     });
     let listener = LinkListener::bind(cfg.or_port, link.clone())
         .await

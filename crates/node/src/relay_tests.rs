@@ -216,6 +216,27 @@ fn link_congestion_control_is_checked_at_start() {
 }
 
 #[test]
+fn link_record_layer_is_parsed_and_checked_at_start() {
+    use chive_net::RecordLayer;
+    assert_eq!(
+        config("").link().record_layer().unwrap(),
+        RecordLayer::Rustls
+    );
+    for (line, want) in [
+        ("LinkRecordLayer = \"rustls\"", RecordLayer::Rustls),
+        ("LinkRecordLayer = \"own\"", RecordLayer::Own),
+    ] {
+        let cfg = config(line);
+        assert!(cfg.validate().is_ok(), "{line}");
+        assert_eq!(cfg.link().record_layer().unwrap(), want);
+    }
+    let err = config("LinkRecordLayer = \"ktls\"")
+        .validate()
+        .expect_err("an unknown record layer is refused");
+    assert!(format!("{err:#}").contains("LinkRecordLayer"), "{err:#}");
+}
+
+#[test]
 fn memory_and_dos_options_are_checked_naming_them() {
     let t = config("MaxMemInQueues = \"16 MB\"\nDoSCircuitCreationEnabled = 1")
         .tunables()

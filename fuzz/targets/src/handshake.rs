@@ -38,6 +38,7 @@ pub(crate) fn config(responder: bool) -> &'static LinkConfig {
         unsent_limit: None,
         unsent_rtt_rate: None,
         congestion_control: None,
+        record_layer: Default::default(),
     };
     if responder {
         RESPONDER.get_or_init(|| make(Some(OUR_SEED)))
@@ -89,6 +90,7 @@ pub(crate) fn peer_cells(we_respond: bool, peer_has_identity: bool) -> Vec<u8> {
         unsent_limit: None,
         unsent_rtt_rate: None,
         congestion_control: None,
+        record_layer: Default::default(),
     };
     handshake_cells(!we_respond, &peer, &EXPORTER).expect("peer cells encode")
 }

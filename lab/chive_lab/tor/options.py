@@ -71,6 +71,8 @@ _CHIVE_ONLY_RELAY_KEYS = {
     "congestion window can send soon",
     "LinkCongestionControl": "Tor's connections use the system's TCP congestion control; the "
     "lab sets that per host (scenario key cc)",
+    "LinkRecordLayer": "who seals chive's TLS records after the handshake (rustls or chive's own "
+    "record layer); Tor's links use OpenSSL's record layer, nothing to choose",
     "PublishInterval": "Tor relays choose when to upload descriptors themselves "
     "(at start and when they change; about every 18 h otherwise)",
     "Log": "the lab sets Tor's logging itself (notice level to DIR/<node>/tor.log)",

@@ -276,6 +276,7 @@ fn client_link_config() -> chive_net::LinkConfig {
         unsent_limit: None,
         unsent_rtt_rate: None,
         congestion_control: None,
+        record_layer: Default::default(),
     }
 }
 

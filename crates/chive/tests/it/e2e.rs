@@ -46,6 +46,16 @@ fn download_is_byte_exact_and_usernames_isolate_circuits() {
 }
 
 #[test]
+fn download_is_byte_exact_over_links_on_the_own_record_layer() {
+    // Guard and exit on chive-net's own TLS records, the middle on rustls's (the wire is TLS
+    // 1.3 either way, so every mix must work), the client on its own records too.
+    let own = "LinkRecordLayer = \"own\"";
+    let net = Network::start_custom("own-records", &[own, "", own], own);
+    let body = fetch(net.socks, net.http, 3_000_000, None).unwrap();
+    assert!(body == pattern(3_000_000), "3 MB download differs");
+}
+
+#[test]
 fn hostile_input_does_not_disturb_a_concurrent_transfer() {
     let net = Network::start("hostile", [""; 3]);
     let (socks, http) = (net.socks, net.http);
@@ -87,6 +97,7 @@ fn hostile_input_does_not_disturb_a_concurrent_transfer() {
             unsent_limit: None,
             unsent_rtt_rate: None,
             congestion_control: None,
+            record_layer: Default::default(),
         };
         for relay in &net.relays {
             let Ok(link) = chive_net::connect(*relay, None, &cfg).await else {

@@ -22,6 +22,7 @@ fn driver(write_bucket: Option<Arc<TokenBucket>>, tunables: Tunables) -> Driver 
                 unsent_limit: None,
                 unsent_rtt_rate: None,
                 congestion_control: None,
+                record_layer: Default::default(),
             }),
             limits: LinkLimits {
                 read_bucket: None,

@@ -1,0 +1,167 @@
+//! Links on the own record layer (`RecordLayer::Own`): against each other and against rustls
+//! links (the wire is TLS 1.3 either way), the peer's first cells right after the handshake,
+//! clean shutdown, and a tampered record closing only its own link.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::*;
+
+fn with_layer(cfg: &LinkConfig, layer: RecordLayer) -> LinkConfig {
+    LinkConfig {
+        identity: cfg.identity.clone(),
+        features: cfg.features,
+        socket_buffer: cfg.socket_buffer,
+        unsent_limit: cfg.unsent_limit,
+        unsent_rtt_rate: cfg.unsent_rtt_rate,
+        congestion_control: cfg.congestion_control.clone(),
+        record_layer: layer,
+    }
+}
+
+/// A relay on `relay` records and its listener's results.
+async fn relay_on(
+    relay: RecordLayer,
+) -> (
+    SocketAddr,
+    IdentityKey,
+    mpsc::UnboundedReceiver<Result<Link, LinkError>>,
+) {
+    let (r_cfg, r_id) = relay_cfg(0);
+    let (addr, rx) = serve(Arc::new(with_layer(&r_cfg, relay))).await;
+    (addr, r_id, rx)
+}
+
+async fn pair_on(relay: RecordLayer, client: RecordLayer) -> (Link, Link) {
+    let (addr, r_id, mut rx) = relay_on(relay).await;
+    let c = connect(addr, Some(r_id), &with_layer(&client_cfg(0), client))
+        .await
+        .unwrap();
+    (c, next(&mut rx).await.unwrap())
+}
+
+#[tokio::test]
+async fn own_record_layer_links_carry_cells_both_ways_with_either_peer() {
+    use RecordLayer::{Own, Rustls};
+    for (relay, client) in [(Own, Own), (Own, Rustls), (Rustls, Own)] {
+        // The link handshake itself checks the exporters agree (AUTHENTICATE signs it).
+        let (c, r) = pair_on(relay, client).await;
+        assert_eq!(
+            (c.own_records(), r.own_records()),
+            (client == Own, relay == Own)
+        );
+        assert_eq!(c.bind_token(), r.bind_token());
+        assert_eq!(
+            c.tls_suite(),
+            Some(rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256)
+        );
+        let (c_r, c_w) = c.split(LinkLimits::default());
+        let (r_r, r_w) = r.split(LinkLimits::default());
+        let one = tokio::spawn(send_and_check(c_w, r_r, 5000));
+        let two = tokio::spawn(send_and_check(r_w, c_r, 5000));
+        one.await.unwrap();
+        two.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn own_record_layer_clean_shutdown_gives_eof() {
+    let (c, r) = pair_on(RecordLayer::Own, RecordLayer::Own).await;
+    let (_c_r, mut c_w) = c.split(LinkLimits::default());
+    let (mut r_r, _r_w) = r.split(LinkLimits::default());
+    c_w.write_cells(&[numbered_cell(1)]).await.unwrap();
+    c_w.shutdown().await.unwrap();
+    assert!(matches!(
+        r_r.read_cell().await.unwrap(),
+        Some(AnyCell::Fixed(_))
+    ));
+    assert!(r_r.read_cell().await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn own_record_layer_keeps_cells_sent_with_the_handshake() {
+    // As `cells_right_after_handshake_are_kept`, with the relay on its own records: the
+    // initiator's first records may arrive in the read that brings its TLS Finished.
+    let (addr, _, mut rx) = relay_on(RecordLayer::Own).await;
+    let (mut tls, exporter) = raw_tls(addr).await;
+    let mut wire = handshake::our_cells(Role::Initiator, &client_cfg(0), &exporter).unwrap();
+    for i in 1..=3 {
+        numbered_cell(i).encode_into(&mut wire);
+    }
+    tls.write_all(&wire).await.unwrap();
+    tls.flush().await.unwrap();
+    let link = next(&mut rx).await.unwrap();
+    assert!(link.own_records());
+    let (mut r, _w) = link.split(LinkLimits::default());
+    for i in 1..=3 {
+        match r.read_cell().await.unwrap() {
+            Some(AnyCell::Fixed(c)) => assert_eq!(c.payload, numbered_cell(i).payload),
+            other => panic!("got {other:?}"),
+        }
+    }
+}
+
+/// Forwards a TCP connection both ways; once `flip` is set, XORs one byte in the middle of
+/// the next client → relay chunk.
+async fn tampering_proxy(to: SocketAddr, flip: Arc<AtomicBool>) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (a, _) = l.accept().await.unwrap();
+        let b = TcpStream::connect(to).await.unwrap();
+        let (mut ar, mut aw) = a.into_split();
+        let (mut br, mut bw) = b.into_split();
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut br, &mut aw).await;
+            let _ = aw.shutdown().await;
+        });
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match ar.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if n > 40 && flip.swap(false, Ordering::SeqCst) {
+                buf[n / 2] ^= 0x04;
+            }
+            if bw.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = bw.shutdown().await;
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_tampered_record_closes_its_link_only() {
+    let (addr, r_id, mut rx) = relay_on(RecordLayer::Own).await;
+    let client = with_layer(&client_cfg(0), RecordLayer::Rustls);
+    // A healthy link to the same relay.
+    let good_c = connect(addr, Some(r_id), &client).await.unwrap();
+    let good_r = next(&mut rx).await.unwrap();
+    // A link through a proxy that flips a bit once asked to.
+    let flip = Arc::new(AtomicBool::new(false));
+    let proxy = tampering_proxy(addr, flip.clone()).await;
+    let bad_c = connect(proxy, Some(r_id), &client).await.unwrap();
+    let bad_r = next(&mut rx).await.unwrap();
+    let (_bc_r, mut bc_w) = bad_c.split(LinkLimits::default());
+    let (mut br_r, _br_w) = bad_r.split(LinkLimits::default());
+    flip.store(true, Ordering::SeqCst);
+    let cells: Vec<Cell> = (0..20).map(numbered_cell).collect();
+    bc_w.write_cells(&cells).await.unwrap();
+    let err = loop {
+        match br_r.read_cell().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("EOF instead of an error"),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("failed authentication"), "{err}");
+    // The other link is unaffected.
+    let (gc_r, gc_w) = good_c.split(LinkLimits::default());
+    let (gr_r, gr_w) = good_r.split(LinkLimits::default());
+    let one = tokio::spawn(send_and_check(gc_w, gr_r, 2000));
+    let two = tokio::spawn(send_and_check(gr_w, gc_r, 2000));
+    one.await.unwrap();
+    two.await.unwrap();
+}

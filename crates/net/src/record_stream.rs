@@ -1,0 +1,578 @@
+//! A link's TCP connection under the own record layer (`LinkRecordLayer = own`): rustls's
+//! unbuffered API runs the TLS handshake over the socket, its secrets are extracted into a
+//! [`RecordSealer`] / [`RecordOpener`] pair and rustls's `KernelConnection` (the key schedule
+//! for KeyUpdates), and [`RecordStream`] then reads and writes records itself.
+//!
+//! Copies of a relayed byte: in, kernel → the receive buffer (the `read` syscall), opened in
+//! place, then into the caller's buffer (the link's `CellBuf`); out, the caller's bytes into the
+//! send buffer, sealed in place, → kernel. rustls's path has two more on the way in
+//! (`BufReader` → deframer → `received_plaintext` → caller) and a new `Vec` per record on the
+//! way out (docs/performance.md, session 16).
+//!
+//! The exporter the link handshake binds to: rustls's unbuffered connections have no
+//! `export_keying_material`, so the handshake logs its exporter secret to a per-connection
+//! [`rustls::KeyLog`] (only that label) and [`tls13_exporter`] derives the values as RFC 8446
+//! §7.5 does; tests check them equal to rustls's own on the other end.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+
+use ring::{digest, hkdf};
+use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
+use rustls::kernel::KernelConnection;
+use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
+use rustls::unbuffered::{ConnectionState, EncodeError};
+use rustls::{CipherSuite, ConnectionTrafficSecrets, SupportedCipherSuite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use zeroize::Zeroizing;
+
+use crate::handshake::{BIND_EXPORTER_LABEL, EXPORTER_LABEL, EXPORTER_LEN};
+use crate::record::{
+    alert, alert_name, Opened, RecordError, RecordOpener, RecordSealer, MAX_RECORD,
+};
+use crate::LinkError;
+
+/// The receive buffer: big enough that one `read` brings in many records (the rustls path's
+/// `BufReader` is 64 KiB), plus room for a whole record at its end.
+const RECV_BUF: usize = 128 * 1024;
+/// Most plaintext bytes sealed per `poll_write` call: bounds the send buffer (it is drained
+/// before more is accepted).
+const WRITE_CHUNK: usize = 64 * 1024;
+/// The send buffer is given back after an exceptional batch left it larger than this.
+const SEND_BUF_KEEP: usize = 2 * WRITE_CHUNK;
+
+/// The key schedule of one end (rustls's `KernelConnection`).
+enum Kernel {
+    Client(KernelConnection<ClientConnectionData>),
+    Server(KernelConnection<ServerConnectionData>),
+}
+
+impl Kernel {
+    fn update_tx(&mut self) -> Result<(u64, ConnectionTrafficSecrets), rustls::Error> {
+        match self {
+            Kernel::Client(k) => k.update_tx_secret(),
+            Kernel::Server(k) => k.update_tx_secret(),
+        }
+    }
+
+    fn update_rx(&mut self) -> Result<(u64, ConnectionTrafficSecrets), rustls::Error> {
+        match self {
+            Kernel::Client(k) => k.update_rx_secret(),
+            Kernel::Server(k) => k.update_rx_secret(),
+        }
+    }
+
+    fn suite(&self) -> SupportedCipherSuite {
+        match self {
+            Kernel::Client(k) => k.negotiated_cipher_suite(),
+            Kernel::Server(k) => k.negotiated_cipher_suite(),
+        }
+    }
+}
+
+/// Captures the one secret the link needs from the handshake: the exporter master secret
+/// (wiped when dropped).
+#[derive(Debug, Default)]
+pub(crate) struct ExporterCapture(Mutex<Option<Zeroizing<Vec<u8>>>>);
+
+impl rustls::KeyLog for ExporterCapture {
+    fn log(&self, label: &str, _client_random: &[u8], secret: &[u8]) {
+        if label == "EXPORTER_SECRET" {
+            if let Ok(mut slot) = self.0.lock() {
+                *slot = Some(Zeroizing::new(secret.to_vec()));
+            }
+        }
+    }
+
+    fn will_log(&self, label: &str) -> bool {
+        label == "EXPORTER_SECRET"
+    }
+}
+
+impl ExporterCapture {
+    fn take(&self) -> Option<Zeroizing<Vec<u8>>> {
+        self.0.lock().ok().and_then(|mut s| s.take())
+    }
+}
+
+/// RFC 8446 §7.5: `HKDF-Expand-Label(Derive-Secret(secret, label, ""), "exporter",
+/// Hash(context), out.len())` with an empty context (chive's exporters pass none, which rustls
+/// treats as empty).
+pub(crate) fn tls13_exporter(
+    suite: SupportedCipherSuite,
+    exporter_secret: &[u8],
+    label: &[u8],
+    out: &mut [u8],
+) -> Result<(), LinkError> {
+    let (prf, hash) = match suite.suite() {
+        CipherSuite::TLS13_AES_256_GCM_SHA384 => (hkdf::HKDF_SHA384, &digest::SHA384),
+        CipherSuite::TLS13_AES_128_GCM_SHA256 | CipherSuite::TLS13_CHACHA20_POLY1305_SHA256 => {
+            (hkdf::HKDF_SHA256, &digest::SHA256)
+        }
+        other => return Err(LinkError::Tls(format!("no exporter for suite {other:?}"))),
+    };
+    let empty = digest::digest(hash, b"");
+    let mut derived = Zeroizing::new(vec![0u8; hash.output_len()]);
+    expand_label(prf, exporter_secret, label, empty.as_ref(), &mut derived)?;
+    expand_label(prf, &derived, b"exporter", empty.as_ref(), out)
+}
+
+/// HKDF-Expand-Label (RFC 8446 §7.1).
+fn expand_label(
+    prf: hkdf::Algorithm,
+    secret: &[u8],
+    label: &[u8],
+    context: &[u8],
+    out: &mut [u8],
+) -> Result<(), LinkError> {
+    struct Len(usize);
+    impl hkdf::KeyType for Len {
+        fn len(&self) -> usize {
+            self.0
+        }
+    }
+    let bad = |_| LinkError::Tls("exporter derivation".into());
+    let len = u16::try_from(out.len()).map_err(|_| bad(()))?.to_be_bytes();
+    let label_len = [u8::try_from(6 + label.len()).map_err(|_| bad(()))?];
+    let context_len = [u8::try_from(context.len()).map_err(|_| bad(()))?];
+    let info: [&[u8]; 6] = [&len, &label_len, b"tls13 ", label, &context_len, context];
+    hkdf::Prk::new_less_safe(prf, secret)
+        .expand(&info, Len(out.len()))
+        .map_err(|_| bad(()))?
+        .fill(out)
+        .map_err(|_| bad(()))
+}
+
+/// What the handshake leaves: the socket, bytes received past the handshake, the plaintext
+/// rustls opened while finishing it (the peer's first application data, if it came in the same
+/// read), the extracted state.
+struct Handshaken {
+    tcp: TcpStream,
+    incoming: Vec<u8>,
+    filled: usize,
+    early: Vec<u8>,
+    secrets: rustls::ExtractedSecrets,
+    kernel: Kernel,
+}
+
+/// Drive an unbuffered connection through the TLS handshake over `$tcp` (a macro: the client's
+/// and the server's `process_tls_records` are separate methods).
+macro_rules! handshake_loop {
+    ($conn:expr, $tcp:expr) => {{
+        let conn = &mut $conn;
+        let tcp: &mut TcpStream = $tcp;
+        let mut incoming = vec![0u8; RECV_BUF];
+        let mut filled = 0usize;
+        let mut outgoing = vec![0u8; 8 * 1024];
+        let mut out_len = 0usize;
+        let mut early = Vec::new();
+        loop {
+            enum Next {
+                Process,
+                Transmit,
+                Read,
+                Done,
+            }
+            let status = conn.process_tls_records(&mut incoming[..filled]);
+            let mut discard = status.discard;
+            let next = match status.state.map_err(|e| LinkError::Tls(e.to_string()))? {
+                ConnectionState::EncodeTlsData(mut st) => loop {
+                    match st.encode(&mut outgoing[out_len..]) {
+                        Ok(n) => {
+                            out_len += n;
+                            break Next::Process;
+                        }
+                        Err(EncodeError::InsufficientSize(e)) if e.required_size <= 1 << 20 => {
+                            outgoing.resize(out_len + e.required_size, 0)
+                        }
+                        Err(e) => return Err(LinkError::Tls(e.to_string())),
+                    }
+                },
+                ConnectionState::TransmitTlsData(st) => {
+                    // Written right below, before anything else is processed.
+                    st.done();
+                    Next::Transmit
+                }
+                ConnectionState::BlockedHandshake => Next::Read,
+                ConnectionState::ReadTraffic(mut st) => {
+                    while let Some(record) = st.next_record() {
+                        let record = record.map_err(|e| LinkError::Tls(e.to_string()))?;
+                        discard += record.discard;
+                        early.extend_from_slice(record.payload);
+                    }
+                    Next::Process
+                }
+                ConnectionState::WriteTraffic(_) => Next::Done,
+                ConnectionState::PeerClosed | ConnectionState::Closed => {
+                    return Err(LinkError::Tls("closed during the TLS handshake".into()))
+                }
+                _ => return Err(LinkError::Tls("unexpected TLS handshake state".into())),
+            };
+            incoming.copy_within(discard..filled, 0);
+            filled -= discard;
+            match next {
+                Next::Process => {}
+                Next::Transmit => {
+                    tcp.write_all(&outgoing[..out_len]).await?;
+                    out_len = 0;
+                }
+                Next::Read => {
+                    if filled == incoming.len() {
+                        return Err(LinkError::Tls("TLS handshake message too large".into()));
+                    }
+                    let n = tcp.read(&mut incoming[filled..]).await?;
+                    if n == 0 {
+                        return Err(LinkError::Tls("EOF during the TLS handshake".into()));
+                    }
+                    filled += n;
+                }
+                Next::Done => break (incoming, filled, early),
+            }
+        }
+    }};
+}
+
+/// Client side: TLS handshake, then the record layer and the link's two exporter values.
+pub(crate) async fn connect(
+    mut tcp: TcpStream,
+    config: &rustls::ClientConfig,
+    name: rustls::pki_types::ServerName<'static>,
+) -> Result<(RecordStream, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]), LinkError> {
+    let capture = Arc::new(ExporterCapture::default());
+    let mut config = config.clone();
+    config.enable_secret_extraction = true;
+    config.key_log = capture.clone();
+    let mut conn = UnbufferedClientConnection::new(Arc::new(config), name)
+        .map_err(|e| LinkError::Tls(e.to_string()))?;
+    let (incoming, filled, early) = handshake_loop!(conn, &mut tcp);
+    let (secrets, kernel) = conn
+        .dangerous_into_kernel_connection()
+        .map_err(|e| LinkError::Tls(e.to_string()))?;
+    finish(
+        Handshaken {
+            tcp,
+            incoming,
+            filled,
+            early,
+            secrets,
+            kernel: Kernel::Client(kernel),
+        },
+        &capture,
+    )
+}
+
+/// Server side, as [`connect`].
+pub(crate) async fn accept(
+    mut tcp: TcpStream,
+    config: &rustls::ServerConfig,
+) -> Result<(RecordStream, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]), LinkError> {
+    let capture = Arc::new(ExporterCapture::default());
+    let mut config = config.clone();
+    config.enable_secret_extraction = true;
+    config.key_log = capture.clone();
+    let mut conn = UnbufferedServerConnection::new(Arc::new(config))
+        .map_err(|e| LinkError::Tls(e.to_string()))?;
+    let (incoming, filled, early) = handshake_loop!(conn, &mut tcp);
+    let (secrets, kernel) = conn
+        .dangerous_into_kernel_connection()
+        .map_err(|e| LinkError::Tls(e.to_string()))?;
+    finish(
+        Handshaken {
+            tcp,
+            incoming,
+            filled,
+            early,
+            secrets,
+            kernel: Kernel::Server(kernel),
+        },
+        &capture,
+    )
+}
+
+fn finish(
+    h: Handshaken,
+    capture: &ExporterCapture,
+) -> Result<(RecordStream, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]), LinkError> {
+    let suite = h.kernel.suite();
+    let secret = capture
+        .take()
+        .ok_or_else(|| LinkError::Tls("the handshake logged no exporter secret".into()))?;
+    let mut exporter = [0u8; EXPORTER_LEN];
+    let mut bind = [0u8; EXPORTER_LEN];
+    tls13_exporter(suite, &secret, EXPORTER_LABEL, &mut exporter)?;
+    tls13_exporter(suite, &secret, BIND_EXPORTER_LABEL, &mut bind)?;
+    let record = |e: RecordError| LinkError::Tls(e.to_string());
+    let (tx_seq, tx) = &h.secrets.tx;
+    let (rx_seq, rx) = &h.secrets.rx;
+    let stream = RecordStream {
+        tcp: h.tcp,
+        sealer: RecordSealer::new(*tx_seq, tx).map_err(record)?,
+        opener: RecordOpener::new(*rx_seq, rx).map_err(record)?,
+        kernel: h.kernel,
+        suite,
+        rbuf: h.incoming.into_boxed_slice(),
+        rstart: 0,
+        rend: h.filled,
+        plain: 0..0,
+        plain_end: 0,
+        early: h.early,
+        wbuf: Vec::new(),
+        wpos: 0,
+        read_closed: false,
+        write_closed: false,
+        failed: None,
+    };
+    Ok((stream, exporter, bind))
+}
+
+/// A TCP connection whose TLS records are sealed and opened by this crate (see the module
+/// documentation). `AsyncRead` yields the peer's application data, `AsyncWrite` seals what is
+/// written; a KeyUpdate from the peer is followed (and answered if asked), one is sent before
+/// the key's confidentiality limit, close_notify ends the read side, and a bad record fails
+/// the stream with an error naming why (after a sealed alert to the peer).
+pub(crate) struct RecordStream {
+    tcp: TcpStream,
+    sealer: RecordSealer,
+    opener: RecordOpener,
+    kernel: Kernel,
+    suite: SupportedCipherSuite,
+    /// Received bytes: records from `rstart` to `rend`.
+    rbuf: Box<[u8]>,
+    rstart: usize,
+    rend: usize,
+    /// Opened plaintext not yet read, inside `rbuf`; its record ends at `plain_end`.
+    plain: std::ops::Range<usize>,
+    plain_end: usize,
+    /// Plaintext rustls opened at the end of the handshake, read first.
+    early: Vec<u8>,
+    /// Sealed records not yet written, from `wpos`.
+    wbuf: Vec<u8>,
+    wpos: usize,
+    /// The peer's close_notify arrived: reads return EOF.
+    read_closed: bool,
+    /// Our close_notify is sealed: no more writes.
+    write_closed: bool,
+    /// A fatal record error: every later read fails with it.
+    failed: Option<String>,
+}
+
+impl std::fmt::Debug for RecordStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordStream")
+            .field("tx_seq", &self.sealer.seq())
+            .field("rx_seq", &self.opener.seq())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RecordStream {
+    /// The socket.
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// The negotiated suite.
+    pub(crate) fn suite(&self) -> SupportedCipherSuite {
+        self.suite
+    }
+
+    /// Write the sealed bytes not yet written.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.wpos < self.wbuf.len() {
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.wbuf[self.wpos..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.wpos += n;
+        }
+        self.wbuf.clear();
+        self.wpos = 0;
+        if self.wbuf.capacity() > SEND_BUF_KEEP {
+            self.wbuf = Vec::new();
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Send a KeyUpdate under the current key and switch to the next one.
+    fn send_key_update(&mut self, update_requested: bool) -> Result<(), String> {
+        self.sealer
+            .seal_key_update(update_requested, &mut self.wbuf)
+            .map_err(|e| e.to_string())?;
+        let (seq, secrets) = self.kernel.update_tx().map_err(|e| e.to_string())?;
+        self.sealer.rekey(seq, &secrets).map_err(|e| e.to_string())
+    }
+
+    /// Fail the stream: seal `alert` for the peer (best effort: one non-blocking write) and
+    /// remember why, so every later read fails the same way.
+    fn fail(&mut self, cx: &mut Context<'_>, why: String, alert: Option<u8>) -> io::Error {
+        if let (Some(desc), false) = (alert, self.write_closed) {
+            if self.sealer.seal_alert(desc, &mut self.wbuf).is_ok() {
+                self.write_closed = true;
+                let _ = self.poll_drain(cx);
+            }
+        }
+        self.failed = Some(why.clone());
+        io::Error::new(io::ErrorKind::InvalidData, why)
+    }
+
+    /// Open records until there is plaintext, EOF, or the socket has nothing more now.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if let Some(why) = &self.failed {
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why.clone())));
+            }
+            if !self.plain.is_empty() || self.read_closed {
+                return Poll::Ready(Ok(()));
+            }
+            match self.opener.open(&mut self.rbuf[self.rstart..self.rend]) {
+                Ok(Some((len, Opened::Data(range)))) => {
+                    self.plain = self.rstart + range.start..self.rstart + range.end;
+                    self.plain_end = self.rstart + len;
+                    if self.plain.is_empty() {
+                        self.rstart = self.plain_end;
+                    }
+                }
+                Ok(Some((len, Opened::KeyUpdate { update_requested }))) => {
+                    self.rstart += len;
+                    let next = self.kernel.update_rx().map_err(|e| e.to_string());
+                    let rekeyed = next.and_then(|(seq, secrets)| {
+                        self.opener.rekey(seq, &secrets).map_err(|e| e.to_string())
+                    });
+                    let answered = rekeyed.and_then(|()| {
+                        if update_requested {
+                            self.send_key_update(false)
+                        } else {
+                            Ok(())
+                        }
+                    });
+                    if let Err(why) = answered {
+                        let why = format!("KeyUpdate: {why}");
+                        return Poll::Ready(Err(self.fail(cx, why, Some(alert::INTERNAL_ERROR))));
+                    }
+                    // Our answer goes out with the next write, or now if the socket takes it.
+                    if update_requested {
+                        let _ = self.poll_drain(cx);
+                    }
+                }
+                Ok(Some((len, Opened::CloseNotify))) => {
+                    self.rstart += len;
+                    self.read_closed = true;
+                }
+                Ok(Some((len, Opened::Nothing))) => self.rstart += len,
+                Ok(None) => {
+                    if self.rstart == self.rend {
+                        self.rstart = 0;
+                        self.rend = 0;
+                    } else if self.rbuf.len() - self.rend < MAX_RECORD {
+                        self.rbuf.copy_within(self.rstart..self.rend, 0);
+                        self.rend -= self.rstart;
+                        self.rstart = 0;
+                    }
+                    let mut rb = ReadBuf::new(&mut self.rbuf[self.rend..]);
+                    ready!(Pin::new(&mut self.tcp).poll_read(cx, &mut rb))?;
+                    let n = rb.filled().len();
+                    if n == 0 {
+                        if self.rstart < self.rend {
+                            let why = "connection closed inside a TLS record".to_string();
+                            return Poll::Ready(Err(self.fail(cx, why, None)));
+                        }
+                        // EOF without close_notify, on a record boundary: EOF, as the rustls
+                        // path reports it to the link (the cell framer checks cell boundaries).
+                        self.read_closed = true;
+                        return Poll::Ready(Ok(()));
+                    }
+                    self.rend += n;
+                }
+                Err(e) => {
+                    let why = match &e {
+                        RecordError::PeerAlert(d) => {
+                            format!("TLS alert from peer: {} ({d})", alert_name(*d))
+                        }
+                        other => format!("TLS record: {other}"),
+                    };
+                    return Poll::Ready(Err(self.fail(cx, why, e.alert())));
+                }
+            }
+        }
+    }
+}
+
+impl AsyncRead for RecordStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.early.is_empty() {
+            let n = this.early.len().min(buf.remaining());
+            buf.put_slice(&this.early[..n]);
+            this.early.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
+        ready!(this.poll_fill(cx))?;
+        if !this.plain.is_empty() {
+            let n = this.plain.len().min(buf.remaining());
+            buf.put_slice(&this.rbuf[this.plain.start..this.plain.start + n]);
+            this.plain.start += n;
+            if this.plain.is_empty() {
+                this.rstart = this.plain_end;
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for RecordStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.write_closed {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        // The send buffer holds at most one chunk: drain it before accepting more.
+        ready!(this.poll_drain(cx))?;
+        if this.sealer.needs_key_update() {
+            this.send_key_update(false)
+                .map_err(|why| io::Error::other(format!("KeyUpdate: {why}")))?;
+        }
+        let n = data.len().min(WRITE_CHUNK);
+        this.sealer
+            .seal_app_data(&data[..n], &mut this.wbuf)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        // Start writing now; what the socket does not take yet goes with the next write or
+        // the flush.
+        if let Poll::Ready(Err(e)) = this.poll_drain(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.write_closed {
+            this.write_closed = true;
+            this.sealer
+                .seal_alert(alert::CLOSE_NOTIFY, &mut this.wbuf)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+        }
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.tcp).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[path = "record_stream_tests.rs"]
+mod tests;
