@@ -30,6 +30,10 @@ __all__ = ["KEY_CACHE_ENV", "bandwidth_file", "prepare_keys"]
 
 _HEX40 = re.compile(r"^[0-9A-F]{40}$")
 
+#: The longest one key-making command may take (also bounded by the network's deadline). A
+#: 3072-bit RSA key is a second on a quiet machine; at load 25-35 with the tests niced, one
+#: ``tor-gencert`` took over 60 s (session 16), which is slow, not broken.
+KEYGEN_TIMEOUT = 180.0
 #: Names a directory where nodes' identities are kept and reused (module docstring).
 KEY_CACHE_ENV = "CHIVE_LAB_TOR_KEY_CACHE"
 #: The authority's v3 identity key in its ``keys/`` (the one slow key to make).
@@ -94,7 +98,7 @@ def _make_authority_keys(tools: TorTools, node: TorNode, deadline: float) -> Non
          "-a", f"{node.address}:{node.dir_port}",
          "-i", str(keys / _AUTHORITY_IDENTITY), "-s", str(keys / "authority_signing_key"),
          "-c", str(keys / "authority_certificate"), "--passphrase-fd", "0"],
-        cwd=node.dir, log=log, stdin=b"\n", timeout=min(60.0, left),
+        cwd=node.dir, log=log, stdin=b"\n", timeout=min(KEYGEN_TIMEOUT, left),
     )
     if cache is not None and not kept:
         _keep([keys / _AUTHORITY_IDENTITY], cache)
@@ -122,7 +126,7 @@ def _make_relay_identity(tools: TorTools, node: TorNode, empty: Path, deadline: 
         [tools.tor, "-f", str(empty), "--defaults-torrc", str(empty), "--list-fingerprint",
          "--DataDirectory", str(node.dir), "--ORPort", f"{node.address}:{node.or_port}",
          "--Address", node.address, "--Nickname", node.name],
-        cwd=node.dir, log=log, stdin=None, timeout=min(60.0, max(5.0, deadline - time.monotonic())),
+        cwd=node.dir, log=log, stdin=None, timeout=min(KEYGEN_TIMEOUT, max(5.0, deadline - time.monotonic())),
     )
     node.fingerprint = _read_fingerprint(node)
     if cache is not None:
