@@ -10,6 +10,9 @@ SHELL := /bin/bash
 
 # rustup installs cargo here; a non-login shell (CI) may not have it on PATH.
 export PATH := $(HOME)/.cargo/bin:$(PATH)
+# `time STEP` in a recipe prints how long the step took, one greppable line (CI's log then
+# shows where `make test` spends its time: docs/testing.md).
+export TIMEFORMAT := [time] %1R s wall, %1U s user
 
 CARGO ?= cargo
 PYTHON ?= python3
@@ -42,17 +45,20 @@ $(VENV_STAMP): lab/pyproject.toml
 	@touch $@
 
 build: deps
-	$(CARGO) build --release
+	time $(CARGO) build --release
 
 # The lab's tests in two passes (docs/testing.md): those that start nothing on two workers
 # (pytest-xdist), then those marked serial (processes, ports, namespaces, timing) alone.
 # check-features first: a crate that the build and the tests resolve with different features
 # would compile twice here, and the test build would replace the binary pytest runs.
+# Each step is timed (`[time]` lines), building the test targets apart from running them; the
+# pytest passes list their slowest tests.
 test: build
 	$(PYTHON) .ci/check-features
-	$(CARGO) test --release --workspace
-	$(VENV)/bin/pytest -q -n 2 -m "not serial" lab/tests
-	$(VENV)/bin/pytest -q -m serial lab/tests
+	time $(CARGO) test --release --workspace --no-run
+	time $(CARGO) test --release --workspace
+	time $(VENV)/bin/pytest -q -n 2 -m "not serial" --durations=10 lab/tests
+	time $(VENV)/bin/pytest -q -m serial --durations=25 lab/tests
 
 demo: build
 	bash lab/scripts/demo.sh

@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chive_lab.socks import SocksError, bulk_download, socks5_connect  # noqa: E402
 from chive_lab.stats import quartiles  # noqa: E402
+from ewma_load import fetch_times  # noqa: E402  (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / ".venv" / "bin" / "chive-lab"
@@ -101,17 +102,8 @@ def wait_fetch(socks, http, deadline):
 
 
 def web_fetches(socks, http, count, out):
-    with open(out, "w") as f:
-        subprocess.run(
-            [str(CHIVE), "perf", "--socks", socks, "--url", f"{http}/bytes/51200", "--count", str(count),
-             "--interval", "0.5", "--isolate", "--timeout", "60"],
-            stdout=f, check=False)
-    times = []
-    for line in open(out):
-        r = json.loads(line)
-        if r.get("type", "transfer") == "transfer" and not r.get("error"):
-            times.append(r["last_byte"] - r["start"])
-    return times
+    """50 KiB fetches on fresh circuits (ewma_load.py's `fetch_times`)."""
+    return fetch_times(socks, f"{http}/bytes/51200", count, out)
 
 
 def run_one(name, args, outdir):

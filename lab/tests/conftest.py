@@ -13,6 +13,22 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # so tests can import fake_chive
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _tor_keys_kept_for_the_session(tmp_path_factory):
+    """Every tor network of this pytest process reuses its nodes' identities (by node name)
+    after the first network made them (``chive_lab.tor.keys``): three 3072-bit authority
+    keys are 20-30 s of each network's start on a loaded machine (docs/testing.md). The
+    ``chive-lab`` commands the tests start inherit it. A cache given from outside is kept."""
+    from chive_lab.tor import KEY_CACHE_ENV
+
+    if os.environ.get(KEY_CACHE_ENV):
+        yield
+        return
+    os.environ[KEY_CACHE_ENV] = str(tmp_path_factory.mktemp("tor-keys"))
+    yield
+    os.environ.pop(KEY_CACHE_ENV, None)
+
+
 @pytest.fixture
 def fake_chive(tmp_path: Path) -> Path:
     """An executable `chive` stand-in (see fake_chive.py).

@@ -5,6 +5,7 @@ a scripted fake, and the parsers of Tor's state file and consensus."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import threading
@@ -276,6 +277,39 @@ def test_tor_verify_config_rejects_what_the_mapping_refuses(tmp_path: Path):
     out = subprocess.run([_TOOLS.tor, "--verify-config", "-f", str(relay.dir / "torrc"),
                           "--defaults-torrc", str(tmp_path / "empty")], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "76800" in out.stdout
+
+
+@pytest.mark.serial
+@needs_tor
+def test_kept_keys_are_reused_with_a_fresh_certificate_for_the_new_address(tmp_path: Path, monkeypatch):
+    import time
+
+    def network(name: str, dir_port: int) -> list[tor.TorNode]:
+        d = tmp_path / name
+        d.mkdir()
+        return [tor.TorNode("auth1", "authority", d / "auth1", control_port=1, or_port=2, dir_port=dir_port),
+                tor.TorNode("relay1", "relay", d / "relay1", control_port=3, or_port=4)]
+
+    def ids(nodes):
+        return [(n.fingerprint, n.v3ident) for n in nodes]
+
+    # The session's cache (conftest.py), so that the keys made here serve the other tor tests.
+    if not os.environ.get(tor.KEY_CACHE_ENV):
+        monkeypatch.setenv(tor.KEY_CACHE_ENV, str(tmp_path / "cache"))
+    first, second = network("first", 7001), network("second", 7002)
+    for nodes in (first, second):
+        tor.prepare_keys(_TOOLS, nodes, nodes[0].dir.parent, time.monotonic() + 120)
+        assert all(len(n.fingerprint) == 40 for n in nodes) and len(nodes[0].v3ident) == 40
+        bw = (nodes[0].dir.parent / tor.BANDWIDTH_FILE).read_text()
+        assert f"node_id=${nodes[1].fingerprint}" in bw
+    assert ids(second) == ids(first)
+    assert not (second[1].dir / "keygen.log").exists(), "the relay identity was made again"
+    # The authority's certificate is new and names the second network's DirPort.
+    cert = (second[0].dir / "keys" / "authority_certificate").read_text()
+    assert "dir-address 127.0.0.1:7002" in cert
+    assert cert != (first[0].dir / "keys" / "authority_certificate").read_text()
+    gencert = (second[0].dir / "keygen.log").read_text()
+    assert "--create-identity-key" not in gencert and "tor-gencert" in gencert
 
 
 # -- parsers ------------------------------------------------------------------------------

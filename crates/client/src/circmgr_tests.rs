@@ -6,35 +6,18 @@
 use super::*;
 use crate::predict::PREDICTION_WINDOW;
 use chive_core::CoreConfig;
-use chive_crypto::ntor::NtorSecretKey;
 use chive_crypto::IdentityKeypair;
-use chive_dir::{ExitPolicy, NetParams, RelayFlags};
+use chive_dir::RelayFlags;
 
 const PORT: u16 = 80;
 
 /// `n` running guard+exit relays r1..rn allowing port 80 only.
 fn consensus(n: u8) -> Arc<Consensus> {
-    let relays = (1..=n)
-        .map(|i| ConsensusRelay {
-            nickname: format!("r{i}"),
-            identity: id(i),
-            ntor_key: NtorSecretKey::from_bytes([i; 32]).public().0,
-            address: format!("127.0.0.1:{}", 9000 + u16::from(i))
-                .parse()
-                .unwrap(),
-            bandwidth: 100,
-            flags: RelayFlags::RUNNING | RelayFlags::VALID | RelayFlags::GUARD | RelayFlags::EXIT,
-            exit_policy: ExitPolicy::parse(&["accept *:80", "reject *:*"], false).unwrap(),
-            features: 0,
-        })
-        .collect();
-    Arc::new(Consensus {
-        valid_after: 0,
-        fresh_until: 1,
-        valid_until: 2,
-        params: NetParams::new(),
-        relays,
-    })
+    crate::onion::test_net::consensus_of(
+        n,
+        RelayFlags::GUARD | RelayFlags::EXIT,
+        &["accept *:80", "reject *:*"],
+    )
 }
 
 fn id(i: u8) -> IdentityKey {

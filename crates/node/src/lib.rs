@@ -25,3 +25,5 @@ pub mod onion_dir;
 pub mod onion_keys;
 pub mod onion_metrics;
 pub mod relay;
+#[cfg(test)]
+mod test_support;

@@ -22,7 +22,7 @@ the rest of the lab.
 from __future__ import annotations
 
 from .control import MAX_CONTROL_REPLY, ControlClient, control_for
-from .keys import bandwidth_file, prepare_keys
+from .keys import KEY_CACHE_ENV, bandwidth_file, prepare_keys
 from .launch import (
     DEFAULT_AUTHORITIES,
     HTTPD_ADDRESS,
@@ -97,6 +97,7 @@ _BUILTIN_OPTIONS = BUILTIN_OPTIONS
 __all__ = [
     "BANDWIDTH_FILE",
     "BUILTIN_OPTIONS",
+    "KEY_CACHE_ENV",
     "CLIENT_CONFLUX",
     "DEFAULT_AUTHORITIES",
     "HTTPD_ADDRESS",

@@ -2,13 +2,22 @@
 authority's v3 keys and certificate (``tor-gencert``), every relay's identity and
 fingerprint (``tor --list-fingerprint``), and the bandwidth file that gives the relays
 equal weights. Each is a short command run to completion; nothing here opens a socket.
+
+Making them is most of a small network's start on a loaded machine (20-30 s: three
+3072-bit RSA authority identities). With ``$CHIVE_LAB_TOR_KEY_CACHE`` naming a directory,
+every node's long-term identity is kept there by tor version and node name and reused by the
+next network that has a node of that name (the lab's tests set it once per pytest session:
+docs/testing.md). An authority then gets a fresh signing key and certificate for its new
+address from its kept identity; nothing else of a network is shared.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,9 +26,42 @@ from ..errors import LabError
 from .node import BANDWIDTH_FILE, TorNode, log_tails
 from .tools import TorTools
 
-__all__ = ["bandwidth_file", "prepare_keys"]
+__all__ = ["KEY_CACHE_ENV", "bandwidth_file", "prepare_keys"]
 
 _HEX40 = re.compile(r"^[0-9A-F]{40}$")
+
+#: The longest one key-making command may take (also bounded by the network's deadline). A
+#: 3072-bit RSA key is a second on a quiet machine; at load 25-35 with the tests niced, one
+#: ``tor-gencert`` took over 60 s (session 16), which is slow, not broken.
+KEYGEN_TIMEOUT = 180.0
+#: Names a directory where nodes' identities are kept and reused (module docstring).
+KEY_CACHE_ENV = "CHIVE_LAB_TOR_KEY_CACHE"
+#: The authority's v3 identity key in its ``keys/`` (the one slow key to make).
+_AUTHORITY_IDENTITY = "authority_identity_key"
+#: Files of ``keys/`` that belong to the authority's v3 keys, not to its relay identity.
+_AUTHORITY_PREFIX = "authority_"
+
+
+def _cache_dir(tools: TorTools, node: TorNode, what: str) -> Path | None:
+    """Where ``what`` (``relay`` or ``authority``) of ``node`` is kept, or None without a cache."""
+    root = os.environ.get(KEY_CACHE_ENV)
+    if not root:
+        return None
+    return Path(root) / re.sub(r"[^A-Za-z0-9._-]", "_", tools.version) / node.name / what
+
+
+def _keep(files: list[Path], into: Path) -> None:
+    """Copy ``files`` to ``into`` as one step: a directory renamed into place, so a reader
+    sees all of them or none (another process may keep the same node's at the same time:
+    the first one wins, both are valid)."""
+    into.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".keep-", dir=into.parent))
+    for f in files:
+        shutil.copy2(f, tmp / f.name)
+    try:
+        tmp.rename(into)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _run(argv: list[str], *, cwd: Path, log: Path, stdin: bytes | None, timeout: float) -> str:
@@ -39,19 +81,27 @@ def _run(argv: list[str], *, cwd: Path, log: Path, stdin: bytes | None, timeout:
 
 
 def _make_authority_keys(tools: TorTools, node: TorNode, deadline: float) -> None:
-    """tor-gencert: the authority's v3 identity key, signing key and certificate."""
+    """tor-gencert: the authority's v3 identity key (or the kept one), signing key and
+    certificate."""
     keys = node.dir / "keys"
     keys.mkdir(parents=True, exist_ok=True)
     log = node.dir / "keygen.log"
     left = max(5.0, deadline - time.monotonic())
+    cache = _cache_dir(tools, node, "authority")
+    kept = cache is not None and (cache / _AUTHORITY_IDENTITY).is_file()
+    if kept:
+        shutil.copy2(cache / _AUTHORITY_IDENTITY, keys / _AUTHORITY_IDENTITY)
     # The identity key is encrypted with an empty passphrase read from fd 0:
     # nothing to type, nothing stored beside the key.
     _run(
-        [tools.gencert, "--create-identity-key", "-m", "12", "-a", f"{node.address}:{node.dir_port}",
-         "-i", str(keys / "authority_identity_key"), "-s", str(keys / "authority_signing_key"),
+        [tools.gencert, *([] if kept else ["--create-identity-key"]), "-m", "12",
+         "-a", f"{node.address}:{node.dir_port}",
+         "-i", str(keys / _AUTHORITY_IDENTITY), "-s", str(keys / "authority_signing_key"),
          "-c", str(keys / "authority_certificate"), "--passphrase-fd", "0"],
-        cwd=node.dir, log=log, stdin=b"\n", timeout=min(60.0, left),
+        cwd=node.dir, log=log, stdin=b"\n", timeout=min(KEYGEN_TIMEOUT, left),
     )
+    if cache is not None and not kept:
+        _keep([keys / _AUTHORITY_IDENTITY], cache)
     cert = (keys / "authority_certificate").read_text(encoding="ascii", errors="replace")
     m = re.search(r"^fingerprint ([0-9A-F]{40})$", cert, re.M)
     if m is None:
@@ -61,15 +111,32 @@ def _make_authority_keys(tools: TorTools, node: TorNode, deadline: float) -> Non
 
 def _make_relay_identity(tools: TorTools, node: TorNode, empty: Path, deadline: float) -> None:
     """tor --list-fingerprint: creates the relay's identity keys in its
-    DataDirectory (the started tor reuses them) and tells us its fingerprint."""
-    (node.dir / "keys").mkdir(parents=True, exist_ok=True)
+    DataDirectory (the started tor reuses them) and tells us its fingerprint; or copies the
+    kept ones there."""
+    keys = node.dir / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    cache = _cache_dir(tools, node, "relay")
+    if cache is not None and cache.is_dir():
+        for f in cache.iterdir():
+            shutil.copy2(f, node.dir / "fingerprint" if f.name == "fingerprint" else keys / f.name)
+        node.fingerprint = _read_fingerprint(node)
+        return
     log = node.dir / "keygen.log"
     _run(
         [tools.tor, "-f", str(empty), "--defaults-torrc", str(empty), "--list-fingerprint",
          "--DataDirectory", str(node.dir), "--ORPort", f"{node.address}:{node.or_port}",
          "--Address", node.address, "--Nickname", node.name],
-        cwd=node.dir, log=log, stdin=None, timeout=min(60.0, max(5.0, deadline - time.monotonic())),
+        cwd=node.dir, log=log, stdin=None, timeout=min(KEYGEN_TIMEOUT, max(5.0, deadline - time.monotonic())),
     )
+    node.fingerprint = _read_fingerprint(node)
+    if cache is not None:
+        # The relay identity only: an authority's v3 keys are made beside it at the same time.
+        ident = [f for f in keys.iterdir() if f.is_file() and not f.name.startswith(_AUTHORITY_PREFIX)]
+        _keep([*ident, node.dir / "fingerprint"], cache)
+
+
+def _read_fingerprint(node: TorNode) -> str:
+    """The 40-hex fingerprint in the node's ``fingerprint`` file."""
     try:
         text = (node.dir / "fingerprint").read_text(encoding="ascii", errors="replace").split()
     except OSError as e:
@@ -77,7 +144,7 @@ def _make_relay_identity(tools: TorTools, node: TorNode, empty: Path, deadline: 
     fp = "".join(text[1:]).upper()
     if len(text) < 2 or not _HEX40.match(fp):
         raise LabError(f"{node.dir / 'fingerprint'} does not hold a 40-hex fingerprint", node=node.name)
-    node.fingerprint = fp
+    return fp
 
 
 def prepare_keys(tools: TorTools, nodes: list[TorNode], dir: Path, deadline: float) -> Path:  # noqa: A002

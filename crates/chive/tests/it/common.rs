@@ -211,17 +211,8 @@ impl Network {
         let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let auth_cfg = dir.join("auth.toml");
-        std::fs::write(
-            &auth_cfg,
-            format!(
-                "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{ANY_PORT}\"\nPortsFile = \"{}\"\n\
-                 ConsensusInterval = 2\nTestingAllGuards = true\n",
-                dir.join("auth").display(),
-                ports_path(&dir, "authority").display(),
-            ),
-        )
-        .unwrap();
+        let auth_cfg =
+            write_authority_config(&dir, "ConsensusInterval = 2\nTestingAllGuards = true\n");
         let authority_id = print_identity(&auth_cfg);
         let unbound: SocketAddr = "0.0.0.0:0".parse().unwrap();
         let mut net = Network {
@@ -393,27 +384,50 @@ impl Network {
     }
 }
 
+/// Writes `dir/auth.toml`: an authority "auth" with its data in `dir/auth`, its DirPort on
+/// port 0 reported in its PortsFile ([`wait_ports`] with "authority"), and `extra` lines.
+pub fn write_authority_config(dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("auth.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{ANY_PORT}\"\nPortsFile = \"{}\"\n{extra}",
+            dir.join("auth").display(),
+            ports_path(dir, "authority").display(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
 /// The content of `/bytes/N`: byte i is i mod 251.
 pub fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i % 251) as u8).collect()
 }
 
-/// A SOCKS5 connection (optionally with username/password) to `http` through the overlay.
-pub fn socks_connect(
+/// A SOCKS5 CONNECT (RFC 1928) to `host:port`, the host sent as a name (ATYP 3), through
+/// `socks`, with username/password (RFC 1929) when `auth` is given: the stream and the reply's
+/// REP code (0 = succeeded), whatever it is. Err names the step that failed: I/O, a method
+/// other than the one asked for, refused credentials, a reply that is not SOCKS5.
+pub fn socks5_request(
     socks: SocketAddr,
-    http: SocketAddr,
+    host: &str,
+    port: u16,
     auth: Option<(&str, &str)>,
-) -> Result<TcpStream, String> {
+    timeout: Duration,
+) -> Result<(TcpStream, u8), String> {
     fn e(what: &'static str) -> impl Fn(std::io::Error) -> String {
         move |err| format!("{what}: {err}")
     }
     let mut s = TcpStream::connect(socks).map_err(e("connect"))?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))
-        .map_err(e("timeout"))?;
-    s.write_all(&[5, 1, if auth.is_some() { 2 } else { 0 }])
-        .map_err(e("greet"))?;
+    s.set_read_timeout(Some(timeout)).map_err(e("timeout"))?;
+    let method = if auth.is_some() { 2 } else { 0 };
+    s.write_all(&[5, 1, method]).map_err(e("greet"))?;
     let mut r = [0u8; 2];
     s.read_exact(&mut r).map_err(e("method"))?;
+    if r != [5, method] {
+        return Err(format!("method reply {r:?}, asked for {method}"));
+    }
     if let Some((u, p)) = auth {
         let mut m = vec![1, u.len() as u8];
         m.extend_from_slice(u.as_bytes());
@@ -425,17 +439,45 @@ pub fn socks_connect(
             return Err("auth refused".into());
         }
     }
-    let host = http.ip().to_string();
     let mut req = vec![5, 1, 0, 3, host.len() as u8];
     req.extend_from_slice(host.as_bytes());
-    req.extend_from_slice(&http.port().to_be_bytes());
+    req.extend_from_slice(&port.to_be_bytes());
     s.write_all(&req).map_err(e("request"))?;
     let mut rep = [0u8; 10];
     s.read_exact(&mut rep).map_err(e("reply"))?;
-    if rep[1] != 0 {
-        return Err(format!("SOCKS reply {}", rep[1]));
+    if rep[0] != 5 {
+        return Err(format!("reply version {}", rep[0]));
     }
-    Ok(s)
+    Ok((s, rep[1]))
+}
+
+/// [`socks5_request`] to `host:port` as SOCKS user `user` (password "x", another isolation)
+/// or none, waiting up to 60 s: the stream, or the REP code of a refusal. Panics on I/O errors.
+pub fn socks5_name(
+    socks: SocketAddr,
+    host: &str,
+    port: u16,
+    user: Option<&str>,
+) -> Result<TcpStream, u8> {
+    let auth = user.map(|u| (u, "x"));
+    match socks5_request(socks, host, port, auth, Duration::from_secs(60)) {
+        Ok((s, 0)) => Ok(s),
+        Ok((_, rep)) => Err(rep),
+        Err(e) => panic!("SOCKS5 to {host}:{port} via {socks}: {e}"),
+    }
+}
+
+/// A SOCKS5 connection (optionally with username/password) to `http` through the overlay.
+pub fn socks_connect(
+    socks: SocketAddr,
+    http: SocketAddr,
+    auth: Option<(&str, &str)>,
+) -> Result<TcpStream, String> {
+    let host = http.ip().to_string();
+    match socks5_request(socks, &host, http.port(), auth, Duration::from_secs(60))? {
+        (s, 0) => Ok(s),
+        (_, rep) => Err(format!("SOCKS reply {rep}")),
+    }
 }
 
 /// Body of an HTTP response read to EOF.
@@ -636,4 +678,18 @@ pub fn timed_fresh_fetches(net: &Network, n: &mut usize) -> Vec<f64> {
 /// Times to three decimals, for the per-block log lines.
 pub fn fmt_times(times: &[f64]) -> Vec<String> {
     times.iter().map(|t| format!("{t:.3}")).collect()
+}
+
+/// The link settings of an anonymous client (no identity, no link features, kernel-sized
+/// sockets): what a test that speaks the link protocol to a relay itself connects with.
+pub fn client_link_config() -> chive_net::LinkConfig {
+    chive_net::LinkConfig {
+        identity: None,
+        features: chive_net::FeatureSet::EMPTY,
+        socket_buffer: None,
+        unsent_limit: None,
+        unsent_rtt_rate: None,
+        congestion_control: None,
+        record_layer: Default::default(),
+    }
 }

@@ -268,18 +268,6 @@ fn create2(id: u32, identity: &IdentityKey, key: &NtorPublicKey) -> Cell {
     Cell::new(0x8000_0000 | id, CellCommand::CREATE2, &body).unwrap()
 }
 
-fn client_link_config() -> chive_net::LinkConfig {
-    chive_net::LinkConfig {
-        identity: None,
-        features: chive_net::FeatureSet::EMPTY,
-        socket_buffer: None,
-        unsent_limit: None,
-        unsent_rtt_rate: None,
-        congestion_control: None,
-        record_layer: Default::default(),
-    }
-}
-
 /// Answers to a flood, counted by its reader tasks.
 #[derive(Default)]
 struct Answers {

@@ -4,7 +4,7 @@
 //! Every test starts its own network on free ports and kills it on drop.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -90,15 +90,7 @@ fn hostile_input_does_not_disturb_a_concurrent_transfer() {
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let cfg = chive_net::LinkConfig {
-            identity: None,
-            features: chive_net::FeatureSet::EMPTY,
-            socket_buffer: None,
-            unsent_limit: None,
-            unsent_rtt_rate: None,
-            congestion_control: None,
-            record_layer: Default::default(),
-        };
+        let cfg = client_link_config();
         for relay in &net.relays {
             let Ok(link) = chive_net::connect(*relay, None, &cfg).await else {
                 continue;
@@ -266,7 +258,14 @@ fn exit_notation_pins_the_exit_and_policy_refusals_fail_cleanly() {
     let net = Network::start("exitpin", [""; 3]);
     // host.<nickname>.exit goes through that exit.
     let host = format!("{}.relay2.exit", net.http.ip());
-    let (mut s, reply) = socks5_connect_name(net.socks, &host, net.http.port(), 30);
+    let (mut s, reply) = socks5_request(
+        net.socks,
+        &host,
+        net.http.port(),
+        None,
+        Duration::from_secs(30),
+    )
+    .unwrap();
     assert_eq!(reply, 0, "pinned exit request failed");
     write!(s, "GET /bytes/1000 HTTP/1.0\r\n\r\n").unwrap();
     let mut all = Vec::new();
@@ -326,7 +325,14 @@ fn entry_and_middle_nodes_pin_every_circuit() {
     }
     // Pinning relay3 (the only middle) as exit leaves no middle: refused cleanly.
     let host = format!("{}.relay3.exit", net.http.ip());
-    let (_s, reply) = socks5_connect_name(socks2, &host, net.http.port(), 60);
+    let (_s, reply) = socks5_request(
+        socks2,
+        &host,
+        net.http.port(),
+        None,
+        Duration::from_secs(60),
+    )
+    .unwrap();
     assert_ne!(reply, 0, "a path with no possible middle must fail");
 
     let log = net.log("client2");
@@ -365,26 +371,4 @@ fn entry_and_middle_nodes_pin_every_circuit() {
         err.contains("EntryNodes"),
         "error should name EntryNodes: {err}"
     );
-}
-
-/// SOCKS5 (no auth) CONNECT to `host:port` by name; returns the stream and the reply code.
-fn socks5_connect_name(
-    socks: SocketAddr,
-    host: &str,
-    port: u16,
-    timeout_s: u64,
-) -> (TcpStream, u8) {
-    let mut s = TcpStream::connect(socks).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(timeout_s)))
-        .unwrap();
-    s.write_all(&[5, 1, 0]).unwrap();
-    let mut r = [0u8; 2];
-    s.read_exact(&mut r).unwrap();
-    let mut req = vec![5, 1, 0, 3, host.len() as u8];
-    req.extend_from_slice(host.as_bytes());
-    req.extend_from_slice(&port.to_be_bytes());
-    s.write_all(&req).unwrap();
-    let mut rep = [0u8; 10];
-    s.read_exact(&mut rep).unwrap();
-    (s, rep[1])
 }

@@ -8,23 +8,16 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common::{ports_path, print_identity, shared_turn, spawn, wait_ports, ANY_PORT};
+use crate::common::{
+    ports_path, print_identity, shared_turn, socks5_name, socks5_request, spawn, wait_ports,
+    write_authority_config, ANY_PORT,
+};
 
 /// A SOCKS5 CONNECT to `host:80`; returns the REP byte.
 fn socks5_rep(socks: SocketAddr, host: &str) -> u8 {
-    let mut s = TcpStream::connect(socks).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(&[5, 1, 0]).unwrap();
-    let mut r = [0u8; 2];
-    s.read_exact(&mut r).unwrap();
-    let mut req = vec![5, 1, 0, 3, host.len() as u8];
-    req.extend_from_slice(host.as_bytes());
-    req.extend_from_slice(&80u16.to_be_bytes());
-    s.write_all(&req).unwrap();
-    let mut rep = [0u8; 10];
-    s.read_exact(&mut rep).unwrap();
-    assert_eq!(rep[0], 5);
-    rep[1]
+    socks5_request(socks, host, 80, None, Duration::from_secs(10))
+        .unwrap()
+        .1
 }
 
 struct Kill(Vec<std::process::Child>, std::path::PathBuf);
@@ -46,16 +39,7 @@ fn onion_names_fail_fast_with_proposal_304_codes() {
     let dir = std::env::temp_dir().join(format!("chive-e2e-onion-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let auth_cfg = dir.join("auth.toml");
-    std::fs::write(
-        &auth_cfg,
-        format!(
-            "Nickname = \"auth\"\nDataDirectory = \"{}\"\nDirPort = \"{ANY_PORT}\"\nPortsFile = \"{}\"\n",
-            dir.join("auth").display(),
-            ports_path(&dir, "authority").display(),
-        ),
-    )
-    .unwrap();
+    let auth_cfg = write_authority_config(&dir, "");
     let authority_id = print_identity(&auth_cfg);
     let mut procs = Kill(Vec::new(), dir.clone());
     procs.0.push(spawn(
@@ -126,44 +110,6 @@ fn onion_names_fail_fast_with_proposal_304_codes() {
     }
 }
 
-/// SOCKS5 CONNECT to `host:port` (a domain name) through `socks`: the stream, or the REP code.
-fn socks5_domain(socks: SocketAddr, host: &str, port: u16) -> Result<TcpStream, u8> {
-    socks5_domain_as(socks, host, port, None)
-}
-
-/// [`socks5_domain`] with a SOCKS username (password "x"): another isolation.
-fn socks5_domain_as(
-    socks: SocketAddr,
-    host: &str,
-    port: u16,
-    user: Option<&str>,
-) -> Result<TcpStream, u8> {
-    let mut s = TcpStream::connect(socks).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.write_all(&[5, 1, if user.is_some() { 2 } else { 0 }])
-        .unwrap();
-    let mut r = [0u8; 2];
-    s.read_exact(&mut r).unwrap();
-    if let Some(u) = user {
-        let mut m = vec![1, u.len() as u8];
-        m.extend_from_slice(u.as_bytes());
-        m.extend_from_slice(&[1, b'x']);
-        s.write_all(&m).unwrap();
-        s.read_exact(&mut r).unwrap();
-        assert_eq!(r[1], 0, "SOCKS auth refused");
-    }
-    let mut req = vec![5, 1, 0, 3, host.len() as u8];
-    req.extend_from_slice(host.as_bytes());
-    req.extend_from_slice(&port.to_be_bytes());
-    s.write_all(&req).unwrap();
-    let mut rep = [0u8; 10];
-    s.read_exact(&mut rep).unwrap();
-    if rep[1] != 0 {
-        return Err(rep[1]);
-    }
-    Ok(s)
-}
-
 /// A real onion service: a second `chive client` with HiddenServiceDir / HiddenServicePort in
 /// front of the e2e httpd, published at the authority; the test's client fetches 4 MiB through
 /// `<addr>.onion` byte for byte (rendezvous, introduction, the virtual hop, BEGIN at the
@@ -211,7 +157,7 @@ fn a_file_through_an_onion_service_is_byte_exact() {
     let first = loop {
         net.check_alive();
         let t = Instant::now();
-        match socks5_domain(net.socks, &host, 80) {
+        match socks5_name(net.socks, &host, 80, None) {
             Ok(s) => break (s, t.elapsed()),
             Err(0xF0) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(200))
@@ -230,7 +176,7 @@ fn a_file_through_an_onion_service_is_byte_exact() {
 
     // Second fetch: the joined circuit is reused.
     let t = Instant::now();
-    let mut s = socks5_domain(net.socks, &host, 80).expect("second connect");
+    let mut s = socks5_name(net.socks, &host, 80, None).expect("second connect");
     let reuse = t.elapsed();
     write!(s, "GET /bytes/100000 HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
     assert!(body_of(s).unwrap() == pattern(100_000));
@@ -243,7 +189,7 @@ fn a_file_through_an_onion_service_is_byte_exact() {
     assert_eq!(net.log("service").matches("RENDEZVOUS1 sent").count(), 1);
     eprintln!("onion setup {setup:?}, second stream {reuse:?}");
     // A port the service does not offer: refused (END → SOCKS "not allowed").
-    assert_eq!(socks5_domain(net.socks, &host, 81).err(), Some(2));
+    assert_eq!(socks5_name(net.socks, &host, 81, None).err(), Some(2));
 
     // curl, through the same client.
     if Command::new("curl").arg("--version").output().is_ok() {
@@ -267,7 +213,7 @@ fn a_file_through_an_onion_service_is_byte_exact() {
     }
 
     // Another SOCKS user: a rendezvous of its own, with the descriptor from the cache.
-    let mut s = socks5_domain_as(net.socks, &host, 80, Some("other")).expect("isolated connect");
+    let mut s = socks5_name(net.socks, &host, 80, Some("other")).expect("isolated connect");
     write!(s, "GET /bytes/1000 HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
     assert!(body_of(s).unwrap() == pattern(1000));
     let log = net.log("client");

@@ -3,40 +3,16 @@
 //! pinned request with other SOCKS credentials attaches to one of them: that circuit was
 //! launched and built before the request came, so no CREATE was on the request's path.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use crate::common;
 use common::*;
 
-/// A SOCKS5 CONNECT to `host:port` (a name) as user `user`; the stream, once answered.
-fn socks5_user_name(socks: SocketAddr, user: &str, host: &str, port: u16) -> TcpStream {
-    let mut s = TcpStream::connect(socks).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.write_all(&[5, 1, 2]).unwrap();
-    let mut r = [0u8; 2];
-    s.read_exact(&mut r).unwrap();
-    assert_eq!(r, [5, 2], "username/password not chosen");
-    let mut auth = vec![1, user.len() as u8];
-    auth.extend_from_slice(user.as_bytes());
-    auth.extend_from_slice(&[1, b'x']);
-    s.write_all(&auth).unwrap();
-    s.read_exact(&mut r).unwrap();
-    assert_eq!(r[1], 0, "auth refused");
-    let mut req = vec![5, 1, 0, 3, host.len() as u8];
-    req.extend_from_slice(host.as_bytes());
-    req.extend_from_slice(&port.to_be_bytes());
-    s.write_all(&req).unwrap();
-    let mut rep = [0u8; 10];
-    s.read_exact(&mut rep).unwrap();
-    assert_eq!(rep[1], 0, "pinned request failed");
-    s
-}
-
 fn fetch_pinned(net: &Network, user: &str, exit: &str, n: usize) {
     let host = format!("{}.{exit}.exit", net.http.ip());
-    let mut s = socks5_user_name(net.socks, user, &host, net.http.port());
+    let mut s =
+        socks5_name(net.socks, &host, net.http.port(), Some(user)).expect("pinned request failed");
     write!(s, "GET /bytes/{n} HTTP/1.0\r\n\r\n").unwrap();
     assert_eq!(body_of(s).unwrap(), pattern(n), "{user}'s download differs");
 }

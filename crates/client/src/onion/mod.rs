@@ -27,7 +27,7 @@ pub mod desc_cache;
 pub mod pool;
 pub mod service;
 #[cfg(test)]
-mod test_net;
+pub(crate) mod test_net;
 #[cfg(test)]
 mod pins_tests {
     use super::*;

@@ -9,6 +9,12 @@ use chive_dir::{Consensus, ConsensusRelay, ExitPolicy, NetParams, RelayFlags};
 
 /// `n` running, valid guard relays r1..rn.
 pub(crate) fn consensus(n: u8) -> Arc<Consensus> {
+    consensus_of(n, RelayFlags::GUARD, &["reject *:*"])
+}
+
+/// `n` running, valid relays r1..rn (identity and ntor key from seed i, port 9000 + i) with
+/// `flags` besides RUNNING and VALID and the exit policy `policy`.
+pub(crate) fn consensus_of(n: u8, flags: RelayFlags, policy: &[&str]) -> Arc<Consensus> {
     let relays = (1..=n)
         .map(|i| ConsensusRelay {
             nickname: format!("r{i}"),
@@ -18,8 +24,8 @@ pub(crate) fn consensus(n: u8) -> Arc<Consensus> {
                 .parse()
                 .unwrap(),
             bandwidth: 100,
-            flags: RelayFlags::RUNNING | RelayFlags::VALID | RelayFlags::GUARD,
-            exit_policy: ExitPolicy::parse(&["reject *:*"], false).unwrap(),
+            flags: RelayFlags::RUNNING | RelayFlags::VALID | flags,
+            exit_policy: ExitPolicy::parse(policy, false).unwrap(),
             features: 0,
         })
         .collect();

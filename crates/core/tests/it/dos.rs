@@ -56,6 +56,22 @@ impl Bench {
         chan
     }
 
+    /// A channel from the relay `peer` (a proven identity) accepted from `addr`; `known`: the
+    /// consensus lists it.
+    fn relay_channel(
+        &mut self,
+        chan: u64,
+        peer: chive_crypto::IdentityKey,
+        addr: IpAddr,
+        known: bool,
+    ) {
+        let chan = ChannelId(chan);
+        self.r
+            .core
+            .channel_opened(chan, Some(peer), false, self.now);
+        self.r.core.set_channel_addr(chan, addr, known, self.now);
+    }
+
     /// Send one CREATE2 on `chan` (opened by the peer, so its ids have the high bit set).
     fn create(&mut self, chan: ChannelId) -> Answer {
         let id = 0x8000_0000 | self.next_id;
@@ -68,6 +84,18 @@ impl Bench {
             ([_], [(got, reason)]) if *got == id => Answer::Destroyed(*reason),
             _ => panic!("unexpected answer {out:?}"),
         }
+    }
+}
+
+/// The connection defence on, at most `max_concurrent` client channels per address.
+fn conn(max_concurrent: u32) -> DosConfig {
+    DosConfig {
+        connection: ConnectionConfig {
+            enabled: true,
+            max_concurrent,
+            ..ConnectionConfig::default()
+        },
+        ..DosConfig::default()
     }
 }
 
@@ -163,20 +191,10 @@ fn closed_channels_stop_counting() {
 /// channels from one address, `allow_connection` says no; relays' channels do not count.
 #[test]
 fn allow_connection_counts_client_channels_per_address() {
-    let mut b = Bench::new(DosConfig {
-        connection: ConnectionConfig {
-            enabled: true,
-            max_concurrent: 2,
-            ..ConnectionConfig::default()
-        },
-        ..DosConfig::default()
-    });
+    let mut b = Bench::new(conn(2));
     let peer = relay(3, CoreConfig::default()).hop.identity;
-    for c in 0..5 {
-        b.r.core
-            .channel_opened(ChannelId(30 + c), Some(peer), false, b.now);
-        b.r.core
-            .set_channel_addr(ChannelId(30 + c), FLOODER, true, b.now);
+    for c in 30..35 {
+        b.relay_channel(c, peer, FLOODER, true);
     }
     assert!(b.r.core.allow_connection(FLOODER, b.now));
     for c in 10..13 {
@@ -193,20 +211,10 @@ fn allow_connection_counts_client_channels_per_address() {
 /// consensus lists it; then it stops counting.
 #[test]
 fn only_known_relays_are_exempt() {
-    let mut b = Bench::new(DosConfig {
-        connection: ConnectionConfig {
-            enabled: true,
-            max_concurrent: 2,
-            ..ConnectionConfig::default()
-        },
-        ..DosConfig::default()
-    });
+    let mut b = Bench::new(conn(2));
     let stranger = relay(4, CoreConfig::default()).hop.identity;
     for c in 40..43 {
-        b.r.core
-            .channel_opened(ChannelId(c), Some(stranger), false, b.now);
-        b.r.core
-            .set_channel_addr(ChannelId(c), FLOODER, false, b.now);
+        b.relay_channel(c, stranger, FLOODER, false);
         assert!(b.r.core.channel_dos_tracked(ChannelId(c)));
     }
     assert!(!b.r.core.allow_connection(FLOODER, b.now));

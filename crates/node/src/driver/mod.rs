@@ -925,7 +925,7 @@ impl Driver {
                         self.streams.insert(stream, StreamIo::parked());
                         let tx = self.tx.clone();
                         tokio::spawn(async move {
-                            let _ = tx.send(tasks::local_connect(stream, addr).await).await;
+                            let _ = tx.send(tasks::connect(stream, addr).await).await;
                         });
                     }
                     None => {

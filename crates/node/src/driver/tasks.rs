@@ -438,18 +438,13 @@ pub(super) async fn exit_connect(
             format!("{host}:{port} rejected by exit policy"),
         );
     };
-    match tokio::time::timeout(EXIT_CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
-        Ok(Ok(tcp)) => {
-            let _ = tcp.set_nodelay(true);
-            Input::ExitConnected { stream, addr, tcp }
-        }
-        Ok(Err(e)) => fail(EndReason::CONNECTREFUSED, format!("connect {addr}: {e}")),
-        Err(_) => fail(EndReason::TIMEOUT, format!("connect {addr}: timeout")),
-    }
+    connect(stream, addr).await
 }
 
-/// Connect to an onion service's local target (`HiddenServicePort`): no policy, no resolving.
-pub(super) async fn local_connect(stream: StreamHandle, addr: SocketAddr) -> Input {
+/// Connect `stream`'s TCP connection to `addr` within `EXIT_CONNECT_TIMEOUT`: an exit's last
+/// step ([`exit_connect`]), and all an onion service does for its local target
+/// (`HiddenServicePort`: no policy, no resolving).
+pub(super) async fn connect(stream: StreamHandle, addr: SocketAddr) -> Input {
     let fail = |reason, why: String| Input::ExitFailed {
         stream,
         reason,
