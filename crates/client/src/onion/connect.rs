@@ -669,7 +669,8 @@ impl OnionConnector {
         };
         a.marks.rend_built = Some(now);
         let body = a.conn.establish_rendezvous();
-        if let Err(e) = core.send_onion_message(circ, RelayCommand::ESTABLISH_RENDEZVOUS, &body, now)
+        if let Err(e) =
+            core.send_onion_message(circ, RelayCommand::ESTABLISH_RENDEZVOUS, &body, now)
         {
             let why = format!("ESTABLISH_RENDEZVOUS: {e}");
             self.attempt_failed(core, key, OnionSocksError::RendezvousFailed, &why, now);

@@ -281,13 +281,12 @@ fn a_built_predicted_circuit_is_the_rendezvous_circuit_and_its_last_hop_the_poin
     // A first connection starts the pool; it fails here (no network), as any would.
     c.connect(&mut core, k.clone(), desc.clone(), "x.onion", 80, now);
     c.tick(&mut core, now);
-    let whole: Vec<(CircKey, HopSpec)> = c
-        .pool
-        .circs
-        .iter()
-        .filter_map(|(k, e)| e.end.clone().map(|h| (*k, h)))
-        .collect();
-    assert_eq!(whole.len(), DEFAULT_PREDICTED, "rendezvous circuits are built whole");
+    let whole = c.pool.whole_circuits();
+    assert_eq!(
+        whole.len(),
+        DEFAULT_PREDICTED,
+        "rendezvous circuits are built whole"
+    );
     for (circ, _) in &whole {
         c.on_circuit_built(&mut core, *circ, now);
     }
@@ -298,15 +297,32 @@ fn a_built_predicted_circuit_is_the_rendezvous_circuit_and_its_last_hop_the_poin
         isolation: b"second".to_vec(),
         ..k
     };
-    let t = c.connect(&mut core, k2.clone(), desc.clone(), "x.onion", 80, now + Duration::from_secs(6));
+    let t = c.connect(
+        &mut core,
+        k2.clone(),
+        desc.clone(),
+        "x.onion",
+        80,
+        now + Duration::from_secs(6),
+    );
     let a = &c.attempts.get(&k2);
     // The core of this test never built the circuit, so ESTABLISH_RENDEZVOUS is refused the
     // moment it is sent, before any circuit-built event: it went at the attempt's start.
     assert!(a.is_none(), "the attempt ended at once");
     let f3 = OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::RendezvousFailed));
     assert_eq!(c.poll_outcome(), Some((t, f3)));
-    assert_eq!(c.counters.predicted_used, used + 1, "the whole circuit was used");
-    let taken: Vec<_> = whole.iter().filter(|(circ, _)| !c.pool.owns(*circ)).collect();
+    assert_eq!(
+        c.counters.predicted_used,
+        used + 1,
+        "the whole circuit was used"
+    );
+    let taken: Vec<_> = whole
+        .iter()
+        .filter(|(circ, _)| !c.pool.owns(*circ))
+        .collect();
     assert_eq!(taken.len(), 1);
-    assert_ne!(taken[0].1.identity, desc.intro_points[0].relay, "not the intro point");
+    assert_ne!(
+        taken[0].1.identity, desc.intro_points[0].relay,
+        "not the intro point"
+    );
 }

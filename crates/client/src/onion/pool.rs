@@ -239,6 +239,15 @@ impl InternalPool {
         Some((circ, e.end?))
     }
 
+    /// The whole circuits and their last hops (for tests).
+    #[cfg(test)]
+    pub(crate) fn whole_circuits(&self) -> Vec<(CircKey, HopSpec)> {
+        self.circs
+            .iter()
+            .filter_map(|(c, e)| e.end.clone().map(|h| (*c, h)))
+            .collect()
+    }
+
     /// A circuit was built; true if it is the pool's.
     pub fn on_built(&mut self, circ: CircKey, now: Instant) -> bool {
         let Some(e) = self.circs.get_mut(&circ) else {
