@@ -470,6 +470,17 @@ impl OnionConnector {
         if !free.is_empty() {
             untried = free;
         }
+        // And one a built whole rendezvous circuit does not end at, if there is one, so that
+        // circuit can be the rendezvous circuit (see `take_whole` below).
+        let ends = self.pool.ready_whole_ends(SHORT_ONION_HOPS);
+        let fits: Vec<usize> = untried
+            .iter()
+            .copied()
+            .filter(|i| ends.iter().any(|e| *e != desc.intro_points[*i].relay))
+            .collect();
+        if !fits.is_empty() {
+            untried = fits;
+        }
         let Some(&ii) = untried.choose(&mut self.rng) else {
             return fail_all(
                 self,

@@ -239,6 +239,15 @@ impl InternalPool {
         Some((circ, e.end?))
     }
 
+    /// The last hops of the built whole circuits of `len` relays (the points they can serve).
+    pub fn ready_whole_ends(&self, len: usize) -> Vec<IdentityKey> {
+        self.circs
+            .values()
+            .filter(|e| e.built.is_some() && e.relays.len() == len)
+            .filter_map(|e| e.end.as_ref().map(|h| h.identity))
+            .collect()
+    }
+
     /// The whole circuits and their last hops (for tests).
     #[cfg(test)]
     pub(crate) fn whole_circuits(&self) -> Vec<(CircKey, HopSpec)> {
