@@ -266,7 +266,27 @@ fn a_file_through_an_onion_service_is_byte_exact() {
         assert!(out.stdout == pattern(300_000), "curl: bytes differ");
     }
 
-    // Another SOCKS user: a rendezvous of its own, with the descriptor from the cache.
+    // Another SOCKS user: a rendezvous of its own, with the descriptor from the cache. Once
+    // the client's predicted circuits are built (from the first connection on; two of each
+    // kind), its rendezvous circuit is a built one whose last hop becomes the point.
+    let metric = |name: &str| -> Option<f64> {
+        let mut m = TcpStream::connect(client_metrics).ok()?;
+        m.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        m.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        let _ = m.read_to_string(&mut text);
+        let line = text.lines().find(|l| l.starts_with(&format!("{name} ")))?;
+        line.rsplit(' ').next()?.parse().ok()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric("chive_onion_client_pool_ready").unwrap_or(0.0) < 4.0 {
+        assert!(
+            Instant::now() < deadline,
+            "predicted circuits not built in 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let mut s = socks5_domain_as(net.socks, &host, 80, Some("other")).expect("isolated connect");
     write!(s, "GET /bytes/1000 HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
     assert!(body_of(s).unwrap() == pattern(1000));
@@ -323,6 +343,11 @@ fn a_file_through_an_onion_service_is_byte_exact() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(joins.len(), 2, "one onion_join record per join");
+    assert!(
+        joins[1]["rend_predicted"] == true && joins[1]["rend_built_ms"].as_f64() == Some(0.0),
+        "the second join's rendezvous circuit was a built predicted one: {}",
+        joins[1]
+    );
     for j in &joins {
         let ms = |k: &str| j[k].as_f64().unwrap_or_else(|| panic!("{k} in {j}"));
         assert!(ms("rend_built_ms") <= ms("rend_ready_ms"), "{j}");
