@@ -1,7 +1,8 @@
 //! Predicted internal circuits, as Tor's: a few clean circuits built ahead of need, each
 //! extended by one hop ([`Core::extend_circuit`], EXTEND2 from its last relay) to an
 //! introduction or rendezvous point once one is chosen, so an onion connection waits for one
-//! handshake instead of a whole circuit build ("cannibalising" in Tor).
+//! handshake instead of a whole circuit build ("cannibalising" in Tor), or, for a kind built
+//! whole (below), used as it is.
 //!
 //! A pool keeps `per_kind` circuits for each kind of path it serves: a kind is the length of
 //! the full path to a point (`SHORT_ONION_HOPS` or `LONG_ONION_HOPS`); its circuits are that
