@@ -504,6 +504,10 @@ impl OnionConnector {
         // the intro point (unless it is the only), and not one our pinned paths need (unless
         // only those are left).
         let whole = self.pool.take_whole(SHORT_ONION_HOPS, &ip.relay);
+        if whole.is_none() {
+            self.pool
+                .retire_whole_ending_at(core, SHORT_ONION_HOPS, &ip.relay, now);
+        }
         let paths = self.cfg.paths.clone();
         let intro_path = path_to(
             &consensus,

@@ -59,7 +59,8 @@ pub struct PoolCounters {
     pub used: u64,
     /// Closed before they were taken (failed to build, or lost while waiting).
     pub failed: u64,
-    /// Closed after [`MAX_IDLE`] unused.
+    /// Closed unused: after [`MAX_IDLE`], or a built whole circuit ending at a point it could
+    /// not serve ([`InternalPool::retire_whole_ending_at`]).
     pub expired: u64,
 }
 
@@ -238,6 +239,38 @@ impl InternalPool {
         let e = self.circs.remove(&circ)?;
         self.counters.used += 1;
         Some((circ, e.end?))
+    }
+
+    /// Close the built whole circuits of `len` relays that end at `point` (the caller could not
+    /// use them for it), so the next fill draws new last hops: without this a service whose
+    /// only usable introduction point is that relay would leave them in the pool unused until
+    /// [`MAX_IDLE`], and every connection would build or extend its rendezvous circuit.
+    pub fn retire_whole_ending_at(
+        &mut self,
+        core: &mut Core,
+        len: usize,
+        point: &IdentityKey,
+        now: Instant,
+    ) {
+        let stale: Vec<CircKey> = self
+            .circs
+            .iter()
+            .filter(|(_, e)| {
+                e.built.is_some()
+                    && e.relays.len() == len
+                    && e.end.as_ref().is_some_and(|h| h.identity == *point)
+            })
+            .map(|(c, _)| *c)
+            .collect();
+        for c in stale {
+            self.circs.remove(&c);
+            self.counters.expired += 1;
+            debug!(
+                ?c,
+                "whole predicted circuit ends at the introduction point: replaced"
+            );
+            core.close_circuit(c, now);
+        }
     }
 
     /// The last hops of the built whole circuits of `len` relays (the points they can serve).

@@ -212,3 +212,20 @@ fn whole_circuits_end_at_their_point_and_are_taken_only_whole() {
     assert!(pool.is_empty());
     assert_eq!(pool.counters.used, 2);
 }
+
+#[test]
+fn whole_circuits_ending_at_an_unusable_point_are_replaced() {
+    let mut t = T::new(5);
+    let mut pool = InternalPool::new(1, &[SHORT_ONION_HOPS], true).with_whole(&[SHORT_ONION_HOPS]);
+    t.fill(&mut pool, Duration::ZERO);
+    let (c, end) = pool.whole_circuits()[0].clone();
+    pool.on_built(c, t.now);
+    // The only introduction point is its end: not taken, and retired so a new end is drawn.
+    assert!(pool.take_whole(3, &end.identity).is_none());
+    pool.retire_whole_ending_at(&mut t.core, 3, &end.identity, t.now);
+    assert!(!pool.owns(c) && pool.is_empty());
+    assert_eq!(pool.counters.expired, 1);
+    t.fill(&mut pool, Duration::from_millis(100));
+    assert_eq!(pool.len(), 1);
+    assert_eq!(pool.counters.launched, 2);
+}
