@@ -284,12 +284,30 @@ def test_phases_from_the_onion_client_log(tmp_path):
     (d / "net" / "onion").mkdir(parents=True)
     (d / "run.json").write_text(json.dumps({"t0": t0, "warmup_s": 5.0}))
     (d / "net" / "onion" / "chive.log").write_text("\n".join(lines) + "\n")
+    # The service's log: its circuit to the rendezvous point, in the window only.
+    svc = [
+        f"{ts(t0 + 1)}  INFO chive_client::onion::service: INTRODUCE2 accepted; building to the "
+        "rendezvous point circ=CircKey(1) rendezvous=ab predicted=false",
+        f"{ts(t0 + 1)}  INFO chive_client::onion::service: RENDEZVOUS1 sent; client joined "
+        "circ=CircKey(1) service=x.onion rendezvous=ab took_ms=900",
+        f"{ts(t0 + 6)}  INFO chive_client::onion::service: INTRODUCE2 accepted; building to the "
+        "rendezvous point circ=CircKey(2) rendezvous=ab predicted=true",
+        f"{ts(t0 + 7)}  INFO chive_client::onion::service: RENDEZVOUS1 sent; client joined "
+        "circ=CircKey(2) service=x.onion rendezvous=ab took_ms=210",
+    ]
+    assert ph.parse_service_log(svc, since=t0 + 5) == {"service_rend_ms": [210.0],
+                                                       "service_predicted": [1.0]}
+    (d / "net" / "service").mkdir(parents=True)
+    (d / "net" / "service" / "chive.log").write_text("\n".join(svc) + "\n")
     v = ph.variant_phases([d, tmp_path / "missing"])
+    assert v["service_rend_ms"] == {"n": 1, "p50": 210.0, "mean": 210.0}
     assert v["took_ms"]["n"] == 2 and v["took_ms"]["p50"] == pytest.approx(1500.0)
     table = "\n".join(ph.table_lines({"chive-rr": v, "tor": {}}))
     assert "| RENDEZVOUS2: joined | 1500 (n=2) |" in table and "| chive-rr |\n" in table
     assert "| rendezvous circuit predicted (share) | 100% (n=1) |" in table
     assert "| introduction circuit predicted (share) | 0% (n=1) |" in table
+    assert "| service: INTRODUCE2 to RENDEZVOUS1 sent (its own time) | 210 (n=1) |" in table
+    assert "| service's circuit to the point predicted (share) | 100% (n=1) |" in table
     # In the analysis: the summary keeps them and comparison.md shows them.
     s = sc.load_scenario(SCENARIO)
     _write_run(tmp_path, "chive-ewma", [2.0, 2.5], t0=t0)

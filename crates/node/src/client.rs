@@ -113,8 +113,10 @@ Config file options (TOML):
   OnionPredictedCircuits = 2       predicted internal circuits kept built for each kind of
                                    onion circuit (client: rendezvous and introduction, from
                                    the first onion connection until an hour after the last;
-                                   service: rendezvous, always), each extended by one hop to
-                                   the chosen point instead of built anew (0..8, 0 = none)
+                                   service: rendezvous, always); a client's rendezvous ones
+                                   end at a random relay that becomes the point, the others
+                                   are extended by one hop to the chosen point instead of
+                                   built anew (0..8, 0 = none)
   PinnedExitCircuits = 2           clean circuits kept built to an exit that requests pinned
                                    (HOST.NICKNAME.exit) for that port, from the first such
                                    request until an hour after the last, so the next one needs

@@ -68,7 +68,7 @@ fn pool_entries(
                 "chive_onion_service_pool_used_total",
             ),
             "counter",
-            "Predicted internal circuits taken and extended to a point.",
+            "Predicted internal circuits taken for a point (extended to it, or ending at it).",
             c.used,
         ),
         (
@@ -208,7 +208,7 @@ pub fn entries(c: &OnionCounters) -> Vec<(&'static str, &'static str, &'static s
             (
                 "chive_onion_client_predicted_used_total",
                 "counter",
-                "Rendezvous and introduction circuits that were predicted circuits extended by one hop.",
+                "Rendezvous and introduction circuits that were predicted circuits (ending at the point or extended to it).",
                 k.predicted_used,
             ),
         ]);

@@ -354,13 +354,7 @@ impl Network {
     }
 
     pub fn scrape(&self, i: usize) -> String {
-        let mut s = TcpStream::connect(self.metrics[i]).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
+        scrape_metrics(self.metrics[i]).expect("relay MetricsPort answers")
     }
 
     /// Panic if a node exited.
@@ -449,6 +443,17 @@ pub fn socks5_request(
         return Err(format!("reply version {}", rep[0]));
     }
     Ok((s, rep[1]))
+}
+
+/// The Prometheus text a node's MetricsPort serves (`None` if it cannot be reached).
+pub fn scrape_metrics(addr: SocketAddr) -> Option<String> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    Some(out)
 }
 
 /// [`socks5_request`] to `host:port` as SOCKS user `user` (password "x", another isolation)

@@ -3,14 +3,14 @@
 //! with 0xF0, each in under a second, over raw SOCKS5 and through curl --socks5-hostname.
 //! And a real onion service: a file fetched byte-exact through `<addr>.onion`.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    ports_path, print_identity, shared_turn, socks5_name, socks5_request, spawn, wait_ports,
-    write_authority_config, ANY_PORT,
+    ports_path, print_identity, scrape_metrics, shared_turn, socks5_name, socks5_request, spawn,
+    wait_ports, write_authority_config, ANY_PORT,
 };
 
 /// A SOCKS5 CONNECT to `host:80`; returns the REP byte.
@@ -212,7 +212,22 @@ fn a_file_through_an_onion_service_is_byte_exact() {
         assert!(out.stdout == pattern(300_000), "curl: bytes differ");
     }
 
-    // Another SOCKS user: a rendezvous of its own, with the descriptor from the cache.
+    // Another SOCKS user: a rendezvous of its own, with the descriptor from the cache. Once
+    // the client's predicted circuits are built (from the first connection on; two of each
+    // kind), its rendezvous circuit is a built one whose last hop becomes the point.
+    let metric = |name: &str| -> Option<f64> {
+        let text = scrape_metrics(client_metrics)?;
+        let line = text.lines().find(|l| l.starts_with(&format!("{name} ")))?;
+        line.rsplit(' ').next()?.parse().ok()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric("chive_onion_client_pool_ready").unwrap_or(0.0) < 4.0 {
+        assert!(
+            Instant::now() < deadline,
+            "predicted circuits not built in 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let mut s = socks5_name(net.socks, &host, 80, Some("other")).expect("isolated connect");
     write!(s, "GET /bytes/1000 HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
     assert!(body_of(s).unwrap() == pattern(1000));
@@ -224,12 +239,7 @@ fn a_file_through_an_onion_service_is_byte_exact() {
     // The counters and the join records (written once a second).
     let deadline = Instant::now() + Duration::from_secs(5);
     let text = loop {
-        let mut m = TcpStream::connect(client_metrics).unwrap();
-        m.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        m.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut text = String::new();
-        let _ = m.read_to_string(&mut text);
+        let text = scrape_metrics(client_metrics).expect("client MetricsPort answers");
         if text.contains("chive_onion_client_joined_total 2\n") || Instant::now() > deadline {
             break text;
         }
@@ -269,6 +279,11 @@ fn a_file_through_an_onion_service_is_byte_exact() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(joins.len(), 2, "one onion_join record per join");
+    assert!(
+        joins[1]["rend_predicted"] == true && joins[1]["rend_built_ms"].as_f64() == Some(0.0),
+        "the second join's rendezvous circuit was a built predicted one: {}",
+        joins[1]
+    );
     for j in &joins {
         let ms = |k: &str| j[k].as_f64().unwrap_or_else(|| panic!("{k} in {j}"));
         assert!(ms("rend_built_ms") <= ms("rend_ready_ms"), "{j}");

@@ -25,8 +25,10 @@
 //! introduction points fails (0xF2 or 0xF7), so the next request fetches it again.
 //!
 //! Predicted circuits ([`super::pool`]): from the first connection on, the connector keeps
-//! `predicted` built circuits for each kind of path (rendezvous, introduction) and extends one
-//! to the chosen point instead of building from scratch when one fits.
+//! `predicted` built circuits for each kind of path (rendezvous, introduction). A rendezvous
+//! circuit is a whole predicted circuit whose last hop becomes the rendezvous point (as Tor's
+//! client does), so ESTABLISH_RENDEZVOUS goes at once; an introduction circuit is a predicted
+//! one extended to the intro point. Either is built from scratch when none fits.
 //!
 //! Each joined connection leaves a [`JoinTiming`] ([`OnionConnector::poll_join_timing`]): when,
 //! after the attempt started, each step of the protocol finished, to see where set-up time goes.
@@ -117,7 +119,8 @@ pub struct ConnectorCounters {
     pub descriptor_cache_hits: u64,
     /// Cached descriptors dropped after an introduction failure.
     pub descriptors_dropped: u64,
-    /// Circuits to a point that were predicted circuits extended by one hop.
+    /// Circuits to a point that were predicted circuits (extended by one hop, or, for the
+    /// rendezvous, ending at the point it became).
     pub predicted_used: u64,
 }
 
@@ -142,7 +145,7 @@ pub struct JoinTiming {
     pub acked: Option<Duration>,
     /// RENDEZVOUS2 arrived and authenticated: the circuit joined.
     pub joined: Duration,
-    /// The rendezvous circuit was a predicted circuit extended to the point.
+    /// The rendezvous circuit was a predicted circuit (its last hop became the point).
     pub rend_predicted: bool,
     /// The introduction circuit was a predicted circuit extended to the point.
     pub intro_predicted: bool,
@@ -240,7 +243,8 @@ impl OnionConnector {
     /// A connector; `seed` feeds cookies, keys and paths.
     pub fn new(cfg: ConnectorConfig, seed: [u8; 32]) -> Self {
         let cfg_max_descriptors = cfg.max_descriptors;
-        let pool = InternalPool::new(cfg.predicted, &[SHORT_ONION_HOPS, LONG_ONION_HOPS], false);
+        let pool = InternalPool::new(cfg.predicted, &[SHORT_ONION_HOPS, LONG_ONION_HOPS], false)
+            .with_whole(&[SHORT_ONION_HOPS]);
         OnionConnector {
             cfg,
             consensus: None,
@@ -466,6 +470,17 @@ impl OnionConnector {
         if !free.is_empty() {
             untried = free;
         }
+        // And one a built whole rendezvous circuit does not end at, if there is one, so that
+        // circuit can be the rendezvous circuit (see `take_whole` below).
+        let ends = self.pool.ready_whole_ends(SHORT_ONION_HOPS);
+        let fits: Vec<usize> = untried
+            .iter()
+            .copied()
+            .filter(|i| ends.iter().any(|e| *e != desc.intro_points[*i].relay))
+            .collect();
+        if !fits.is_empty() {
+            untried = fits;
+        }
         let Some(&ii) = untried.choose(&mut self.rng) else {
             return fail_all(
                 self,
@@ -483,35 +498,17 @@ impl OnionConnector {
             ntor_key: ip.onion_key,
             addr: ip_addr,
         };
-        // The rendezvous point: any usable relay but the intro point (unless it is the only),
-        // and not one our pinned paths need (unless only those are left).
-        let mut rps: Vec<_> = usable_relays(&consensus)
-            .into_iter()
-            .filter(|r| r.identity != ip.relay)
-            .collect();
-        if rps.is_empty() {
-            rps = usable_relays(&consensus);
+        self.pool.note_used(now);
+        // The rendezvous point: the last hop of a predicted whole circuit that does not end at
+        // the intro point, if one is built (no EXTEND2 to wait for); else any usable relay but
+        // the intro point (unless it is the only), and not one our pinned paths need (unless
+        // only those are left).
+        let whole = self.pool.take_whole(SHORT_ONION_HOPS, &ip.relay);
+        if whole.is_none() {
+            self.pool
+                .retire_whole_ending_at(core, SHORT_ONION_HOPS, &ip.relay, now);
         }
-        let free: Vec<_> = rps
-            .iter()
-            .copied()
-            .filter(|r| !self.cfg.paths.pins(r))
-            .collect();
-        if !free.is_empty() {
-            rps = free;
-        }
-        let Some(rp) = rps.choose(&mut self.rng).map(|r| hop_of(r)) else {
-            return fail_all(self, waiters, "no relay for a rendezvous point".into());
-        };
         let paths = self.cfg.paths.clone();
-        let rend_path = path_to(
-            &consensus,
-            &paths,
-            self.guard.as_ref(),
-            rp.clone(),
-            SHORT_ONION_HOPS,
-            &mut self.rng,
-        );
         let intro_path = path_to(
             &consensus,
             &paths,
@@ -520,11 +517,52 @@ impl OnionConnector {
             LONG_ONION_HOPS,
             &mut self.rng,
         );
-        let (rend_path, intro_path) = match (rend_path, intro_path) {
-            (Ok(r), Ok(i)) => (r, i),
-            (Err(e), _) | (_, Err(e)) => return fail_all(self, waiters, e),
+        let intro_path = match intro_path {
+            Ok(i) => i,
+            Err(e) => {
+                if let Some((c, _)) = whole {
+                    core.close_circuit(c, now);
+                }
+                return fail_all(self, waiters, e);
+            }
         };
-        self.guard.get_or_insert(rend_path[0].identity);
+        let (rend, rp, rend_predicted, rend_open) = if let Some((c, rp)) = whole {
+            (c, rp, true, true)
+        } else {
+            let mut rps: Vec<_> = usable_relays(&consensus)
+                .into_iter()
+                .filter(|r| r.identity != ip.relay)
+                .collect();
+            if rps.is_empty() {
+                rps = usable_relays(&consensus);
+            }
+            let free: Vec<_> = rps
+                .iter()
+                .copied()
+                .filter(|r| !self.cfg.paths.pins(r))
+                .collect();
+            if !free.is_empty() {
+                rps = free;
+            }
+            let Some(rp) = rps.choose(&mut self.rng).map(|r| hop_of(r)) else {
+                return fail_all(self, waiters, "no relay for a rendezvous point".into());
+            };
+            let rend_path = match path_to(
+                &consensus,
+                &paths,
+                self.guard.as_ref(),
+                rp.clone(),
+                SHORT_ONION_HOPS,
+                &mut self.rng,
+            ) {
+                Ok(r) => r,
+                Err(e) => return fail_all(self, waiters, e),
+            };
+            self.guard.get_or_insert(rend_path[0].identity);
+            let (c, predicted) = launch_or_extend(&mut self.pool, core, rend_path, now);
+            (c, rp, predicted, false)
+        };
+        self.guard.get_or_insert(intro_path[0].identity);
         let intro = HsIntroPublic {
             auth_key: ip.auth_key,
             enc_key: ip.enc_key,
@@ -532,8 +570,6 @@ impl OnionConnector {
         };
         let conn = ClientRendezvous::new(&mut self.rng, intro);
         self.counters.attempts += 1;
-        self.pool.note_used(now);
-        let (rend, rend_predicted) = launch_or_extend(&mut self.pool, core, rend_path, now);
         let (intro_circ, intro_predicted) = launch_or_extend(&mut self.pool, core, intro_path, now);
         self.counters.predicted_used += u64::from(rend_predicted) + u64::from(intro_predicted);
         info!(service = %key.address, attempt = number, ?rend, intro = ?intro_circ,
@@ -543,7 +579,7 @@ impl OnionConnector {
         self.circs
             .insert(intro_circ, (key.clone(), CircRole::Intro));
         self.attempts.insert(
-            key,
+            key.clone(),
             Attempt {
                 desc,
                 conn,
@@ -563,6 +599,9 @@ impl OnionConnector {
                 predicted: (rend_predicted, intro_predicted),
             },
         );
+        if rend_open {
+            self.rend_built(core, rend, &key, now);
+        }
     }
 
     /// The attempt for `key` failed with `why`: retry, or fail its waiters with `code`.
@@ -628,22 +667,28 @@ impl OnionConnector {
             return;
         };
         match role {
-            CircRole::Rend => {
-                a.marks.rend_built = Some(now);
-                let body = a.conn.establish_rendezvous();
-                if let Err(e) =
-                    core.send_onion_message(circ, RelayCommand::ESTABLISH_RENDEZVOUS, &body, now)
-                {
-                    let why = format!("ESTABLISH_RENDEZVOUS: {e}");
-                    self.attempt_failed(core, &key, OnionSocksError::RendezvousFailed, &why, now);
-                }
-            }
+            CircRole::Rend => self.rend_built(core, circ, &key, now),
             CircRole::Intro => {
                 a.intro_built = true;
                 a.marks.intro_built = Some(now);
                 self.maybe_introduce(core, &key, now);
             }
             CircRole::Joined => {}
+        }
+    }
+
+    /// The rendezvous circuit `circ` of `key`'s attempt is open: ESTABLISH_RENDEZVOUS.
+    fn rend_built(&mut self, core: &mut Core, circ: CircKey, key: &ConnectKey, now: Instant) {
+        let Some(a) = self.attempts.get_mut(key) else {
+            return;
+        };
+        a.marks.rend_built = Some(now);
+        let body = a.conn.establish_rendezvous();
+        if let Err(e) =
+            core.send_onion_message(circ, RelayCommand::ESTABLISH_RENDEZVOUS, &body, now)
+        {
+            let why = format!("ESTABLISH_RENDEZVOUS: {e}");
+            self.attempt_failed(core, key, OnionSocksError::RendezvousFailed, &why, now);
         }
     }
 

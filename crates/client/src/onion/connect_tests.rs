@@ -10,6 +10,11 @@ use chive_crypto::IdentityKeypair;
 use chive_dir::IntroPoint;
 
 fn descriptor(intro_points: usize) -> OnionDescriptor {
+    descriptor_at(&(0..intro_points).collect::<Vec<_>>())
+}
+
+/// A descriptor whose introduction points are the test consensus's relays `at`.
+fn descriptor_at(at: &[usize]) -> OnionDescriptor {
     let id = IdentityKeypair::from_secret_bytes(&[42; 32]);
     let address = OnionAddress::from_key(id.public());
     let mut rng = StdRng::seed_from_u64(5);
@@ -19,8 +24,9 @@ fn descriptor(intro_points: usize) -> OnionDescriptor {
         revision: 1,
         valid_after: 0,
         valid_until: 3600,
-        intro_points: cons.relays[..intro_points]
+        intro_points: at
             .iter()
+            .map(|&i| &cons.relays[i])
             .map(|r| {
                 let keys = OnionServiceIntro::generate(&mut rng, address.subcredential(), 16);
                 let p = keys.public();
@@ -270,4 +276,102 @@ fn predicted_circuits_are_built_once_onion_connections_start() {
     assert_eq!(c.pool.len(), 2 * DEFAULT_PREDICTED);
     assert_eq!(c.pool_counters().launched, 2 * DEFAULT_PREDICTED as u64);
     assert_eq!(c.predicted_ready(), 0);
+}
+
+#[test]
+fn a_built_predicted_circuit_is_the_rendezvous_circuit_and_its_last_hop_the_point() {
+    let (mut c, mut core) = connector(1);
+    let now = Instant::now();
+    let desc = descriptor(1);
+    let k = key(&desc);
+    // A first connection starts the pool; it fails here (no network), as any would.
+    c.connect(&mut core, k.clone(), desc.clone(), "x.onion", 80, now);
+    c.tick(&mut core, now);
+    let whole = c.pool.whole_circuits();
+    assert_eq!(
+        whole.len(),
+        DEFAULT_PREDICTED,
+        "rendezvous circuits are built whole"
+    );
+    for (circ, _) in &whole {
+        c.on_circuit_built(&mut core, *circ, now);
+    }
+    c.tick(&mut core, now + Duration::from_secs(6));
+    while c.poll_outcome().is_some() {}
+    let used = c.counters.predicted_used;
+    let k2 = ConnectKey {
+        isolation: b"second".to_vec(),
+        ..k
+    };
+    let t = c.connect(
+        &mut core,
+        k2.clone(),
+        desc.clone(),
+        "x.onion",
+        80,
+        now + Duration::from_secs(6),
+    );
+    let a = &c.attempts.get(&k2);
+    // The core of this test never built the circuit, so ESTABLISH_RENDEZVOUS is refused the
+    // moment it is sent, before any circuit-built event: it went at the attempt's start.
+    assert!(a.is_none(), "the attempt ended at once");
+    let f3 = OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::RendezvousFailed));
+    assert_eq!(c.poll_outcome(), Some((t, f3)));
+    assert_eq!(
+        c.counters.predicted_used,
+        used + 1,
+        "the whole circuit was used"
+    );
+    let taken: Vec<_> = whole
+        .iter()
+        .filter(|(circ, _)| !c.pool.owns(*circ))
+        .collect();
+    assert_eq!(taken.len(), 1);
+    assert_ne!(
+        taken[0].1.identity, desc.intro_points[0].relay,
+        "not the intro point"
+    );
+}
+
+#[test]
+fn the_intro_point_is_one_a_built_rendezvous_circuit_does_not_end_at() {
+    let cons = consensus(5);
+    // Several seeds: without the preference half of them would pick the circuit's end.
+    for seed in 0..8u8 {
+        let mut c = OnionConnector::new(
+            ConnectorConfig {
+                max_attempts: 1,
+                ..ConnectorConfig::default()
+            },
+            [seed; 32],
+        );
+        c.set_consensus(cons.clone());
+        let mut core = Core::new(CoreConfig::default(), [1; 32]);
+        let now = Instant::now();
+        let first = descriptor(1);
+        c.connect(&mut core, key(&first), first, "x.onion", 80, now);
+        c.tick(&mut core, now);
+        // One whole circuit built; the service's intro points: its end and one other relay.
+        let (circ, end) = c.pool.whole_circuits()[0].clone();
+        c.on_circuit_built(&mut core, circ, now);
+        let end_at = cons
+            .relays
+            .iter()
+            .position(|r| r.identity == end.identity)
+            .unwrap();
+        let other = (0..5).find(|i| *i != end_at).unwrap();
+        let desc = descriptor_at(&[end_at, other]);
+        let k = ConnectKey {
+            address: desc.address,
+            isolation: b"second".to_vec(),
+        };
+        let used = c.counters.predicted_used;
+        let t = c.connect(&mut core, k.clone(), desc, "x.onion", 80, now);
+        // The whole circuit was taken (so the intro point is `other`): ESTABLISH_RENDEZVOUS
+        // went at once and the core, which never built it, refused it.
+        assert_eq!(c.counters.predicted_used, used + 1, "seed {seed}");
+        assert!(!c.pool.owns(circ));
+        let f3 = OnionOutcome::Failed(SocksReply::Onion(OnionSocksError::RendezvousFailed));
+        assert_eq!(c.poll_outcome(), Some((t, f3)), "seed {seed}");
+    }
 }

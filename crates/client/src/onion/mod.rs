@@ -15,7 +15,8 @@
 //! - [`desc_cache`]: [`DescriptorCache`], verified descriptors kept until they expire (dropped
 //!   when an introduction through them fails), so a new rendezvous skips the directory.
 //! - [`pool`]: [`InternalPool`], predicted internal circuits (Tor's): clean circuits built
-//!   ahead and extended by one hop to an introduction or rendezvous point when one is chosen.
+//!   ahead and extended by one hop to an introduction or rendezvous point when one is chosen,
+//!   or (a client's rendezvous circuits) built whole, their last hop becoming the point.
 //!
 //! Path lengths (simplified from Tor, docs/protocol.md "Onion services"): a circuit ends at
 //! the introduction or rendezvous point; the client's rendezvous and the service's

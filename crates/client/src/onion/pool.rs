@@ -1,14 +1,21 @@
 //! Predicted internal circuits, as Tor's: a few clean circuits built ahead of need, each
 //! extended by one hop ([`Core::extend_circuit`], EXTEND2 from its last relay) to an
 //! introduction or rendezvous point once one is chosen, so an onion connection waits for one
-//! handshake instead of a whole circuit build ("cannibalising" in Tor).
+//! handshake instead of a whole circuit build ("cannibalising" in Tor), or, for a kind built
+//! whole (below), used as it is.
 //!
 //! A pool keeps `per_kind` circuits for each kind of path it serves: a kind is the length of
 //! the full path to a point (`SHORT_ONION_HOPS` or `LONG_ONION_HOPS`); its circuits are that
 //! path without the point, chosen as a path to a random relay the pins do not name, so they
 //! have the same guard, pins and shortening as a path built from scratch. A circuit is taken
 //! only for a point it does not already pass through and whose fresh path would have the
-//! same length. Circuits are single-use: taken, they leave the pool for good. A built circuit
+//! same length. A kind marked *whole* ([`InternalPool::with_whole`]) is built to its last hop
+//! instead, a random relay chosen as a point would be, and taken as it is with that relay as
+//! the point ([`InternalPool::take_whole`]): a client's rendezvous circuits, whose point the
+//! client picks freely (Tor's client also makes the last hop of an internal circuit its
+//! rendezvous point), so a connection does not wait for an EXTEND2 round trip through
+//! loaded relays before ESTABLISH_RENDEZVOUS. Circuits are single-use: taken, they leave the
+//! pool for good. A built circuit
 //! nobody took within [`MAX_IDLE`] is closed and replaced. Failed builds back off (1 s,
 //! doubling, at most 30 s) so a broken network is not hammered.
 //!
@@ -48,11 +55,12 @@ pub struct PoolCounters {
     pub launched: u64,
     /// Of them, built.
     pub built: u64,
-    /// Taken and extended to a point.
+    /// Taken for a point (extended to it, or a whole circuit ending at it).
     pub used: u64,
     /// Closed before they were taken (failed to build, or lost while waiting).
     pub failed: u64,
-    /// Closed after [`MAX_IDLE`] unused.
+    /// Closed unused: after [`MAX_IDLE`], or a built whole circuit ending at a point it could
+    /// not serve ([`InternalPool::retire_whole_ending_at`]).
     pub expired: u64,
 }
 
@@ -60,6 +68,8 @@ struct Entry {
     /// The kind: full path length it was built for.
     kind: usize,
     relays: Vec<IdentityKey>,
+    /// A whole circuit's last hop (the point it is taken for); `None`: a prefix.
+    end: Option<HopSpec>,
     built: Option<Instant>,
 }
 
@@ -67,6 +77,8 @@ struct Entry {
 pub struct InternalPool {
     per_kind: usize,
     kinds: Vec<usize>,
+    /// Kinds built whole (see the module docs).
+    whole: Vec<usize>,
     /// Fill until then (`None`: not yet predicted); a service's is never over.
     active_until: Option<Instant>,
     always: bool,
@@ -86,6 +98,7 @@ impl InternalPool {
         InternalPool {
             per_kind: per_kind.min(MAX_PREDICTED),
             kinds: kinds.to_vec(),
+            whole: Vec::new(),
             active_until: None,
             always,
             circs: HashMap::new(),
@@ -93,6 +106,17 @@ impl InternalPool {
             not_before: None,
             counters: PoolCounters::default(),
         }
+    }
+
+    /// Build the circuits of `kinds` (of those given to [`InternalPool::new`]) whole, ending at
+    /// a random relay that [`InternalPool::take_whole`] hands out as the point.
+    pub fn with_whole(mut self, kinds: &[usize]) -> Self {
+        self.whole = kinds
+            .iter()
+            .copied()
+            .filter(|k| self.kinds.contains(k))
+            .collect();
+        self
     }
 
     /// An onion connection started now: keep the pool filled for [`PREDICTION_WINDOW`].
@@ -149,20 +173,29 @@ impl InternalPool {
         }
         for kind in self.kinds.clone() {
             let have = self.circs.values().filter(|e| e.kind == kind).count();
+            let whole = self.whole.contains(&kind);
             for _ in have..self.per_kind {
-                let Some(prefix) = prefix(consensus, paths, guard.as_ref(), kind, rng) else {
+                let Some(mut path) = path_to_random(consensus, paths, guard.as_ref(), kind, rng)
+                else {
                     debug!(kind, "no path for a predicted circuit");
                     return;
                 };
-                guard.get_or_insert(prefix[0].identity);
-                let relays = prefix.iter().map(|h| h.identity).collect();
-                let circ = core.launch_circuit(prefix, now);
+                let end = if whole {
+                    path.last().cloned()
+                } else {
+                    path.pop();
+                    None
+                };
+                guard.get_or_insert(path[0].identity);
+                let relays = path.iter().map(|h| h.identity).collect();
+                let circ = core.launch_circuit(path, now);
                 self.counters.launched += 1;
                 self.circs.insert(
                     circ,
                     Entry {
                         kind,
                         relays,
+                        end,
                         built: None,
                     },
                 );
@@ -171,19 +204,91 @@ impl InternalPool {
     }
 
     /// A built circuit of `len` relays that does not pass through `point`, taken out of the
-    /// pool (the caller extends it to `point`); `None` if there is none.
+    /// pool (the caller extends it to `point`); `None` if there is none. Whole circuits are
+    /// not taken here.
     pub fn take(&mut self, len: usize, point: &IdentityKey) -> Option<CircKey> {
         let circ = self
             .circs
             .iter()
             .filter(|(_, e)| {
-                e.built.is_some() && e.relays.len() == len && !e.relays.contains(point)
+                e.end.is_none()
+                    && e.built.is_some()
+                    && e.relays.len() == len
+                    && !e.relays.contains(point)
             })
             .min_by_key(|(c, e)| (e.built, **c))
             .map(|(c, _)| *c)?;
         self.circs.remove(&circ);
         self.counters.used += 1;
         Some(circ)
+    }
+
+    /// A built whole circuit of `len` relays that does not end at `avoid`, taken out of the
+    /// pool with its last hop, the point it is for; `None` if there is none.
+    pub fn take_whole(&mut self, len: usize, avoid: &IdentityKey) -> Option<(CircKey, HopSpec)> {
+        let circ = self
+            .circs
+            .iter()
+            .filter(|(_, e)| {
+                e.built.is_some()
+                    && e.relays.len() == len
+                    && e.end.as_ref().is_some_and(|h| h.identity != *avoid)
+            })
+            .min_by_key(|(c, e)| (e.built, **c))
+            .map(|(c, _)| *c)?;
+        let e = self.circs.remove(&circ)?;
+        self.counters.used += 1;
+        Some((circ, e.end?))
+    }
+
+    /// Close the built whole circuits of `len` relays that end at `point` (the caller could not
+    /// use them for it), so the next fill draws new last hops: without this a service whose
+    /// only usable introduction point is that relay would leave them in the pool unused until
+    /// [`MAX_IDLE`], and every connection would build or extend its rendezvous circuit.
+    pub fn retire_whole_ending_at(
+        &mut self,
+        core: &mut Core,
+        len: usize,
+        point: &IdentityKey,
+        now: Instant,
+    ) {
+        let stale: Vec<CircKey> = self
+            .circs
+            .iter()
+            .filter(|(_, e)| {
+                e.built.is_some()
+                    && e.relays.len() == len
+                    && e.end.as_ref().is_some_and(|h| h.identity == *point)
+            })
+            .map(|(c, _)| *c)
+            .collect();
+        for c in stale {
+            self.circs.remove(&c);
+            self.counters.expired += 1;
+            debug!(
+                ?c,
+                "whole predicted circuit ends at the introduction point: replaced"
+            );
+            core.close_circuit(c, now);
+        }
+    }
+
+    /// The last hops of the built whole circuits of `len` relays (the points they can serve).
+    pub fn ready_whole_ends(&self, len: usize) -> Vec<IdentityKey> {
+        self.circs
+            .values()
+            .filter(|e| e.built.is_some() && e.relays.len() == len)
+            .filter_map(|e| e.end.as_ref().map(|h| h.identity))
+            .collect()
+    }
+
+    /// The whole circuits and their last hops (for tests).
+    #[cfg(test)]
+    pub(crate) fn whole_circuits(&self) -> Vec<(CircKey, HopSpec)> {
+        self.circs
+            .iter()
+            .filter_map(|(c, e)| e.end.clone().map(|h| (*c, h)))
+            .collect()
     }
 
     /// A circuit was built; true if it is the pool's.
@@ -216,9 +321,9 @@ impl InternalPool {
     }
 }
 
-/// A path of `kind` hops to a random relay (not the guard; one the pins do not name, if any),
-/// without that relay: what a circuit to a point will be before its point.
-fn prefix<R: Rng>(
+/// A path of `kind` hops to a random relay (not the guard; one the pins do not name, if any):
+/// without its last relay, what a circuit to a point will be before its point.
+fn path_to_random<R: Rng>(
     consensus: &Consensus,
     paths: &OnionPaths,
     guard: Option<&IdentityKey>,
@@ -233,10 +338,7 @@ fn prefix<R: Rng>(
     let free: Vec<_> = all.iter().copied().filter(|r| !paths.pins(r)).collect();
     let last = if free.is_empty() { &all } else { &free }.choose(rng)?;
     match path_to(consensus, paths, guard, hop_of(last), kind, rng) {
-        Ok(mut p) if p.len() >= 2 => {
-            p.pop();
-            Some(p)
-        }
+        Ok(p) if p.len() >= 2 => Some(p),
         Ok(_) => None,
         Err(e) => {
             warn!(error = %e, "no path for a predicted circuit");

@@ -169,3 +169,63 @@ fn a_circuit_the_core_will_not_extend_is_replaced_by_a_fresh_build() {
     assert!(!pool.owns(c));
     assert!(!t.core.circuit_is_open(c));
 }
+
+#[test]
+fn whole_circuits_end_at_their_point_and_are_taken_only_whole() {
+    let mut t = T::new(5);
+    let mut pool = InternalPool::new(1, &[SHORT_ONION_HOPS, LONG_ONION_HOPS], true)
+        .with_whole(&[SHORT_ONION_HOPS]);
+    t.fill(&mut pool, Duration::ZERO);
+    // The rendezvous kind is built to its point (3 relays), the introduction kind one short.
+    assert_eq!(lengths(&pool), vec![3, 3]);
+    let whole = *pool
+        .circs
+        .iter()
+        .find(|(_, e)| e.end.is_some())
+        .map(|(c, _)| c)
+        .expect("a whole circuit");
+    let end = pool.circs[&whole].end.clone().unwrap();
+    assert_eq!(pool.circs[&whole].relays.last(), Some(&end.identity));
+    assert_ne!(Some(end.identity), t.guard, "the point is not the guard");
+    for c in pool.circs.keys().copied().collect::<Vec<_>>() {
+        pool.on_built(c, t.now);
+    }
+    let elsewhere = t
+        .cons
+        .relays
+        .iter()
+        .map(|r| r.identity)
+        .find(|id| !pool.circs.values().any(|e| e.relays.contains(id)))
+        .expect("a relay on no circuit");
+    // A whole circuit is never extended: `take` gives only the prefix of length 3.
+    let prefix = pool.take(3, &elsewhere).expect("the introduction prefix");
+    assert_ne!(prefix, whole);
+    assert_eq!(pool.take(3, &elsewhere), None);
+    // Not for a point it ends at (the intro point the caller avoids).
+    let id = |t: Option<(CircKey, HopSpec)>| t.map(|(c, h)| (c, h.identity));
+    assert_eq!(id(pool.take_whole(3, &end.identity)), None);
+    assert_eq!(id(pool.take_whole(2, &elsewhere)), None, "another length");
+    assert_eq!(
+        id(pool.take_whole(3, &elsewhere)),
+        Some((whole, end.identity))
+    );
+    assert!(pool.is_empty());
+    assert_eq!(pool.counters.used, 2);
+}
+
+#[test]
+fn whole_circuits_ending_at_an_unusable_point_are_replaced() {
+    let mut t = T::new(5);
+    let mut pool = InternalPool::new(1, &[SHORT_ONION_HOPS], true).with_whole(&[SHORT_ONION_HOPS]);
+    t.fill(&mut pool, Duration::ZERO);
+    let (c, end) = pool.whole_circuits()[0].clone();
+    pool.on_built(c, t.now);
+    // The only introduction point is its end: not taken, and retired so a new end is drawn.
+    assert!(pool.take_whole(3, &end.identity).is_none());
+    pool.retire_whole_ending_at(&mut t.core, 3, &end.identity, t.now);
+    assert!(!pool.owns(c) && pool.is_empty());
+    assert_eq!(pool.counters.expired, 1);
+    t.fill(&mut pool, Duration::from_millis(100));
+    assert_eq!(pool.len(), 1);
+    assert_eq!(pool.counters.launched, 2);
+}

@@ -122,7 +122,8 @@ pub struct OnionService {
     consensus: Option<Arc<Consensus>>,
     slots: Vec<IntroSlot>,
     /// Rendezvous circuits being built, with what to send once built.
-    pending: HashMap<CircKey, IntroduceAccepted>,
+    /// Rendezvous circuits building, with their INTRODUCE2 and when it came.
+    pending: HashMap<CircKey, (IntroduceAccepted, Instant)>,
     /// Joined rendezvous circuits (streams may come through them).
     joined: HashSet<CircKey>,
     /// The established set changed since the last publish; since when.
@@ -236,7 +237,7 @@ impl OnionService {
             }
             return;
         }
-        if let Some(acc) = self.pending.remove(&circ) {
+        if let Some((acc, since)) = self.pending.remove(&circ) {
             let (cmd, body) = &acc.rendezvous1;
             let sent = core
                 .send_onion_message(circ, *cmd, body, now)
@@ -245,7 +246,11 @@ impl OnionService {
                 Ok(()) => {
                     self.counters.rendezvous_joined += 1;
                     self.joined.insert(circ);
-                    info!(?circ, service = %self.address, "RENDEZVOUS1 sent; client joined");
+                    // took_ms: INTRODUCE2 to RENDEZVOUS1, the service's circuit to the point.
+                    info!(?circ, service = %self.address,
+                          rendezvous = %acc.rendezvous_point.identity,
+                          took_ms = now.saturating_duration_since(since).as_millis() as u64,
+                          "RENDEZVOUS1 sent; client joined");
                 }
                 Err(e) => {
                     warn!(?circ, error = %e, "cannot send RENDEZVOUS1");
@@ -357,7 +362,7 @@ impl OnionService {
                 self.counters.predicted_used += u64::from(predicted);
                 info!(?circ, rendezvous = %acc.rendezvous_point.identity, predicted,
                       "INTRODUCE2 accepted; building to the rendezvous point");
-                self.pending.insert(circ, acc);
+                self.pending.insert(circ, (acc, now));
             }
             Err(e) => warn!(error = %e, "no path to the rendezvous point"),
         }

@@ -6,7 +6,13 @@ only ``took_ms``; since predicted circuits, also ``rend_predicted=`` / ``intro_p
 true or false: the circuit was a predicted one extended to the point), from each repetition's ``net/onion/chive.log``, counted from the
 measurement window's start (``t0 + warmup_s``). The joined steps are measured from the start
 of the attempt that joined (its circuits launched); the SOCKS set-up is the descriptor fetch
-(if not cached) + the join + BEGIN/CONNECTED on the joined circuit."""
+(if not cached) + the join + BEGIN/CONNECTED on the joined circuit.
+
+The service's side, from ``net/service/chive.log`` (binaries since e8de5af): ``RENDEZVOUS1
+sent ... took_ms=N`` is the time from its INTRODUCE2 to RENDEZVOUS1 going out, i.e. its circuit
+to the rendezvous point (``service_rend_ms``), and ``INTRODUCE2 accepted ... predicted=`` says
+whether that circuit was a predicted one (``service_predicted``). Every join is a first fetch
+(later fetches reuse the joined circuit), so these are the first fetches' too."""
 
 from __future__ import annotations
 
@@ -29,10 +35,12 @@ STEP_NAMES = {
     "introduced_ms": "INTRODUCE1 sent",
     "acked_ms": "INTRODUCE_ACK",
     "took_ms": "RENDEZVOUS2: joined",
+    "service_rend_ms": "service: INTRODUCE2 to RENDEZVOUS1 sent (its own time)",
 }
 #: Whether the rendezvous / introduction circuit was a predicted one (the table shows the share).
 PREDICTED = {"rend_predicted": "rendezvous circuit predicted (share)",
-             "intro_predicted": "introduction circuit predicted (share)"}
+             "intro_predicted": "introduction circuit predicted (share)",
+             "service_predicted": "service's circuit to the point predicted (share)"}
 _FIELD = re.compile(r"(\w+_ms)=(-?\d+)")
 _FLAG = re.compile(r"(\w+_predicted)=(true|false)")
 
@@ -70,15 +78,43 @@ def parse_log(lines: Iterable[str], since: float) -> dict[str, list[float]]:
     return out
 
 
+def parse_service_log(lines: Iterable[str], since: float) -> dict[str, list[float]]:
+    """The service's steps logged at or after UNIX time ``since``: ``service_rend_ms`` per
+    RENDEZVOUS1 sent and ``service_predicted`` (1/0) per INTRODUCE2 accepted."""
+    out: dict[str, list[float]] = {"service_rend_ms": [], "service_predicted": []}
+    for line in lines:
+        sent = "RENDEZVOUS1 sent" in line
+        if not sent and "INTRODUCE2 accepted" not in line:
+            continue
+        t = _unix(line)
+        if t is None or t < since:
+            continue
+        if sent:
+            m = re.search(r"\btook_ms=(\d+)", line)
+            if m:
+                out["service_rend_ms"].append(float(m.group(1)))
+        else:
+            m = re.search(r"\bpredicted=(true|false)", line)
+            if m:
+                out["service_predicted"].append(1.0 if m.group(1) == "true" else 0.0)
+    return out
+
+
 def rep_phases(rep_dir: Path) -> dict[str, list[float]] | None:
-    """The steps of one repetition directory (None without its run.json or the onion log)."""
+    """The steps of one repetition directory (None without its run.json or the onion log;
+    the service's steps only if its log is there)."""
     run, log = rep_dir / "run.json", rep_dir / "net" / "onion" / "chive.log"
     if not run.is_file() or not log.is_file():
         return None
     info = json.loads(run.read_text())
     since = float(info["t0"]) + float(info.get("warmup_s", 0.0))
     with open(log, errors="replace") as fh:
-        return parse_log(fh, since)
+        out = parse_log(fh, since)
+    svc = rep_dir / "net" / "service" / "chive.log"
+    if svc.is_file():
+        with open(svc, errors="replace") as fh:
+            out.update(parse_service_log(fh, since))
+    return out
 
 
 def variant_phases(rep_dirs: Iterable[Path]) -> dict[str, Any]:
