@@ -59,3 +59,53 @@ fn role(responder: bool) -> Role {
         Role::Initiator
     }
 }
+
+/// The own record layer's reader ([`crate::record::RecordOpener`], what `LinkRecordLayer = own`
+/// runs on every byte a peer sends after the TLS handshake) on `stream`, under fixed
+/// AES-256-GCM keys (rustls builds 16-byte keys only inside itself; the opener's parsing is the
+/// same for every suite) whose first record has sequence number 0. Opens records one after the other
+/// until one is incomplete, fails, asks for a new key or closes the direction, as the link's
+/// reader does. Returns the plaintext delivered and whether a close_notify was opened.
+pub fn open_records(stream: &[u8]) -> (Vec<u8>, bool) {
+    let mut buf = stream.to_vec();
+    let mut opener = crate::record::RecordOpener::new(0, &record_secrets())
+        .expect("fixed AES-256-GCM secrets make an opener");
+    let mut delivered = Vec::new();
+    let mut pos = 0;
+    while let Ok(Some((len, opened))) = opener.open(&mut buf[pos..]) {
+        match opened {
+            crate::record::Opened::Data(range) => {
+                delivered.extend_from_slice(&buf[pos + range.start..pos + range.end]);
+            }
+            crate::record::Opened::CloseNotify => return (delivered, true),
+            crate::record::Opened::KeyUpdate { .. } => break,
+            crate::record::Opened::Nothing => {}
+        }
+        pos += len;
+    }
+    (delivered, false)
+}
+
+/// A genuine record stream under the keys [`open_records`] uses: one application-data record
+/// per item of `plaintexts`, then a close_notify.
+pub fn seal_records(plaintexts: &[&[u8]]) -> Vec<u8> {
+    let mut sealer = crate::record::RecordSealer::new(0, &record_secrets())
+        .expect("fixed AES-256-GCM secrets make a sealer");
+    let mut out = Vec::new();
+    for p in plaintexts {
+        sealer
+            .seal_app_data(p, &mut out)
+            .expect("a fresh key seals a few records");
+    }
+    sealer
+        .seal_alert(crate::record::alert::CLOSE_NOTIFY, &mut out)
+        .expect("a fresh key seals a few records");
+    out
+}
+
+fn record_secrets() -> rustls::ConnectionTrafficSecrets {
+    rustls::ConnectionTrafficSecrets::Aes256Gcm {
+        key: rustls::crypto::cipher::AeadKey::from([0x5a; 32]),
+        iv: rustls::crypto::cipher::Iv::new([0xa5; 12]),
+    }
+}

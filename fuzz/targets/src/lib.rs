@@ -47,6 +47,7 @@ mod io;
 mod more_seeds;
 mod ntor;
 mod onion;
+mod records;
 mod relay;
 pub mod seeds;
 mod socks;
@@ -59,6 +60,7 @@ pub use handshake::link_handshake;
 pub use http::{http_response, http_server};
 pub use ntor::ntor;
 pub use onion::{onion_descriptor, onion_msg};
+pub use records::tls_records;
 pub use relay::relay_msg;
 pub use socks::socks;
 pub use split::split_handoff;
@@ -82,4 +84,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("http_response", http_response),
     ("config", config),
     ("ntor", ntor),
+    ("tls_records", tls_records),
 ];

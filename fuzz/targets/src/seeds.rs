@@ -37,6 +37,7 @@ pub fn all() -> Vec<Seed> {
     out.extend(named("http_response", more_seeds::http_responses()));
     out.extend(named("config", more_seeds::configs()));
     out.extend(named("ntor", crate::ntor::seeds()));
+    out.extend(named("tls_records", crate::records::seeds()));
     out
 }
 
