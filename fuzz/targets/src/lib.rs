@@ -38,6 +38,23 @@ macro_rules! round_trip {
     };
 }
 
+/// `genuine` changed by the fuzzer's `input` (targets that must start from a message only they
+/// can make, e.g. one carrying a MAC): `input` XORed in byte by byte and, where it is longer,
+/// appended; with `cut`, the result is cut to `input`'s length.
+pub(crate) fn changed(genuine: &[u8], input: &[u8], cut: bool) -> Vec<u8> {
+    let mut out = genuine.to_vec();
+    for (i, b) in input.iter().enumerate() {
+        match out.get_mut(i) {
+            Some(o) => *o ^= b,
+            None => out.push(*b),
+        }
+    }
+    if cut {
+        out.truncate(input.len());
+    }
+    out
+}
+
 mod cell;
 mod config;
 mod dir;

@@ -18,6 +18,8 @@ use chive_crypto::hs_ntor::{
 use chive_crypto::ntor::{client_create_with_secret, client_finish, server_handshake_with_secret};
 use chive_crypto::{HsIntroSecret, IdentityKeypair, NtorSecretKey};
 
+use crate::changed;
+
 /// The message kinds, selected by the input's first byte.
 pub const NTOR_KINDS: &[&str] = &["onionskin", "created2", "introduce2", "rendezvous2"];
 
@@ -38,21 +40,6 @@ fn intro_secret() -> HsIntroSecret {
         enc_secret: NtorSecretKey::from_bytes([0x66; 32]),
         subcredential: [0x77; 32],
     }
-}
-
-/// `genuine` changed by `input` as the module docs say.
-fn changed(genuine: &[u8], input: &[u8], cut: bool) -> Vec<u8> {
-    let mut out = genuine.to_vec();
-    for (i, b) in input.iter().enumerate() {
-        match out.get_mut(i) {
-            Some(o) => *o ^= b,
-            None => out.push(*b),
-        }
-    }
-    if cut {
-        out.truncate(input.len());
-    }
-    out
 }
 
 /// The fuzz target.

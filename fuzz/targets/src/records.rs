@@ -13,6 +13,8 @@
 
 use chive_net::fuzzing::{open_records, seal_records};
 
+use crate::changed;
+
 const PLAINTEXTS: [&[u8]; 3] = [b"first record: a VERSIONS cell", &[0x42; 600], b""];
 
 /// The fuzz target.
@@ -25,17 +27,7 @@ pub fn tls_records(data: &[u8]) {
     let stream = if select & 1 == 0 {
         input.to_vec()
     } else {
-        let mut stream = genuine.clone();
-        for (i, b) in input.iter().enumerate() {
-            match stream.get_mut(i) {
-                Some(s) => *s ^= b,
-                None => stream.push(*b),
-            }
-        }
-        if select & 0x80 != 0 {
-            stream.truncate(input.len());
-        }
-        stream
+        changed(&genuine, input, select & 0x80 != 0)
     };
     let (delivered, closed) = open_records(&stream);
     assert!(
