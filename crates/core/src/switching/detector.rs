@@ -485,6 +485,16 @@ mod tests {
             30
         ];
         assert_eq!(first(&idle), None);
+        // A lone 32 KB burst (a web page) that the 1.5 Mbit/s path drains in 170 ms: queued
+        // downstream 32, 13, 0 KB at three samples. Not congestion, and no trigger.
+        let burst: Vec<Occupancy> = [32_000, 13_300, 0, 0, 0]
+            .iter()
+            .map(|&q| Occupancy {
+                network_queued_bytes: q,
+                ..Occupancy::default()
+            })
+            .collect();
+        assert_eq!(first(&burst), None);
     }
 
     #[test]
