@@ -49,7 +49,7 @@ pub struct SwitchOptions {
     /// `SwitchMinShare` (0..1).
     pub min_share: Option<f64>,
     /// `SwitchNetworkQueue`: count the bytes queued on the path beyond the socket (from
-    /// TCP_INFO's round trips) in the occupancy. `None`: yes.
+    /// TCP_INFO's round trips) in the occupancy. `None`: the consensus's `SwitchNetworkQueue`.
     pub network_queue: Option<bool>,
 }
 
@@ -164,7 +164,11 @@ impl Driver {
             .filter(|c| self.core.may_switch_from(*c))
             .collect();
         self.switching.detectors.retain(|c, _| chans.contains(c));
-        let count_net = self.switching.options.network_queue.unwrap_or(true);
+        let count_net = self.switching.options.network_queue.unwrap_or_else(|| {
+            self.params
+                .as_ref()
+                .is_none_or(|p| p.switching().network_queue)
+        });
         for chan in chans {
             let fd = self.switching.fds.get(&chan).copied();
             let occupancy = Occupancy {
