@@ -53,6 +53,7 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
     SWITCH_TIMEOUT_MSEC,
     SWITCH_TIMEOUT_RTT_FACTOR,
     SWITCH_MIN_SHARE_MILLI,
+    SWITCH_NETWORK_QUEUE,
     // The DoS defences (crate::dos_params).
     dos::DOS_CC_ENABLED,
     dos::DOS_CC_MIN_CONNECTIONS,
@@ -205,6 +206,16 @@ pub const SWITCH_MIN_SHARE_MILLI: ParamSpec = ParamSpec {
     max: 1000,
 };
 
+/// Whether an entry's congestion detector counts the bytes queued on the path beyond the socket
+/// (TCP_INFO: in flight × (srtt − min_rtt) / srtt) in a connection's occupancy (1, the default)
+/// or only chive's outbuf and the kernel's unsent bytes (0). docs/protocol.md, "Detection".
+pub const SWITCH_NETWORK_QUEUE: ParamSpec = ParamSpec {
+    name: "SwitchNetworkQueue",
+    default: 1,
+    min: 0,
+    max: 1,
+};
+
 /// The `CircuitSwitching` setting: which of paper 003's two mechanisms a node uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum SwitchingMode {
@@ -272,6 +283,8 @@ pub struct SwitchingParams {
     pub timeout_rtt_factor: u32,
     /// The least share of a congested connection's load a moved circuit carries, thousandths.
     pub min_share_milli: u32,
+    /// The detector counts the bytes queued on the path beyond the socket.
+    pub network_queue: bool,
 }
 
 /// Network parameters: name to integer. Unknown names are kept and passed on (a newer
@@ -382,6 +395,7 @@ impl NetParams {
             timeout_ms: get(&SWITCH_TIMEOUT_MSEC),
             timeout_rtt_factor: get(&SWITCH_TIMEOUT_RTT_FACTOR),
             min_share_milli: get(&SWITCH_MIN_SHARE_MILLI),
+            network_queue: get(&SWITCH_NETWORK_QUEUE) != 0,
         }
     }
 
@@ -483,6 +497,7 @@ mod tests {
                 timeout_ms: 2_000,
                 timeout_rtt_factor: 3,
                 min_share_milli: 250,
+                network_queue: true,
             }
         );
         let p = params(&[

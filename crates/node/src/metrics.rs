@@ -659,6 +659,11 @@ pub fn render(snap: &Snapshot) -> String {
             sw.path_duplicates,
         ),
         (
+            "chive_switch_path_sendmes_withheld_total",
+            "Path variant, exit: circuit SENDMEs withheld on a leg ahead while the out-of-order buffer was high.",
+            sw.path_sendmes_withheld,
+        ),
+        (
             "chive_switch_cells_held_total",
             "Cells that overtook their SWITCH marker on the new connection and were held back.",
             sw.cells_held,
@@ -674,7 +679,7 @@ pub fn render(snap: &Snapshot) -> String {
     metric(
         "chive_switch_path_out_of_order_peak",
         "gauge",
-        "Path variant, exit: the most cells one linked set's out-of-order buffer held at once (limit 2048).",
+        "Path variant, exit: the most cells one linked set's out-of-order buffer held at once (SENDMEs withheld from 1000; limit 5256 for two legs).",
         sw.path_out_of_order_peak.to_string(),
     );
     metric(

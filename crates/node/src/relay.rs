@@ -188,6 +188,9 @@ Config file options (TOML):
   SwitchMinShare = 0.25            move (or, path mode, warn the client of) a circuit only if its
                                    EWMA count plus queued cells is at least this share of the
                                    congested connection's load (0..1; 0 = always the heaviest)
+  SwitchNetworkQueue = 1           count the bytes queued on the path beyond the socket (TCP_INFO:
+                                   in flight × (srtt − min_rtt) / srtt) in the occupancy (0 = only
+                                   chive's outbuf and the kernel's unsent bytes)
                                    (each Switch option defaults to its consensus parameter;
                                    all are read at start only)
   PublishInterval = 30             seconds between descriptor uploads
@@ -318,6 +321,8 @@ pub struct RelayConfig {
     pub switch_timeout_msec: Option<u32>,
     #[serde(rename = "SwitchMinShare", default)]
     pub switch_min_share: Option<f64>,
+    #[serde(rename = "SwitchNetworkQueue", default)]
+    pub switch_network_queue: Option<i64>,
 }
 }
 
@@ -530,6 +535,12 @@ impl RelayConfig {
         {
             bail!("SwitchMinShare must be between 0 and 1");
         }
+        let network_queue = match self.switch_network_queue {
+            None => None,
+            Some(0) => Some(false),
+            Some(1) => Some(true),
+            Some(v) => bail!("SwitchNetworkQueue must be 0 or 1, not {v}"),
+        };
         if let (Some(a), Some(b)) = (self.switch_alpha, self.switch_beta) {
             if a > b {
                 bail!("SwitchAlpha ({a}) must not exceed SwitchBeta ({b})");
@@ -565,6 +576,7 @@ impl RelayConfig {
             // A client's setting (path switches are timed there): the consensus's here.
             timeout_rtt_factor: None,
             min_share: self.switch_min_share,
+            network_queue,
         })
     }
 

@@ -17,6 +17,12 @@
 //! reading (the sniper attack, Jansen et al. 2014): honest circuits drain, so their oldest
 //! cell is young.
 //!
+//! The exit's out-of-order buffers of linked sets (path switching) count too, at
+//! [`CELL_MEM_COST`] per buffered cell, and a set whose oldest buffered cell is the oldest data
+//! is a victim like a circuit: all its legs die (RESOURCELIMIT). Tor counts its conflux
+//! out-of-order queues in the same total (`conflux_get_total_bytes_allocation`) but its
+//! `conflux_handle_oom` frees nothing itself and leaves it to the circuit pass.
+//!
 //! Where this differs from Tor: a circuit with nothing queued is never a victim (killing it
 //! frees nothing the core counts), and the handler does not count stream buffers, which are
 //! bounded by the stream windows and read credit instead.
@@ -73,14 +79,18 @@ pub fn max_mem_in_queues_auto(total_ram: Option<u64>) -> u64 {
 enum Victim {
     Channel(ChannelId),
     Circuit(CircKey),
+    /// A linked set's out-of-order buffer at the exit (by set id).
+    LinkedSet(u64),
 }
 
 impl Core {
     /// Bytes counted against `MaxMemInQueues` now: the circuit queues' buffers (their
-    /// capacity, not only the cells in them) and driver-held buffers.
+    /// capacity, not only the cells in them), the exit's out-of-order buffers of linked sets,
+    /// and driver-held buffers.
     pub(super) fn mem_in_queues(&self) -> usize {
         self.stats
             .queue_buffer_cells
+            .saturating_add(self.path_exit_buffered())
             .saturating_mul(CELL_MEM_COST)
             .saturating_add(self.driver_bytes)
     }
@@ -153,6 +163,14 @@ impl Core {
                 let since = ch.buffered_since?;
                 Some((since, false, Reverse(ch.buffered), Victim::Channel(chan)))
             }))
+            .chain(
+                self.path_exit_oom_candidates()
+                    .into_iter()
+                    .map(|(id, oldest, cells)| {
+                        let bytes = cells * CELL_MEM_COST;
+                        (oldest, true, Reverse(bytes), Victim::LinkedSet(id))
+                    }),
+            )
             .collect();
         // Oldest first; on equal age channels first (Tor frees connections with old buffers
         // before the circuit), then the one that frees more, then by id for determinism.
@@ -170,6 +188,7 @@ impl Core {
                     "out of memory (MaxMemInQueues): its oldest queued cell was the oldest",
                     now,
                 ),
+                Victim::LinkedSet(id) => self.path_exit_oom_kill(id, now),
                 Victim::Channel(chan) => {
                     if !self.channels.contains_key(&chan) {
                         continue;

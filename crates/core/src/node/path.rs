@@ -26,7 +26,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use chive_cell::{
-    ConfluxLink, ConfluxSwitch, Congested, CongestionReason, DestroyReason, RelayCommand,
+    ConfluxLink, ConfluxSwitch, Congested, CongestionReason, DestroyReason, RelayCommand, Sendme,
     SwitchConfirm,
 };
 use rand::RngCore;
@@ -144,7 +144,13 @@ struct ExitSet {
     /// Confirmations sent and not yet acknowledged, per leg (the latest).
     unacked: Vec<(CircKey, u64)>,
     legs: Vec<CircKey>,
-    recv: PathReceiver<Msg>,
+    /// The client's cells, put back in order; each buffered one with its arrival (the OOM
+    /// handler's age).
+    recv: PathReceiver<(Instant, Msg)>,
+    /// Circuit SENDMEs withheld per leg (the digests, oldest first) while the leg was ahead
+    /// and the buffer high ([`PathReceiver::withholds`]). One per 100 cells the leg brought
+    /// meanwhile, so at most `max_buffered / 100 + 1` per leg before the set closes.
+    withheld: Vec<(CircKey, Vec<[u8; 20]>)>,
 }
 
 /// The core's path-switching tables. See the module documentation.
@@ -160,6 +166,8 @@ pub(super) struct PathTables {
     exit_nonce: HashMap<[u8; 32], u64>,
     /// Exit: leg → set id.
     exit_leg: LocalMap<CircKey, u64>,
+    /// Exit: cells buffered out of order over every set (counted against `MaxMemInQueues`).
+    exit_buffered: usize,
     next_set: u64,
 }
 
@@ -849,6 +857,7 @@ impl Core {
                 set.legs.retain(|l| *l != key);
                 set.recv.leg_closed(key);
                 set.unacked.retain(|(l, _)| *l != key);
+                set.withheld.retain(|(l, _)| *l != key);
                 if set.control.0 == key {
                     set.control.0 = set.home;
                 }

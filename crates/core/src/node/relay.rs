@@ -103,10 +103,15 @@ impl Core {
         // (DATA counted in this leg's circuit window); other stream cells act on the home.
         if let Some(set) = self.path_exit_set(key) {
             if super::path::multiplexed(cmd) {
-                if cmd == RelayCommand::DATA && !self.edge_data_window(key, digest, now) {
-                    return;
+                // The circuit SENDME goes (or is withheld) once the cell is sequenced.
+                let mut sendme = None;
+                if cmd == RelayCommand::DATA {
+                    match self.edge_data_count(key, digest, now) {
+                        None => return,
+                        Some(d) => sendme = d,
+                    }
                 }
-                return self.path_exit_cell(set, key, cmd, sid, data, now);
+                return self.path_exit_cell(set, key, cmd, sid, data, sendme, now);
             }
             if sid != 0 {
                 if let Some(home) = self.path_home_of(key) {

@@ -220,18 +220,32 @@ impl Core {
         digest: [u8; 20],
         now: Instant,
     ) -> bool {
-        let Some(circ) = self.circuits.get_mut(&key) else {
-            return false;
-        };
+        match self.edge_data_count(key, digest, now) {
+            None => false,
+            Some(None) => true,
+            Some(Some(d)) => {
+                let body = Sendme { digest: Some(d) }.encode();
+                self.send_edge(key, RelayCommand::SENDME, 0, &body, now);
+                true
+            }
+        }
+    }
+
+    /// Count a DATA cell in `key`'s circuit window: the digest a circuit SENDME must carry
+    /// now, if one is due (the caller sends it, or a linked set's exit withholds it). None if
+    /// the circuit is gone or was closed for DATA without an edge.
+    pub(super) fn edge_data_count(
+        &mut self,
+        key: CircKey,
+        digest: [u8; 20],
+        now: Instant,
+    ) -> Option<Option<[u8; 20]>> {
+        let circ = self.circuits.get_mut(&key)?;
         let Some(edge) = circ.edge_mut() else {
             self.kill(key, "DATA on a circuit without streams", now);
-            return false;
+            return None;
         };
-        if let Some(d) = edge.window.on_data_received(digest) {
-            let body = Sendme { digest: Some(d) }.encode();
-            self.send_edge(key, RelayCommand::SENDME, 0, &body, now);
-        }
-        true
+        Some(edge.window.on_data_received(digest))
     }
 
     /// The stream part of a DATA cell, on the circuit that holds the stream (a linked set's

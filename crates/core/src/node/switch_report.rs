@@ -135,9 +135,14 @@ pub struct SwitchStats {
     pub path_out_of_order: u64,
     /// Path variant, exit: copies dropped (a number already delivered or buffered).
     pub path_duplicates: u64,
-    /// Path variant, exit: the most cells one set's out-of-order buffer held at once (its
-    /// hard limit is `PathLimits::max_out_of_order`): how close honest traffic comes to it.
+    /// Path variant, exit: the most cells one set's out-of-order buffer held at once (SENDMEs
+    /// are withheld from `PathLimits::withhold_above`, 1000; the hard limit is
+    /// `PathLimits::max_buffered`, 5256 for two legs): how close honest traffic comes to it.
     pub path_out_of_order_peak: u64,
+    /// Path variant, exit: circuit SENDMEs withheld on a leg that was ahead while the set's
+    /// out-of-order buffer was high (each is sent once the leg is no longer ahead or the
+    /// buffer went below the threshold).
+    pub path_sendmes_withheld: u64,
     /// Switch connections closed after [`crate::SWITCH_IDLE_CLOSE`] without a circuit
     /// (mover).
     pub idle_closed: u64,

@@ -155,6 +155,10 @@ pub struct Occupancy {
     /// Bytes written to the socket that the kernel has not sent yet (`SIOCOUTQ` minus
     /// unacknowledged-but-sent, or the whole send queue where only that is known).
     pub kernel_unsent_bytes: u64,
+    /// Bytes sent that wait in a queue on the path (a shaper's or router's, downstream of the
+    /// socket), estimated from the socket's round trips: in flight × (srtt − min_rtt) / srtt.
+    /// 0 where the driver does not count it (`SwitchNetworkQueue 0`).
+    pub network_queued_bytes: u64,
 }
 
 impl Occupancy {
@@ -163,6 +167,7 @@ impl Occupancy {
         self.outbuf_cells
             .saturating_mul(chive_cell::CELL_LEN as u64)
             .saturating_add(self.kernel_unsent_bytes)
+            .saturating_add(self.network_queued_bytes)
     }
 }
 
@@ -359,14 +364,14 @@ mod tests {
     fn cells(n: u64) -> Occupancy {
         Occupancy {
             outbuf_cells: n,
-            kernel_unsent_bytes: 0,
+            ..Occupancy::default()
         }
     }
 
     fn bytes(n: u64) -> Occupancy {
         Occupancy {
-            outbuf_cells: 0,
             kernel_unsent_bytes: n,
+            ..Occupancy::default()
         }
     }
 
@@ -398,7 +403,8 @@ mod tests {
         assert_eq!(
             Occupancy {
                 outbuf_cells: u64::MAX,
-                kernel_unsent_bytes: 5
+                kernel_unsent_bytes: 5,
+                network_queued_bytes: 7,
             }
             .bytes(),
             u64::MAX,
@@ -415,6 +421,7 @@ mod tests {
         let full = Occupancy {
             outbuf_cells: 64,
             kernel_unsent_bytes: 16_384,
+            ..Occupancy::default()
         };
         let s = run(&mut d, t0, &[full, full, full, full, cells(0)]);
         assert_eq!(s[0].level, Level::Normal);
@@ -439,6 +446,55 @@ mod tests {
         let s = run(&mut d, Instant::now(), &[bytes(10_000); 40]);
         assert!(s.iter().all(|s| s.trigger.is_none()));
         assert_eq!(s.last().unwrap().level, Level::Normal);
+    }
+
+    /// Where the backlog builds in a queue downstream of the socket (the lab's shaped port:
+    /// TCP keeps sending into it, so the kernel holds little unsent), counting the network
+    /// queue makes the detector fire samples earlier under the same ramp; an uncongested path
+    /// (srtt at min_rtt: nothing queued) adds nothing, so the same in-flight bytes on a long
+    /// but idle path never fire.
+    #[test]
+    fn the_network_queue_makes_a_downstream_backlog_visible_earlier() {
+        // Every 100 ms the bottleneck queue grows by 6 KB; the socket holds 2 KB unsent and a
+        // 16-cell outbuf, as long as TCP's window has room.
+        let ramp = |count_net: bool| -> Vec<Occupancy> {
+            (0..30)
+                .map(|i| Occupancy {
+                    outbuf_cells: 16,
+                    kernel_unsent_bytes: 2_000,
+                    network_queued_bytes: if count_net { i * 6_000 } else { 0 },
+                })
+                .collect()
+        };
+        let first = |occ: &[Occupancy]| {
+            let mut d = CongestionDetector::new(DetectorConfig::default());
+            run(&mut d, Instant::now(), occ)
+                .iter()
+                .position(|s| s.trigger.is_some())
+        };
+        assert_eq!(first(&ramp(false)), None, "the socket alone never shows it");
+        let with = first(&ramp(true)).expect("the queue is seen");
+        assert!(with <= 5, "fired at sample {with}");
+        // 200 KB in flight on a path whose srtt is its min_rtt: queued 0, no trigger.
+        let idle = vec![
+            Occupancy {
+                outbuf_cells: 4,
+                network_queued_bytes: 0,
+                ..Occupancy::default()
+            };
+            30
+        ];
+        assert_eq!(first(&idle), None);
+        // A lone 32 KB burst (a web page) that the 1.5 Mbit/s path drains in 170 ms: queued
+        // downstream 32, 13, 0 KB at three samples. Not congestion, and no trigger.
+        let burst: Vec<Occupancy> = [32_000, 13_300, 0, 0, 0]
+            .iter()
+            .map(|&q| Occupancy {
+                network_queued_bytes: q,
+                ..Occupancy::default()
+            })
+            .collect();
+        assert_eq!(first(&burst), None);
     }
 
     #[test]

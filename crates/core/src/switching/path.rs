@@ -19,8 +19,11 @@
 //!   fallback re-sends cells that may have arrived on the abandoned leg as well).
 //!
 //! Against a hostile peer: the receiver accepts numbers only inside
-//! `[next to deliver, next to deliver + max_out_of_order)`, so the buffer never holds more than
-//! `max_out_of_order` cells; a SWITCH that jumps a leg beyond the window, two SWITCHes in a row
+//! `[next to deliver, next to deliver + window)` ([`PathLimits::window`]) and buffers at most
+//! [`PathLimits::max_buffered`] cells; it tells its caller when to withhold a leg's circuit
+//! SENDMEs ([`PathReceiver::withholds`]), which keeps an honest sender below that bound
+//! whatever its congestion window does. A number beyond the window, a buffer beyond the
+//! bound, a SWITCH that jumps a leg beyond the window, two SWITCHes in a row
 //! on one leg, a cell or SWITCH on a leg that is not linked, or a counter overflow is a
 //! [`SeqViolation`] (the caller closes the set with a logged protocol error). The sender refuses
 //! a confirmation for a number it never sent. Both sides are pure state: no IO, time passed in.
@@ -34,12 +37,31 @@ use crate::CircKey;
 pub const MAX_LEGS: usize = 4;
 
 /// Limits of one linked set.
+///
+/// The receiver's out-of-order buffer is bounded without trusting the sender to be slow:
+/// while the buffer holds `withhold_above` cells or more, the receiver withholds the circuit
+/// SENDMEs of every leg that is *ahead* (its last number is beyond the next one to deliver,
+/// so what it carries can only be buffered). An honest sender then stops on that leg within
+/// one congestion window: it can send at most `window` cells past the last SENDME it got, and
+/// never more than [`PathLimits::max_leg_window`]. So an honest set's buffer stays below
+/// `withhold_above + legs × max_leg_window` (+ the few multiplexed cells no window covers:
+/// BEGIN, END, RESOLVE), and more than [`PathLimits::max_buffered`] is a sender that ignored
+/// its window: a violation. Numbers are accepted up to [`PathLimits::window`] ahead (the
+/// buffer plus what may still be in flight on the legs). docs/protocol.md, "Limits at the
+/// receiver", has the argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PathLimits {
-    /// Width of the receiver's window: numbers at or beyond `next + max_out_of_order` are a
-    /// violation. Default 2048: two legs' full circuit windows (1000 cells each) plus slack,
-    /// so an honest sender that respects SENDME windows never reaches it.
-    pub max_out_of_order: u64,
+    /// Buffered cells from which the receiver withholds circuit SENDMEs on the legs that are
+    /// ahead. Default 1000 (one fixed circuit window, ~0.5 MB): in the lab's loaded runs the
+    /// buffer peaked far below it, so honest reordering is not slowed.
+    pub withhold_above: u64,
+    /// The largest window (cells in flight without a SENDME) a leg's sender may have: the
+    /// congestion-control limit, 2000 ([`crate::cc::CC_CWND_LIMIT`]; fixed windows stay
+    /// within 1000).
+    pub max_leg_window: u64,
+    /// Multiplexed cells outside every window (BEGIN, END, RESOLVE) an honest sender may add
+    /// while a leg is stalled. Default 256.
+    pub unwindowed_slack: u64,
     /// Cells the sender keeps for a possible fallback before it stops sending (default 1000,
     /// one circuit window: the circuit would block there anyway).
     pub max_unconfirmed: usize,
@@ -52,10 +74,31 @@ pub struct PathLimits {
 impl Default for PathLimits {
     fn default() -> Self {
         PathLimits {
-            max_out_of_order: 2048,
+            withhold_above: 1000,
+            max_leg_window: u64::from(crate::cc::CC_CWND_LIMIT),
+            unwindowed_slack: 256,
             max_unconfirmed: 1000,
             confirm_timeout: Duration::from_secs(2),
         }
+    }
+}
+
+impl PathLimits {
+    /// Most cells a set with `legs` legs may hold out of order: `withhold_above + legs ×
+    /// max_leg_window + unwindowed_slack` (2 legs: 5256 cells, about 2.7 MB). One more is a
+    /// violation.
+    pub fn max_buffered(&self, legs: usize) -> u64 {
+        let legs = legs as u64;
+        self.withhold_above
+            .saturating_add(legs.saturating_mul(self.max_leg_window))
+            .saturating_add(self.unwindowed_slack)
+    }
+
+    /// How far beyond the next number to deliver a number may be: the buffer plus one window
+    /// per leg still in flight (the cells that fill the gap).
+    pub fn window(&self, legs: usize) -> u64 {
+        self.max_buffered(legs)
+            .saturating_add((legs as u64).saturating_mul(self.max_leg_window))
     }
 }
 
@@ -135,6 +178,15 @@ pub enum SeqViolation {
         next: u64,
         /// The window.
         window: u64,
+    },
+    /// More cells buffered out of order than an honest sender can cause (it ignored the
+    /// withheld SENDMEs).
+    #[error("{buffered} cells out of order, more than the {limit} an honest sender can cause")]
+    BufferFull {
+        /// Cells buffered.
+        buffered: u64,
+        /// [`PathLimits::max_buffered`] for the set's legs.
+        limit: u64,
     },
     /// Two SWITCHes on one leg without a multiplexed cell between them.
     #[error("two SWITCH messages in a row on one leg")]
@@ -616,8 +668,29 @@ impl<T> PathReceiver<T> {
         self.next
     }
 
+    fn window(&self) -> u64 {
+        self.limits.window(self.legs.len())
+    }
+
     fn window_end(&self) -> u64 {
-        self.next.saturating_add(self.limits.max_out_of_order)
+        self.next.saturating_add(self.window())
+    }
+
+    /// Whether the circuit SENDMEs of leg `circ` are to be withheld now: the buffer holds
+    /// [`PathLimits::withhold_above`] cells or more and `circ` is ahead (its last number is
+    /// beyond the next to deliver, so its cells can only be buffered). A leg that holds the
+    /// gap is never held back: its missing cells were sent already and need no SENDME.
+    pub fn withholds(&self, circ: CircKey) -> bool {
+        self.out_of_order.len() as u64 >= self.limits.withhold_above
+            && self
+                .legs
+                .iter()
+                .any(|l| l.circ == circ && l.last >= self.next)
+    }
+
+    /// The cells buffered out of order (in number order).
+    pub fn buffered_cells(&self) -> impl Iterator<Item = &T> {
+        self.out_of_order.values()
     }
 
     fn leg_mut(&mut self, circ: CircKey) -> Result<&mut RecvLeg, SeqViolation> {
@@ -629,7 +702,7 @@ impl<T> PathReceiver<T> {
 
     /// A CONFLUX_SWITCH arrived on `circ`.
     pub fn on_switch(&mut self, circ: CircKey, relative_seq: u32) -> Result<(), SeqViolation> {
-        let (next, window, end) = (self.next, self.limits.max_out_of_order, self.window_end());
+        let (next, window, end) = (self.next, self.window(), self.window_end());
         let leg = self.leg_mut(circ)?;
         if leg.just_switched {
             return Err(SeqViolation::RepeatedSwitch);
@@ -655,7 +728,9 @@ impl<T> PathReceiver<T> {
 
     /// A multiplexed cell arrived on `circ`.
     pub fn on_cell(&mut self, circ: CircKey, cell: T) -> Result<Arrival, SeqViolation> {
-        let (next, window, end) = (self.next, self.limits.max_out_of_order, self.window_end());
+        let (next, window, end) = (self.next, self.window(), self.window_end());
+        let limit = self.limits.max_buffered(self.legs.len());
+        let buffered = self.out_of_order.len() as u64;
         let leg = self.leg_mut(circ)?;
         let seq = leg.last.checked_add(1).ok_or(SeqViolation::Overflow)?;
         if seq >= end {
@@ -666,6 +741,12 @@ impl<T> PathReceiver<T> {
         if seq < self.next || self.out_of_order.contains_key(&seq) {
             self.duplicates += 1;
             return Ok(Arrival::Duplicate);
+        }
+        if seq != self.next && buffered >= limit {
+            return Err(SeqViolation::BufferFull {
+                buffered: buffered + 1,
+                limit,
+            });
         }
         self.out_of_order.insert(seq, cell);
         while let Some(c) = self.out_of_order.remove(&self.next) {

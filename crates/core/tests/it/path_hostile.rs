@@ -4,8 +4,9 @@
 //! set it names) with a logged protocol error; another circuit through the same relays keeps
 //! answering. And the exit's reordering itself, with the arrival order chosen by the test.
 
-use chive_cell::{ConfluxLink, ConfluxSwitch, RelayCommand, SwitchConfirm};
-use chive_core::{Event, SwitchMode, SwitchSettings};
+use chive_cell::{ConfluxLink, ConfluxSwitch, DestroyReason, RelayCommand, SwitchConfirm};
+use chive_core::switching::PathLimits;
+use chive_core::{Event, SwitchMode, SwitchSettings, CELL_MEM_COST};
 
 use crate::common::{destroys, Circ, Path};
 
@@ -145,10 +146,13 @@ fn malformed_repeated_or_out_of_range_switches_close_the_set() {
                 ConfluxSwitch { relative_seq: 0 }.encode(),
             ),
         ],
-        // Beyond the 2048-cell window.
+        // Beyond the window (9256 numbers for two legs).
         &[(
             RelayCommand::CONFLUX_SWITCH,
-            ConfluxSwitch { relative_seq: 5000 }.encode(),
+            ConfluxSwitch {
+                relative_seq: 10_000,
+            }
+            .encode(),
         )],
     ];
     for (i, msgs) in bad.iter().enumerate() {
@@ -178,6 +182,7 @@ fn malformed_repeated_or_out_of_range_switches_close_the_set() {
 
 #[test]
 fn a_data_cell_beyond_the_window_closes_the_set() {
+    let window = PathLimits::default().window(2);
     let mut p = path_exit();
     let (a, mut b) = linked(&mut p);
     // B jumps to the window's last number; the cell after it is beyond.
@@ -186,7 +191,10 @@ fn a_data_cell_beyond_the_window_closes_the_set() {
         1,
         RelayCommand::CONFLUX_SWITCH,
         0,
-        &ConfluxSwitch { relative_seq: 2047 }.encode(),
+        &ConfluxSwitch {
+            relative_seq: window as u32 - 1,
+        }
+        .encode(),
         false,
     );
     p.send(&mut b, 1, RelayCommand::DATA, 1, b"x", false);
@@ -198,8 +206,131 @@ fn a_data_cell_beyond_the_window_closes_the_set() {
         .map(|(id, _)| *id)
         .collect();
     assert!(gone.contains(&a.id) && gone.contains(&b.id), "{gone:?}");
-    // The buffer held at most the window.
-    assert!(p.x.core.switch_stats().path_out_of_order <= 2048);
+    assert_eq!(p.x.core.switch_stats().path_out_of_order, 1);
+}
+
+/// A set whose stream was opened on A (seq 1) and whose seq 2 never comes: B announces
+/// SWITCH(+2), so every cell it carries is buffered. Returns (A, B).
+fn stalled_set(p: &mut Path) -> (Circ, Circ) {
+    let (mut a, mut b) = linked(p);
+    to_x(p, &mut a, RelayCommand::BEGIN, 1, b"127.0.0.1:80\0");
+    p.connect_at_x();
+    let body = ConfluxSwitch { relative_seq: 2 }.encode();
+    p.send(&mut b, 1, RelayCommand::CONFLUX_SWITCH, 0, &body, false);
+    (a, b)
+}
+
+/// Send `n` DATA cells on `b`, carrying them to X and X's answers back every 50; returns how
+/// many circuit SENDMEs came back on `b`.
+fn data_on(p: &mut Path, b: &mut Circ, n: usize) -> usize {
+    let mut sendmes = 0;
+    for i in 0..n {
+        p.send(b, 1, RelayCommand::DATA, 1, &[7; 400], false);
+        if i % 50 == 49 || i + 1 == n {
+            p.r_to_x();
+            p.x_to_r();
+            sendmes += p
+                .read(b)
+                .iter()
+                .filter(|m| m.cmd == RelayCommand::SENDME && m.sid == 0)
+                .count();
+        }
+    }
+    sendmes
+}
+
+/// The exit's guarantee against a hostile sender (docs/protocol.md, "Limits at the receiver"):
+/// from 1000 buffered cells on, B's circuit SENDMEs are withheld (an honest client stops
+/// within one window); a client that ignores that and keeps sending reaches the bound an
+/// honest one cannot (1000 + 2 × 2000 + 256 cells) and its set is closed with a logged
+/// protocol error. Another circuit through the same relays keeps answering.
+#[test]
+fn a_client_that_ignores_withheld_sendmes_loses_its_set_only() {
+    let limits = PathLimits::default();
+    let bound = limits.max_buffered(2) as usize;
+    let mut p = path_exit();
+    let mut other = p.create2();
+    let (a, mut b) = stalled_set(&mut p);
+    // Up to the threshold SENDMEs come as usual (cells 100..=900); from the 1000th, none.
+    assert_eq!(data_on(&mut p, &mut b, 999), 9);
+    assert_eq!(data_on(&mut p, &mut b, bound - 999), 0);
+    let x = p.x.core.switch_stats();
+    assert_eq!(x.path_out_of_order_peak, bound as u64, "{x:?}");
+    assert_eq!(x.path_sendmes_withheld, (bound / 100 - 9) as u64, "{x:?}");
+    assert_eq!(x.violations, 0);
+    assert!(p.x.core.stats().mem_in_queues >= bound * CELL_MEM_COST);
+    // One cell more than an honest client can cause.
+    p.send(&mut b, 1, RelayCommand::DATA, 1, &[7; 400], false);
+    p.r_to_x();
+    p.x_to_r();
+    let gone = destroys(&p.cells_for_client());
+    assert!(
+        gone.contains(&(a.id, DestroyReason::PROTOCOL))
+            && gone.contains(&(b.id, DestroyReason::PROTOCOL)),
+        "{gone:?}"
+    );
+    assert_eq!(p.x.core.switch_stats().violations, 1);
+    // The buffer was given back.
+    assert!(p.x.core.stats().mem_in_queues < 100 * CELL_MEM_COST);
+    while p.x.core.poll_event().is_some() {}
+    assert!(
+        p.x_answers(&mut other, 1),
+        "another circuit stopped answering"
+    );
+}
+
+/// An honest client's view of the same stall: once the gap fills (seq 2 arrives on A), the
+/// buffer is delivered and the withheld SENDMEs go out, in order, so B's window refills.
+#[test]
+fn withheld_sendmes_are_released_when_the_gap_fills() {
+    let mut p = path_exit();
+    let (mut a, mut b) = stalled_set(&mut p);
+    // Cells 100..=900 came below the threshold; 1000..=1500 at or above it.
+    assert_eq!(data_on(&mut p, &mut b, 1500), 9);
+    assert_eq!(p.x.core.switch_stats().path_sendmes_withheld, 6);
+    to_x(&mut p, &mut a, RelayCommand::DATA, 1, b"2");
+    p.x_to_r();
+    let back: Vec<_> = p
+        .read(&mut b)
+        .into_iter()
+        .filter(|m| m.cmd == RelayCommand::SENDME && m.sid == 0)
+        .collect();
+    assert_eq!(back.len(), 6, "the withheld SENDMEs are released");
+    // And later SENDMEs flow at once again.
+    assert_eq!(data_on(&mut p, &mut b, 100), 1);
+    let x = p.x.core.switch_stats();
+    assert_eq!((x.violations, x.path_sendmes_withheld), (0, 6), "{x:?}");
+    assert_eq!(p.x.core.stats().circuits_killed, 0);
+}
+
+/// `MaxMemInQueues` sees the out-of-order buffer: over the limit, the set whose buffered
+/// cell is the oldest data is closed (every leg, RESOURCELIMIT) and its memory freed; another
+/// circuit stays.
+#[test]
+fn the_oom_handler_counts_and_frees_the_out_of_order_buffer() {
+    let mut p = path_exit();
+    let mut other = p.create2();
+    let (a, mut b) = stalled_set(&mut p);
+    data_on(&mut p, &mut b, 300);
+    let held = p.x.core.stats().mem_in_queues;
+    assert!(held >= 300 * CELL_MEM_COST, "the buffer counts: {held}");
+    let now = p.now;
+    p.x.core.set_max_mem_in_queues(200 * CELL_MEM_COST, now);
+    p.x_to_r();
+    let gone = destroys(&p.cells_for_client());
+    assert!(
+        gone.contains(&(a.id, DestroyReason::RESOURCELIMIT))
+            && gone.contains(&(b.id, DestroyReason::RESOURCELIMIT)),
+        "{gone:?}"
+    );
+    let st = p.x.core.stats();
+    assert_eq!(st.oom_circuits_killed, 2, "both legs");
+    assert!(st.mem_in_queues < 200 * CELL_MEM_COST, "{st:?}");
+    while p.x.core.poll_event().is_some() {}
+    assert!(
+        p.x_answers(&mut other, 1),
+        "another circuit stopped answering"
+    );
 }
 
 #[test]

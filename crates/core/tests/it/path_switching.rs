@@ -249,6 +249,42 @@ fn with_congestion_control_the_first_cell_goes_at_once() {
     assert_eq!(rec.ended, rec.triggered, "{rec:?}");
 }
 
+/// The exit's out-of-order bound under congestion control: E1's link stops altogether for
+/// 15 s right after the switch, so the cells on A (seq below everything on B) do not arrive,
+/// and B, with its own congestion window and XON/XOFF streams, would run ahead without end
+/// (each of its cells only buffered at the exit, each acknowledged). The exit withholds B's
+/// circuit SENDMEs from 1000 buffered cells on, B stops within its window, nothing trips the
+/// set's bound (1000 + 2 × 2000 + 256), and when A flows again every byte arrives once, in
+/// order. Without the withholding the buffer passed the old 2048-cell limit and the set closed.
+#[test]
+fn a_stalled_old_leg_with_congestion_control_never_trips_the_bound() {
+    let mut net = Net::vegas();
+    let (a, b, s) = net.linked();
+    let streams = vec![(s, pattern(8_000_000, 5))];
+    let e1 = net.chan(E1, M1);
+    net.transfer(&streams, 400_000, |i, net| {
+        if i == 1000 {
+            net.links.get_mut(&(E1, e1)).unwrap().budget = 0;
+            assert!(net.congest_e1().is_some());
+        }
+        if i == 16_000 {
+            net.links.get_mut(&(E1, e1)).unwrap().budget = 2;
+        }
+    });
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(b));
+    let x = net.nodes[X].switch_stats();
+    let bound = chive_core::switching::PathLimits::default().max_buffered(2);
+    assert_eq!(x.violations, 0, "{x:?}");
+    assert!(x.path_sendmes_withheld > 0, "never withheld: {x:?}");
+    assert!(
+        x.path_out_of_order_peak >= 1000 && x.path_out_of_order_peak < bound,
+        "{x:?}"
+    );
+}
+
 #[test]
 fn congestion_on_the_spare_moves_the_upload_back() {
     let mut net = Net::new();

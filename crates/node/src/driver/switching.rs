@@ -6,7 +6,9 @@
 //!
 //! A sample is the connection's occupancy: cells handed to its writer and not yet written
 //! (chive's outbuf, [`SendPath::in_flight`]) at 514 bytes each, plus the bytes the kernel holds
-//! unsent (SIOCOUTQ on the TCP socket). Refused writes (EAGAIN) are not reported to the
+//! unsent (SIOCOUTQ on the TCP socket), plus the bytes in flight that wait in a queue on the
+//! path (TCP_INFO: in flight × (srtt − min_rtt) / srtt; `SwitchNetworkQueue 0` leaves them
+//! out). Refused writes (EAGAIN) are not reported to the
 //! detector: the writer task writes through tokio and TLS, which hide them; a full outbuf
 //! shows in the occupancy instead.
 
@@ -46,6 +48,9 @@ pub struct SwitchOptions {
     pub timeout_rtt_factor: Option<u32>,
     /// `SwitchMinShare` (0..1).
     pub min_share: Option<f64>,
+    /// `SwitchNetworkQueue`: count the bytes queued on the path beyond the socket (from
+    /// TCP_INFO's round trips) in the occupancy. `None`: the consensus's `SwitchNetworkQueue`.
+    pub network_queue: Option<bool>,
 }
 
 /// The driver's switching state.
@@ -159,14 +164,20 @@ impl Driver {
             .filter(|c| self.core.may_switch_from(*c))
             .collect();
         self.switching.detectors.retain(|c, _| chans.contains(c));
+        let count_net = self.switching.options.network_queue.unwrap_or_else(|| {
+            self.params
+                .as_ref()
+                .is_none_or(|p| p.switching().network_queue)
+        });
         for chan in chans {
+            let fd = self.switching.fds.get(&chan).copied();
             let occupancy = Occupancy {
                 outbuf_cells: self.send.in_flight(chan) as u64,
-                kernel_unsent_bytes: self
-                    .switching
-                    .fds
-                    .get(&chan)
-                    .map_or(0, |fd| chive_tools::sockq::tcp_unsent_bytes(*fd)),
+                kernel_unsent_bytes: fd.map_or(0, chive_tools::sockq::tcp_unsent_bytes),
+                network_queued_bytes: fd
+                    .filter(|_| count_net)
+                    .and_then(chive_tools::sockq::tcp_queue)
+                    .map_or(0, |q| q.queued_bytes()),
             };
             let det = self
                 .switching

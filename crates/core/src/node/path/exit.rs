@@ -9,13 +9,9 @@ impl Core {
     /// Exit: close every leg of set `id` (`why`: a protocol violation, logged; None: the home
     /// closed and took the set with it).
     pub(super) fn path_exit_dissolve(&mut self, id: u64, why: Option<&str>, now: Instant) {
-        let Some(set) = self.path.exit.remove(&id) else {
+        let Some(set) = self.path_exit_remove(id) else {
             return;
         };
-        self.path.exit_nonce.retain(|_, v| *v != id);
-        for leg in &set.legs {
-            self.path.exit_leg.remove(leg);
-        }
         if let Some(why) = why {
             self.sw.stats_mut().violations += 1;
             warn!(home = ?set.home, legs = set.legs.len(), reason = why,
@@ -33,6 +29,17 @@ impl Core {
                 ),
             }
         }
+    }
+
+    /// Exit: take set `id` out of the tables (its buffer no longer counts).
+    fn path_exit_remove(&mut self, id: u64) -> Option<ExitSet> {
+        let set = self.path.exit.remove(&id)?;
+        self.path.exit_buffered = self.path.exit_buffered.saturating_sub(set.recv.buffered());
+        self.path.exit_nonce.retain(|_, v| *v != id);
+        for leg in &set.legs {
+            self.path.exit_leg.remove(leg);
+        }
+        Some(set)
     }
 
     /// Exit: the client acknowledges our SWITCH_CONFIRM on leg `key` (it echoes the number):
@@ -122,6 +129,7 @@ impl Core {
                         unacked: Vec::new(),
                         legs: vec![key],
                         recv: PathReceiver::new(key, limits),
+                        withheld: Vec::new(),
                     },
                 );
                 id
@@ -148,8 +156,11 @@ impl Core {
         self.path.exit_leg.get(&key).copied()
     }
 
-    /// Exit: a multiplexed cell arrived on leg `key` of set `id` (its circuit-level flow
-    /// control is already counted on `key`): sequence it and act on what is now in order.
+    /// Exit: a multiplexed cell arrived on leg `key` of set `id` (counted in `key`'s circuit
+    /// window already; `sendme`: the circuit SENDME that count made due, to send now or to
+    /// withhold while `key` is ahead and the buffer high): sequence it and act on what is
+    /// now in order.
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::node) fn path_exit_cell(
         &mut self,
         id: u64,
@@ -157,34 +168,46 @@ impl Core {
         cmd: RelayCommand,
         sid: u16,
         data: &[u8],
+        sendme: Option<[u8; 20]>,
         now: Instant,
     ) {
         let Some(set) = self.path.exit.get_mut(&id) else {
             return;
         };
         let before = set.recv.buffered();
-        match set.recv.on_cell(key, (cmd, sid, data.to_vec())) {
+        let arrival = set.recv.on_cell(key, (now, (cmd, sid, data.to_vec())));
+        let after = set.recv.buffered();
+        self.path.exit_buffered = (self.path.exit_buffered + after).saturating_sub(before);
+        let accepted = match arrival {
             Ok(Arrival::Accepted) => {
-                let now_buffered = set.recv.buffered();
-                if now_buffered > before {
+                if after > before {
                     let st = self.sw.stats_mut();
                     st.path_out_of_order += 1;
-                    st.path_out_of_order_peak = st.path_out_of_order_peak.max(now_buffered as u64);
+                    st.path_out_of_order_peak = st.path_out_of_order_peak.max(after as u64);
                 }
+                true
             }
             Ok(Arrival::Duplicate) => {
                 self.sw.stats_mut().path_duplicates += 1;
-                return;
+                false
             }
             Err(e) => return self.path_exit_dissolve(id, Some(&e.to_string()), now),
+        };
+        if let Some(digest) = sendme {
+            self.path_exit_sendme(id, key, digest, now);
         }
-        let home = set.home;
-        while let Some((cmd, sid, data)) = self
+        if !accepted {
+            return;
+        }
+        let home = set_home(&self.path, id);
+        let mut delivered = false;
+        while let Some((_, (cmd, sid, data))) = self
             .path
             .exit
             .get_mut(&id)
             .and_then(|s| s.recv.poll_deliver())
         {
+            delivered = true;
             match cmd {
                 RelayCommand::BEGIN => self.on_begin(home, sid, &data, now),
                 RelayCommand::RESOLVE => self.on_resolve(home, sid, &data, now),
@@ -193,5 +216,108 @@ impl Core {
                 other => self.kill(home, &format!("{other} toward the exit"), now),
             }
         }
+        if delivered {
+            self.path_exit_release(id, now);
+        }
+        if after > before {
+            self.check_mem_in_queues(now);
+        }
     }
+
+    /// Exit: the circuit SENDME `digest` is due on leg `key` of set `id`: send it, or keep it
+    /// while the leg is ahead and the set's buffer is high, so the client's window on that
+    /// leg stops refilling (see [`crate::switching::PathLimits`]).
+    fn path_exit_sendme(&mut self, id: u64, key: CircKey, digest: [u8; 20], now: Instant) {
+        let Some(set) = self.path.exit.get_mut(&id) else {
+            return;
+        };
+        let earlier = set.withheld.iter().any(|(l, w)| *l == key && !w.is_empty());
+        if earlier || set.recv.withholds(key) {
+            // Behind earlier withheld ones too: the sender expects its SENDMEs in order.
+            match set.withheld.iter_mut().find(|(l, _)| *l == key) {
+                Some((_, w)) => w.push(digest),
+                None => set.withheld.push((key, vec![digest])),
+            }
+            self.sw.stats_mut().path_sendmes_withheld += 1;
+            if !set.recv.withholds(key) {
+                self.path_exit_release(id, now);
+            }
+            return;
+        }
+        let body = Sendme {
+            digest: Some(digest),
+        }
+        .encode();
+        self.send_edge(key, RelayCommand::SENDME, 0, &body, now);
+    }
+
+    /// Exit: send the withheld SENDMEs of every leg of set `id` that is no longer held back
+    /// (the buffer went below the threshold, or the leg is not ahead any more).
+    fn path_exit_release(&mut self, id: u64, now: Instant) {
+        let Some(set) = self.path.exit.get_mut(&id) else {
+            return;
+        };
+        let mut release = Vec::new();
+        for (leg, digests) in &mut set.withheld {
+            if !digests.is_empty() && !set.recv.withholds(*leg) {
+                release.push((*leg, std::mem::take(digests)));
+            }
+        }
+        set.withheld.retain(|(_, w)| !w.is_empty());
+        for (leg, digests) in release {
+            debug!(
+                set = id,
+                ?leg,
+                n = digests.len(),
+                "releasing withheld circuit SENDMEs"
+            );
+            for digest in digests {
+                let body = Sendme {
+                    digest: Some(digest),
+                }
+                .encode();
+                self.send_edge(leg, RelayCommand::SENDME, 0, &body, now);
+            }
+        }
+    }
+
+    /// Exit: cells buffered out of order over every linked set (for `MaxMemInQueues`).
+    pub(in crate::node) fn path_exit_buffered(&self) -> usize {
+        self.path.exit_buffered
+    }
+
+    /// Exit, for the OOM handler: each set with a non-empty buffer, the arrival of its oldest
+    /// buffered cell and how many cells it buffers.
+    pub(in crate::node) fn path_exit_oom_candidates(&self) -> Vec<(u64, Instant, usize)> {
+        self.path
+            .exit
+            .iter()
+            .filter_map(|(&id, set)| {
+                let oldest = set.recv.buffered_cells().map(|(at, _)| *at).min()?;
+                Some((id, oldest, set.recv.buffered()))
+            })
+            .collect()
+    }
+
+    /// Exit, OOM handler: close set `id` (every leg, DESTROY with RESOURCELIMIT) to free its
+    /// out-of-order buffer.
+    pub(in crate::node) fn path_exit_oom_kill(&mut self, id: u64, now: Instant) {
+        let Some(set) = self.path_exit_remove(id) else {
+            return;
+        };
+        warn!(home = ?set.home, legs = set.legs.len(), buffered = set.recv.buffered(),
+              "linked set closed: out of memory (MaxMemInQueues), its out-of-order buffer held the oldest data");
+        for leg in set.legs {
+            self.kill_with(
+                leg,
+                DestroyReason::RESOURCELIMIT,
+                "out of memory (MaxMemInQueues): its linked set's out-of-order buffer held the oldest data",
+                now,
+            );
+        }
+    }
+}
+
+fn set_home(tables: &PathTables, id: u64) -> CircKey {
+    tables.exit.get(&id).map_or(CircKey(0), |s| s.home)
 }

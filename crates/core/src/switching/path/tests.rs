@@ -295,10 +295,101 @@ fn a_zero_limit_still_announces_and_times_out() {
     net.expect_out(1);
 }
 
+/// The defaults: two legs may buffer 1000 + 2 × 2000 + 256 cells, and numbers may run one
+/// more window per leg ahead.
+#[test]
+fn the_bounds_follow_the_number_of_legs() {
+    let l = PathLimits::default();
+    assert_eq!(l.max_buffered(2), 5256);
+    assert_eq!(l.window(2), 9256);
+    assert_eq!(l.max_buffered(4), 9256);
+    assert!(l.max_buffered(1) < l.max_buffered(2));
+}
+
+/// From `withhold_above` buffered cells on, the legs that are ahead (whose cells can only be
+/// buffered) have their SENDMEs withheld; the leg that holds the gap never does, and when the
+/// gap fills the withholding ends.
+#[test]
+fn sendmes_are_withheld_on_the_leg_ahead_while_the_buffer_is_high() {
+    let limits = PathLimits {
+        withhold_above: 10,
+        max_leg_window: 20,
+        unwindowed_slack: 0,
+        ..PathLimits::default()
+    };
+    let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
+    rx.add_leg(B).unwrap();
+    // 1..=5 are on A (slow); B carries 6.. .
+    rx.on_switch(B, 5).unwrap();
+    for seq in 6..=14 {
+        rx.on_cell(B, seq).unwrap();
+        assert!(!rx.withholds(B), "below the threshold at {seq}");
+    }
+    rx.on_cell(B, 15).unwrap();
+    assert_eq!(rx.buffered(), 10);
+    assert!(rx.withholds(B));
+    assert!(!rx.withholds(A), "A holds the gap");
+    assert!(!rx.withholds(C), "not a leg");
+    for seq in 1..=4 {
+        rx.on_cell(A, seq).unwrap();
+    }
+    assert!(rx.withholds(B), "the gap (5) is still open");
+    rx.on_cell(A, 5).unwrap();
+    assert_eq!(rx.buffered(), 0);
+    assert!(!rx.withholds(B));
+    let out: Vec<u64> = std::iter::from_fn(|| rx.poll_deliver()).collect();
+    assert_eq!(out, (1..=15).collect::<Vec<_>>());
+    // A leg that announced a jump is ahead too, before its first cell.
+    rx.on_switch(A, 20).unwrap();
+    for seq in 37..=46 {
+        rx.on_cell(A, seq).unwrap();
+    }
+    assert!(rx.withholds(A) && !rx.withholds(B));
+}
+
+/// A sender that ignores the withheld SENDMEs fills the buffer to
+/// `withhold_above + legs × max_leg_window + unwindowed_slack`; one more cell is a violation.
+/// The next number is never refused (it empties the buffer).
+#[test]
+fn a_buffer_beyond_what_an_honest_sender_can_cause_is_a_violation() {
+    let limits = PathLimits {
+        withhold_above: 10,
+        max_leg_window: 20,
+        unwindowed_slack: 5,
+        ..PathLimits::default()
+    };
+    assert_eq!(limits.max_buffered(2), 55);
+    let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
+    rx.add_leg(B).unwrap();
+    rx.on_switch(B, 1).unwrap();
+    for seq in 2..=56 {
+        assert_eq!(rx.on_cell(B, seq), Ok(Arrival::Accepted), "{seq}");
+    }
+    assert_eq!(rx.buffered(), 55);
+    assert_eq!(
+        rx.on_cell(B, 57),
+        Err(SeqViolation::BufferFull {
+            buffered: 56,
+            limit: 55
+        })
+    );
+    let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
+    rx.add_leg(B).unwrap();
+    rx.on_switch(B, 1).unwrap();
+    for seq in 2..=56 {
+        rx.on_cell(B, seq).unwrap();
+    }
+    assert_eq!(rx.on_cell(A, 1), Ok(Arrival::Accepted));
+    assert_eq!(std::iter::from_fn(|| rx.poll_deliver()).count(), 56);
+}
+
 #[test]
 fn hostile_switches_are_violations() {
+    // Window and buffer bound both 100 cells.
     let limits = PathLimits {
-        max_out_of_order: 100,
+        withhold_above: 100,
+        max_leg_window: 0,
+        unwindowed_slack: 0,
         ..PathLimits::default()
     };
     let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
@@ -336,7 +427,9 @@ fn hostile_switches_are_violations() {
 #[test]
 fn a_hostile_peer_cannot_grow_the_buffer_or_deliver_twice() {
     let limits = PathLimits {
-        max_out_of_order: 64,
+        withhold_above: 64,
+        max_leg_window: 0,
+        unwindowed_slack: 0,
         ..PathLimits::default()
     };
     let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
