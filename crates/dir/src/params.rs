@@ -44,6 +44,7 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
     CIRCUIT_PRIORITY_HALFLIFE_MSEC,
     OUTBUF_CELLS,
     CHANNEL_FAIRNESS,
+    PER_CLIENT_QUEUE_CELLS,
     CIRCUIT_SWITCHING,
     SWITCH_GAMMA_MILLI,
     SWITCH_ALPHA_MILLI,
@@ -113,6 +114,18 @@ pub const CHANNEL_FAIRNESS: ParamSpec = ParamSpec {
     default: 0,
     min: 0,
     max: 1,
+};
+
+/// `PerClientQueueCells`: at an entry, once this many cells are queued toward one client's
+/// channel, the client's upstream cells on its circuits with cells queued there are held back
+/// and let go as the queue drains (its windows stop refilling: a client spreading a download
+/// over many circuits keeps its excess at the entry instead of in the middles; docs/security.md,
+/// "EWMA gaming"). 0 = off. A relay's own option overrides it.
+pub const PER_CLIENT_QUEUE_CELLS: ParamSpec = ParamSpec {
+    name: "PerClientQueueCells",
+    default: 0,
+    min: 0,
+    max: 1_000_000,
 };
 
 // Congestion-triggered circuit switching (paper 003, issue 16). The fractions γ, α and β are

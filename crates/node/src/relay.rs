@@ -57,6 +57,13 @@ Config file options (TOML):
                                    consensus lists) keep per-circuit ranking (docs/security.md,
                                    EWMA gaming).
                                    Unset: the consensus's ChannelFairness (default 0 = off)
+  PerClientQueueCells = 0          at an entry: once this many cells wait here toward one
+                                   client's channel, that client's cells on its circuits with
+                                   cells waiting here (its SENDMEs) are held back and let go
+                                   as the queue drains, so a client spreading a download over
+                                   many circuits keeps its excess here, not in the middles
+                                   (docs/security.md, EWMA gaming). 0 = off. Unset: the
+                                   consensus's PerClientQueueCells (default 0 = off)
   QuietReserve = 131072            with BandwidthRate and CrossChannelPriority under EWMA: bytes
                                    of the write bucket that only quiet circuits may spend (EWMA
                                    count below the reserve's size in cells). Bulk then leaves
@@ -193,8 +200,8 @@ Config file options (TOML):
   PublishInterval = 30             seconds between descriptor uploads
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Scheduler,
-CircuitPriorityHalflife, OutbufCells, OutbufMaxMsec, ChannelFairness, MaxMemInQueues and the DoS
-options without dropping circuits.";
+CircuitPriorityHalflife, OutbufCells, OutbufMaxMsec, ChannelFairness, PerClientQueueCells,
+MaxMemInQueues and the DoS options without dropping circuits.";
 
 /// `QuietReserve` when unset under a `BandwidthRate` (capped at a quarter of the burst).
 const DEFAULT_QUIET_RESERVE: u64 = 128 * 1024;
@@ -223,6 +230,9 @@ pub struct RelayConfig {
     /// `ChannelFairness` (see the help); unset = the consensus's.
     #[serde(rename = "ChannelFairness", default)]
     pub channel_fairness: Option<bool>,
+    /// `PerClientQueueCells` (see the help); unset = the consensus's.
+    #[serde(rename = "PerClientQueueCells", default)]
+    pub per_client_queue_cells: Option<usize>,
     #[serde(rename = "ReadRateMargin", default = "default_read_margin")]
     pub read_rate_margin: f64,
     #[serde(rename = "QuietReserve", default)]
@@ -407,6 +417,7 @@ impl RelayConfig {
             cross_channel: self.cross_channel_priority,
             max_mem_in_queues: Some(mem),
             channel_fairness: self.channel_fairness,
+            per_client_queue_cells: self.per_client_queue_cells,
             heartbeat_period: self.heartbeat_period,
             outbuf_max_msec: self.outbuf_max_msec,
             dos: self.dos_options()?,
