@@ -7,6 +7,7 @@
 //! held queue grow without bound.
 
 use chive_cell::{Cell, CellCommand};
+use chive_core::cc::{CcKind, VegasParams};
 use chive_core::{CoreConfig, Event, StreamHandle, MIN_PAUSE_CELLS};
 
 use crate::sim::{pattern, Sim};
@@ -24,17 +25,21 @@ const CLIENT_RATE: usize = 5;
 const READ_RATE: usize = 11;
 
 fn overlay(cap: usize) -> Sim {
+    overlay_cc(cap, CcKind::Fixed)
+}
+
+fn overlay_cc(cap: usize, cc: CcKind) -> Sim {
+    let cfg = || CoreConfig {
+        congestion_control: cc,
+        ..CoreConfig::default()
+    };
     let relay = move |i: usize| CoreConfig {
         exit: i == 2,
         client_queue_cap: if i == 0 { cap } else { 0 },
+        congestion_control: cc,
         ..CoreConfig::default()
     };
-    Sim::overlay(
-        18,
-        vec![CoreConfig::default(), CoreConfig::default()],
-        3,
-        relay,
-    )
+    Sim::overlay(18, vec![cfg(), cfg()], 3, relay)
 }
 
 /// The exit's "servers" send without end: every read credit X grants is filled at once.
@@ -73,8 +78,8 @@ impl Outcome {
 
 /// 50 download circuits for the gamer, one for the single client, `warmup` + `window` steps
 /// of 1 ms; `cap` = E's `PerClientQueueCells` (0 = off).
-fn gaming(cap: usize, warmup: usize, window: usize) -> (Sim, Outcome) {
-    let mut sim = overlay(cap);
+fn gaming(cap: usize, cc: CcKind, warmup: usize, window: usize) -> (Sim, Outcome) {
+    let mut sim = overlay_cc(cap, cc);
     let mut streams: Vec<(usize, StreamHandle)> = Vec::new();
     for _ in 0..50 {
         let c = sim.build_through(GAMER, &PATH, 2000);
@@ -142,9 +147,21 @@ fn gaming(cap: usize, warmup: usize, window: usize) -> (Sim, Outcome) {
             out.entry_max = out.entry_max.max(sim.nodes[E].channel_queued(e_to_gamer));
         }
     }
+    // The per-channel counts add up to the core's count of queued cells.
+    let e = &sim.nodes[E];
+    let per_channel: usize = [e_to_gamer, e_to_single, sim.chan(E, M)]
+        .iter()
+        .map(|c| e.channel_queued(*c))
+        .sum();
+    assert_eq!(per_channel, e.stats().queued_cells);
     eprintln!(
-        "cap {cap}: gamer {} B single {} B (x{:.2}), most queued at M toward E {}, at E toward \
+        "{} cap {cap}: gamer {} B single {} B (x{:.2}), most queued at M toward E {}, at E toward \
          the gamer {}, held {:?}",
+        if cc == CcKind::Fixed {
+            "fixed"
+        } else {
+            "vegas"
+        },
         out.gamer,
         out.single,
         out.ratio(),
@@ -163,7 +180,7 @@ fn gaming(cap: usize, warmup: usize, window: usize) -> (Sim, Outcome) {
 fn a_fifty_circuit_client_gets_no_larger_share_and_parks_nothing_upstream() {
     const CAP: usize = 1000;
     let (warmup, window) = (5_000, 8_000);
-    let (sim, off) = gaming(0, warmup, window);
+    let (sim, off) = gaming(0, CcKind::Fixed, warmup, window);
     assert_eq!(sim.killed(), 0);
     assert!(
         off.ratio() > 3.0,
@@ -176,7 +193,7 @@ fn a_fifty_circuit_client_gets_no_larger_share_and_parks_nothing_upstream() {
         off.middle_max
     );
 
-    let (sim, on) = gaming(CAP, warmup, window);
+    let (sim, on) = gaming(CAP, CcKind::Fixed, warmup, window);
     assert_eq!(sim.killed(), 0);
     assert!(
         on.ratio() <= 1.2,
@@ -294,4 +311,32 @@ fn a_hostile_client_cannot_grow_the_held_queue_without_bound() {
     assert!(sim.nodes[E].stats().mem_in_queues <= mem_before);
     // The client's other two circuits were not touched.
     assert_eq!(sim.nodes[E].stats().circuits, 2);
+}
+
+/// The same with congestion control (Vegas, `cc_alg=2`): circuit SENDMEs only, windows that
+/// follow the queueing delay.
+#[test]
+fn with_vegas_too() {
+    const CAP: usize = 1000;
+    let vegas = CcKind::Vegas(VegasParams::default());
+    let (sim, off) = gaming(0, vegas, 5_000, 8_000);
+    assert_eq!(sim.killed(), 0);
+    assert!(off.ratio() > 3.0, "the gaming: x{:.2}", off.ratio());
+    let (sim, on) = gaming(CAP, vegas, 5_000, 8_000);
+    assert_eq!(sim.killed(), 0);
+    assert!(
+        (0.8..=1.2).contains(&on.ratio()),
+        "share with the bound: x{:.2}",
+        on.ratio()
+    );
+    assert!(
+        on.middle_max <= 500,
+        "queued at M toward E: {}",
+        on.middle_max
+    );
+    assert!(
+        on.entry_max <= CAP + 500,
+        "queued at E toward the gamer: {}",
+        on.entry_max
+    );
 }
