@@ -49,21 +49,21 @@ Config file options (TOML):
                                    to the channel whose next circuit has the lowest EWMA count
                                    (KIST-like; docs/scheduling.md). false: each connection's
                                    writer takes tokens first come, first served
-  ChannelFairness = false          with CrossChannelPriority: a client's channel is ranked by
+  ChannelFairness = true           with CrossChannelPriority: a client's channel is ranked by
                                    what it sent in all (its circuits' EWMA counts summed), as
                                    one circuit, then EWMA picks among its circuits, so a client
                                    spreading bulk over many circuits gets no larger share than
                                    a one-circuit client; channels to relays (an identity the
                                    consensus lists) keep per-circuit ranking (docs/security.md,
                                    EWMA gaming).
-                                   Unset: the consensus's ChannelFairness (default 0 = off)
-  PerClientQueueCells = 0          at an entry: once this many cells wait here toward one
+                                   Unset: the consensus's ChannelFairness (default 1 = on)
+  PerClientQueueCells = 2000       at an entry: once this many cells wait here toward one
                                    client's channel, that client's cells on its circuits with
                                    cells waiting here (its SENDMEs) are held back and let go
                                    as the queue drains, so a client spreading a download over
                                    many circuits keeps its excess here, not in the middles
                                    (docs/security.md, EWMA gaming). 0 = off. Unset: the
-                                   consensus's PerClientQueueCells (default 0 = off)
+                                   consensus's PerClientQueueCells (default 2000)
   QuietReserve = 131072            with BandwidthRate and CrossChannelPriority under EWMA: bytes
                                    of the write bucket that only quiet circuits may spend (EWMA
                                    count below the reserve's size in cells). Bulk then leaves

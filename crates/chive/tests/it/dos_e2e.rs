@@ -464,7 +464,13 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         drop(writers);
-        (honest.join().unwrap(), control.join().unwrap(), ok, flood_secs, cpu)
+        (
+            honest.join().unwrap(),
+            control.join().unwrap(),
+            ok,
+            flood_secs,
+            cpu,
+        )
     });
     // The network keeps serving.
     let body = fetch(net.socks, net.http, 1_000_000, None).expect("download after the flood");

@@ -78,7 +78,9 @@ impl Tunables {
     /// The half-life (s) of the channels' cell counts under `ChannelFairness`, `None` if off:
     /// the circuit scheduler's half-life, so a channel's count is the sum of its circuits'.
     pub fn channel_fair_halflife(&self, params: Option<&chive_dir::NetParams>) -> Option<f64> {
-        let consensus = params.is_some_and(|p| p.get_spec(&chive_dir::CHANNEL_FAIRNESS) == 1);
+        let consensus = params.map_or(chive_dir::CHANNEL_FAIRNESS.default, |p| {
+            p.get_spec(&chive_dir::CHANNEL_FAIRNESS)
+        }) == 1;
         if !self.channel_fairness.unwrap_or(consensus) {
             return None;
         }
@@ -179,9 +181,12 @@ mod tests {
     fn channel_fairness_follows_the_option_then_the_consensus() {
         let mut on = chive_dir::NetParams::new();
         on.set("ChannelFairness", 1).unwrap();
+        let mut off = chive_dir::NetParams::new();
+        off.set("ChannelFairness", 0).unwrap();
         let t = tunables(None, Some(10.0));
-        assert_eq!(t.channel_fair_halflife(None), None, "off by default");
+        assert_eq!(t.channel_fair_halflife(None), Some(10.0), "on by default");
         assert_eq!(t.channel_fair_halflife(Some(&on)), Some(10.0));
+        assert_eq!(t.channel_fair_halflife(Some(&off)), None);
         let local_off = Tunables {
             channel_fairness: Some(false),
             ..tunables(None, None)
