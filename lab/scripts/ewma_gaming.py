@@ -20,7 +20,10 @@ the middles' channels to the entry, where no relay can tell the clients apart.
 
 Configurations: `ewma` (today's default: CrossChannelPriority ranks a channel by its best
 circuit), `ewma+fair` (`ChannelFairness = true`: client channels ranked by their total),
-`rr` (round-robin circuits, the baseline for EWMA's web gain). Prints gamer/single goodput and the web fetch quantiles; writes results.json.
+`ewma+fair+cap` (`ChannelFairness` and `PerClientQueueCells = --cap`: the entry holds back a
+client's SENDMEs once that many cells wait there for it, so the gamer's excess waits at the entry,
+not in the middles), `rr` (round-robin circuits, the baseline for EWMA's web gain). The other
+configurations set `PerClientQueueCells = 0`. Prints gamer/single goodput and the web fetch quantiles; writes results.json.
 """
 
 import argparse
@@ -44,9 +47,11 @@ LAB = ROOT / ".venv" / "bin" / "chive-lab"
 CHIVE = Path(os.environ.get("CHIVE_BIN", ROOT / "target" / "release" / "chive"))
 RATE = 1_000_000
 CONFIGS = {
-    "ewma": ["Scheduler=ewma", "ChannelFairness=false"],
-    "ewma+fair": ["Scheduler=ewma", "ChannelFairness=true"],
-    "rr": ["Scheduler=rr"],
+    "ewma": ["Scheduler=ewma", "ChannelFairness=false", "PerClientQueueCells=0"],
+    "ewma+fair": ["Scheduler=ewma", "ChannelFairness=true", "PerClientQueueCells=0"],
+    # PerClientQueueCells is set from --cap in main().
+    "ewma+fair+cap": ["Scheduler=ewma", "ChannelFairness=true"],
+    "rr": ["Scheduler=rr", "PerClientQueueCells=0"],
 }
 
 
@@ -188,24 +193,27 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="extra relay option KEY=VALUE")
     ap.add_argument("--param", action="append", default=[],
                     help="consensus parameter KEY=INT for the authority, e.g. cc_alg=2 (Vegas)")
+    ap.add_argument("--cap", type=int, default=2000,
+                    help="PerClientQueueCells of the ewma+fair+cap configuration [2000]")
     args = ap.parse_args()
+    CONFIGS["ewma+fair+cap"].append(f"PerClientQueueCells={args.cap}")
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"command": sys.argv, "relay_rate": RATE, "circuits": args.circuits,
-               "disjoint_paths": args.disjoint, "runs": {}}
+               "disjoint_paths": args.disjoint, "cap": args.cap, "runs": {}}
     for name in args.configs.split(","):
         if name not in CONFIGS:
             raise SystemExit(f"unknown config {name!r}")
         print(f"== {name}", file=sys.stderr)
         results["runs"][name] = run_one(name, args, args.out)
         (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    print(f"{'config':10} {'gamer kB/s':>10} {'single kB/s':>11} {'gamer/single':>12} {'circuits':>8} "
+    print(f"{'config':13} {'gamer kB/s':>10} {'single kB/s':>11} {'gamer/single':>12} {'circuits':>8} "
           f"{'use of rate':>11}  web 50 KiB p25/p50/p75 (s)")
     for name, r in results["runs"].items():
         w = r["web"]
         fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
         ratio = "-" if r["gamer_over_single"] is None else f"{r['gamer_over_single']:.2f}x"
-        print(f"{name:10} {r['gamer_Bps'] / 1e3:>10.1f} {r['single_Bps'] / 1e3:>11.1f} {ratio:>12} "
+        print(f"{name:13} {r['gamer_Bps'] / 1e3:>10.1f} {r['single_Bps'] / 1e3:>11.1f} {ratio:>12} "
               f"{r['gamer_circuits']:>8} {100 * r['share_of_rate']:>10.1f}%  "
               f"{fmt(w['p25'])}/{fmt(w['p50'])}/{fmt(w['p75'])} (n={w['n']})")
 

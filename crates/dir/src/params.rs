@@ -44,6 +44,7 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
     CIRCUIT_PRIORITY_HALFLIFE_MSEC,
     OUTBUF_CELLS,
     CHANNEL_FAIRNESS,
+    PER_CLIENT_QUEUE_CELLS,
     CIRCUIT_SWITCHING,
     SWITCH_GAMMA_MILLI,
     SWITCH_ALPHA_MILLI,
@@ -108,12 +109,28 @@ pub const OUTBUF_CELLS: ParamSpec = ParamSpec {
 /// *client's* channel by its total recent cells (as one circuit) before EWMA picks among a
 /// channel's circuits, so spreading bulk over many circuits wins no larger share; relay
 /// channels keep their best circuit's rank (docs/security.md, "EWMA gaming"). 0 = off (rank
-/// every channel by its best circuit). A relay's own option overrides it.
+/// every channel by its best circuit). Default 1 since session 17, with
+/// [`PER_CLIENT_QUEUE_CELLS`]: together they met both EWMA-gaming targets. A relay's own option
+/// overrides it.
 pub const CHANNEL_FAIRNESS: ParamSpec = ParamSpec {
     name: "ChannelFairness",
-    default: 0,
+    default: 1,
     min: 0,
     max: 1,
+};
+
+/// `PerClientQueueCells`: at an entry, once this many cells are queued toward one client's
+/// channel, the client's upstream cells on its circuits with cells queued there are held back
+/// and let go as the queue drains (its windows stop refilling: a client spreading a download
+/// over many circuits keeps its excess at the entry instead of in the middles; docs/security.md,
+/// "EWMA gaming"). 0 = off. Default 2 000 cells (about 1 MB: two fixed circuit windows, four
+/// stream windows), so a one-circuit download never reaches it. A relay's own option overrides
+/// it.
+pub const PER_CLIENT_QUEUE_CELLS: ParamSpec = ParamSpec {
+    name: "PerClientQueueCells",
+    default: 2000,
+    min: 0,
+    max: 1_000_000,
 };
 
 // Congestion-triggered circuit switching (paper 003, issue 16). The fractions γ, α and β are

@@ -4,7 +4,8 @@
 //! - `{"type":"cell", ...}`: one sampled cell's life: entered its circuit queue,
 //!   moved to the connection's output, written to the socket (UNIX seconds);
 //! - `{"type":"relay", ...}` once per second: cells in/out, bytes forwarded per
-//!   second, circuits, queued cells, scheduler, outbuf-full events;
+//!   second, circuits, queued cells, scheduler, outbuf-full events, client cells held at this
+//!   entry now and in all (`held_cells`, `cells_held_total`: `PerClientQueueCells`);
 //! - `{"type":"chan", ...}` once per second per busy channel: output-buffer occupancy;
 //! - `{"type":"circ", ...}` once per second per circuit that sent cells: cells
 //!   sent, queue length, scheduler priority (EWMA count) when the policy has one; at an
@@ -93,6 +94,8 @@ pub struct Snapshot {
     pub oom_circuits_killed: u64,
     pub oom_channels_closed: u64,
     pub oom_bytes_freed: u64,
+    /// `PerClientQueueCells`: client cells held at this entry (now and in all).
+    pub hold: chive_core::HoldStats,
     pub dos: DosStats,
     /// Circuit switching's counters and the sum of switch times (seconds).
     pub switching: chive_core::SwitchStats,
@@ -323,8 +326,8 @@ impl Metrics {
         if let Some(f) = self.file.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells},\"reaction_ms\":{:.3},\"stream_xoff_sent\":{},\"stream_xon_sent\":{},\"mem_in_queues\":{}}}",
-                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler, self.reaction_latency.as_secs_f64() * 1e3, stats.stream_xoff_sent, stats.stream_xon_sent, stats.mem_in_queues
+                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells},\"reaction_ms\":{:.3},\"stream_xoff_sent\":{},\"stream_xon_sent\":{},\"mem_in_queues\":{},\"held_cells\":{},\"cells_held_total\":{}}}",
+                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler, self.reaction_latency.as_secs_f64() * 1e3, stats.stream_xoff_sent, stats.stream_xon_sent, stats.mem_in_queues, core.hold_stats().held_now, core.hold_stats().held_total
             );
             for (chan, occupancy) in outbufs.iter().filter(|(_, o)| *o > 0) {
                 let _ = writeln!(
@@ -392,6 +395,7 @@ impl Metrics {
             snap.oom_circuits_killed = stats.oom_circuits_killed;
             snap.oom_channels_closed = stats.oom_channels_closed;
             snap.oom_bytes_freed = stats.oom_bytes_freed;
+            snap.hold = core.hold_stats();
             snap.dos = self.last_dos;
             snap.cells_received = stats.cells_received;
             snap.cells_transmitted = stats.cells_transmitted;
@@ -549,6 +553,24 @@ pub fn render(snap: &Snapshot) -> String {
         "counter",
         "Bytes freed by the OOM handler.",
         snap.oom_bytes_freed.to_string(),
+    );
+    metric(
+        "chive_client_held_cells",
+        "gauge",
+        "Client cells held at this entry now (PerClientQueueCells).",
+        snap.hold.held_now.to_string(),
+    );
+    metric(
+        "chive_client_cells_held_total",
+        "counter",
+        "Client cells held at this entry since start (PerClientQueueCells).",
+        snap.hold.held_total.to_string(),
+    );
+    metric(
+        "chive_client_read_pauses_total",
+        "counter",
+        "Times a client channel was no longer read because its held cells reached their bound.",
+        snap.hold.read_pauses.to_string(),
     );
     metric(
         "chive_dos_circuits_refused_total",

@@ -49,14 +49,21 @@ Config file options (TOML):
                                    to the channel whose next circuit has the lowest EWMA count
                                    (KIST-like; docs/scheduling.md). false: each connection's
                                    writer takes tokens first come, first served
-  ChannelFairness = false          with CrossChannelPriority: a client's channel is ranked by
+  ChannelFairness = true           with CrossChannelPriority: a client's channel is ranked by
                                    what it sent in all (its circuits' EWMA counts summed), as
                                    one circuit, then EWMA picks among its circuits, so a client
                                    spreading bulk over many circuits gets no larger share than
                                    a one-circuit client; channels to relays (an identity the
                                    consensus lists) keep per-circuit ranking (docs/security.md,
                                    EWMA gaming).
-                                   Unset: the consensus's ChannelFairness (default 0 = off)
+                                   Unset: the consensus's ChannelFairness (default 1 = on)
+  PerClientQueueCells = 2000       at an entry: once this many cells wait here toward one
+                                   client's channel, that client's cells on its circuits with
+                                   cells waiting here (its SENDMEs) are held back and let go
+                                   as the queue drains, so a client spreading a download over
+                                   many circuits keeps its excess here, not in the middles
+                                   (docs/security.md, EWMA gaming). 0 = off. Unset: the
+                                   consensus's PerClientQueueCells (default 2000)
   QuietReserve = 131072            with BandwidthRate and CrossChannelPriority under EWMA: bytes
                                    of the write bucket that only quiet circuits may spend (EWMA
                                    count below the reserve's size in cells). Bulk then leaves
@@ -196,8 +203,8 @@ Config file options (TOML):
   PublishInterval = 30             seconds between descriptor uploads
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Scheduler,
-CircuitPriorityHalflife, OutbufCells, OutbufMaxMsec, ChannelFairness, MaxMemInQueues and the DoS
-options without dropping circuits.";
+CircuitPriorityHalflife, OutbufCells, OutbufMaxMsec, ChannelFairness, PerClientQueueCells,
+MaxMemInQueues and the DoS options without dropping circuits.";
 
 /// `QuietReserve` when unset under a `BandwidthRate` (capped at a quarter of the burst).
 const DEFAULT_QUIET_RESERVE: u64 = 128 * 1024;
@@ -226,6 +233,9 @@ pub struct RelayConfig {
     /// `ChannelFairness` (see the help); unset = the consensus's.
     #[serde(rename = "ChannelFairness", default)]
     pub channel_fairness: Option<bool>,
+    /// `PerClientQueueCells` (see the help); unset = the consensus's.
+    #[serde(rename = "PerClientQueueCells", default)]
+    pub per_client_queue_cells: Option<usize>,
     #[serde(rename = "ReadRateMargin", default = "default_read_margin")]
     pub read_rate_margin: f64,
     #[serde(rename = "QuietReserve", default)]
@@ -412,6 +422,7 @@ impl RelayConfig {
             cross_channel: self.cross_channel_priority,
             max_mem_in_queues: Some(mem),
             channel_fairness: self.channel_fairness,
+            per_client_queue_cells: self.per_client_queue_cells,
             heartbeat_period: self.heartbeat_period,
             outbuf_max_msec: self.outbuf_max_msec,
             dos: self.dos_options()?,

@@ -329,6 +329,8 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
     );
     let relay = net.relays[0];
     let keys = relay_keys(&net, 1);
+    // The control: relay2, which the flood does not reach (see the bound below).
+    let (control_relay, control_keys) = (net.relays[1], relay_keys(&net, 2));
     let target = pid_of(&net, "relay1");
     let honest_ip: IpAddr = "127.0.0.3".parse().unwrap();
     let flood_ip: IpAddr = "127.0.0.2".parse().unwrap();
@@ -351,7 +353,7 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
     let sent = Arc::new(AtomicU64::new(0));
     let cpu0 = cpu_seconds(target);
     let t_flood = Instant::now();
-    let (during, flood_ok, flood_secs, cpu) = rt.block_on(async {
+    let (during, control, flood_ok, flood_secs, cpu) = rt.block_on(async {
         // Every link is up before the first CREATE2: with fewer than MinConnections the
         // address cannot be marked, and its CREATE2 cells would all be served.
         let mut links = Vec::new();
@@ -426,6 +428,23 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
                 Duration::from_millis(200),
             ))
         });
+        // The same round trips to relay2 at the same time: what the machine's load alone
+        // does to them.
+        let control = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(honest_creates(
+                control_relay,
+                honest_ip,
+                &control_keys,
+                1,
+                15,
+                Duration::from_millis(200),
+            ))
+        });
         let mut writers = Vec::new();
         for t in tasks {
             writers.push(t.await.ok().flatten());
@@ -445,7 +464,13 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         drop(writers);
-        (honest.join().unwrap(), ok, flood_secs, cpu)
+        (
+            honest.join().unwrap(),
+            control.join().unwrap(),
+            ok,
+            flood_secs,
+            cpu,
+        )
     });
     // The network keeps serving.
     let body = fetch(net.socks, net.http, 1_000_000, None).expect("download after the flood");
@@ -464,16 +489,18 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
         std::thread::sleep(Duration::from_millis(200));
         scrape = net.scrape(0);
     }
-    let (mi, md) = (median(&idle), median(&during));
+    let (mi, md, mc) = (median(&idle), median(&during), median(&control));
     eprintln!(
         "flood: {} CREATE2 sent in {flood_secs:.1} s, {created} CREATED2, {refused} DESTROY \
          (RESOURCELIMIT), {other} other; relay1 CPU {cpu:.2} s ({:.0} %); honest CREATE2 round \
-         trip median idle {:.2} ms, during the flood {:.2} ms ({:.2}x)",
+         trip median idle {:.2} ms, during the flood {:.2} ms ({:.2}x), to relay2 meanwhile \
+         {:.2} ms",
         sent.load(Ordering::Relaxed),
         cpu / flood_secs * 100.0,
         mi * 1e3,
         md * 1e3,
-        md / mi
+        md / mi,
+        mc * 1e3
     );
     assert!(flood_ok, "a flood link failed while writing");
     // Burst 90 plus 3 per second (whole seconds), and a margin for the answers' timing.
@@ -491,10 +518,16 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
     assert_eq!(counter(&scrape, "chive_dos_addresses_marked_total"), 1);
     // 10 ms of slack for a shared 2-core machine (measured: 0.4 ms idle, 0.6 ms during the
     // flood); without the per-connection input credit the median was 18-41 ms. The figures
-    // are printed above and reported in docs/security.md.
+    // are printed above and reported in docs/security.md. The reference is the larger of the
+    // idle median and the median to relay2 during the flood: on a loaded machine (other jobs,
+    // the flood's own sender) every round trip grows, relay2's as much as relay1's, and the
+    // bound failed at load 11-29 with idle measured before the load came. Without the input
+    // credit it still fails: relay1's honest cells then wait behind the flood's queued input,
+    // which relay2 does not see.
+    let reference = mi.max(mc);
     assert!(
-        md <= 2.0 * mi + 0.01,
-        "honest CREATE2 median {md:.4} s during the flood vs {mi:.4} s idle"
+        md <= 2.0 * reference + 0.01,
+        "honest CREATE2 median {md:.4} s during the flood vs {mi:.4} s idle, {mc:.4} s to relay2"
     );
     // The DoS heartbeat (HeartbeatPeriod = 2 s) counted the refusals: wait for a beat after
     // the flood, then the largest "since start" count must be the metrics' refusals.

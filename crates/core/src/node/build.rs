@@ -245,6 +245,7 @@ impl Core {
             self.stats.queued_cells = self.stats.queued_cells.saturating_sub(dropped);
             self.stats.queue_buffer_cells -= cap;
             if let Some(ch) = self.channels.get_mut(&chan) {
+                ch.queued = ch.queued.saturating_sub(dropped);
                 ch.circ_ids.remove(&id);
                 ch.sched.deactivate(queue_id(key, Side::Next));
                 ch.sched.forget(queue_id(key, Side::Next));

@@ -32,6 +32,9 @@ pub(super) struct Channel {
     pub(super) dos_tracked: bool,
     /// A client's channel, for `ChannelFairness` ([`Core::channel_is_client`]).
     pub(super) client: bool,
+    /// Cells queued at this node toward this channel (every circuit queue whose end is here):
+    /// what `PerClientQueueCells` bounds for a client's channel (`client_hold.rs`).
+    pub(super) queued: usize,
 }
 
 impl Core {
@@ -73,6 +76,7 @@ impl Core {
                 addr: None,
                 dos_tracked: false,
                 client: peer.is_none() && !initiator,
+                queued: 0,
             },
         );
         if let Some(id) = peer {

@@ -58,6 +58,12 @@ pub struct CoreConfig {
     pub exit: bool,
     /// Sample one cell in this many for per-cell timing (0 = off).
     pub cell_sample_every: u64,
+    /// `PerClientQueueCells`: at an entry, once the cells queued here toward one *client's*
+    /// channel pass this many, that client's upstream relay cells on its circuits that have
+    /// cells queued here are held back (its SENDMEs, so its windows stop refilling) and let
+    /// go as the queue drains (`node/client_hold.rs`, docs/security.md "EWMA gaming").
+    /// 0 = off.
+    pub client_queue_cap: usize,
 }
 
 impl Default for CoreConfig {
@@ -75,6 +81,7 @@ impl Default for CoreConfig {
             relay: None,
             exit: false,
             cell_sample_every: 0,
+            client_queue_cap: 0,
         }
     }
 }

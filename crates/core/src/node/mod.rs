@@ -42,6 +42,7 @@ mod build;
 mod channel;
 mod circuit;
 mod client;
+mod client_hold;
 mod config;
 mod dos;
 mod event;
@@ -58,6 +59,7 @@ mod switch_report;
 mod teardown;
 
 pub use build::MAX_PATH_LEN;
+pub use client_hold::{HoldStats, MIN_PAUSE_CELLS, RELEASE_CREDIT, RELEASE_TICK};
 pub use config::{CoreConfig, HopSpec, RelayKeys};
 pub use event::{CloseCause, CoreError, Event};
 pub use inspect::{CellSample, CircuitStat, CoreStats};
@@ -107,6 +109,8 @@ pub struct Core {
     path: path::PathTables,
     /// Introduction and rendezvous tables, joined circuits, service circuits (`onion.rs`).
     onion: onion::OnionTables,
+    /// `PerClientQueueCells`: client cells held at this entry (`client_hold.rs`).
+    hold: client_hold::HoldTables,
 }
 
 impl Core {
@@ -136,6 +140,7 @@ impl Core {
             sw: switch::SwitchState::default(),
             path: path::PathTables::default(),
             onion: Default::default(),
+            hold: Default::default(),
         }
     }
 
@@ -221,6 +226,7 @@ impl Core {
             .chain(self.sw_next_deadline())
             .chain(self.path_next_deadline())
             .chain(self.queue_sweep_deadline())
+            .chain(self.hold_next_deadline())
             .min()
     }
 
@@ -245,6 +251,7 @@ impl Core {
         self.sw_handle_timeout(now);
         self.path_handle_timeout(now);
         self.sweep_emptied_queues(now);
+        self.hold_handle_timeout(now);
     }
 
     /// A variable-length cell after the link handshake: padding is ignored,

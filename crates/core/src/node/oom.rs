@@ -93,6 +93,7 @@ impl Core {
             .saturating_add(self.path_exit_buffered())
             .saturating_mul(CELL_MEM_COST)
             .saturating_add(self.driver_bytes)
+            .saturating_add(self.held_mem())
     }
 
     /// The driver holds `bytes` for `chan` outside the core (its output buffer, cells held back
@@ -152,11 +153,13 @@ impl Core {
             .circuits
             .iter()
             .filter_map(|(&key, c)| {
-                let oldest = match (c.q_prev.oldest(), c.q_next.oldest()) {
-                    (Some(a), Some(b)) => a.min(b),
-                    (a, b) => a.or(b)?,
-                };
-                let bytes = (c.q_prev.capacity() + c.q_next.capacity()) * CELL_MEM_COST;
+                let held = self.held_oldest(key);
+                let oldest = [c.q_prev.oldest(), c.q_next.oldest(), held.map(|h| h.0)]
+                    .into_iter()
+                    .flatten()
+                    .min()?;
+                let bytes = (c.q_prev.capacity() + c.q_next.capacity()) * CELL_MEM_COST
+                    + held.map_or(0, |h| h.1);
                 Some((oldest, true, Reverse(bytes), Victim::Circuit(key)))
             })
             .chain(self.channels.iter().filter_map(|(&chan, ch)| {

@@ -294,6 +294,7 @@ impl Core {
         out: &mut impl CellSink,
     ) -> usize {
         let mut sent = 0;
+        let mut circ_cells = 0;
         let mut drained_edges: Vec<CircKey> = Vec::new();
         let Some(ch) = self.channels.get_mut(&chan) else {
             return 0;
@@ -318,6 +319,8 @@ impl Core {
                 continue;
             };
             let left = queue.len();
+            ch.queued = ch.queued.saturating_sub(1);
+            circ_cells += 1;
             circ.cells_sent += 1;
             if super::switch::counted(command) {
                 circ.sw.sent[usize::from(side == Side::Next)] += 1;
@@ -357,6 +360,9 @@ impl Core {
         for key in drained_edges {
             self.package_all(key, now);
         }
+        if circ_cells > 0 {
+            self.hold_after_transmit(chan, now);
+        }
         sent
     }
 
@@ -388,10 +394,14 @@ impl Core {
                 now,
             );
         }
-        if len == 1 {
-            if let Some(ch) = self.channels.get_mut(&chan) {
+        if let Some(ch) = self.channels.get_mut(&chan) {
+            ch.queued += 1;
+            if len == 1 {
                 ch.sched.activate(queue_id(key, side), now);
             }
+        }
+        if self.hold.has_channels() {
+            self.hold_arrival(chan);
         }
         self.mark_ready(chan);
         self.check_mem_in_queues(now);

@@ -30,6 +30,21 @@ impl Core {
             );
             return;
         };
+        // A client past its queue cap: its cell waits at this entry (`client_hold.rs`).
+        if self.hold_upstream(chan, key, cell, now) {
+            return;
+        }
+        self.relay_in(chan, key, cell, now);
+    }
+
+    /// A relay cell of circuit `key` from `chan`, taken in (now, or let go after being held).
+    pub(super) fn relay_in(
+        &mut self,
+        chan: ChannelId,
+        key: CircKey,
+        cell: &mut Cell,
+        now: Instant,
+    ) {
         let Some(circ) = self.circuits.get_mut(&key) else {
             return;
         };

@@ -252,6 +252,7 @@ impl Core {
                 addr: None,
                 dos_tracked: false,
                 client: false,
+                queued: 0,
             },
         );
         self.sw.switch_chans.insert(chan);
@@ -391,15 +392,18 @@ impl Core {
         }
         circ.sw.sent[ix(side)] = 0;
         circ.queue(side).set_circ_id(new.1);
-        let queued = circ.queue(side).len() > 0;
+        let len = circ.queue(side).len();
+        let queued = len > 0;
         let q = queue_id(key, side);
         if let Some((c1, _)) = old {
             if let Some(ch) = self.channels.get_mut(&c1) {
+                ch.queued = ch.queued.saturating_sub(len);
                 ch.sched.deactivate(q);
                 ch.sched.forget(q);
             }
         }
         if let Some(ch) = self.channels.get_mut(&new.0) {
+            ch.queued += len;
             ch.circ_ids.insert(new.1, key);
             if queued {
                 ch.sched.activate(q, now);

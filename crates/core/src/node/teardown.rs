@@ -93,9 +93,11 @@ impl Core {
             .queued_cells
             .saturating_sub(circ.q_prev.len() + circ.q_next.len());
         self.stats.queue_buffer_cells -= circ.q_prev.capacity() + circ.q_next.capacity();
+        self.hold_circuit_gone(key);
         for (side, end) in [(Side::Prev, circ.prev), (Side::Next, circ.next)] {
             let Some((chan, id)) = end else { continue };
             if let Some(ch) = self.channels.get_mut(&chan) {
+                ch.queued = ch.queued.saturating_sub(circ.queue_len(side));
                 ch.circ_ids.remove(&id);
                 ch.sched.deactivate(queue_id(key, side));
                 ch.sched.forget(queue_id(key, side));

@@ -12,6 +12,7 @@ mod common;
 mod sim;
 
 mod circuit_window;
+mod client_hold;
 mod dos;
 mod dos_streams;
 mod heap;

@@ -327,6 +327,11 @@ pub struct Driver {
     recv_scratch: Vec<AnyCell>,
     /// The fixed cell `on_cells` decodes into and hands to the core by reference.
     cell_scratch: Cell,
+    /// Cells read from connections the core asked not to read (`Core::read_paused`: a
+    /// client's held cells reached their bound), in order, each batch with its share of the
+    /// connection's input credit: held, so that connection's reader stops (TCP back-pressure
+    /// to that client only); the shared input budget is given back at once.
+    stalled: LocalMap<ChannelId, VecDeque<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)>>,
     /// Circuit switching: options, per-connection congestion detectors, switch connects.
     pub switching: switching::SwitchIo,
     /// The DoS heartbeat log line (relays only).
@@ -368,6 +373,7 @@ impl Driver {
                 command: CellCommand::PADDING,
                 payload: [0; PAYLOAD_LEN],
             },
+            stalled: LocalMap::default(),
             switching: switching::SwitchIo::default(),
         }
     }
@@ -395,6 +401,11 @@ impl Driver {
         self.apply_switching();
         self.heartbeat.set_interval(self.cfg.tunables.heartbeat());
         // The write bucket's rate and reserve may have changed with the tunables (SIGHUP).
+        let cap = self.cfg.tunables.client_queue_cap(self.params.as_ref());
+        if cap != self.core.client_queue_cap() {
+            info!(cells = cap, "PerClientQueueCells set");
+            self.core.set_client_queue_cap(cap, now);
+        }
         let send = send_config(&self.cfg, self.params.as_ref());
         if send != *self.send.config() {
             self.send.set_config(send, &mut self.core, now);
@@ -586,6 +597,15 @@ impl Driver {
                 credit,
                 ..
             } => {
+                if self.core.read_paused(chan) || self.stalled.contains_key(&chan) {
+                    // Kept for later, in order; the connection's credit stays taken.
+                    drop(permit);
+                    self.stalled
+                        .entry(chan)
+                        .or_default()
+                        .push_back((bytes, credit));
+                    return true;
+                }
                 self.on_cells(chan, &bytes, now);
                 // Handled: their room in the queue and in the connection's credit is free again.
                 drop((permit, credit));
@@ -610,7 +630,10 @@ impl Driver {
                     m.cells_written(samples, now);
                 }
             }
-            Input::LinkDown { chan: conn, why } => self.conn_down(conn, &why, now),
+            Input::LinkDown { chan: conn, why } => {
+                self.stalled.remove(&conn);
+                self.conn_down(conn, &why, now)
+            }
             Input::StreamData { stream, data } => self.core.stream_data(stream, &data, now),
             Input::StreamEof { stream } => self.core.stream_eof(stream, now),
             Input::StreamError { stream, why } => {
@@ -748,7 +771,29 @@ impl Driver {
     }
 
     /// Act on everything the core produced, until it is quiet.
+    /// Hand the core the cells kept from connections it no longer asks to leave unread.
+    fn resume_reads(&mut self, now: Instant) {
+        if self.stalled.is_empty() {
+            return;
+        }
+        let conns: Vec<ChannelId> = self.stalled.keys().copied().collect();
+        for conn in conns {
+            while !self.core.read_paused(conn) {
+                let Some((bytes, credit)) = self.stalled.get_mut(&conn).and_then(|q| q.pop_front())
+                else {
+                    break;
+                };
+                self.on_cells(conn, &bytes, now);
+                drop(credit);
+            }
+            if self.stalled.get(&conn).is_some_and(|q| q.is_empty()) {
+                self.stalled.remove(&conn);
+            }
+        }
+    }
+
     fn flush(&mut self, now: Instant) {
+        self.resume_reads(now);
         loop {
             let mut progressed = false;
             while let Some(ev) = self.core.poll_event() {

@@ -25,6 +25,9 @@ pub struct Tunables {
     /// `ChannelFairness`: share the write rate between channels by each channel's recent
     /// cells, then EWMA within the channel; unset = the consensus's `ChannelFairness`.
     pub channel_fairness: Option<bool>,
+    /// `PerClientQueueCells`: cells queued toward one client's channel past which its
+    /// upstream cells are held (0 = off); unset = the consensus's `PerClientQueueCells`.
+    pub per_client_queue_cells: Option<usize>,
     /// `HeartbeatPeriod` in seconds (0: off); unset = [`DEFAULT_HEARTBEAT_PERIOD`].
     pub heartbeat_period: Option<u64>,
     /// `OutbufMaxMsec`: under a write rate the output bound grows with the measured reaction
@@ -63,10 +66,21 @@ impl Tunables {
         std::time::Duration::from_secs(self.heartbeat_period.unwrap_or(DEFAULT_HEARTBEAT_PERIOD))
     }
 
+    /// `PerClientQueueCells` in force (0 = off): the relay's option, else the consensus's.
+    pub fn client_queue_cap(&self, params: Option<&chive_dir::NetParams>) -> usize {
+        self.per_client_queue_cells.unwrap_or_else(|| {
+            params
+                .map(|p| p.get_spec(&chive_dir::PER_CLIENT_QUEUE_CELLS))
+                .unwrap_or(chive_dir::PER_CLIENT_QUEUE_CELLS.default) as usize
+        })
+    }
+
     /// The half-life (s) of the channels' cell counts under `ChannelFairness`, `None` if off:
     /// the circuit scheduler's half-life, so a channel's count is the sum of its circuits'.
     pub fn channel_fair_halflife(&self, params: Option<&chive_dir::NetParams>) -> Option<f64> {
-        let consensus = params.is_some_and(|p| p.get_spec(&chive_dir::CHANNEL_FAIRNESS) == 1);
+        let consensus = params.map_or(chive_dir::CHANNEL_FAIRNESS.default, |p| {
+            p.get_spec(&chive_dir::CHANNEL_FAIRNESS)
+        }) == 1;
         if !self.channel_fairness.unwrap_or(consensus) {
             return None;
         }
@@ -167,9 +181,12 @@ mod tests {
     fn channel_fairness_follows_the_option_then_the_consensus() {
         let mut on = chive_dir::NetParams::new();
         on.set("ChannelFairness", 1).unwrap();
+        let mut off = chive_dir::NetParams::new();
+        off.set("ChannelFairness", 0).unwrap();
         let t = tunables(None, Some(10.0));
-        assert_eq!(t.channel_fair_halflife(None), None, "off by default");
+        assert_eq!(t.channel_fair_halflife(None), Some(10.0), "on by default");
         assert_eq!(t.channel_fair_halflife(Some(&on)), Some(10.0));
+        assert_eq!(t.channel_fair_halflife(Some(&off)), None);
         let local_off = Tunables {
             channel_fairness: Some(false),
             ..tunables(None, None)
@@ -183,6 +200,27 @@ mod tests {
         assert_eq!(
             local_on.channel_fair_halflife(None),
             Some(chive_core::sched::DEFAULT_HALFLIFE)
+        );
+    }
+
+    #[test]
+    fn per_client_queue_cells_follows_the_option_then_the_consensus() {
+        let mut set = chive_dir::NetParams::new();
+        set.set("PerClientQueueCells", 3000).unwrap();
+        let t = tunables(None, None);
+        assert_eq!(
+            t.client_queue_cap(None),
+            chive_dir::PER_CLIENT_QUEUE_CELLS.default as usize
+        );
+        assert_eq!(t.client_queue_cap(Some(&set)), 3000);
+        let local = Tunables {
+            per_client_queue_cells: Some(0),
+            ..tunables(None, None)
+        };
+        assert_eq!(
+            local.client_queue_cap(Some(&set)),
+            0,
+            "the relay's own option wins"
         );
     }
 

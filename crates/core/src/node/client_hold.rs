@@ -1,0 +1,377 @@
+//! A per-client bound at the entry (`PerClientQueueCells`, issue 18: EWMA gaming).
+//!
+//! A client that spreads one download over many circuits keeps one window in flight per
+//! circuit. Where the entry's write toward the client is the bottleneck, what does not fit in
+//! the entry's queue parks *upstream* of it: in the middles' queues, the TCP connections into
+//! the entry and its shared read bucket, where no scheduler ranks clients, so other clients'
+//! cells (web fetches) wait behind it. This module moves that credit to the entry: on a
+//! client's channel ([`Core::channel_is_client`]) the core counts the cells queued here toward
+//! the channel; once they pass the cap, a relay cell the client sends on one of its circuits
+//! that has cells queued here is *held* (for a download: the client's SENDMEs to the exit; the
+//! entry cannot read them, it only delays passing them on), so the exit's window stops
+//! refilling and the client's excess waits here as a few held cells instead of as data in
+//! the middles. Held cells are let go as the queue drains, like a window: each released cell
+//! is taken to bring [`RELEASE_CREDIT`] cells back (a SENDME's worth), and cells are let go
+//! while the queue plus what released cells are still expected to bring stays below the cap;
+//! every cell arriving toward the client counts one off. A tick ([`RELEASE_TICK`]) in which
+//! nothing arrived forgets what is expected (the guess was wrong: an upload, a finished
+//! stream), so nothing waits forever.
+//!
+//! Order: once a circuit has a held cell every later cell of it from the client is held
+//! behind it, and held cells are passed on in arrival order through the same path as any
+//! relay cell (RELAY_EARLY accounting, the tor1 layer), so nothing is reordered or dropped
+//! within a circuit. Bounds: a circuit may hold at most `max_circuit_queue` cells (more is a
+//! client ignoring flow control: the circuit is killed, as for its queues); held cells count
+//! against `MaxMemInQueues` (their buffers' room, at [`super::CELL_MEM_COST`] a cell) and
+//! their age makes their circuit an OOM victim like a queued cell; a channel holding the
+//! cap's worth of cells (at least [`MIN_PAUSE_CELLS`]) asks the driver to stop reading it
+//! ([`Core::read_paused`]: TCP back-pressure to that client only) until half is let go.
+//!
+//! What an honest client pays: only a client that itself keeps more than the cap queued at its
+//! entry is held, and only on circuits with cells queued toward it. One downloading on a
+//! single circuit stays below the cap (one circuit window). One that uploads on a circuit
+//! while its own downloads fill the cap sees that circuit's upload wait until its queue here
+//! drains below the cap: the client is receiving at its full share meanwhile, so it loses
+//! latency on that upload, not throughput. A circuit with nothing queued toward the client
+//! (a pure upload, another download's idle circuit) is never held.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use chive_cell::Cell;
+use tracing::debug;
+
+use crate::idmap::LocalMap;
+use crate::{ChannelId, CircKey};
+
+use super::queue::CELL_MEM_COST;
+use super::Core;
+
+/// Cells one released cell is expected to bring back toward the client: a SENDME's worth
+/// (a circuit SENDME lets the exit send 100 more cells, a stream SENDME 50). Released cells
+/// are limited so that the queue plus what they are still expected to bring stays below the
+/// cap: letting go faster would send the credit out before its data arrives, and the data
+/// would wait upstream again (on the in-memory overlay, releasing one held cell per 8 cells
+/// sent left 2 700 cells waiting at the middle and the gamer 1.5x ahead).
+pub const RELEASE_CREDIT: usize = 50;
+
+/// A tick in which no cell arrived toward a client forgets what its released cells were
+/// expected to bring, and lets held cells go if its queue is below the cap.
+pub const RELEASE_TICK: Duration = Duration::from_millis(10);
+
+/// A channel stops being read when it holds this many cells or the cap, whichever is more.
+pub const MIN_PAUSE_CELLS: usize = 1024;
+
+struct HeldCell {
+    cell: Cell,
+    at: Instant,
+}
+
+/// One client channel's held cells.
+struct ChanHold {
+    /// Circuits with held cells, in the order they are let go (one cell each in turn).
+    circs: VecDeque<CircKey>,
+    /// Cells held on this channel.
+    cells: usize,
+    /// Cells the released cells are still expected to bring toward the client.
+    expected: usize,
+    /// Whether the driver should not read the channel ([`Core::read_paused`]).
+    paused: bool,
+    /// When the timer next lets a cell go.
+    next_tick: Instant,
+    /// Whether a cell arrived toward the client since the last tick.
+    arrived: bool,
+}
+
+/// One circuit's held cells, oldest first, and the channel they came on.
+struct CircHold {
+    chan: ChannelId,
+    cells: VecDeque<HeldCell>,
+}
+
+/// What the per-client bound holds now and has done.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HoldStats {
+    /// Cells held now, over all client channels.
+    pub held_now: usize,
+    /// Cells held since start.
+    pub held_total: u64,
+    /// Held cells passed on since start.
+    pub released_total: u64,
+    /// Times a channel's reading was paused (its held cells reached the bound).
+    pub read_pauses: u64,
+    /// Circuits killed for holding more than `max_circuit_queue` cells.
+    pub circuits_killed: u64,
+}
+
+/// The held cells of every client channel (owned by their circuits: a closed circuit's go).
+#[derive(Default)]
+pub(super) struct HoldTables {
+    chans: LocalMap<ChannelId, ChanHold>,
+    circs: LocalMap<CircKey, CircHold>,
+    /// Room of all held cells' buffers, in cells (counted against `MaxMemInQueues`).
+    buffer_cells: usize,
+    stats: HoldStats,
+}
+
+impl Core {
+    /// Set `PerClientQueueCells` (0 = off); turning it off lets every held cell go at once.
+    pub fn set_client_queue_cap(&mut self, cells: usize, now: Instant) {
+        self.cfg.client_queue_cap = cells;
+        if cells == 0 {
+            let chans: Vec<ChannelId> = self.hold.chans.keys().copied().collect();
+            for chan in chans {
+                while self.release_one(chan, now) {}
+            }
+        }
+    }
+
+    /// `PerClientQueueCells` in force (0 = off).
+    pub fn client_queue_cap(&self) -> usize {
+        self.cfg.client_queue_cap
+    }
+
+    /// Whether the driver should stop reading `chan`: the client's held cells reached their
+    /// bound (see the module docs). Cells already read are still handed in (and held).
+    pub fn read_paused(&self, chan: ChannelId) -> bool {
+        self.hold.chans.get(&chan).is_some_and(|h| h.paused)
+    }
+
+    /// Cells queued at this node toward `chan` (all circuits, both directions).
+    pub fn channel_queued(&self, chan: ChannelId) -> usize {
+        self.channels.get(&chan).map_or(0, |c| c.queued)
+    }
+
+    /// Cells held now for `chan`'s client.
+    pub fn held_cells(&self, chan: ChannelId) -> usize {
+        self.hold.chans.get(&chan).map_or(0, |h| h.cells)
+    }
+
+    /// The per-client bound's counters.
+    pub fn hold_stats(&self) -> HoldStats {
+        HoldStats {
+            held_now: self.hold.chans.values().map(|h| h.cells).sum(),
+            ..self.hold.stats
+        }
+    }
+
+    /// A relay cell from `chan` on `key`: hold it (true) if the circuit already holds cells,
+    /// or if it comes from a client whose queue here is past the cap on a circuit with cells
+    /// queued toward it.
+    pub(super) fn hold_upstream(
+        &mut self,
+        chan: ChannelId,
+        key: CircKey,
+        cell: &Cell,
+        now: Instant,
+    ) -> bool {
+        let cap = self.cfg.client_queue_cap;
+        let holding = self.hold.circs.contains_key(&key);
+        if !holding {
+            if cap == 0 {
+                return false;
+            }
+            let Some(ch) = self.channels.get(&chan) else {
+                return false;
+            };
+            let expected = self.hold.chans.get(&chan).map_or(0, |h| h.expected);
+            if !ch.client || ch.queued + expected <= cap {
+                return false;
+            }
+            let Some(circ) = self.circuits.get(&key) else {
+                return false;
+            };
+            let from_client = circ.prev == Some((chan, cell.circ_id)) && !circ.is_origin();
+            if !from_client || circ.q_prev.len() == 0 {
+                return false;
+            }
+        }
+        let limit = self.cfg.max_circuit_queue;
+        let h = self.hold.circs.entry(key).or_insert_with(|| CircHold {
+            chan,
+            cells: VecDeque::new(),
+        });
+        if h.chan != chan {
+            // Held cells came on another channel (cannot happen for a client's circuit):
+            // pass this one on rather than mix channels.
+            return false;
+        }
+        if h.cells.len() >= limit {
+            self.hold.stats.circuits_killed += 1;
+            self.kill(
+                key,
+                "held upstream cells over the circuit queue limit (client ignores flow control)",
+                now,
+            );
+            return true;
+        }
+        let cap_before = h.cells.capacity();
+        h.cells.push_back(HeldCell {
+            cell: cell.clone(),
+            at: now,
+        });
+        self.hold.buffer_cells += h.cells.capacity() - cap_before;
+        let first = h.cells.len() == 1;
+        let ch = self.hold.chans.entry(chan).or_insert_with(|| ChanHold {
+            circs: VecDeque::new(),
+            cells: 0,
+            expected: 0,
+            paused: false,
+            next_tick: now + RELEASE_TICK,
+            arrived: false,
+        });
+        if first {
+            ch.circs.push_back(key);
+        }
+        ch.cells += 1;
+        self.hold.stats.held_total += 1;
+        if !ch.paused && ch.cells >= cap.max(MIN_PAUSE_CELLS) {
+            ch.paused = true;
+            self.hold.stats.read_pauses += 1;
+            debug!(
+                ?chan,
+                held = ch.cells,
+                "client channel: held cells at their bound, reading paused"
+            );
+        }
+        self.check_mem_in_queues(now);
+        true
+    }
+
+    /// Cells left toward `chan`: let held cells go as the queue allows.
+    pub(super) fn hold_after_transmit(&mut self, chan: ChannelId, now: Instant) {
+        if self.hold.chans.contains_key(&chan) {
+            self.release_ready(chan, now);
+        }
+    }
+
+    /// A cell was queued toward `chan` (called only while some channel holds cells).
+    pub(super) fn hold_arrival(&mut self, chan: ChannelId) {
+        if let Some(h) = self.hold.chans.get_mut(&chan) {
+            h.expected = h.expected.saturating_sub(1);
+            h.arrived = true;
+        }
+    }
+
+    /// Let `chan`'s held cells go while its queue plus what released cells are expected to
+    /// bring stays below the cap.
+    fn release_ready(&mut self, chan: ChannelId, now: Instant) {
+        let cap = self.cfg.client_queue_cap;
+        loop {
+            let queued = self.channel_queued(chan);
+            let Some(h) = self.hold.chans.get_mut(&chan) else {
+                return;
+            };
+            if h.cells == 0 || queued + h.expected >= cap {
+                return;
+            }
+            h.expected += RELEASE_CREDIT;
+            if !self.release_one(chan, now) {
+                return;
+            }
+        }
+    }
+
+    /// Let go of `chan`'s next held cell (round robin over its circuits, each in order).
+    /// Returns whether one went.
+    fn release_one(&mut self, chan: ChannelId, now: Instant) -> bool {
+        let Some(h) = self.hold.chans.get_mut(&chan) else {
+            return false;
+        };
+        let Some(key) = h.circs.pop_front() else {
+            return false;
+        };
+        let Some(ch_circ) = self.hold.circs.get_mut(&key) else {
+            return true;
+        };
+        let cap_before = ch_circ.cells.capacity();
+        let Some(mut held) = ch_circ.cells.pop_front() else {
+            self.hold.circs.remove(&key);
+            return true;
+        };
+        let left = ch_circ.cells.len();
+        if left == 0 {
+            self.hold.buffer_cells -= cap_before;
+            self.hold.circs.remove(&key);
+        } else {
+            self.hold.buffer_cells -= cap_before - ch_circ.cells.capacity();
+            h.circs.push_back(key);
+        }
+        h.cells -= 1;
+        if h.paused && h.cells <= self.cfg.client_queue_cap.max(MIN_PAUSE_CELLS) / 2 {
+            h.paused = false;
+        }
+        self.hold.stats.released_total += 1;
+        self.relay_in(chan, key, &mut held.cell, now);
+        true
+    }
+
+    /// The circuit `key` is gone: its held cells go with it.
+    pub(super) fn hold_circuit_gone(&mut self, key: CircKey) {
+        let Some(gone) = self.hold.circs.remove(&key) else {
+            return;
+        };
+        self.hold.buffer_cells -= gone.cells.capacity();
+        if let Some(h) = self.hold.chans.get_mut(&gone.chan) {
+            h.circs.retain(|k| *k != key);
+            h.cells -= gone.cells.len();
+            if h.paused && h.cells <= self.cfg.client_queue_cap.max(MIN_PAUSE_CELLS) / 2 {
+                h.paused = false;
+            }
+            if h.cells == 0 && h.expected == 0 {
+                self.hold.chans.remove(&gone.chan);
+            }
+        }
+    }
+
+    /// When the release timer next has work.
+    pub(super) fn hold_next_deadline(&self) -> Option<Instant> {
+        self.hold.chans.values().map(|h| h.next_tick).min()
+    }
+
+    /// The release timer: a client channel to which nothing arrived for a [`RELEASE_TICK`]
+    /// forgets what it expected and lets held cells go if its queue allows; a channel that
+    /// holds nothing and expects nothing is forgotten.
+    pub(super) fn hold_handle_timeout(&mut self, now: Instant) {
+        let due: Vec<ChannelId> = self
+            .hold
+            .chans
+            .iter()
+            .filter(|(_, h)| h.next_tick <= now)
+            .map(|(c, _)| *c)
+            .collect();
+        for chan in due {
+            let Some(h) = self.hold.chans.get_mut(&chan) else {
+                continue;
+            };
+            h.next_tick = now + RELEASE_TICK;
+            if !std::mem::replace(&mut h.arrived, false) {
+                h.expected = 0;
+            }
+            if h.cells == 0 && h.expected == 0 {
+                self.hold.chans.remove(&chan);
+                continue;
+            }
+            self.release_ready(chan, now);
+        }
+    }
+
+    /// Bytes the held cells' buffers take (counted against `MaxMemInQueues`).
+    pub(super) fn held_mem(&self) -> usize {
+        self.hold.buffer_cells.saturating_mul(CELL_MEM_COST)
+    }
+
+    /// When `key`'s oldest held cell arrived and the bytes its held cells take (the OOM
+    /// handler ranks its victims by their oldest cell, held or queued).
+    pub(super) fn held_oldest(&self, key: CircKey) -> Option<(Instant, usize)> {
+        let h = self.hold.circs.get(&key)?;
+        Some((h.cells.front()?.at, h.cells.capacity() * CELL_MEM_COST))
+    }
+}
+
+impl HoldTables {
+    /// Whether any client channel holds or expects cells (the send path's cheap check).
+    pub(super) fn has_channels(&self) -> bool {
+        !self.chans.is_empty()
+    }
+}
