@@ -4,7 +4,8 @@ and report.
 
 The unit tests run anywhere. `test_quick_scenario_end_to_end` runs
 scenarios/chive-vs-tor-ewma.toml --quick on the real binary and the real Tor
-(about 1.5 minutes) and is skipped, with the reason, when either is missing.
+(one network per impl: the --quick goodput runs on the load network, its rate
+limits lifted; about 1–2 minutes) and is skipped, with the reason, when either is missing.
 """
 
 from __future__ import annotations
