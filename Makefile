@@ -49,13 +49,16 @@ build: deps
 
 # The lab's tests in two passes (docs/testing.md): those that start nothing on two workers
 # (pytest-xdist), then those marked serial (processes, ports, namespaces, timing) alone.
-# check-features first: a crate that the build and the tests resolve with different features
-# would compile twice here, and the test build would replace the binary pytest runs.
-# Each step is timed (`[time]` lines), building the test targets apart from running them; the
+# check-features first: a crate that `cargo build` and the tests resolve with different features
+# would make the binary built here (with the test targets' dev-dependencies) differ from
+# `make build`'s, and `make build` after `make test` would compile it again.
+# One cargo build makes the binary (what `make build` makes) and every test target together, so
+# cargo keeps both cores busy across what were two builds (the binary's last crates link one
+# after the other); `cargo test` then only runs them. Each step is timed (`[time]` lines); the
 # pytest passes list their slowest tests.
-test: build
+test: deps
 	$(PYTHON) .ci/check-features
-	time $(CARGO) test --release --workspace --no-run
+	time $(CARGO) build --release --workspace --lib --bins --tests
 	time $(CARGO) test --release --workspace
 	time $(VENV)/bin/pytest -q -n 2 -m "not serial" --durations=10 lab/tests
 	time $(VENV)/bin/pytest -q -m serial --durations=25 lab/tests

@@ -291,12 +291,13 @@ def _config_value(value: Any, path: str) -> Any:
     raise _err(path, f"{type(value).__name__} values cannot go into a relay config")
 
 
-def _relay_key(key: str, path: str) -> str:
+def _settable_key(key: str, path: str, managed: frozenset[str] = MANAGED_RELAY_KEYS) -> str:
+    """``key`` if it is a config key the user may set (not one of the lab's ``managed`` keys)."""
     try:
         check_key(key)
     except LabError as e:
         raise _err(path, str(e)) from e
-    if key in MANAGED_RELAY_KEYS:
+    if key in managed:
         raise _err(path, f"{key} is managed by the lab and cannot be set")
     return key
 
@@ -304,7 +305,7 @@ def _relay_key(key: str, path: str) -> str:
 def _params(table: Any, path: str) -> dict[str, int]:
     out = {}
     for key, value in _table(table, path).items():
-        _relay_key(key, f"{path}.{key}")
+        _settable_key(key, f"{path}.{key}")
         out[key] = _int(value, f"{path}.{key}")
     return out
 
@@ -361,10 +362,10 @@ def _make_variant(values: Mapping[str, Any], path: str, label: str | None = None
         if key == "impl":
             impl = _str(value, kpath, choices=("chive", "tor"))
         elif key.startswith("params."):
-            name = _relay_key(key[len("params."):], kpath)
+            name = _settable_key(key[len("params."):], kpath)
             params[name] = _int(value, kpath)
         else:
-            relay[_relay_key(key, kpath)] = _config_value(value, kpath)
+            relay[_settable_key(key, kpath)] = _config_value(value, kpath)
     return Variant(
         label=label if label is not None else variant_label(values),
         relay=relay,
@@ -494,19 +495,13 @@ def parse_network(value: Any) -> NetworkConfig:
     table = _table(value, "network")
     _check_keys(table, _NETWORK_KEYS, "network")
     relay = {
-        _relay_key(k, f"network.relay.{k}"): _config_value(v, f"network.relay.{k}")
+        _settable_key(k, f"network.relay.{k}"): _config_value(v, f"network.relay.{k}")
         for k, v in _table(table.get("relay", {}), "network.relay").items()
     }
-    client = {}
-    for k, v in _table(table.get("client", {}), "network.client").items():
-        path = f"network.client.{k}"
-        try:
-            check_key(k)
-        except LabError as e:
-            raise _err(path, str(e)) from e
-        if k in MANAGED_CLIENT_KEYS:
-            raise _err(path, f"{k} is managed by the lab and cannot be set")
-        client[k] = _config_value(v, path)
+    client = {
+        _settable_key(k, f"network.client.{k}", MANAGED_CLIENT_KEYS): _config_value(v, f"network.client.{k}")
+        for k, v in _table(table.get("client", {}), "network.client").items()
+    }
     rate = table.get("bandwidth_rate")
     burst = table.get("bandwidth_burst")
     return NetworkConfig(

@@ -45,6 +45,14 @@ def log(msg: str) -> None:
     print(f"fake-chive: {msg}", file=sys.stderr, flush=True)
 
 
+def serve(server: socketserver.BaseServer, conf: dict, name: str, option: str, what: str) -> int:
+    """Write ``server``'s address to the PortsFile as ``option``, log it, serve until killed."""
+    write_ports(conf, name, option, server.server_address[:2])
+    log(f"{what} {server.server_address}")
+    server.serve_forever()
+    return 0
+
+
 def write_ports(conf: dict, name: str, option: str, addr: tuple[str, int]) -> None:
     """The PortsFile, written whole (tmp + rename) as chive does."""
     if not conf.get("PortsFile"):
@@ -104,11 +112,8 @@ def authority(conf: dict, print_identity: bool) -> int:
             self.end_headers()
 
     threading.Thread(target=publish_loop, daemon=True).start()
-    server = ThreadingHTTPServer(hostport(conf["DirPort"]), Handler)
-    write_ports(conf, "authority", "DirPort", server.server_address[:2])
-    log(f"authority listening on {server.server_address}")
-    server.serve_forever()
-    return 0
+    return serve(ThreadingHTTPServer(hostport(conf["DirPort"]), Handler), conf, "authority", "DirPort",
+                 "authority listening on")
 
 
 def relay(conf: dict) -> int:
@@ -205,11 +210,7 @@ class ThreadingTCP(socketserver.ThreadingTCPServer):
 
 
 def client(conf: dict) -> int:
-    server = ThreadingTCP(hostport(conf["SocksPort"]), SocksHandler)
-    write_ports(conf, "client", "SocksPort", server.server_address[:2])
-    log(f"socks on {server.server_address}")
-    server.serve_forever()
-    return 0
+    return serve(ThreadingTCP(hostport(conf["SocksPort"]), SocksHandler), conf, "client", "SocksPort", "socks on")
 
 
 def httpd(conf: dict) -> int:

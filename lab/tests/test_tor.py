@@ -419,23 +419,17 @@ def test_control_client_authenticates_and_parses_getinfo(tmp_path: Path):
     assert received[0] == "AUTHENTICATE " + bytes(range(32)).hex()
 
 
-def test_control_client_reports_refused_auth_and_bad_cookie(tmp_path: Path):
+@pytest.mark.parametrize("cookie_bytes, replies, match", [
+    (b"\x01" * 32, {"AUTHENTICATE": b"515 Authentication failed: Wrong length\r\n"}, "refused authentication"),
+    (b"short", {}, "expected 32"),
+    (b"\x01" * 32, {"AUTHENTICATE": b"hello there\r\n"}, "malformed"),
+])
+def test_control_client_reports_refused_auth_bad_cookie_and_malformed_reply(tmp_path: Path, cookie_bytes, replies,
+                                                                              match):
     cookie = tmp_path / "cookie"
-    cookie.write_bytes(b"\x01" * 32)
-    srv, _ = _fake_control({"AUTHENTICATE": b"515 Authentication failed: Wrong length\r\n"})
-    with srv, pytest.raises(LabError, match="refused authentication"):
-        tor.ControlClient(srv.getsockname()[1], cookie)
-    cookie.write_bytes(b"short")
-    srv, _ = _fake_control({})
-    with srv, pytest.raises(LabError, match="expected 32"):
-        tor.ControlClient(srv.getsockname()[1], cookie)
-
-
-def test_control_client_rejects_malformed_reply(tmp_path: Path):
-    cookie = tmp_path / "cookie"
-    cookie.write_bytes(b"\x01" * 32)
-    srv, _ = _fake_control({"AUTHENTICATE": b"hello there\r\n"})
-    with srv, pytest.raises(LabError, match="malformed"):
+    cookie.write_bytes(cookie_bytes)
+    srv, _ = _fake_control(replies)
+    with srv, pytest.raises(LabError, match=match):
         tor.ControlClient(srv.getsockname()[1], cookie)
 
 

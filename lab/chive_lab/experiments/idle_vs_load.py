@@ -21,7 +21,10 @@ One repetition of one variant, in this order (all transfers by ``chive perf``):
    variant's other overrides; ``goodput_runs`` downloads of ``goodput_bytes``
    (50 MB) one after the other on one circuit (class ``goodput_3hop``,
    goodput = bytes / time from start to last byte); stopped likewise.
-   ``goodput_bytes = 0`` skips this network.
+   ``goodput_bytes = 0`` skips this network. With ``goodput_network = "load"``
+   the downloads run on the load network instead, after its relays' rate
+   limits were lifted by a config reload (:mod:`chive_lab.unlimit`; loopback
+   backend only), so one network is started, not two (``--quick``, the tests).
 
 Scenario keys of this kind (besides the common ones; ``duration`` and
 ``warmup`` are not used: the phases define the time)::
@@ -32,12 +35,14 @@ Scenario keys of this kind (besides the common ones; ``duration`` and
     fetch_size = 51200   samples = 40   fetch_interval = 0.5   fetch_timeout = 60
     bulk_clients = 2     bulk_ramp = 5
     goodput_relays = 3   goodput_bytes = 50000000   goodput_runs = 3   goodput_timeout = 300
+    goodput_network = "own"   # or "load": the load network, rate limits lifted
 
 Files of a repetition: ``clients/web_idle.jsonl``, ``clients/web_load.jsonl``,
 ``clients/bulk-<i>.jsonl``, ``clients/goodput_3hop.jsonl`` (perf records, and
 ``.stderr``), ``net/`` and ``net-goodput/`` (the two networks), ``logs/``,
 ``tor-metrics.json`` (tor only: ``{"load"|"goodput": {"before_stop",
-"after_stop"}}``), ``run.json`` (phase times, commands, status).
+"after_stop"}}``, only ``"load"`` when the goodput ran on it), ``run.json``
+(phase times, commands, status).
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from ..network import NetworkSpec
 from ..options import option
 from ..options import parse_options as parse_scenario_options
 from ..rundir import collect_tor_step, copy_logs, run_status, stop_procs, write_json
+from ..unlimit import lift_rate_limits
 from .overlay_analysis import analyze_runs
 
 __all__ = ["KIND", "LoadOptions", "Options", "analyze", "chive_vs_tor", "parse_options", "run_repetition"]
@@ -92,6 +98,8 @@ class LoadOptions:
     goodput_bytes: int = option(50_000_000, lo=0, hi=10 << 30)
     goodput_runs: int = option(3, lo=1, hi=1000)
     goodput_timeout: float = option(300.0, positive=True, hi=_MAX_S)
+    goodput_network: str = option("own", choices=("own", "load"),
+                                  doc="load: the goodput downloads on the load network, its rate limits lifted")
 
 
 def _network(value: Any, path: str) -> sc.NetworkConfig:
@@ -259,6 +267,12 @@ def run_repetition(ctx: Any) -> None:
         fetches(info, "web_load")
         meta["phases"]["bulk"][1] = time.time()
         phases.stop(bulks)
+        if shared_goodput:
+            t_lift = time.time()
+            ctx.status("lifting the relays' rate limits")
+            meta["unlimited_relays"] = lift_rate_limits(run_dir / "net", impl)
+            meta["phases"]["unlimit"] = [t_lift, time.time()]
+            goodput_network(info)
 
     def goodput_network(info) -> None:
         argv = _perf(ctx.binary, info.socks, f"{info.http}/bytes/{load.goodput_bytes}", "goodput_3hop",
@@ -269,13 +283,17 @@ def run_repetition(ctx: Any) -> None:
         phases.wait(phases.start("goodput_3hop", argv), limit, ctx.status, "goodput_3hop")
         meta["phases"]["goodput_3hop"] = [t_start, time.time()]
 
+    shared_goodput = load.goodput_bytes > 0 and load.goodput_network == "load"
+    meta["goodput_network"] = "load" if shared_goodput else "own"
     try:
         with run_status(meta):
+            if shared_goodput and ctx.backend.name != "loopback":
+                raise LabError(f"load.goodput_network = \"load\" needs the loopback backend, not {ctx.backend.name}")
             spec = _spec(opts.network, ctx.variant, ctx.binary, relays=opts.network.relays,
                          rate=opts.network.bandwidth_rate)
             _with_network(ctx, spec, run_dir / "net", impl, "load", meta, load_network)
             phases.stop_all()
-            if load.goodput_bytes > 0:
+            if load.goodput_bytes > 0 and not shared_goodput:
                 spec3 = _spec(opts.network, ctx.variant, ctx.binary, relays=load.goodput_relays, rate=None)
                 _with_network(ctx, spec3, run_dir / "net-goodput", impl, "goodput", meta, goodput_network)
     finally:
@@ -401,7 +419,9 @@ def analyze(out_dir: Path, scenario: sc.Scenario) -> an.Analysis:
         f"web: {load.fetch_size}-byte fetches every {load.fetch_interval:g} s on fresh circuits, ttlb (s) idle and "
         f"while {load.bulk_clients} bulk downloads run; bulk_goodput_bps: bytes/s the bulk downloads received "
         f"together during the loaded fetches; goodput_3hop_bps: median bytes/ttlb of {load.goodput_bytes}-byte "
-        f"downloads through {load.goodput_relays} relays without rate limits")
+        + (f"downloads on the load network (3 hops of its {_options(scenario).network.relays} relays) once "
+           "their rate limits were lifted" if load.goodput_network == "load"
+           else f"downloads through {load.goodput_relays} relays without rate limits"))
     summary["definitions"]["bulk.goodput_bps"] = "idle-vs-load: aggregate bulk goodput / number of bulk downloads"
     table = an.Table(
         title="chive vs. Tor",

@@ -54,6 +54,24 @@ impl Core {
         }
     }
 
+    /// A channel with nothing on it yet: to `peer` (None: an unauthenticated client's), opened
+    /// by this node if `initiator`.
+    pub(super) fn new_channel(&self, peer: Option<IdentityKey>, initiator: bool) -> Channel {
+        Channel {
+            peer,
+            initiator,
+            circ_ids: HashMap::new(),
+            sched: self.cfg.scheduler.build(),
+            urgent: VecDeque::new(),
+            buffered: 0,
+            buffered_since: None,
+            addr: None,
+            dos_tracked: false,
+            client: peer.is_none() && !initiator,
+            queued: 0,
+        }
+    }
+
     /// A link finished its handshake. `peer` is the authenticated identity (None
     /// for a client); `initiator` is true if this node opened it.
     pub fn channel_opened(
@@ -63,22 +81,8 @@ impl Core {
         initiator: bool,
         now: Instant,
     ) {
-        self.channels.insert(
-            chan,
-            Channel {
-                peer,
-                initiator,
-                circ_ids: HashMap::new(),
-                sched: self.cfg.scheduler.build(),
-                urgent: VecDeque::new(),
-                buffered: 0,
-                buffered_since: None,
-                addr: None,
-                dos_tracked: false,
-                client: peer.is_none() && !initiator,
-                queued: 0,
-            },
-        );
+        self.channels
+            .insert(chan, self.new_channel(peer, initiator));
         if let Some(id) = peer {
             // New circuits go on one channel per peer; old ones keep theirs. When both relays
             // opened a channel to each other at the same moment, both must pick the same one,

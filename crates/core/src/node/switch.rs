@@ -35,7 +35,6 @@ mod trigger;
 
 use super::switch_report::{SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats};
 
-use super::channel::Channel;
 use super::circuit::{queue_id, Role, Side};
 use super::event::Event;
 use super::Core;
@@ -239,22 +238,8 @@ impl Core {
 
     /// handshake as `chan`: it becomes a channel to `peer` that new circuits do not use.
     pub fn switch_channel_opened(&mut self, chan: ChannelId, peer: IdentityKey, now: Instant) {
-        self.channels.insert(
-            chan,
-            Channel {
-                peer: Some(peer),
-                initiator: true,
-                circ_ids: HashMap::new(),
-                sched: self.cfg.scheduler.build(),
-                urgent: VecDeque::new(),
-                buffered: 0,
-                buffered_since: None,
-                addr: None,
-                dos_tracked: false,
-                client: false,
-                queued: 0,
-            },
-        );
+        self.channels
+            .insert(chan, self.new_channel(Some(peer), true));
         self.sw.switch_chans.insert(chan);
         self.sw.idle_check_at.get_or_insert(now + IDLE_CHECK);
         let waiting = match self.sw.spare.insert(peer, Spare::Open(chan)) {

@@ -42,6 +42,13 @@ trait PathSwitching {
     );
     fn assert_exact(&self, streams: &[(StreamHandle, Vec<u8>)]);
     fn congest_e1(&mut self) -> Option<CircKey>;
+    fn switched_upload(
+        &mut self,
+        streams: &[(StreamHandle, Vec<u8>)],
+        congest_at: usize,
+        a: CircKey,
+        b: CircKey,
+    );
 }
 
 /// A client and five relays (all exits, EWMA, path switching on), `cc` on every node.
@@ -132,24 +139,33 @@ impl PathSwitching for Net {
         let now = self.now;
         self.nodes[E1].congested(c, 0.0, now)
     }
+
+    /// Upload `streams`, E1 congested at step `congest_at`; every byte arrives once, in order,
+    /// no circuit was killed, and the upload ended on the spare `b` of home circuit `a`.
+    fn switched_upload(
+        &mut self,
+        streams: &[(StreamHandle, Vec<u8>)],
+        congest_at: usize,
+        a: CircKey,
+        b: CircKey,
+    ) {
+        self.transfer(streams, 300_000, |i, net| {
+            if i == congest_at {
+                assert!(net.congest_e1().is_some(), "E1 told no client");
+            }
+        });
+        self.run(20_000);
+        self.assert_exact(streams);
+        assert_eq!(self.killed(), 0);
+        assert_eq!(self.nodes[CLIENT].path_current_leg(a), Some(b));
+    }
 }
 
 #[test]
 fn upload_moves_to_the_spare_and_the_exit_restores_order() {
     let mut net = Net::new();
     let (a, b, s) = net.linked();
-    let streams = vec![(s, pattern(1_000_000, 0))];
-    let mut chosen = None;
-    net.transfer(&streams, 300_000, |i, net| {
-        if i == 400 {
-            chosen = net.congest_e1();
-        }
-    });
-    assert!(chosen.is_some(), "E1 told no client");
-    net.run(20_000);
-    net.assert_exact(&streams);
-    assert_eq!(net.killed(), 0);
-    assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(b));
+    net.switched_upload(&[(s, pattern(1_000_000, 0))], 400, a, b);
     let c = net.nodes[CLIENT].switch_stats();
     let e1 = net.nodes[E1].switch_stats();
     let x = net.nodes[X].switch_stats();
@@ -194,16 +210,7 @@ fn upload_moves_to_the_spare_and_the_exit_restores_order() {
 fn a_switch_with_the_stream_window_used_up_waits_for_a_stream_sendme() {
     let mut net = Net::new();
     let (a, b, s) = net.linked();
-    let streams = vec![(s, pattern(3_000_000, 3))];
-    net.transfer(&streams, 300_000, |i, net| {
-        if i == 1000 {
-            assert!(net.congest_e1().is_some());
-        }
-    });
-    net.run(20_000);
-    net.assert_exact(&streams);
-    assert_eq!(net.killed(), 0);
-    assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(b));
+    net.switched_upload(&[(s, pattern(3_000_000, 3))], 1000, a, b);
     let rec = net.nodes[CLIENT].poll_switch_record().expect("a record");
     assert_eq!(rec.outcome, SwitchOutcome::Switched);
     assert_eq!(rec.held_by, Some(SwitchHold::StreamWindow), "{rec:?}");
@@ -225,16 +232,7 @@ fn a_switch_with_the_stream_window_used_up_waits_for_a_stream_sendme() {
 fn with_congestion_control_the_first_cell_goes_at_once() {
     let mut net = Net::vegas();
     let (a, b, s) = net.linked();
-    let streams = vec![(s, pattern(3_000_000, 3))];
-    net.transfer(&streams, 300_000, |i, net| {
-        if i == 1000 {
-            assert!(net.congest_e1().is_some());
-        }
-    });
-    net.run(20_000);
-    net.assert_exact(&streams);
-    assert_eq!(net.killed(), 0);
-    assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(b));
+    net.switched_upload(&[(s, pattern(3_000_000, 3))], 1000, a, b);
     let x = net.nodes[X].switch_stats();
     assert_eq!((x.violations, x.path_duplicates), (0, 0), "{x:?}");
     assert!(x.path_out_of_order > 0, "no reordering exercised: {x:?}");

@@ -20,7 +20,7 @@ import json
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ... import stats
 
@@ -53,17 +53,23 @@ def _unix(line: str) -> float | None:
         return None
 
 
+def _events(lines: Iterable[str], since: float, first: str, second: str) -> Iterator[tuple[bool, str]]:
+    """``(True, line)`` for each line with ``first``, ``(False, line)`` for each with ``second``
+    (and not ``first``), logged at or after UNIX time ``since``."""
+    for line in lines:
+        is_first = first in line
+        if not is_first and second not in line:
+            continue
+        t = _unix(line)
+        if t is not None and t >= since:
+            yield is_first, line
+
+
 def parse_log(lines: Iterable[str], since: float) -> dict[str, list[float]]:
     """Milliseconds per step (``desc_ms`` and :data:`JOIN_STEPS`) of the events logged at or
     after UNIX time ``since``; steps logged as -1 are left out."""
     out: dict[str, list[float]] = {k: [] for k in ("desc_ms", *JOIN_STEPS, *PREDICTED)}
-    for line in lines:
-        fetched = "onion descriptor fetched" in line
-        if not fetched and "rendezvous joined" not in line:
-            continue
-        t = _unix(line)
-        if t is None or t < since:
-            continue
+    for fetched, line in _events(lines, since, "onion descriptor fetched", "rendezvous joined"):
         fields = {k: float(v) for k, v in _FIELD.findall(line)}
         if fetched:
             if "took_ms" in fields:
@@ -82,13 +88,7 @@ def parse_service_log(lines: Iterable[str], since: float) -> dict[str, list[floa
     """The service's steps logged at or after UNIX time ``since``: ``service_rend_ms`` per
     RENDEZVOUS1 sent and ``service_predicted`` (1/0) per INTRODUCE2 accepted."""
     out: dict[str, list[float]] = {"service_rend_ms": [], "service_predicted": []}
-    for line in lines:
-        sent = "RENDEZVOUS1 sent" in line
-        if not sent and "INTRODUCE2 accepted" not in line:
-            continue
-        t = _unix(line)
-        if t is None or t < since:
-            continue
+    for sent, line in _events(lines, since, "RENDEZVOUS1 sent", "INTRODUCE2 accepted"):
         if sent:
             m = re.search(r"\btook_ms=(\d+)", line)
             if m:
