@@ -1,7 +1,11 @@
 //! A link's TCP connection under the own record layer (`LinkRecordLayer = own`): rustls's
 //! unbuffered API runs the TLS handshake over the socket, its secrets are extracted into a
 //! [`RecordSealer`] / [`RecordOpener`] pair and rustls's `KernelConnection` (the key schedule
-//! for KeyUpdates), and [`RecordStream`] then reads and writes records itself.
+//! for KeyUpdates), and [`RecordStream`] then reads and writes records itself. rustls is shown
+//! the received records one at a time and none after its handshake's last, so every record
+//! after it (even one that came in the same read) is the record layer's. The stream is generic
+//! over its transport (a `TcpStream` in the relay; the `record_handover` fuzz target drives it
+//! over an in-memory wire against a scripted rustls peer).
 //!
 //! Copies of a relayed byte: in, kernel → the receive buffer (the `read` syscall), opened in
 //! place, then into the caller's buffer (the link's `CellBuf`); out, the caller's bytes into the
@@ -149,11 +153,13 @@ fn expand_label(
 /// What the handshake leaves: the socket, bytes received past the handshake, the plaintext
 /// rustls opened while finishing it (the peer's first application data, if it came in the same
 /// read), the extracted state.
-struct Handshaken {
-    tcp: TcpStream,
+struct Handshaken<S> {
+    tcp: S,
     incoming: Vec<u8>,
     filled: usize,
     early: Vec<u8>,
+    /// The peer's close_notify was among those bytes.
+    peer_closed: bool,
     secrets: rustls::ExtractedSecrets,
     kernel: Kernel,
 }
@@ -163,20 +169,28 @@ struct Handshaken {
 macro_rules! handshake_loop {
     ($conn:expr, $tcp:expr) => {{
         let conn = &mut $conn;
-        let tcp: &mut TcpStream = $tcp;
+        let tcp = $tcp;
         let mut incoming = vec![0u8; RECV_BUF];
         let mut filled = 0usize;
+        // rustls is shown the received records one at a time, and none after the one that
+        // ends its handshake: everything after (data, KeyUpdate, close_notify, alerts) is the
+        // record layer's. (Shown all of them, rustls would open the peer's first records and
+        // answer a KeyUpdate among them with a message it keeps queued, lost when its secrets
+        // are extracted: found by the `record_handover` fuzz target.)
+        let mut visible = 0usize;
         let mut outgoing = vec![0u8; 8 * 1024];
         let mut out_len = 0usize;
         let mut early = Vec::new();
+        let mut peer_closed = false;
         loop {
             enum Next {
                 Process,
                 Transmit,
                 Read,
+                PeerClosed,
                 Done,
             }
-            let status = conn.process_tls_records(&mut incoming[..filled]);
+            let status = conn.process_tls_records(&mut incoming[..visible]);
             let mut discard = status.discard;
             let next = match status.state.map_err(|e| LinkError::Tls(e.to_string()))? {
                 ConnectionState::EncodeTlsData(mut st) => loop {
@@ -206,18 +220,34 @@ macro_rules! handshake_loop {
                     Next::Process
                 }
                 ConnectionState::WriteTraffic(_) => Next::Done,
-                ConnectionState::PeerClosed | ConnectionState::Closed => {
+                // The peer's close_notify came in the read that ended the handshake (after its
+                // first data, handed out above): our read side is closed, the write side is not.
+                ConnectionState::PeerClosed => Next::PeerClosed,
+                ConnectionState::Closed => {
                     return Err(LinkError::Tls("closed during the TLS handshake".into()))
                 }
                 _ => return Err(LinkError::Tls("unexpected TLS handshake state".into())),
             };
             incoming.copy_within(discard..filled, 0);
             filled -= discard;
+            visible -= discard;
             match next {
                 Next::Process => {}
+                // The peer's close_notify came in the read that ended the handshake (after its
+                // first data, handed out above): our read side is closed, the write side is not.
+                Next::PeerClosed if !conn.is_handshaking() => peer_closed = true,
+                Next::PeerClosed => {
+                    return Err(LinkError::Tls("closed during the TLS handshake".into()))
+                }
                 Next::Transmit => {
                     tcp.write_all(&outgoing[..out_len]).await?;
                     out_len = 0;
+                }
+                Next::Read
+                    if conn.is_handshaking()
+                        && record_len(&incoming[visible..filled]).is_some() =>
+                {
+                    visible += record_len(&incoming[visible..filled]).unwrap_or(0);
                 }
                 Next::Read => {
                     if filled == incoming.len() {
@@ -229,25 +259,35 @@ macro_rules! handshake_loop {
                     }
                     filled += n;
                 }
-                Next::Done => break (incoming, filled, early),
+                Next::Done => break (incoming, filled, early, peer_closed),
             }
         }
     }};
 }
 
+/// A finished handshake: the stream and the link's two exporter values.
+type Handed<S> = (RecordStream<S>, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]);
+
+/// The length of the complete TLS record at the start of `buf`, if it holds one.
+fn record_len(buf: &[u8]) -> Option<usize> {
+    let header = buf.get(..5)?;
+    let len = 5 + usize::from(u16::from_be_bytes([header[3], header[4]]));
+    (buf.len() >= len).then_some(len)
+}
+
 /// Client side: TLS handshake, then the record layer and the link's two exporter values.
-pub(crate) async fn connect(
-    mut tcp: TcpStream,
+pub(crate) async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
+    mut tcp: S,
     config: &rustls::ClientConfig,
     name: rustls::pki_types::ServerName<'static>,
-) -> Result<(RecordStream, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]), LinkError> {
+) -> Result<Handed<S>, LinkError> {
     let capture = Arc::new(ExporterCapture::default());
     let mut config = config.clone();
     config.enable_secret_extraction = true;
     config.key_log = capture.clone();
     let mut conn = UnbufferedClientConnection::new(Arc::new(config), name)
         .map_err(|e| LinkError::Tls(e.to_string()))?;
-    let (incoming, filled, early) = handshake_loop!(conn, &mut tcp);
+    let (incoming, filled, early, peer_closed) = handshake_loop!(conn, &mut tcp);
     let (secrets, kernel) = conn
         .dangerous_into_kernel_connection()
         .map_err(|e| LinkError::Tls(e.to_string()))?;
@@ -257,6 +297,7 @@ pub(crate) async fn connect(
             incoming,
             filled,
             early,
+            peer_closed,
             secrets,
             kernel: Kernel::Client(kernel),
         },
@@ -265,17 +306,17 @@ pub(crate) async fn connect(
 }
 
 /// Server side, as [`connect`].
-pub(crate) async fn accept(
-    mut tcp: TcpStream,
+pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
+    mut tcp: S,
     config: &rustls::ServerConfig,
-) -> Result<(RecordStream, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]), LinkError> {
+) -> Result<Handed<S>, LinkError> {
     let capture = Arc::new(ExporterCapture::default());
     let mut config = config.clone();
     config.enable_secret_extraction = true;
     config.key_log = capture.clone();
     let mut conn = UnbufferedServerConnection::new(Arc::new(config))
         .map_err(|e| LinkError::Tls(e.to_string()))?;
-    let (incoming, filled, early) = handshake_loop!(conn, &mut tcp);
+    let (incoming, filled, early, peer_closed) = handshake_loop!(conn, &mut tcp);
     let (secrets, kernel) = conn
         .dangerous_into_kernel_connection()
         .map_err(|e| LinkError::Tls(e.to_string()))?;
@@ -285,6 +326,7 @@ pub(crate) async fn accept(
             incoming,
             filled,
             early,
+            peer_closed,
             secrets,
             kernel: Kernel::Server(kernel),
         },
@@ -292,10 +334,7 @@ pub(crate) async fn accept(
     )
 }
 
-fn finish(
-    h: Handshaken,
-    capture: &ExporterCapture,
-) -> Result<(RecordStream, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]), LinkError> {
+fn finish<S>(h: Handshaken<S>, capture: &ExporterCapture) -> Result<Handed<S>, LinkError> {
     let suite = h.kernel.suite();
     let secret = capture
         .take()
@@ -321,7 +360,7 @@ fn finish(
         early: h.early,
         wbuf: Vec::new(),
         wpos: 0,
-        read_closed: false,
+        read_closed: h.peer_closed,
         write_closed: false,
         failed: None,
     };
@@ -333,8 +372,8 @@ fn finish(
 /// written; a KeyUpdate from the peer is followed (and answered if asked), one is sent before
 /// the key's confidentiality limit, close_notify ends the read side, and a bad record fails
 /// the stream with an error naming why (after a sealed alert to the peer).
-pub(crate) struct RecordStream {
-    tcp: TcpStream,
+pub(crate) struct RecordStream<S = TcpStream> {
+    tcp: S,
     sealer: RecordSealer,
     opener: RecordOpener,
     kernel: Kernel,
@@ -359,7 +398,7 @@ pub(crate) struct RecordStream {
     failed: Option<String>,
 }
 
-impl std::fmt::Debug for RecordStream {
+impl<S> std::fmt::Debug for RecordStream<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RecordStream")
             .field("tx_seq", &self.sealer.seq())
@@ -368,9 +407,9 @@ impl std::fmt::Debug for RecordStream {
     }
 }
 
-impl RecordStream {
+impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
     /// The socket.
-    pub(crate) fn tcp(&self) -> &TcpStream {
+    pub(crate) fn tcp(&self) -> &S {
         &self.tcp
     }
 
@@ -500,7 +539,7 @@ impl RecordStream {
     }
 }
 
-impl AsyncRead for RecordStream {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RecordStream<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -526,7 +565,7 @@ impl AsyncRead for RecordStream {
     }
 }
 
-impl AsyncWrite for RecordStream {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RecordStream<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
