@@ -35,13 +35,17 @@ use zeroize::Zeroizing;
 
 use crate::handshake::{BIND_EXPORTER_LABEL, EXPORTER_LABEL, EXPORTER_LEN};
 use crate::record::{
-    alert, alert_name, Opened, RecordError, RecordOpener, RecordSealer, MAX_RECORD,
+    alert, alert_name, record_len as checked_record_len, Opened, RecordError, RecordOpener,
+    RecordSealer, MAX_RECORD,
 };
 use crate::LinkError;
 
 /// The receive buffer: big enough that one `read` brings in many records (the rustls path's
 /// `BufReader` is 64 KiB), plus room for a whole record at its end.
 const RECV_BUF: usize = 128 * 1024;
+/// A read with this much room (the link's `CellBuf` offers 64 KiB) opens records straight into
+/// the caller's buffer (`poll_read_direct`); a smaller one goes through the receive buffer.
+const DIRECT_MIN: usize = 2 * MAX_RECORD;
 /// Most plaintext bytes sealed per `poll_write` call: bounds the send buffer (it is drained
 /// before more is accepted).
 const WRITE_CHUNK: usize = 64 * 1024;
@@ -476,25 +480,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
                 }
                 Ok(Some((len, Opened::KeyUpdate { update_requested }))) => {
                     self.rstart += len;
-                    let next = self.kernel.update_rx().map_err(|e| e.to_string());
-                    let rekeyed = next.and_then(|(seq, secrets)| {
-                        self.opener.rekey(seq, &secrets).map_err(|e| e.to_string())
-                    });
-                    let answered = rekeyed.and_then(|()| {
-                        if update_requested {
-                            self.send_key_update(false)
-                        } else {
-                            Ok(())
-                        }
-                    });
-                    if let Err(why) = answered {
-                        let why = format!("KeyUpdate: {why}");
-                        return Poll::Ready(Err(self.fail(cx, why, Some(alert::INTERNAL_ERROR))));
-                    }
-                    // Our answer goes out with the next write, or now if the socket takes it.
-                    if update_requested {
-                        let _ = self.poll_drain(cx);
-                    }
+                    self.follow_key_update(cx, update_requested)?;
                 }
                 Ok(Some((len, Opened::CloseNotify))) => {
                     self.rstart += len;
@@ -525,15 +511,127 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
                     }
                     self.rend += n;
                 }
-                Err(e) => {
-                    let why = match &e {
-                        RecordError::PeerAlert(d) => {
-                            format!("TLS alert from peer: {} ({d})", alert_name(*d))
-                        }
-                        other => format!("TLS record: {other}"),
-                    };
-                    return Poll::Ready(Err(self.fail(cx, why, e.alert())));
+                Err(e) => return Poll::Ready(Err(self.fail_record(cx, e))),
+            }
+        }
+    }
+
+    /// Fail the stream on a record the opener refused.
+    fn fail_record(&mut self, cx: &mut Context<'_>, e: RecordError) -> io::Error {
+        let why = match &e {
+            RecordError::PeerAlert(d) => format!("TLS alert from peer: {} ({d})", alert_name(*d)),
+            other => format!("TLS record: {other}"),
+        };
+        self.fail(cx, why, e.alert())
+    }
+
+    /// The peer's KeyUpdate was opened: switch the opener to its next key and, if it asked,
+    /// seal ours (it goes out now if the socket takes it, else with the next write).
+    fn follow_key_update(
+        &mut self,
+        cx: &mut Context<'_>,
+        update_requested: bool,
+    ) -> io::Result<()> {
+        let next = self.kernel.update_rx().map_err(|e| e.to_string());
+        let rekeyed = next
+            .and_then(|(seq, secrets)| self.opener.rekey(seq, &secrets).map_err(|e| e.to_string()));
+        let answered = rekeyed.and_then(|()| {
+            if update_requested {
+                self.send_key_update(false)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(why) = answered {
+            let why = format!("KeyUpdate: {why}");
+            return Err(self.fail(cx, why, Some(alert::INTERNAL_ERROR)));
+        }
+        if update_requested {
+            let _ = self.poll_drain(cx);
+        }
+        Ok(())
+    }
+
+    /// Whether the next read can go straight into a caller's buffer: no plaintext or
+    /// complete record waits here (at most the start of one record, copied ahead of the read).
+    fn direct_ready(&self) -> bool {
+        self.early.is_empty()
+            && self.plain.is_empty()
+            && !self.read_closed
+            && self.failed.is_none()
+            && match checked_record_len(&self.rbuf[self.rstart..self.rend]) {
+                Ok(None) => true,
+                Ok(Some(len)) => len > self.rend - self.rstart,
+                Err(_) => false,
+            }
+    }
+
+    /// Read records into `room` (after the start of a record kept from the last read) and open
+    /// them there, each one's plaintext right after the last's: one copy fewer than opening in
+    /// the receive buffer and copying out. The start of a record at the end is kept for the
+    /// next read. Returns how many plaintext bytes lead `room` (0 only at EOF); an error after
+    /// some plaintext is returned by the next read, after that plaintext.
+    fn poll_read_direct(
+        &mut self,
+        cx: &mut Context<'_>,
+        room: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let kept = self.rend - self.rstart;
+            let mut rb = ReadBuf::new(&mut room[kept..]);
+            ready!(Pin::new(&mut self.tcp).poll_read(cx, &mut rb))?;
+            let n = rb.filled().len();
+            // Copied only once the read brought something (a pending read copies nothing).
+            room[..kept].copy_from_slice(&self.rbuf[self.rstart..self.rend]);
+            if n == 0 {
+                if kept > 0 {
+                    let why = "connection closed inside a TLS record".to_string();
+                    return Poll::Ready(Err(self.fail(cx, why, None)));
                 }
+                self.read_closed = true;
+                return Poll::Ready(Ok(0));
+            }
+            self.rstart = 0;
+            self.rend = 0;
+            let total = kept + n;
+            let (mut to, mut at) = (0, 0);
+            loop {
+                match self.opener.open_into(&mut room[..total], to, at) {
+                    Ok(Some((len, Opened::Data(range)))) => {
+                        to = range.end;
+                        at += len;
+                    }
+                    Ok(Some((len, Opened::KeyUpdate { update_requested }))) => {
+                        at += len;
+                        if let Err(e) = self.follow_key_update(cx, update_requested) {
+                            if to == 0 {
+                                return Poll::Ready(Err(e));
+                            }
+                            break;
+                        }
+                    }
+                    Ok(Some((_, Opened::CloseNotify))) => {
+                        self.read_closed = true;
+                        break;
+                    }
+                    Ok(Some((len, Opened::Nothing))) => at += len,
+                    Ok(None) => {
+                        let rest = total - at;
+                        self.rbuf[..rest].copy_from_slice(&room[at..total]);
+                        self.rend = rest;
+                        break;
+                    }
+                    Err(e) => {
+                        let err = self.fail_record(cx, e);
+                        if to == 0 {
+                            return Poll::Ready(Err(err));
+                        }
+                        break;
+                    }
+                }
+            }
+            if to > 0 || self.read_closed {
+                return Poll::Ready(Ok(to));
             }
         }
     }
@@ -550,6 +648,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RecordStream<S> {
             let n = this.early.len().min(buf.remaining());
             buf.put_slice(&this.early[..n]);
             this.early.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
+        if buf.remaining() >= DIRECT_MIN && this.direct_ready() {
+            let n = ready!(this.poll_read_direct(cx, buf.initialize_unfilled()))?;
+            buf.advance(n);
             return Poll::Ready(Ok(()));
         }
         ready!(this.poll_fill(cx))?;
