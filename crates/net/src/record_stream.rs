@@ -7,9 +7,12 @@
 //! over its transport (a `TcpStream` in the relay; the `record_handover` fuzz target drives it
 //! over an in-memory wire against a scripted rustls peer).
 //!
-//! Copies of a relayed byte: in, kernel → the receive buffer (the `read` syscall), opened in
-//! place, then into the caller's buffer (the link's `CellBuf`); out, the caller's bytes into the
-//! send buffer, sealed in place, → kernel. rustls's path has two more on the way in
+//! Copies of a relayed byte: in, kernel → the caller's buffer (the link's `CellBuf`: the `read`
+//! syscall), where each record is opened with its plaintext moved right after the last one's
+//! (ring decrypts to the shifted place; only the start of a record left at the end of a read is
+//! copied aside for the next); out, the caller's bytes into the send buffer, sealed in place, →
+//! kernel. Reads with less than `DIRECT_MIN` of room go through the receive buffer (one more
+//! copy), as do the bytes left over from the handshake. rustls's path has two more on the way in
 //! (`BufReader` → deframer → `received_plaintext` → caller) and a new `Vec` per record on the
 //! way out (docs/performance.md, session 16).
 //!
@@ -224,8 +227,6 @@ macro_rules! handshake_loop {
                     Next::Process
                 }
                 ConnectionState::WriteTraffic(_) => Next::Done,
-                // The peer's close_notify came in the read that ended the handshake (after its
-                // first data, handed out above): our read side is closed, the write side is not.
                 ConnectionState::PeerClosed => Next::PeerClosed,
                 ConnectionState::Closed => {
                     return Err(LinkError::Tls("closed during the TLS handshake".into()))
@@ -237,8 +238,9 @@ macro_rules! handshake_loop {
             visible -= discard;
             match next {
                 Next::Process => {}
-                // The peer's close_notify came in the read that ended the handshake (after its
-                // first data, handed out above): our read side is closed, the write side is not.
+                // A close_notify rustls opened after its handshake (not reached while it sees no
+                // record past the handshake's last, kept for safety): our read side is closed,
+                // the write side is not.
                 Next::PeerClosed if !conn.is_handshaking() => peer_closed = true,
                 Next::PeerClosed => {
                     return Err(LinkError::Tls("closed during the TLS handshake".into()))
