@@ -304,18 +304,20 @@ impl Wire {
     fn first_change(&self) -> Option<usize> {
         let len = self.genuine.len();
         let hs = self.handshake_end;
-        let changes = self.script.changes.iter().filter_map(|c| match *c {
-            Change::At(off, x) if x != 0 => Some(off),
-            Change::AfterHandshake(off, x) if x != 0 => hs.and_then(|hs| hs.checked_add(off)),
-            _ => None,
-        });
+        // Offsets where the XORs, taken together, change the byte (two may cancel out).
+        let at: Vec<usize> = self
+            .script
+            .changes
+            .iter()
+            .filter_map(|c| match *c {
+                Change::At(off, _) => Some(off),
+                Change::AfterHandshake(off, _) => hs.and_then(|hs| hs.checked_add(off)),
+            })
+            .filter(|&at| at < self.limit() && self.changed(at) != self.genuine[at])
+            .collect();
         let cut = Some(self.limit()).filter(|&l| l < len);
         let appended = (self.script_ran && !self.script.appended.is_empty()).then_some(len);
-        changes
-            .filter(|&at| at < self.limit())
-            .chain(cut)
-            .chain(appended)
-            .min()
+        at.into_iter().chain(cut).chain(appended).min()
     }
 }
 
