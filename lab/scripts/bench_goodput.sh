@@ -8,7 +8,9 @@
 # Usage: bench_goodput.sh [--impl chive|tor|both]
 # Environment: BENCH_IMPL (chive, tor or both; default chive; --impl wins),
 # BENCH_DIR (default runs/bench-goodput; one subdirectory per implementation),
-# BENCH_BYTES (default 50000000), BENCH_RUNS (default 3).
+# BENCH_BYTES (default 50000000), BENCH_RUNS (default 3), BENCH_SET (space-separated
+# KEY=VALUE relay options for chive, passed as `chive-lab up --set`, e.g.
+# BENCH_SET=LinkRecordLayer=own).
 # `tor` is the real Tor (Debian package `tor`) configured by `chive-lab up
 # --impl tor`; see docs/tor-baseline.md.
 set -euo pipefail
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --impl) IMPL=${2:-}; shift 2 ;;
         --impl=*) IMPL=${1#--impl=}; shift ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "bench: unknown argument $1 (usage: $0 [--impl chive|tor|both])" >&2; exit 2 ;;
     esac
 done
@@ -65,7 +67,11 @@ for impl in "${impls[@]}"; do
     mkdir -p "$(dirname "$DIR")"
 
     echo "bench: $impl: starting a 3-relay network in $DIR" >&2
-    info=$("$LAB" up --impl "$impl" --dir "$DIR" --relays 3)
+    sets=()
+    if [ "$impl" = chive ]; then
+        for kv in ${BENCH_SET:-}; do sets+=(--set "$kv"); done
+    fi
+    info=$("$LAB" up --impl "$impl" --dir "$DIR" --relays 3 "${sets[@]}")
     socks=$(field "$info" socks)
     http=$(field "$info" http)
 

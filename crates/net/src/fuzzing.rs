@@ -10,6 +10,9 @@ use crate::{FeatureSet, LinkConfig, LinkError};
 
 pub use chive_crypto::IdentityKey;
 
+mod handover;
+pub use handover::{handover, Change, HandoverReport, HandoverScript, PeerOp, ReadEnd};
+
 /// What a completed handshake settled (the fields `Link` would carry).
 #[derive(Debug)]
 pub struct Settled {

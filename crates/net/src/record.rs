@@ -385,6 +385,40 @@ impl RecordOpener {
     /// An error is fatal: the buffer's contents are then undefined and the connection must
     /// close (after sending [`RecordError::alert`]).
     pub fn open(&mut self, buf: &mut [u8]) -> Result<Option<(usize, Opened)>, RecordError> {
+        let Some(len) = self.complete(buf)? else {
+            return Ok(None);
+        };
+        let header = header_of(buf);
+        let (_, body) = buf[..len].split_at_mut(HEADER_LEN);
+        let opened = self.open_body(header, body, 0)?;
+        Ok(Some((len, shifted(opened, HEADER_LEN))))
+    }
+
+    /// Open the record at `buf[at..]` with its plaintext moved to `buf[to..]` (`to <= at`):
+    /// ring decrypts straight there, so the plaintext of records read back to back comes out
+    /// packed together, with no copy (the record stream opens records this way in its caller's
+    /// buffer). Returns as [`open`](Self::open): the record's length on the wire (from `at`),
+    /// and [`Opened::Data`]'s range in `buf` (from `to`). Bytes from `to` up to the record's
+    /// end are undefined afterwards, except that plaintext.
+    pub fn open_into(
+        &mut self,
+        buf: &mut [u8],
+        to: usize,
+        at: usize,
+    ) -> Result<Option<(usize, Opened)>, RecordError> {
+        if to > at || at > buf.len() {
+            return Err(RecordError::Unsupported("plaintext after its record"));
+        }
+        let Some(len) = self.complete(&buf[at..])? else {
+            return Ok(None);
+        };
+        let header = header_of(&buf[at..]);
+        let opened = self.open_body(header, &mut buf[to..at + len], at - to + HEADER_LEN)?;
+        Ok(Some((len, shifted(opened, to))))
+    }
+
+    /// The length of the complete record at the start of `buf` (`None`: not complete yet).
+    fn complete(&self, buf: &[u8]) -> Result<Option<usize>, RecordError> {
         let Some(len) = record_len(buf)? else {
             return Ok(None);
         };
@@ -394,17 +428,27 @@ impl RecordOpener {
         if self.awaiting_rekey {
             return Err(RecordError::Unexpected("record before the new key".into()));
         }
+        Ok(Some(len))
+    }
+
+    /// Decrypt `in_out[src..]` (body and tag) to the start of `in_out`; strip the padding and
+    /// the inner content type. A `Data` range is relative to `in_out`.
+    fn open_body(
+        &mut self,
+        header: [u8; HEADER_LEN],
+        in_out: &mut [u8],
+        src: usize,
+    ) -> Result<Opened, RecordError> {
         let seq = self.key.seq;
-        let (header, body) = buf[..len].split_at_mut(HEADER_LEN);
         let plain_len = self
             .key
             .key
-            .open_in_place(self.key.nonce(), Aad::from(&*header), body)
+            .open_within(self.key.nonce(), Aad::from(header), in_out, src..)
             .map_err(|_| RecordError::BadRecordMac(seq))?
             .len();
         self.key.seq += 1;
         // Strip the zero padding; the last non-zero byte is the inner content type.
-        let inner = &body[..plain_len];
+        let inner = &in_out[..plain_len];
         let Some(type_at) = inner.iter().rposition(|&b| b != 0) else {
             return Err(RecordError::NoContentType);
         };
@@ -412,8 +456,8 @@ impl RecordOpener {
             return Err(RecordError::Overflow(type_at));
         }
         let content = &inner[..type_at];
-        let opened = match inner[type_at] {
-            CONTENT_APPLICATION_DATA => Opened::Data(HEADER_LEN..HEADER_LEN + type_at),
+        Ok(match inner[type_at] {
+            CONTENT_APPLICATION_DATA => Opened::Data(0..type_at),
             CONTENT_ALERT => match content {
                 [_, alert::CLOSE_NOTIFY] => Opened::CloseNotify,
                 [_, alert::USER_CANCELED] => Opened::Nothing,
@@ -422,8 +466,7 @@ impl RecordOpener {
             },
             CONTENT_HANDSHAKE => self.handshake(content)?,
             other => return Err(RecordError::Unexpected(format!("content type {other}"))),
-        };
-        Ok(Some((len, opened)))
+        })
     }
 
     /// Post-handshake messages in one record: a KeyUpdate (which must end the record, RFC 8446
@@ -464,6 +507,22 @@ impl RecordOpener {
             }
         }
         Ok(opened)
+    }
+}
+
+/// The header of the record at the start of `buf` (at least [`HEADER_LEN`] bytes: checked by
+/// [`record_len`]).
+fn header_of(buf: &[u8]) -> [u8; HEADER_LEN] {
+    let mut header = [0u8; HEADER_LEN];
+    header.copy_from_slice(&buf[..HEADER_LEN]);
+    header
+}
+
+/// `opened` with a `Data` range moved by `by`.
+fn shifted(opened: Opened, by: usize) -> Opened {
+    match opened {
+        Opened::Data(r) => Opened::Data(r.start + by..r.end + by),
+        other => other,
     }
 }
 

@@ -1,11 +1,18 @@
 //! A link's TCP connection under the own record layer (`LinkRecordLayer = own`): rustls's
 //! unbuffered API runs the TLS handshake over the socket, its secrets are extracted into a
 //! [`RecordSealer`] / [`RecordOpener`] pair and rustls's `KernelConnection` (the key schedule
-//! for KeyUpdates), and [`RecordStream`] then reads and writes records itself.
+//! for KeyUpdates), and [`RecordStream`] then reads and writes records itself. rustls is shown
+//! the received records one at a time and none after its handshake's last, so every record
+//! after it (even one that came in the same read) is the record layer's. The stream is generic
+//! over its transport (a `TcpStream` in the relay; the `record_handover` fuzz target drives it
+//! over an in-memory wire against a scripted rustls peer).
 //!
-//! Copies of a relayed byte: in, kernel → the receive buffer (the `read` syscall), opened in
-//! place, then into the caller's buffer (the link's `CellBuf`); out, the caller's bytes into the
-//! send buffer, sealed in place, → kernel. rustls's path has two more on the way in
+//! Copies of a relayed byte: in, kernel → the caller's buffer (the link's `CellBuf`: the `read`
+//! syscall), where each record is opened with its plaintext moved right after the last one's
+//! (ring decrypts to the shifted place; only the start of a record left at the end of a read is
+//! copied aside for the next); out, the caller's bytes into the send buffer, sealed in place, →
+//! kernel. Reads with less than `DIRECT_MIN` of room go through the receive buffer (one more
+//! copy), as do the bytes left over from the handshake. rustls's path has two more on the way in
 //! (`BufReader` → deframer → `received_plaintext` → caller) and a new `Vec` per record on the
 //! way out (docs/performance.md, session 16).
 //!
@@ -31,13 +38,17 @@ use zeroize::Zeroizing;
 
 use crate::handshake::{BIND_EXPORTER_LABEL, EXPORTER_LABEL, EXPORTER_LEN};
 use crate::record::{
-    alert, alert_name, Opened, RecordError, RecordOpener, RecordSealer, MAX_RECORD,
+    alert, alert_name, record_len as checked_record_len, Opened, RecordError, RecordOpener,
+    RecordSealer, MAX_RECORD,
 };
 use crate::LinkError;
 
 /// The receive buffer: big enough that one `read` brings in many records (the rustls path's
 /// `BufReader` is 64 KiB), plus room for a whole record at its end.
 const RECV_BUF: usize = 128 * 1024;
+/// A read with this much room (the link's `CellBuf` offers 64 KiB) opens records straight into
+/// the caller's buffer (`poll_read_direct`); a smaller one goes through the receive buffer.
+const DIRECT_MIN: usize = 2 * MAX_RECORD;
 /// Most plaintext bytes sealed per `poll_write` call: bounds the send buffer (it is drained
 /// before more is accepted).
 const WRITE_CHUNK: usize = 64 * 1024;
@@ -149,11 +160,13 @@ fn expand_label(
 /// What the handshake leaves: the socket, bytes received past the handshake, the plaintext
 /// rustls opened while finishing it (the peer's first application data, if it came in the same
 /// read), the extracted state.
-struct Handshaken {
-    tcp: TcpStream,
+struct Handshaken<S> {
+    tcp: S,
     incoming: Vec<u8>,
     filled: usize,
     early: Vec<u8>,
+    /// The peer's close_notify was among those bytes.
+    peer_closed: bool,
     secrets: rustls::ExtractedSecrets,
     kernel: Kernel,
 }
@@ -163,20 +176,28 @@ struct Handshaken {
 macro_rules! handshake_loop {
     ($conn:expr, $tcp:expr) => {{
         let conn = &mut $conn;
-        let tcp: &mut TcpStream = $tcp;
+        let tcp = $tcp;
         let mut incoming = vec![0u8; RECV_BUF];
         let mut filled = 0usize;
+        // rustls is shown the received records one at a time, and none after the one that
+        // ends its handshake: everything after (data, KeyUpdate, close_notify, alerts) is the
+        // record layer's. (Shown all of them, rustls would open the peer's first records and
+        // answer a KeyUpdate among them with a message it keeps queued, lost when its secrets
+        // are extracted: found by the `record_handover` fuzz target.)
+        let mut visible = 0usize;
         let mut outgoing = vec![0u8; 8 * 1024];
         let mut out_len = 0usize;
         let mut early = Vec::new();
+        let mut peer_closed = false;
         loop {
             enum Next {
                 Process,
                 Transmit,
                 Read,
+                PeerClosed,
                 Done,
             }
-            let status = conn.process_tls_records(&mut incoming[..filled]);
+            let status = conn.process_tls_records(&mut incoming[..visible]);
             let mut discard = status.discard;
             let next = match status.state.map_err(|e| LinkError::Tls(e.to_string()))? {
                 ConnectionState::EncodeTlsData(mut st) => loop {
@@ -206,18 +227,33 @@ macro_rules! handshake_loop {
                     Next::Process
                 }
                 ConnectionState::WriteTraffic(_) => Next::Done,
-                ConnectionState::PeerClosed | ConnectionState::Closed => {
+                ConnectionState::PeerClosed => Next::PeerClosed,
+                ConnectionState::Closed => {
                     return Err(LinkError::Tls("closed during the TLS handshake".into()))
                 }
                 _ => return Err(LinkError::Tls("unexpected TLS handshake state".into())),
             };
             incoming.copy_within(discard..filled, 0);
             filled -= discard;
+            visible -= discard;
             match next {
                 Next::Process => {}
+                // A close_notify rustls opened after its handshake (not reached while it sees no
+                // record past the handshake's last, kept for safety): our read side is closed,
+                // the write side is not.
+                Next::PeerClosed if !conn.is_handshaking() => peer_closed = true,
+                Next::PeerClosed => {
+                    return Err(LinkError::Tls("closed during the TLS handshake".into()))
+                }
                 Next::Transmit => {
                     tcp.write_all(&outgoing[..out_len]).await?;
                     out_len = 0;
+                }
+                Next::Read
+                    if conn.is_handshaking()
+                        && record_len(&incoming[visible..filled]).is_some() =>
+                {
+                    visible += record_len(&incoming[visible..filled]).unwrap_or(0);
                 }
                 Next::Read => {
                     if filled == incoming.len() {
@@ -229,25 +265,35 @@ macro_rules! handshake_loop {
                     }
                     filled += n;
                 }
-                Next::Done => break (incoming, filled, early),
+                Next::Done => break (incoming, filled, early, peer_closed),
             }
         }
     }};
 }
 
+/// A finished handshake: the stream and the link's two exporter values.
+type Handed<S> = (RecordStream<S>, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]);
+
+/// The length of the complete TLS record at the start of `buf`, if it holds one.
+fn record_len(buf: &[u8]) -> Option<usize> {
+    let header = buf.get(..5)?;
+    let len = 5 + usize::from(u16::from_be_bytes([header[3], header[4]]));
+    (buf.len() >= len).then_some(len)
+}
+
 /// Client side: TLS handshake, then the record layer and the link's two exporter values.
-pub(crate) async fn connect(
-    mut tcp: TcpStream,
+pub(crate) async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
+    mut tcp: S,
     config: &rustls::ClientConfig,
     name: rustls::pki_types::ServerName<'static>,
-) -> Result<(RecordStream, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]), LinkError> {
+) -> Result<Handed<S>, LinkError> {
     let capture = Arc::new(ExporterCapture::default());
     let mut config = config.clone();
     config.enable_secret_extraction = true;
     config.key_log = capture.clone();
     let mut conn = UnbufferedClientConnection::new(Arc::new(config), name)
         .map_err(|e| LinkError::Tls(e.to_string()))?;
-    let (incoming, filled, early) = handshake_loop!(conn, &mut tcp);
+    let (incoming, filled, early, peer_closed) = handshake_loop!(conn, &mut tcp);
     let (secrets, kernel) = conn
         .dangerous_into_kernel_connection()
         .map_err(|e| LinkError::Tls(e.to_string()))?;
@@ -257,6 +303,7 @@ pub(crate) async fn connect(
             incoming,
             filled,
             early,
+            peer_closed,
             secrets,
             kernel: Kernel::Client(kernel),
         },
@@ -265,17 +312,17 @@ pub(crate) async fn connect(
 }
 
 /// Server side, as [`connect`].
-pub(crate) async fn accept(
-    mut tcp: TcpStream,
+pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
+    mut tcp: S,
     config: &rustls::ServerConfig,
-) -> Result<(RecordStream, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]), LinkError> {
+) -> Result<Handed<S>, LinkError> {
     let capture = Arc::new(ExporterCapture::default());
     let mut config = config.clone();
     config.enable_secret_extraction = true;
     config.key_log = capture.clone();
     let mut conn = UnbufferedServerConnection::new(Arc::new(config))
         .map_err(|e| LinkError::Tls(e.to_string()))?;
-    let (incoming, filled, early) = handshake_loop!(conn, &mut tcp);
+    let (incoming, filled, early, peer_closed) = handshake_loop!(conn, &mut tcp);
     let (secrets, kernel) = conn
         .dangerous_into_kernel_connection()
         .map_err(|e| LinkError::Tls(e.to_string()))?;
@@ -285,6 +332,7 @@ pub(crate) async fn accept(
             incoming,
             filled,
             early,
+            peer_closed,
             secrets,
             kernel: Kernel::Server(kernel),
         },
@@ -292,10 +340,7 @@ pub(crate) async fn accept(
     )
 }
 
-fn finish(
-    h: Handshaken,
-    capture: &ExporterCapture,
-) -> Result<(RecordStream, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]), LinkError> {
+fn finish<S>(h: Handshaken<S>, capture: &ExporterCapture) -> Result<Handed<S>, LinkError> {
     let suite = h.kernel.suite();
     let secret = capture
         .take()
@@ -321,7 +366,7 @@ fn finish(
         early: h.early,
         wbuf: Vec::new(),
         wpos: 0,
-        read_closed: false,
+        read_closed: h.peer_closed,
         write_closed: false,
         failed: None,
     };
@@ -333,8 +378,8 @@ fn finish(
 /// written; a KeyUpdate from the peer is followed (and answered if asked), one is sent before
 /// the key's confidentiality limit, close_notify ends the read side, and a bad record fails
 /// the stream with an error naming why (after a sealed alert to the peer).
-pub(crate) struct RecordStream {
-    tcp: TcpStream,
+pub(crate) struct RecordStream<S = TcpStream> {
+    tcp: S,
     sealer: RecordSealer,
     opener: RecordOpener,
     kernel: Kernel,
@@ -359,7 +404,7 @@ pub(crate) struct RecordStream {
     failed: Option<String>,
 }
 
-impl std::fmt::Debug for RecordStream {
+impl<S> std::fmt::Debug for RecordStream<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RecordStream")
             .field("tx_seq", &self.sealer.seq())
@@ -368,9 +413,9 @@ impl std::fmt::Debug for RecordStream {
     }
 }
 
-impl RecordStream {
+impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
     /// The socket.
-    pub(crate) fn tcp(&self) -> &TcpStream {
+    pub(crate) fn tcp(&self) -> &S {
         &self.tcp
     }
 
@@ -437,25 +482,7 @@ impl RecordStream {
                 }
                 Ok(Some((len, Opened::KeyUpdate { update_requested }))) => {
                     self.rstart += len;
-                    let next = self.kernel.update_rx().map_err(|e| e.to_string());
-                    let rekeyed = next.and_then(|(seq, secrets)| {
-                        self.opener.rekey(seq, &secrets).map_err(|e| e.to_string())
-                    });
-                    let answered = rekeyed.and_then(|()| {
-                        if update_requested {
-                            self.send_key_update(false)
-                        } else {
-                            Ok(())
-                        }
-                    });
-                    if let Err(why) = answered {
-                        let why = format!("KeyUpdate: {why}");
-                        return Poll::Ready(Err(self.fail(cx, why, Some(alert::INTERNAL_ERROR))));
-                    }
-                    // Our answer goes out with the next write, or now if the socket takes it.
-                    if update_requested {
-                        let _ = self.poll_drain(cx);
-                    }
+                    self.follow_key_update(cx, update_requested)?;
                 }
                 Ok(Some((len, Opened::CloseNotify))) => {
                     self.rstart += len;
@@ -486,21 +513,133 @@ impl RecordStream {
                     }
                     self.rend += n;
                 }
-                Err(e) => {
-                    let why = match &e {
-                        RecordError::PeerAlert(d) => {
-                            format!("TLS alert from peer: {} ({d})", alert_name(*d))
-                        }
-                        other => format!("TLS record: {other}"),
-                    };
-                    return Poll::Ready(Err(self.fail(cx, why, e.alert())));
+                Err(e) => return Poll::Ready(Err(self.fail_record(cx, e))),
+            }
+        }
+    }
+
+    /// Fail the stream on a record the opener refused.
+    fn fail_record(&mut self, cx: &mut Context<'_>, e: RecordError) -> io::Error {
+        let why = match &e {
+            RecordError::PeerAlert(d) => format!("TLS alert from peer: {} ({d})", alert_name(*d)),
+            other => format!("TLS record: {other}"),
+        };
+        self.fail(cx, why, e.alert())
+    }
+
+    /// The peer's KeyUpdate was opened: switch the opener to its next key and, if it asked,
+    /// seal ours (it goes out now if the socket takes it, else with the next write).
+    fn follow_key_update(
+        &mut self,
+        cx: &mut Context<'_>,
+        update_requested: bool,
+    ) -> io::Result<()> {
+        let next = self.kernel.update_rx().map_err(|e| e.to_string());
+        let rekeyed = next
+            .and_then(|(seq, secrets)| self.opener.rekey(seq, &secrets).map_err(|e| e.to_string()));
+        let answered = rekeyed.and_then(|()| {
+            if update_requested {
+                self.send_key_update(false)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(why) = answered {
+            let why = format!("KeyUpdate: {why}");
+            return Err(self.fail(cx, why, Some(alert::INTERNAL_ERROR)));
+        }
+        if update_requested {
+            let _ = self.poll_drain(cx);
+        }
+        Ok(())
+    }
+
+    /// Whether the next read can go straight into a caller's buffer: no plaintext or
+    /// complete record waits here (at most the start of one record, copied ahead of the read).
+    fn direct_ready(&self) -> bool {
+        self.early.is_empty()
+            && self.plain.is_empty()
+            && !self.read_closed
+            && self.failed.is_none()
+            && match checked_record_len(&self.rbuf[self.rstart..self.rend]) {
+                Ok(None) => true,
+                Ok(Some(len)) => len > self.rend - self.rstart,
+                Err(_) => false,
+            }
+    }
+
+    /// Read records into `room` (after the start of a record kept from the last read) and open
+    /// them there, each one's plaintext right after the last's: one copy fewer than opening in
+    /// the receive buffer and copying out. The start of a record at the end is kept for the
+    /// next read. Returns how many plaintext bytes lead `room` (0 only at EOF); an error after
+    /// some plaintext is returned by the next read, after that plaintext.
+    fn poll_read_direct(
+        &mut self,
+        cx: &mut Context<'_>,
+        room: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let kept = self.rend - self.rstart;
+            let mut rb = ReadBuf::new(&mut room[kept..]);
+            ready!(Pin::new(&mut self.tcp).poll_read(cx, &mut rb))?;
+            let n = rb.filled().len();
+            // Copied only once the read brought something (a pending read copies nothing).
+            room[..kept].copy_from_slice(&self.rbuf[self.rstart..self.rend]);
+            if n == 0 {
+                if kept > 0 {
+                    let why = "connection closed inside a TLS record".to_string();
+                    return Poll::Ready(Err(self.fail(cx, why, None)));
                 }
+                self.read_closed = true;
+                return Poll::Ready(Ok(0));
+            }
+            self.rstart = 0;
+            self.rend = 0;
+            let total = kept + n;
+            let (mut to, mut at) = (0, 0);
+            loop {
+                match self.opener.open_into(&mut room[..total], to, at) {
+                    Ok(Some((len, Opened::Data(range)))) => {
+                        to = range.end;
+                        at += len;
+                    }
+                    Ok(Some((len, Opened::KeyUpdate { update_requested }))) => {
+                        at += len;
+                        if let Err(e) = self.follow_key_update(cx, update_requested) {
+                            if to == 0 {
+                                return Poll::Ready(Err(e));
+                            }
+                            break;
+                        }
+                    }
+                    Ok(Some((_, Opened::CloseNotify))) => {
+                        self.read_closed = true;
+                        break;
+                    }
+                    Ok(Some((len, Opened::Nothing))) => at += len,
+                    Ok(None) => {
+                        let rest = total - at;
+                        self.rbuf[..rest].copy_from_slice(&room[at..total]);
+                        self.rend = rest;
+                        break;
+                    }
+                    Err(e) => {
+                        let err = self.fail_record(cx, e);
+                        if to == 0 {
+                            return Poll::Ready(Err(err));
+                        }
+                        break;
+                    }
+                }
+            }
+            if to > 0 || self.read_closed {
+                return Poll::Ready(Ok(to));
             }
         }
     }
 }
 
-impl AsyncRead for RecordStream {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RecordStream<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -511,6 +650,11 @@ impl AsyncRead for RecordStream {
             let n = this.early.len().min(buf.remaining());
             buf.put_slice(&this.early[..n]);
             this.early.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
+        if buf.remaining() >= DIRECT_MIN && this.direct_ready() {
+            let n = ready!(this.poll_read_direct(cx, buf.initialize_unfilled()))?;
+            buf.advance(n);
             return Poll::Ready(Ok(()));
         }
         ready!(this.poll_fill(cx))?;
@@ -526,7 +670,7 @@ impl AsyncRead for RecordStream {
     }
 }
 
-impl AsyncWrite for RecordStream {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RecordStream<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

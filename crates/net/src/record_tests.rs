@@ -535,3 +535,48 @@ fn the_opener_never_panics_on_random_records() {
         let _ = opener.open(&mut junk);
     }
 }
+
+#[test]
+fn open_into_packs_the_plaintext_of_consecutive_records_with_a_keyupdate_between() {
+    for we_are_client in [true, false] {
+        let mut p = pair(we_are_client);
+        let sent = [data(MAX_PLAINTEXT, 1), data(1, 2), data(5000, 3)];
+        let mut wire = Vec::new();
+        p.peer.writer().write_all(&sent[0]).unwrap();
+        p.peer.writer().write_all(&sent[1]).unwrap();
+        wire.extend(peer_send(&mut p.peer));
+        p.peer.refresh_traffic_keys().unwrap();
+        p.peer.writer().write_all(&sent[2]).unwrap();
+        wire.extend(peer_send(&mut p.peer));
+        let (mut to, mut at) = (0, 0);
+        while let Some((len, opened)) = p.opener.open_into(&mut wire, to, at).unwrap() {
+            at += len;
+            match opened {
+                Opened::Data(range) => {
+                    assert_eq!(
+                        range.start, to,
+                        "each record's plaintext right after the last"
+                    );
+                    to = range.end;
+                }
+                Opened::KeyUpdate { .. } => {
+                    let (seq, secrets) = p.kernel.update_rx();
+                    p.opener.rekey(seq, &secrets).unwrap();
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(at, wire.len());
+        assert_eq!(&wire[..to], &sent.concat()[..]);
+        // A plaintext position past its record is refused, and a changed record fails.
+        let mut p = pair(we_are_client);
+        p.peer.writer().write_all(&sent[2]).unwrap();
+        let mut wire = peer_send(&mut p.peer);
+        assert!(p.opener.open_into(&mut wire, 1, 0).is_err());
+        wire[40] ^= 1;
+        assert_eq!(
+            p.opener.open_into(&mut wire, 0, 0),
+            Err(RecordError::BadRecordMac(0))
+        );
+    }
+}

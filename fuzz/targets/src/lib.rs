@@ -58,6 +58,7 @@ pub(crate) fn changed(genuine: &[u8], input: &[u8], cut: bool) -> Vec<u8> {
 mod cell;
 mod config;
 mod dir;
+mod handover;
 mod handshake;
 mod http;
 mod io;
@@ -73,6 +74,7 @@ mod split;
 pub use cell::cell;
 pub use config::config;
 pub use dir::{consensus, descriptor, exit_policy};
+pub use handover::record_handover;
 pub use handshake::link_handshake;
 pub use http::{http_response, http_server};
 pub use ntor::ntor;
@@ -102,4 +104,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config", config),
     ("ntor", ntor),
     ("tls_records", tls_records),
+    ("record_handover", record_handover),
 ];

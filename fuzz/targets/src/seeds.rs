@@ -38,6 +38,7 @@ pub fn all() -> Vec<Seed> {
     out.extend(named("config", more_seeds::configs()));
     out.extend(named("ntor", crate::ntor::seeds()));
     out.extend(named("tls_records", crate::records::seeds()));
+    out.extend(named("record_handover", crate::handover::seeds()));
     out
 }
 
