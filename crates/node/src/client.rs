@@ -74,8 +74,8 @@ Config file options (TOML):
                                    this much, not behind megabytes of kernel send buffer
   LinkCongestionControl = \"bbr\"    TCP congestion control for link sockets (TCP_CONGESTION),
                                    checked at start; default: the system's
-  LinkRecordLayer = \"rustls\"       who seals and opens TLS records after the handshake:
-                                   \"rustls\" (default) or \"own\" (chive-net's record layer)
+  LinkRecordLayer = \"own\"          who seals and opens TLS records after the handshake:
+                                   \"own\" (default: chive-net's record layer) or \"rustls\"
   CircuitSwitching = \"path\"        paper 003's path switching: every exit circuit is linked to a
                                    spare through another entry and middle to the same exit, and
                                    the upload moves to it when the entry reports congestion

@@ -34,7 +34,7 @@ pub struct LinkOptions {
     pub idle_timeout: u64,
     /// `LinkCongestionControl`: TCP_CONGESTION on link sockets (unset: the system's default).
     pub congestion_control: Option<String>,
-    /// `LinkRecordLayer`: `"rustls"` (unset) or `"own"`, see [`LinkOptions::record_layer`].
+    /// `LinkRecordLayer`: `"own"` (unset) or `"rustls"`, see [`LinkOptions::record_layer`].
     pub record_layer: Option<String>,
 }
 
@@ -126,8 +126,8 @@ impl LinkOptions {
         Ok(())
     }
 
-    /// `LinkRecordLayer`: who seals and opens TLS records after the handshake, rustls (unset,
-    /// `"rustls"`) or chive-net's own record layer (`"own"`).
+    /// `LinkRecordLayer`: who seals and opens TLS records after the handshake: chive-net's
+    /// own record layer (unset, `"own"`) or rustls (`"rustls"`).
     pub fn record_layer(&self) -> anyhow::Result<chive_net::RecordLayer> {
         match &self.record_layer {
             None => Ok(chive_net::RecordLayer::default()),

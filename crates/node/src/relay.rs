@@ -119,10 +119,10 @@ Config file options (TOML):
                                    checked at start; default: the system's. BBR keeps the
                                    standing queues short that delay ACKs and SENDMEs behind
                                    bulk (docs/netns.md). Read at start only
-  LinkRecordLayer = \"rustls\"       who seals and opens TLS records after the handshake:
-                                   \"rustls\" (default) or \"own\" (rustls does the handshake,
-                                   chive-net the records in place: two copies fewer per
-                                   received byte; docs/performance.md, session 16). The wire
+  LinkRecordLayer = \"own\"          who seals and opens TLS records after the handshake:
+                                   \"own\" (default: rustls does the handshake, chive-net the
+                                   records in place, two copies fewer per received byte;
+                                   docs/performance.md) or \"rustls\" (rustls does both). The wire
                                    is TLS 1.3 either way. Read at start only
   HeartbeatPeriod = 21600          seconds between DoS heartbeat log lines: CREATE2 and
                                    connections refused, addresses marked, OOM kills, since

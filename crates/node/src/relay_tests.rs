@@ -228,10 +228,7 @@ fn link_congestion_control_is_checked_at_start() {
 #[test]
 fn link_record_layer_is_parsed_and_checked_at_start() {
     use chive_net::RecordLayer;
-    assert_eq!(
-        config("").link().record_layer().unwrap(),
-        RecordLayer::Rustls
-    );
+    assert_eq!(config("").link().record_layer().unwrap(), RecordLayer::Own);
     for (line, want) in [
         ("LinkRecordLayer = \"rustls\"", RecordLayer::Rustls),
         ("LinkRecordLayer = \"own\"", RecordLayer::Own),
