@@ -274,10 +274,19 @@ macro_rules! handshake_loop {
 /// A finished handshake: the stream and the link's two exporter values.
 type Handed<S> = (RecordStream<S>, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]);
 
-/// The length of the complete TLS record at the start of `buf`, if it holds one.
+/// The length of the complete TLS record at the start of `buf`, if it holds one. A header no
+/// TLS peer would send (content type outside 20..=24, a version byte other than 3, a length past
+/// TLS's largest record) gives everything there is, so rustls sees it and refuses it at once
+/// instead of the handshake waiting for a record that will never be whole (say, an HTTP request
+/// sent to a relay's port).
 fn record_len(buf: &[u8]) -> Option<usize> {
+    const MAX_RECORD: usize = (1 << 14) + 2048;
     let header = buf.get(..5)?;
-    let len = 5 + usize::from(u16::from_be_bytes([header[3], header[4]]));
+    let body = usize::from(u16::from_be_bytes([header[3], header[4]]));
+    if !(20..=24).contains(&header[0]) || header[1] != 3 || body > MAX_RECORD {
+        return Some(buf.len());
+    }
+    let len = 5 + body;
     (buf.len() >= len).then_some(len)
 }
 
