@@ -80,6 +80,10 @@ class AttackConfig:
     """Bulk streams per circuit (two 500-cell stream windows fill a 1000-cell circuit window)."""
     max_mem: str = "256 MB"
     """``MaxMemInQueues`` of every relay (both implementations read Tor's units)."""
+    per_client_queue_cells: int | None = None
+    """chive only: the relays' ``PerClientQueueCells`` (0 = off); None = chive's default (2000
+    cells, which holds a single-client sniper at its entry before ``MaxMemInQueues`` is reached,
+    so the OOM handler never runs: docs/security.md)."""
     cc_alg: int | None = None
     """tor only: the consensus parameter ``cc_alg`` (0 = fixed SENDME windows, 2 = Vegas, tor's
     default); None = not set (tor's default)."""
@@ -536,7 +540,10 @@ def run_attack(c: AttackConfig, netdir: Path, binary: Path, progress: Progress) 
     params: dict[str, int] = {}
     if c.cc_alg is not None:
         params["cc_alg"] = c.cc_alg
-    spec = NetworkSpec(relays=3, impl=c.impl, binary=binary, relay_overrides={"MaxMemInQueues": c.max_mem},
+    overrides: dict[str, object] = {"MaxMemInQueues": c.max_mem}
+    if c.per_client_queue_cells is not None and c.impl == "chive":
+        overrides["PerClientQueueCells"] = c.per_client_queue_cells
+    spec = NetworkSpec(relays=3, impl=c.impl, binary=binary, relay_overrides=overrides,
                        authority_params=params, timeout=120.0)
     progress(f"{c.name()}: starting a 3-relay {c.impl} network in {netdir}")
     info = Network.up(spec, netdir, progress=None)

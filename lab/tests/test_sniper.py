@@ -143,8 +143,11 @@ CHIVE = default_binary()
 def test_tiny_real_attack_on_chive(tmp_path):
     """Not the full attack: 20 circuits x 2 streams against a 4 MB cap (about 20 MB of cells
     could pile up), held 4 s. The honest 1 MB download must be byte-exact, the OOM handler must
-    have killed circuits, and the RSS series must cover the attack."""
+    have killed circuits, and the RSS series must cover the attack. The per-client bound is off:
+    at its default it holds this attacker at the entry below the cap, and the OOM handler is what
+    this test is about."""
     c = sniper.AttackConfig(impl="chive", circuits=20, max_mem="4 MB", drain_s=0.5, hold_s=4.0, after_s=1.0,
+                            per_client_queue_cells=0,
                             honest_bytes=1_000_000, openers=8, open_timeout=30.0)
     r = sniper.run_attack(c, tmp_path / "net", CHIVE, lambda _m: None).to_json()
     s = r["summary"]
