@@ -4,11 +4,12 @@ chive and Debian's tor in one run, the entry's RSS sampled every 50 ms (issue 18
 chive_lab/sniper.py, which says how the attack goes).
 
     CHIVE_BIN=$PWD/target/release/chive .venv/bin/python lab/scripts/sniper_rss.py \\
-        --out /work/runs/sniper/DIR [--runs chive,tor-cc0,tor-cc2] [--circuits 800] \\
+        --out /work/runs/sniper/DIR [--runs chive,chive-nocap,tor-cc0,tor-cc2] [--circuits 800] \\
         [--max-mem "256 MB"] [--hold 20] [--drain 2] [--honest-bytes 10000000]
 
-Runs: `chive`; `tor-cc0` (tor with consensus cc_alg=0: fixed 1000-cell circuit windows, as
-chive); `tor-cc2` (cc_alg=2, Vegas, tor's default); `tor` (cc_alg left unset). Each run starts
+Runs: `chive` (its defaults: the per-client queue cap and the OOM handler); `chive-nocap`
+(`PerClientQueueCells = 0`: the OOM handler alone); `tor-cc0` (tor with consensus cc_alg=0:
+fixed 1000-cell circuit windows, as chive); `tor-cc2` (cc_alg=2, Vegas, tor's default); `tor` (cc_alg left unset). Each run starts
 its own network in OUT/net-<run>. Writes OUT/rss-<run>.{csv,png}, OUT/rss-all.{csv,png},
 OUT/summary.json (per run: RSS before/peak/end/after in MiB, OOM kills, the honest download),
 OUT/summary.md (the table) and OUT/manifest.json (git revision, binary, tor version, host).
@@ -36,7 +37,14 @@ from chive_lab.sniper_report import (  # noqa: E402
     write_run,
 )
 
-RUNS = {"chive": ("chive", None), "tor": ("tor", None), "tor-cc0": ("tor", 0), "tor-cc2": ("tor", 2)}
+# name -> (implementation, tor's cc_alg, chive's PerClientQueueCells; None = the default)
+RUNS = {
+    "chive": ("chive", None, None),
+    "chive-nocap": ("chive", None, 0),
+    "tor": ("tor", None, None),
+    "tor-cc0": ("tor", 0, None),
+    "tor-cc2": ("tor", 2, None),
+}
 
 
 def progress(msg: str) -> None:
@@ -48,9 +56,9 @@ def configs(args: argparse.Namespace) -> list[AttackConfig]:
     for name in args.runs.split(","):
         if name not in RUNS:
             raise SystemExit(f"unknown run {name!r}: one of {', '.join(RUNS)}")
-        impl, cc = RUNS[name]
+        impl, cc, per_client = RUNS[name]
         c = AttackConfig(impl=impl, label=name, circuits=args.circuits, streams=args.streams,
-                         max_mem=args.max_mem, cc_alg=cc, drain_s=args.drain, hold_s=args.hold,
+                         max_mem=args.max_mem, cc_alg=cc, per_client_queue_cells=per_client, drain_s=args.drain, hold_s=args.hold,
                          after_s=args.after, honest_bytes=args.honest_bytes, sample_s=args.sample,
                          read_while_opening=args.read_while_opening)
         c.validate()
@@ -61,7 +69,7 @@ def configs(args: argparse.Namespace) -> list[AttackConfig]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="a new or empty directory")
-    ap.add_argument("--runs", default="chive,tor-cc0,tor-cc2", help=f"comma-separated, of {', '.join(RUNS)}")
+    ap.add_argument("--runs", default="chive,chive-nocap,tor-cc0,tor-cc2", help=f"comma-separated, of {', '.join(RUNS)}")
     ap.add_argument("--circuits", type=int, default=800, help="attack circuits [800]")
     ap.add_argument("--streams", type=int, default=2, help="bulk streams per circuit [2]")
     ap.add_argument("--max-mem", default="256 MB", help='MaxMemInQueues of every relay ["256 MB"]')
