@@ -41,7 +41,7 @@ fn ewma_beats_round_robin_under_load_and_sighup_switches_policy() {
     // sits as often early as late, so a slow drift of the machine's load (other
     // tests, the bulk transfers ramping up) cancels out. 8 blocks (24 fetches
     // per policy), not 12: the first 8 blocks of four 12-block runs on a loaded
-    // 2-core machine gave p ≤ 5e-9 and EWMA's median 1.8–7× below RR's
+    // 2-core machine gave p ≤ 5e-9 and EWMA's median 1.8–8× below RR's
     // (docs/testing.md).
     for block in 0..8 {
         let ewma = matches!(block % 4, 1 | 2);
