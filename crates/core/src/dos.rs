@@ -229,6 +229,32 @@ pub struct DosStats {
     pub tracked_addresses: usize,
 }
 
+impl DosStats {
+    /// What the counters grew by from `earlier` to `self` (saturating if one shrank);
+    /// `tracked_addresses`, a gauge, is `self`'s.
+    pub fn since(&self, earlier: &DosStats) -> DosStats {
+        DosStats {
+            circuits_refused: self
+                .circuits_refused
+                .saturating_sub(earlier.circuits_refused),
+            addresses_marked: self
+                .addresses_marked
+                .saturating_sub(earlier.addresses_marked),
+            connections_refused_concurrent: self
+                .connections_refused_concurrent
+                .saturating_sub(earlier.connections_refused_concurrent),
+            connections_refused_rate: self
+                .connections_refused_rate
+                .saturating_sub(earlier.connections_refused_rate),
+            streams_refused: self.streams_refused.saturating_sub(earlier.streams_refused),
+            single_hop_refused: self
+                .single_hop_refused
+                .saturating_sub(earlier.single_hop_refused),
+            tracked_addresses: self.tracked_addresses,
+        }
+    }
+}
+
 /// A token bucket counted in whole tokens and refilled in whole seconds, as Tor's DoS buckets.
 #[derive(Clone, Copy, Debug)]
 struct Bucket {

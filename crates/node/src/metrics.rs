@@ -414,30 +414,32 @@ impl Metrics {
     }
 }
 
-/// Milliseconds with three decimals, or `null`.
 /// The `{"type":"dos"}` record of the second at `t` (unix seconds) if the DoS defences
 /// refused anything since `last` (the counters at the previous record): each count is that
 /// second's, `tracked_addresses` the number now.
 pub fn dos_record(t: f64, dos: &DosStats, last: &DosStats) -> Option<String> {
-    let refused = |d: &DosStats| d.connections_refused_concurrent + d.connections_refused_rate;
-    let any = dos.circuits_refused > last.circuits_refused
-        || dos.addresses_marked > last.addresses_marked
-        || refused(dos) > refused(last)
-        || dos.streams_refused > last.streams_refused
-        || dos.single_hop_refused > last.single_hop_refused;
+    let d = dos.since(last);
+    let refused = d.connections_refused_concurrent + d.connections_refused_rate;
+    let any = d.circuits_refused
+        + d.addresses_marked
+        + refused
+        + d.streams_refused
+        + d.single_hop_refused
+        > 0;
     any.then(|| {
         format!(
             "{{\"type\":\"dos\",\"t\":{t:.6},\"circuits_refused\":{},\"addresses_marked\":{},\"connections_refused\":{},\"streams_refused\":{},\"single_hop_refused\":{},\"tracked_addresses\":{}}}",
-            dos.circuits_refused.saturating_sub(last.circuits_refused),
-            dos.addresses_marked.saturating_sub(last.addresses_marked),
-            refused(dos).saturating_sub(refused(last)),
-            dos.streams_refused.saturating_sub(last.streams_refused),
-            dos.single_hop_refused.saturating_sub(last.single_hop_refused),
-            dos.tracked_addresses,
+            d.circuits_refused,
+            d.addresses_marked,
+            refused,
+            d.streams_refused,
+            d.single_hop_refused,
+            d.tracked_addresses,
         )
     })
 }
 
+/// Milliseconds with three decimals, or `null`.
 fn ms(d: Option<Duration>) -> String {
     d.map(|d| format!("{:.3}", d.as_secs_f64() * 1e3))
         .unwrap_or_else(|| "null".into())

@@ -99,6 +99,12 @@ pub enum Turn {
     Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
 }
 
+/// A turn from `take` and how long it took to get it.
+fn timed(take: fn() -> Turn) -> (Turn, Duration) {
+    let t0 = Instant::now();
+    (take(), t0.elapsed())
+}
+
 /// A turn beside the other ordinary tests (waits while a measuring test runs).
 pub fn shared_turn() -> Turn {
     Turn::Shared(TURNS.read().unwrap_or_else(|e| e.into_inner()))
@@ -125,10 +131,32 @@ pub struct Network {
     pub authority_id: String,
     /// Held until every process above is killed (`Drop` runs before the fields drop).
     pub(crate) _turn: Turn,
+    /// Where the test's time went, printed when the network is dropped.
+    pub(crate) times: StartTimes,
+}
+
+/// How long a test waited for its [`Turn`] and for its network to come up; printed (with the
+/// time it then held the network) when the network is dropped, as one `[e2e-time]` line on
+/// stderr: shown for a failing test, or for all with `-- --nocapture` (docs/testing.md).
+pub struct StartTimes {
+    test: String,
+    alone: bool,
+    turn_wait: Duration,
+    start: Duration,
+    ready_at: Instant,
 }
 
 impl Drop for Network {
     fn drop(&mut self) {
+        let t = &self.times;
+        eprintln!(
+            "[e2e-time] {}: waited {:.1} s for its turn ({}), network up in {:.1} s, then held it {:.1} s",
+            t.test,
+            t.turn_wait.as_secs_f64(),
+            if t.alone { "alone" } else { "shared" },
+            t.start.as_secs_f64(),
+            t.ready_at.elapsed().as_secs_f64(),
+        );
         for (_, child) in &mut self.children {
             let _ = child.kill();
             let _ = child.wait();
@@ -174,40 +202,46 @@ impl Network {
     /// Start an authority, three relays (`relay_extra[i]` appended to relay i+1's config), a
     /// client and `chive httpd`; return once a real fetch through the overlay works.
     pub fn start(test: &str, relay_extra: [&str; 3]) -> Network {
-        Self::start_with(shared_turn(), test, &relay_extra, "")
+        Self::start_with(timed(shared_turn), test, &relay_extra, "")
     }
 
     /// [`Network::start`] with any number of relays and `client_extra` appended to the
     /// client's config.
     pub fn start_custom(test: &str, relay_extra: &[&str], client_extra: &str) -> Network {
-        Self::start_with(shared_turn(), test, relay_extra, client_extra)
+        Self::start_with(timed(shared_turn), test, relay_extra, client_extra)
     }
 
     /// [`Network::start`] for a test that measures timing: it waits until no other test of
     /// this binary runs, and none starts until it is done.
     pub fn start_alone(test: &str, relay_extra: [&str; 3]) -> Network {
-        Self::start_with(turn_alone(), test, &relay_extra, "")
+        Self::start_with(timed(turn_alone), test, &relay_extra, "")
     }
 
     /// [`Network::start_alone`] with `relays` relays (`relay1`..) and nothing added to their
     /// configs.
     pub fn start_alone_relays(test: &str, relays: usize) -> Network {
-        Self::start_with(turn_alone(), test, &vec![""; relays], "")
+        Self::start_with(timed(turn_alone), test, &vec![""; relays], "")
     }
 
     /// [`Network::start_alone`] with `relays` relays, `extra` appended to every relay's config
     /// and to the client's.
     pub fn start_alone_relays_with(test: &str, relays: usize, extra: &str) -> Network {
-        Self::start_with(turn_alone(), test, &vec![extra; relays], extra)
+        Self::start_with(timed(turn_alone), test, &vec![extra; relays], extra)
     }
 
     /// [`Network::start_alone`] with `relay_extra[i]` appended to relay i+1's config and
     /// `client_extra` to the client's.
     pub fn start_alone_custom(test: &str, relay_extra: &[&str], client_extra: &str) -> Network {
-        Self::start_with(turn_alone(), test, relay_extra, client_extra)
+        Self::start_with(timed(turn_alone), test, relay_extra, client_extra)
     }
 
-    fn start_with(turn: Turn, test: &str, relay_extra: &[&str], client_extra: &str) -> Network {
+    fn start_with(
+        (turn, turn_wait): (Turn, Duration),
+        test: &str,
+        relay_extra: &[&str],
+        client_extra: &str,
+    ) -> Network {
+        let t0 = Instant::now();
         let dir = std::env::temp_dir().join(format!("chive-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -226,6 +260,13 @@ impl Network {
             relay_configs: Vec::new(),
             authority: unbound,
             authority_id: authority_id.clone(),
+            times: StartTimes {
+                test: test.to_string(),
+                alone: matches!(turn, Turn::Alone(_)),
+                turn_wait,
+                start: Duration::ZERO,
+                ready_at: t0,
+            },
             _turn: turn,
         };
         let (httpd, http) = spawn_httpd(&dir);
@@ -274,6 +315,8 @@ impl Network {
         net.socks = ports["SocksPort"];
         net.client_metrics = ports.get("MetricsPort").copied();
         net.wait_ready();
+        net.times.start = t0.elapsed();
+        net.times.ready_at = Instant::now();
         net
     }
 
@@ -671,9 +714,14 @@ pub fn timed_fresh_fetches(net: &Network, n: &mut usize) -> Vec<f64> {
         *n += 1;
         let user = format!("fresh{n}");
         let t0 = Instant::now();
-        let body =
-            fetch(net.socks, net.http, 51_200, Some((&user, "x"))).expect("50 KiB fetch failed");
-        assert_eq!(body.len(), 51_200);
+        let body = fetch(net.socks, net.http, 51_200, Some((&user, "x")))
+            .unwrap_or_else(|e| panic!("50 KiB fetch as {user} failed: {e}"));
+        assert_eq!(
+            body.len(),
+            51_200,
+            "50 KiB fetch as {user} ended early; logs in {}",
+            net.dir.display()
+        );
         times.push(t0.elapsed().as_secs_f64());
         std::thread::sleep(Duration::from_millis(300));
     }

@@ -5,7 +5,10 @@
 //! The harness runs these tests on parallel threads. A test that measures timing under load
 //! starts its network with `Network::start_alone` (nothing else of this binary runs beside
 //! it); every other test that starts processes holds a shared turn (`Network::start` takes
-//! one; a test that spawns `chive` without a network calls `common::shared_turn()`).
+//! one; a test that spawns `chive` without a network calls `common::shared_turn()`). Each
+//! `Network` prints an `[e2e-time]` line when dropped (how long its test waited for its turn,
+//! started the network, then held it): shown for a failing test, or for all with
+//! `-- --nocapture` (docs/testing.md, "The e2e binary, test by test").
 //!
 //! Every node a test starts listens on port 0 and reports the ports it got in its `PortsFile`
 //! (`common::wait_ports`): a port probed free and handed over could be taken in between by a

@@ -8,21 +8,13 @@ use std::time::{Duration, Instant};
 use super::DosStats;
 use crate::CoreStats;
 
-/// Counters that only grow, read from the core at each beat.
+/// Counters that only grow, read from the core at each beat: the DoS defences' own
+/// ([`DosStats`]; its `tracked_addresses` gauge is not part of the line, the beat reports it
+/// apart) and the OOM handler's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
-    /// CREATE2 cells refused because their address was marked.
-    pub circuits_refused: u64,
-    /// Addresses marked by the circuit-creation defence.
-    pub addresses_marked: u64,
-    /// Connections refused: too many open at once from one address.
-    pub connections_refused_concurrent: u64,
-    /// Connections refused: the address connected too fast.
-    pub connections_refused_rate: u64,
-    /// BEGIN/RESOLVE refused by the stream-creation defence.
-    pub streams_refused: u64,
-    /// ESTABLISH_RENDEZVOUS from single-hop clients dropped.
-    pub single_hop_refused: u64,
+    /// What the DoS defences refused and marked.
+    pub dos: DosStats,
     /// Circuits the OOM handler killed.
     pub oom_circuits_killed: u64,
     /// Channels the OOM handler closed.
@@ -35,12 +27,7 @@ impl Totals {
     /// The core's counters now.
     pub fn read(dos: &DosStats, core: &CoreStats) -> Totals {
         Totals {
-            circuits_refused: dos.circuits_refused,
-            addresses_marked: dos.addresses_marked,
-            connections_refused_concurrent: dos.connections_refused_concurrent,
-            connections_refused_rate: dos.connections_refused_rate,
-            streams_refused: dos.streams_refused,
-            single_hop_refused: dos.single_hop_refused,
+            dos: *dos,
             oom_circuits_killed: core.oom_circuits_killed,
             oom_channels_closed: core.oom_channels_closed,
             oom_bytes_freed: core.oom_bytes_freed,
@@ -50,22 +37,7 @@ impl Totals {
     /// What grew from `earlier` to `self` (counters never shrink; saturating if one did).
     fn since(&self, earlier: &Totals) -> Totals {
         Totals {
-            circuits_refused: self
-                .circuits_refused
-                .saturating_sub(earlier.circuits_refused),
-            addresses_marked: self
-                .addresses_marked
-                .saturating_sub(earlier.addresses_marked),
-            connections_refused_concurrent: self
-                .connections_refused_concurrent
-                .saturating_sub(earlier.connections_refused_concurrent),
-            connections_refused_rate: self
-                .connections_refused_rate
-                .saturating_sub(earlier.connections_refused_rate),
-            streams_refused: self.streams_refused.saturating_sub(earlier.streams_refused),
-            single_hop_refused: self
-                .single_hop_refused
-                .saturating_sub(earlier.single_hop_refused),
+            dos: self.dos.since(&earlier.dos),
             oom_circuits_killed: self
                 .oom_circuits_killed
                 .saturating_sub(earlier.oom_circuits_killed),
@@ -79,18 +51,19 @@ impl Totals {
 
 impl fmt::Display for Totals {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dos = &self.dos;
         write!(
             f,
             "{} CREATE2 refused, {} addresses marked, {} connections refused ({} too many open, \
              {} too fast), {} streams refused, {} single-hop rendezvous refused, {} circuits \
              killed by the OOM handler ({} channels closed, {} bytes freed)",
-            self.circuits_refused,
-            self.addresses_marked,
-            self.connections_refused_concurrent + self.connections_refused_rate,
-            self.connections_refused_concurrent,
-            self.connections_refused_rate,
-            self.streams_refused,
-            self.single_hop_refused,
+            dos.circuits_refused,
+            dos.addresses_marked,
+            dos.connections_refused_concurrent + dos.connections_refused_rate,
+            dos.connections_refused_concurrent,
+            dos.connections_refused_rate,
+            dos.streams_refused,
+            dos.single_hop_refused,
             self.oom_circuits_killed,
             self.oom_channels_closed,
             self.oom_bytes_freed
@@ -172,7 +145,10 @@ mod tests {
 
     fn totals(refused: u64, killed: u64) -> Totals {
         Totals {
-            circuits_refused: refused,
+            dos: DosStats {
+                circuits_refused: refused,
+                ..DosStats::default()
+            },
             oom_circuits_killed: killed,
             ..Totals::default()
         }
@@ -216,12 +192,16 @@ mod tests {
             .poll(
                 t0 + Duration::from_secs(1_000_000),
                 Totals {
-                    circuits_refused: 1,
-                    addresses_marked: 2,
-                    connections_refused_concurrent: 3,
-                    connections_refused_rate: 4,
-                    streams_refused: 9,
-                    single_hop_refused: 11,
+                    dos: DosStats {
+                        circuits_refused: 1,
+                        addresses_marked: 2,
+                        connections_refused_concurrent: 3,
+                        connections_refused_rate: 4,
+                        streams_refused: 9,
+                        single_hop_refused: 11,
+                        // A gauge: the beat reports its own argument, not this.
+                        tracked_addresses: 99,
+                    },
                     oom_circuits_killed: 5,
                     oom_channels_closed: 6,
                     oom_bytes_freed: 7,

@@ -272,3 +272,29 @@ fn the_sweep_forgets_idle_addresses_only() {
     g.client_disconnected(d, t0 + secs(4 * 3600));
     assert_eq!(g.stats().tracked_addresses, 0);
 }
+
+#[test]
+fn stats_since_counts_growth_and_keeps_the_gauge() {
+    let earlier = DosStats {
+        circuits_refused: 5,
+        streams_refused: 2,
+        tracked_addresses: 9,
+        ..DosStats::default()
+    };
+    let now = DosStats {
+        circuits_refused: 8,
+        streams_refused: 1, // shrank (never does): saturates
+        connections_refused_rate: 4,
+        tracked_addresses: 3,
+        ..DosStats::default()
+    };
+    assert_eq!(
+        now.since(&earlier),
+        DosStats {
+            circuits_refused: 3,
+            connections_refused_rate: 4,
+            tracked_addresses: 3,
+            ..DosStats::default()
+        }
+    );
+}
