@@ -617,9 +617,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
                 self.read_closed = true;
                 return Poll::Ready(Ok(0));
             }
-            // The kept bytes are in `room` now: the buffer goes (on a busy link a read ends
-            // inside a record about every time, so one small allocation per 64 KiB read).
-            self.rbuf = Vec::new();
             self.rstart = 0;
             self.rend = 0;
             let total = kept + n;
@@ -645,9 +642,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
                     }
                     Ok(Some((len, Opened::Nothing))) => at += len,
                     Ok(None) => {
-                        // The start of a record, kept in a buffer of its size.
-                        self.rbuf = room[at..total].to_vec();
-                        self.rend = self.rbuf.len();
+                        // The start of a record, kept for the next read. The buffer is reused
+                        // while reads keep ending inside records (a busy link), never larger than
+                        // a record; one left large by `poll_fill` is given back first.
+                        let rest = &room[at..total];
+                        if self.rbuf.capacity() > MAX_RECORD {
+                            self.rbuf = Vec::new();
+                        }
+                        self.rbuf.clear();
+                        self.rbuf.reserve_exact(rest.len());
+                        self.rbuf.extend_from_slice(rest);
+                        self.rend = rest.len();
                         break;
                     }
                     Err(e) => {
@@ -658,6 +663,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
                         break;
                     }
                 }
+            }
+            if self.rend == 0 && self.rbuf.capacity() > 0 {
+                // Nothing kept: the read ended on a record boundary, as an idle link's last read
+                // does. An idle link holds no receive buffer.
+                self.rbuf = Vec::new();
             }
             if to > 0 || self.read_closed {
                 return Poll::Ready(Ok(to));

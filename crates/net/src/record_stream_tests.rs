@@ -156,15 +156,22 @@ async fn own_layer_on_both_ends() {
 
 /// Memory per connection: the receive buffer holds at most the start of one record between a
 /// link's reads (64 KiB reads, as the link's `CellBuf` makes them, go straight to the caller),
-/// takes `RECV_BUF` only while small reads need it, and gives it back once reads are large again.
+/// none when the last read ended on a record boundary (an idle link), takes `RECV_BUF` only while
+/// small reads need it, and gives it back once reads are large again.
 #[tokio::test]
 async fn receive_buffer_holds_at_most_a_record_start_between_large_reads() {
     let (c, s) = tcp_pair().await;
     let scfg = tls::server_config().unwrap();
     let total = 4_000_000;
+    let (go, wait) = tokio::sync::oneshot::channel::<()>();
+    let first = 100_000;
     let server = tokio::spawn(async move {
         let (mut st, _, _) = accept(s, &scfg).await.unwrap();
-        st.write_all(&data(total, 3)).await.unwrap();
+        let all = data(total, 3);
+        st.write_all(&all[..first]).await.unwrap();
+        st.flush().await.unwrap();
+        wait.await.unwrap();
+        st.write_all(&all[first..]).await.unwrap();
         st.shutdown().await.unwrap();
     });
     let ccfg = tls::client_config().unwrap();
@@ -175,6 +182,14 @@ async fn receive_buffer_holds_at_most_a_record_start_between_large_reads() {
     let mut got = Vec::new();
     let mut room = vec![0u8; 64 * 1024];
     let mut held = 0;
+    // Everything the peer sent, then nothing more for now: the last read ended on a record
+    // boundary, and a link with nothing in flight holds no receive buffer.
+    while got.len() < first {
+        let n = st.read(&mut room).await.unwrap();
+        got.extend_from_slice(&room[..n]);
+    }
+    assert_eq!(st.rbuf.capacity(), 0, "idle, nothing kept");
+    go.send(()).unwrap();
     // Large reads, then small ones (the buffered path), then large ones to the end.
     while got.len() < 2_000_000 {
         let n = st.read(&mut room).await.unwrap();
