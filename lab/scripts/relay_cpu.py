@@ -70,7 +70,14 @@ FLOOR_BENCHES = {
     "rustls_seal_open": ("chive-net", "tls_record", "tls_record/seal_open_16k/aes128gcm"),
     # AES-256-GCM, what the links negotiated before session 14, for comparison.
     "rustls256_seal_open": ("chive-net", "tls_record", "tls_record/seal_open_16k/aes256gcm"),
+    # tor1's running SHA-1 at an edge (part of `onion_originate` and `client_3hop`): one cell's
+    # digest (extend by 509 bytes, finalize a clone) and the compression function's own speed.
+    "sha1_cell": ("chive-crypto", "crypto", "sha1_floor/running_digest_cell"),
+    "sha1_8k": ("chive-crypto", "crypto", "sha1_floor/blocks_8k"),
 }
+
+# SHA-1 blocks in an 8 KiB update (`sha1_8k`).
+SHA1_8K_BLOCKS = 8192 // 64
 
 
 def progress(msg: str) -> None:
@@ -203,6 +210,12 @@ def floor_from_estimates(est: dict[str, float]) -> dict:
         out["rustls_seal_open_GBps"] = TLS_RECORD / est["rustls_seal_open"]
     if "rustls256_seal_open" in est:
         out["rustls256_seal_open_GBps"] = TLS_RECORD / est["rustls256_seal_open"]
+    if "sha1_cell" in est and "sha1_8k" in est:
+        # The edges' running digest per relayed byte, the compression function's speed, and a
+        # cell's digest in compressions' worth (9.08 would be compressions and nothing else).
+        out["sha1_digest_ns_per_byte"] = est["sha1_cell"] / CELL_DATA
+        out["sha1_GBps"] = SHA1_8K_BLOCKS * 64 / est["sha1_8k"]
+        out["sha1_blocks_per_cell"] = est["sha1_cell"] / (est["sha1_8k"] / SHA1_8K_BLOCKS)
     return out
 
 
@@ -212,7 +225,7 @@ def measure_floor(args) -> dict:
     for pkg, bench, ident in FLOOR_BENCHES.values():
         by_bench.setdefault((pkg, bench), []).append(ident)
     for (pkg, bench), idents in by_bench.items():
-        group = idents[0].split("/")[0]
+        group = "|".join(sorted({i.split("/")[0] for i in idents}))  # criterion: a regex
         cmd = ["cargo", "bench", "--quiet", "-p", pkg, "--bench", bench, "--", group,
                "--warm-up-time", "1", "--measurement-time", str(args.floor_seconds)]
         progress("crypto floor: " + " ".join(cmd))
@@ -222,7 +235,7 @@ def measure_floor(args) -> dict:
             raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-2000:]}")
     est = {key: read_estimate(TARGET / "criterion" / ident / "new" / "estimates.json")
            for key, (_pkg, _bench, ident) in FLOOR_BENCHES.items()}
-    openssl = {alg: openssl_speed(alg) for alg in ("aes-128-ctr", "aes-128-gcm", "aes-256-gcm")}
+    openssl = {alg: openssl_speed(alg) for alg in ("aes-128-ctr", "aes-128-gcm", "aes-256-gcm", "sha1")}
     return {"estimates_ns": est, **floor_from_estimates(est), "openssl_GBps": openssl}
 
 
@@ -571,6 +584,10 @@ def main(argv=None) -> int:
               f"rustls seal+open {floor.get('rustls_seal_open_GBps', float('nan')):.2f} (AES-256-GCM "
               f"{floor.get('rustls256_seal_open_GBps', float('nan')):.2f}); openssl: "
               + ", ".join(f"{alg} {v:.2f}" for alg, v in floor["openssl_GBps"].items() if v))
+        if "sha1_GBps" in floor:
+            print(f"tor1 running SHA-1 at the edges: {floor['sha1_digest_ns_per_byte']:.3f} ns/byte "
+                  f"({floor['sha1_blocks_per_cell']:.1f} compressions' worth per cell; 9.08 are "
+                  f"needed), compression {floor['sha1_GBps']:.2f} GB/s")
     if mem:
         print(memory_table(mem))
     if args.markdown:

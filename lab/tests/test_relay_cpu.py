@@ -102,6 +102,16 @@ def test_floor_per_role():
     assert f["relay_rustls"] == pytest.approx(6.0)  # rustls 5 + layer 1
     assert f["aes128ctr_GBps"] == pytest.approx(509 / 498)
     assert f["aes128gcm_seal_GBps"] == pytest.approx(514 / 498)
+    assert "sha1_GBps" not in f  # only with both SHA-1 benches
+
+
+def test_sha1_floor():
+    # 100 ns per 64-byte block (8192 B in 12800 ns), a cell's digest in 996 ns.
+    f = rc.floor_from_estimates({**EST, "sha1_cell": 996.0, "sha1_8k": 12800.0})
+    assert f["sha1_digest_ns_per_byte"] == pytest.approx(2.0)
+    assert f["sha1_GBps"] == pytest.approx(0.64)
+    assert f["sha1_blocks_per_cell"] == pytest.approx(9.96)
+    assert f["relay"] == pytest.approx(4.0)  # the other roles do not change
 
 
 def test_idle_cpu_is_taken_out():

@@ -43,9 +43,11 @@ use crate::record::{
 };
 use crate::LinkError;
 
-/// The receive buffer: big enough that one `read` brings in many records (the rustls path's
-/// `BufReader` is 64 KiB), plus room for a whole record at its end.
-const RECV_BUF: usize = 128 * 1024;
+/// The receive buffer of reads too small to take records directly (`poll_fill`) and of the
+/// handshake: one `read` brings in several records (the rustls path's `BufReader` is 64 KiB).
+/// Allocated only while such reads happen: a link's reads go to its `CellBuf` directly, and
+/// between them the buffer holds at most the start of one record (< `MAX_RECORD` bytes).
+const RECV_BUF: usize = 64 * 1024;
 /// A read with this much room (the link's `CellBuf` offers 64 KiB) opens records straight into
 /// the caller's buffer (`poll_read_direct`); a smaller one goes through the receive buffer.
 const DIRECT_MIN: usize = 2 * MAX_RECORD;
@@ -271,6 +273,14 @@ macro_rules! handshake_loop {
     }};
 }
 
+/// The handshake's receive buffer cut down to the bytes received past the handshake (usually
+/// none: then no heap at all).
+fn kept(mut incoming: Vec<u8>, filled: usize) -> Vec<u8> {
+    incoming.truncate(filled);
+    incoming.shrink_to_fit();
+    incoming
+}
+
 /// A finished handshake: the stream and the link's two exporter values.
 type Handed<S> = (RecordStream<S>, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]);
 
@@ -367,7 +377,7 @@ fn finish<S>(h: Handshaken<S>, capture: &ExporterCapture) -> Result<Handed<S>, L
         opener: RecordOpener::new(*rx_seq, rx).map_err(record)?,
         kernel: h.kernel,
         suite,
-        rbuf: h.incoming.into_boxed_slice(),
+        rbuf: kept(h.incoming, h.filled),
         rstart: 0,
         rend: h.filled,
         plain: 0..0,
@@ -393,8 +403,10 @@ pub(crate) struct RecordStream<S = TcpStream> {
     opener: RecordOpener,
     kernel: Kernel,
     suite: SupportedCipherSuite,
-    /// Received bytes: records from `rstart` to `rend`.
-    rbuf: Box<[u8]>,
+    /// Received bytes: records from `rstart` to `rend`. As long as `rend` on the direct path
+    /// (the start of one record kept from the last read), `RECV_BUF` while `poll_fill` reads,
+    /// empty (no heap) once the direct path has taken everything.
+    rbuf: Vec<u8>,
     rstart: usize,
     rend: usize,
     /// Opened plaintext not yet read, inside `rbuf`; its record ends at `plain_end`.
@@ -499,6 +511,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
                 }
                 Ok(Some((len, Opened::Nothing))) => self.rstart += len,
                 Ok(None) => {
+                    if self.rbuf.len() < RECV_BUF {
+                        self.rbuf.resize(RECV_BUF, 0);
+                    }
                     if self.rstart == self.rend {
                         self.rstart = 0;
                         self.rend = 0;
@@ -627,9 +642,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
                     }
                     Ok(Some((len, Opened::Nothing))) => at += len,
                     Ok(None) => {
-                        let rest = total - at;
-                        self.rbuf[..rest].copy_from_slice(&room[at..total]);
-                        self.rend = rest;
+                        // The start of a record, kept for the next read. The buffer is reused
+                        // while reads keep ending inside records (a busy link), never larger than
+                        // a record; one left large by `poll_fill` is given back first.
+                        let rest = &room[at..total];
+                        if self.rbuf.capacity() > MAX_RECORD {
+                            self.rbuf = Vec::new();
+                        }
+                        self.rbuf.clear();
+                        self.rbuf.reserve_exact(rest.len());
+                        self.rbuf.extend_from_slice(rest);
+                        self.rend = rest.len();
                         break;
                     }
                     Err(e) => {
@@ -640,6 +663,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
                         break;
                     }
                 }
+            }
+            if self.rend == 0 && self.rbuf.capacity() > 0 {
+                // Nothing kept: the read ended on a record boundary, as an idle link's last read
+                // does. An idle link holds no receive buffer.
+                self.rbuf = Vec::new();
             }
             if to > 0 || self.read_closed {
                 return Poll::Ready(Ok(to));
@@ -659,6 +687,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RecordStream<S> {
             let n = this.early.len().min(buf.remaining());
             buf.put_slice(&this.early[..n]);
             this.early.drain(..n);
+            if this.early.is_empty() {
+                this.early = Vec::new();
+            }
             return Poll::Ready(Ok(()));
         }
         if buf.remaining() >= DIRECT_MIN && this.direct_ready() {

@@ -154,6 +154,74 @@ async fn own_layer_on_both_ends() {
     assert_eq!(server.await.unwrap(), (e, b));
 }
 
+/// Memory per connection: the receive buffer holds at most the start of one record between a
+/// link's reads (64 KiB reads, as the link's `CellBuf` makes them, go straight to the caller),
+/// none when the last read ended on a record boundary (an idle link), takes `RECV_BUF` only while
+/// small reads need it, and gives it back once reads are large again.
+#[tokio::test]
+async fn receive_buffer_holds_at_most_a_record_start_between_large_reads() {
+    let (c, s) = tcp_pair().await;
+    let scfg = tls::server_config().unwrap();
+    let total = 4_000_000;
+    let (go, wait) = tokio::sync::oneshot::channel::<()>();
+    let first = 100_000;
+    let server = tokio::spawn(async move {
+        let (mut st, _, _) = accept(s, &scfg).await.unwrap();
+        let all = data(total, 3);
+        st.write_all(&all[..first]).await.unwrap();
+        st.flush().await.unwrap();
+        wait.await.unwrap();
+        st.write_all(&all[first..]).await.unwrap();
+        st.shutdown().await.unwrap();
+    });
+    let ccfg = tls::client_config().unwrap();
+    let (mut st, _, _) = connect(c, &ccfg, tls::server_name("127.0.0.1:1".parse().unwrap()))
+        .await
+        .unwrap();
+    assert!(st.rbuf.capacity() < MAX_RECORD, "after the handshake");
+    let mut got = Vec::new();
+    let mut room = vec![0u8; 64 * 1024];
+    let mut held = 0;
+    // Everything the peer sent, then nothing more for now: the last read ended on a record
+    // boundary, and a link with nothing in flight holds no receive buffer.
+    while got.len() < first {
+        let n = st.read(&mut room).await.unwrap();
+        got.extend_from_slice(&room[..n]);
+    }
+    assert_eq!(st.rbuf.capacity(), 0, "idle, nothing kept");
+    go.send(()).unwrap();
+    // Large reads, then small ones (the buffered path), then large ones to the end.
+    while got.len() < 2_000_000 {
+        let n = st.read(&mut room).await.unwrap();
+        got.extend_from_slice(&room[..n]);
+        assert!(
+            st.rbuf.capacity() < MAX_RECORD,
+            "{} bytes buffered",
+            st.rbuf.capacity()
+        );
+        held = held.max(st.rend - st.rstart);
+    }
+    assert!(
+        held > 0,
+        "no read ended inside a record: the test shows nothing"
+    );
+    for _ in 0..10 {
+        let n = st.read(&mut room[..100]).await.unwrap();
+        got.extend_from_slice(&room[..n]);
+    }
+    assert_eq!(st.rbuf.len(), RECV_BUF, "small reads go through the buffer");
+    loop {
+        let n = st.read(&mut room).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&room[..n]);
+    }
+    assert!(st.rbuf.capacity() < MAX_RECORD, "buffer not given back");
+    assert_eq!(got, data(total, 3));
+    server.await.unwrap();
+}
+
 /// Forwards bytes both ways; once `flip` is set, XORs one byte of the next server → client
 /// chunk and clears it.
 async fn tampering_proxy(to: std::net::SocketAddr, flip: Arc<AtomicBool>) -> std::net::SocketAddr {
