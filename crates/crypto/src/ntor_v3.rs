@@ -154,7 +154,15 @@ fn final_keys(
     verification: &[u8],
 ) -> Final {
     let mut si = Zeroizing::new(Vec::with_capacity(6 * 32 + PROTOID.len() + 8 + 32));
-    for p in [yx.as_bytes().as_slice(), bx.as_bytes(), id, b, x, y, PROTOID] {
+    for p in [
+        yx.as_bytes().as_slice(),
+        bx.as_bytes(),
+        id,
+        b,
+        x,
+        y,
+        PROTOID,
+    ] {
         si.extend_from_slice(p);
     }
     si.extend_from_slice(&(verification.len() as u64).to_be_bytes());

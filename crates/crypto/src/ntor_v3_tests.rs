@@ -83,7 +83,10 @@ fn the_relay_refuses_other_keys_bad_macs_and_short_input() {
     for i in [96, 97, create.len() - 1] {
         let mut bad = create.clone();
         bad[i] ^= 1;
-        assert_eq!(open(&bad, CIRCUIT_VERIFICATION), Err(CryptoError::HandshakeFailed));
+        assert_eq!(
+            open(&bad, CIRCUIT_VERIFICATION),
+            Err(CryptoError::HandshakeFailed)
+        );
     }
     assert!(matches!(
         open(&create[..127], CIRCUIT_VERIFICATION),
@@ -111,5 +114,8 @@ fn the_client_refuses_a_forged_or_short_reply() {
     assert_eq!(run(&|r| r[66] ^= 1), Err(CryptoError::HandshakeFailed));
     assert_eq!(run(&|r| r.push(0)), Err(CryptoError::HandshakeFailed));
     assert_eq!(run(&|r| r[..32].fill(0)), Err(CryptoError::HandshakeFailed));
-    assert!(matches!(run(&|r| r.truncate(63)), Err(CryptoError::BadLength { .. })));
+    assert!(matches!(
+        run(&|r| r.truncate(63)),
+        Err(CryptoError::BadLength { .. })
+    ));
 }

@@ -11,13 +11,13 @@ use chive_cell::{
     SwitchConfirm, PAYLOAD_LEN,
 };
 use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event, HopSpec};
-use chive_crypto::ntor::{self, NtorSecretKey};
+use chive_crypto::ntor::NtorSecretKey;
 use chive_crypto::relay::RelayHopCrypto;
 use chive_crypto::IdentityKeypair;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::common::drain;
+use crate::common::{answer_create2, drain};
 
 const CHAN: ChannelId = ChannelId(1);
 
@@ -63,18 +63,8 @@ impl Fake {
             .find(|c| c.command == CellCommand::CREATE2)
             .expect("a CREATE2");
         let body = Create2::decode(&create.payload).unwrap();
-        let (reply, km) = ntor::server_handshake(
-            &mut self.rng,
-            &self.hop.identity.ntor_id(),
-            &self.ntor,
-            &body.handshake,
-        )
-        .unwrap();
-        let created = Created2 {
-            handshake: reply.to_vec(),
-        }
-        .encode()
-        .unwrap();
+        let (reply, km) = answer_create2(&mut self.rng, &self.hop, &self.ntor, &body, None);
+        let created = Created2 { handshake: reply }.encode().unwrap();
         let id = create.circ_id;
         self.core.handle_cell(
             CHAN,
@@ -280,14 +270,8 @@ fn congested_from_a_hop_other_than_the_entry_closes_the_circuit() {
         for cell in drain(&mut r.core, r_to_f, now) {
             if cell.command == CellCommand::CREATE2 {
                 let body = Create2::decode(&cell.payload).unwrap();
-                let (reply, km) =
-                    ntor::server_handshake(&mut rng, &f_id.ntor_id(), &f_ntor, &body.handshake)
-                        .unwrap();
-                let created = Created2 {
-                    handshake: reply.to_vec(),
-                }
-                .encode()
-                .unwrap();
+                let (reply, km) = answer_create2(&mut rng, &f_hop, &f_ntor, &body, None);
+                let created = Created2 { handshake: reply }.encode().unwrap();
                 let c = Cell::new(cell.circ_id, CellCommand::CREATED2, &created).unwrap();
                 r.core.handle_cell(r_to_f, c, now);
                 f_side = Some((cell.circ_id, RelayHopCrypto::new(&km)));
