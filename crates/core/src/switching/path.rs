@@ -155,6 +155,19 @@ impl SetRtt {
         self.legs.iter().find(|(c, _, _)| *c == leg).map(|e| e.1)
     }
 
+    /// Whether leg `to` is lighter than leg `from`: its smoothed round trip is at least
+    /// 10 % below `from`'s. A leg never measured counts as lighter (nothing says otherwise:
+    /// the move is what it was before this rule); so does any leg when `from` was never
+    /// measured. The samples of a leg not in use are those from when it last carried data
+    /// (or its LINK): a leg left because it was loaded keeps that load in its estimate, so the
+    /// client does not go back while the leg it is on measures lighter.
+    pub fn lighter(&self, to: CircKey, from: CircKey) -> bool {
+        match (self.smoothed(to), self.smoothed(from)) {
+            (Some(t), Some(f)) => t.as_secs_f64() < f.as_secs_f64() * 0.9,
+            _ => true,
+        }
+    }
+
     /// The round trip a switch's confirmation should be given: the largest smoothed or
     /// latest sample over the set's legs (None before any sample).
     pub fn estimate(&self) -> Option<Duration> {

@@ -4,7 +4,7 @@
 //! message closes its circuit (or, for a confirmation of a number never sent, the linked set).
 
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chive_cell::{
     parse_relay, relay_payload, Cell, CellCommand, ConfluxLink, Create2, Created2, RelayCommand,
@@ -125,6 +125,9 @@ impl Fake {
         assert_eq!(msgs.len(), 1);
         assert_eq!(msgs[0].0, RelayCommand::CONFLUX_LINK);
         let link = msgs[0].1.clone();
+        // The home's LINK takes 50 ms, the spare's none: the spare measures lighter, so a
+        // CONGESTED on the home moves the upload (`SwitchSettings::lighter_leg_only`).
+        self.now += Duration::from_millis(50);
         self.send(home, RelayCommand::CONFLUX_LINKED, &link);
         let spare = self.build();
         self.core.path_add_spare(home, spare, self.now).unwrap();

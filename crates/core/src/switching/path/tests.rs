@@ -659,3 +659,33 @@ fn a_longer_timeout_moves_the_waiting_switchs_deadline() {
     assert_eq!(net.tx.next_deadline(), None);
     net.expect_out(8);
 }
+
+/// The lighter-leg rule on round trips fed in order, as SENDMEs would bring them: the first
+/// move goes to the idle spare (measured at its LINK), the way back stays closed while the
+/// leg left keeps its loaded estimate, and opens once the current leg measures heavier.
+#[test]
+fn a_leg_is_lighter_only_when_its_round_trip_is_clearly_lower() {
+    let ms = Duration::from_millis;
+    let mut rtt = SetRtt::default();
+    // Nothing measured on either leg: nothing says no.
+    assert!(rtt.lighter(B, A));
+    rtt.sample(B, ms(80)); // B's LINK on an idle path
+    for _ in 0..20 {
+        rtt.sample(A, ms(900)); // A loaded
+    }
+    assert!(rtt.lighter(B, A), "the idle spare is lighter");
+    assert!(!rtt.lighter(A, B), "the loaded leg is not");
+    // On B now, which loads up to about A's estimate: within 10 %, not lighter either way.
+    for _ in 0..40 {
+        rtt.sample(B, ms(850));
+    }
+    assert!(!rtt.lighter(A, B) && !rtt.lighter(B, A));
+    // B grows heavier than what A was left at: A is lighter again.
+    for _ in 0..40 {
+        rtt.sample(B, ms(1500));
+    }
+    assert!(rtt.lighter(A, B));
+    // A leg closed is forgotten (and counts as unmeasured).
+    rtt.leg_closed(A);
+    assert!(rtt.lighter(A, B));
+}
