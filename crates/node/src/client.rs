@@ -275,8 +275,8 @@ impl ClientConfig {
         Ok(authority_id)
     }
 
-    /// `CircuitSwitching`, `SwitchTimeoutMsec` and `SwitchTimeoutRttFactor`, checked, with the
-    /// option named in errors.
+    /// `CircuitSwitching`, `SwitchTimeoutMsec`, `SwitchTimeoutRttFactor` and `SwitchLighterLeg`,
+    /// checked, with the option named in errors.
     fn switch_options(&self) -> anyhow::Result<crate::driver::SwitchOptions> {
         let mode = self
             .circuit_switching
