@@ -88,8 +88,8 @@ Config file options (TOML):
   SwitchTimeoutRttFactor = 3       ... and at least this many round trips measured on the linked
                                    circuits (0..20, 0 = the fixed SwitchTimeoutMsec; default: the
                                    consensus)
-  SwitchLighterLeg = 1             a congestion report moves the upload only onto a leg whose
-                                   measured round trip is at least 10% lower (0 = onto the
+  SwitchLighterLeg = 1             a congestion report does not move the upload onto a leg whose
+                                   measured round trip is more than 10% higher (0 = onto the
                                    other leg whenever its entry did not report congestion lately)
   MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among
                                    them one `switch` record per path switch, one `onion_join`
@@ -184,7 +184,7 @@ pub struct ClientConfig {
     /// A path switch waits at least this many measured round trips for its confirmation.
     #[serde(rename = "SwitchTimeoutRttFactor", default)]
     pub switch_timeout_rtt_factor: Option<u32>,
-    /// Path switching: move only onto a leg that measures lighter (0 or 1; default 1).
+    /// Path switching: never move onto a leg that measures heavier (0 or 1; default 1).
     #[serde(rename = "SwitchLighterLeg", default)]
     pub switch_lighter_leg: Option<u8>,
     /// JSON-lines metrics file (relative: in the DataDirectory).

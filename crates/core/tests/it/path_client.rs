@@ -125,8 +125,8 @@ impl Fake {
         assert_eq!(msgs.len(), 1);
         assert_eq!(msgs[0].0, RelayCommand::CONFLUX_LINK);
         let link = msgs[0].1.clone();
-        // The home's LINK takes 50 ms, the spare's none: the spare measures lighter, so a
-        // CONGESTED on the home moves the upload (`SwitchSettings::lighter_leg_only`).
+        // The home's LINK takes 50 ms, the spare's none: the spare does not measure heavier,
+        // so a CONGESTED on the home moves the upload (`SwitchSettings::lighter_leg_only`).
         self.now += Duration::from_millis(50);
         self.send(home, RelayCommand::CONFLUX_LINKED, &link);
         let spare = self.build();

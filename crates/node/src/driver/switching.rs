@@ -51,8 +51,8 @@ pub struct SwitchOptions {
     /// `SwitchNetworkQueue`: count the bytes queued on the path beyond the socket (from
     /// TCP_INFO's round trips) in the occupancy. `None`: the consensus's `SwitchNetworkQueue`.
     pub network_queue: Option<bool>,
-    /// `SwitchLighterLeg` (a client option for the path variant): move only onto a leg that
-    /// measures lighter. `None`: on.
+    /// `SwitchLighterLeg` (a client option for the path variant): never move onto a leg that
+    /// measures heavier. `None`: on.
     pub lighter_leg: Option<bool>,
 }
 
