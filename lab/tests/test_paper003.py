@@ -101,6 +101,10 @@ def test_path_variant_is_skipped_while_the_binary_has_no_path_mode(tmp_path):
     variant = next(v for v in s.variants if v.label == "path")
     assert p3.client_options(variant.options) == {"CircuitSwitching": "path", "MetricsFile": "metrics.jsonl"}
     assert p3.client_options(p3.VariantOptions(switching="connection")) == {}
+    anyleg = p3.VariantOptions(switching="path", spare_path=True, client={"SwitchLighterLeg": 0})
+    assert p3.client_options(anyleg)["SwitchLighterLeg"] == 0
+    with pytest.raises(LabError):
+        p3.VariantOptions(impl="tor", client={"SwitchLighterLeg": 0})
     run_dir = tmp_path / "runs" / "path" / "1"
     run_dir.mkdir(parents=True)
     logged: list[str] = []

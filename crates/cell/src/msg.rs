@@ -5,7 +5,8 @@
 //! EXTEND2 with its link specifiers, EXTENDED2, DESTROY); `stream` the relay messages of
 //! streams (BEGIN … RESOLVED); `link` the messages of a connection's handshake; `onion` the
 //! relay messages of onion services (ESTABLISH_INTRO … RENDEZVOUS2); `switching` those of
-//! circuit switching (SWITCH_CONN … CONGESTED). All are re-exported here.
+//! circuit switching (SWITCH_CONN … CONGESTED); `circ_ext` the extensions ntor v3 carries
+//! inside CREATE2/CREATED2 (congestion-control negotiation). All are re-exported here.
 //!
 //! Formats follow tor-spec. Every `decode` takes the body (a fixed cell's 509-byte payload or a
 //! relay cell's data) and ignores trailing zero padding where tor-spec's format is
@@ -16,11 +17,13 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use crate::reader::Reader;
 use crate::CellError;
 
+mod circ_ext;
 mod link;
 mod onion;
 mod stream;
 mod switching;
 
+pub use circ_ext::*;
 pub use link::*;
 pub use onion::*;
 pub use stream::*;

@@ -2,6 +2,8 @@
 //!
 //! - [`identity`]: Ed25519 identity keys and signatures.
 //! - `ntor`: the ntor circuit handshake exactly as tor-spec defines it.
+//! - [`ntor_v3`]: ntor v3 (proposal 332), which carries encrypted extensions (chive: the
+//!   congestion-control negotiation of proposal 324).
 //! - `relay`: Tor's `tor1` relay cell crypto (AES-128-CTR, running SHA-1 digests).
 //! - [`onion`]: v3 onion addresses (`<base32>.onion`) and the service subcredential.
 //! - [`hs_ntor`]: the onion-service handshake of rend-spec v3 (INTRODUCE / RENDEZVOUS).
@@ -11,6 +13,7 @@
 pub mod hs_ntor;
 pub mod identity;
 pub mod ntor;
+pub mod ntor_v3;
 pub mod onion;
 pub mod relay;
 pub mod replay;

@@ -88,6 +88,9 @@ Config file options (TOML):
   SwitchTimeoutRttFactor = 3       ... and at least this many round trips measured on the linked
                                    circuits (0..20, 0 = the fixed SwitchTimeoutMsec; default: the
                                    consensus)
+  SwitchLighterLeg = 1             a congestion report does not move the upload onto a leg whose
+                                   measured round trip is more than 10% higher (0 = onto the
+                                   other leg whenever its entry did not report congestion lately)
   MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among
                                    them one `switch` record per path switch, one `onion_join`
                                    record per onion connection (its set-up by step) and an
@@ -181,6 +184,9 @@ pub struct ClientConfig {
     /// A path switch waits at least this many measured round trips for its confirmation.
     #[serde(rename = "SwitchTimeoutRttFactor", default)]
     pub switch_timeout_rtt_factor: Option<u32>,
+    /// Path switching: never move onto a leg that measures heavier (0 or 1; default 1).
+    #[serde(rename = "SwitchLighterLeg", default)]
+    pub switch_lighter_leg: Option<u8>,
     /// JSON-lines metrics file (relative: in the DataDirectory).
     #[serde(rename = "MetricsFile", default)]
     pub metrics_file: Option<PathBuf>,
@@ -269,8 +275,8 @@ impl ClientConfig {
         Ok(authority_id)
     }
 
-    /// `CircuitSwitching`, `SwitchTimeoutMsec` and `SwitchTimeoutRttFactor`, checked, with the
-    /// option named in errors.
+    /// `CircuitSwitching`, `SwitchTimeoutMsec`, `SwitchTimeoutRttFactor` and `SwitchLighterLeg`,
+    /// checked, with the option named in errors.
     fn switch_options(&self) -> anyhow::Result<crate::driver::SwitchOptions> {
         let mode = self
             .circuit_switching
@@ -286,10 +292,14 @@ impl ClientConfig {
         if self.switch_timeout_rtt_factor.is_some_and(|f| f > 20) {
             anyhow::bail!("SwitchTimeoutRttFactor: 0..20");
         }
+        if self.switch_lighter_leg.is_some_and(|v| v > 1) {
+            anyhow::bail!("SwitchLighterLeg: 0 or 1");
+        }
         Ok(crate::driver::SwitchOptions {
             mode,
             timeout_ms: self.switch_timeout_msec,
             timeout_rtt_factor: self.switch_timeout_rtt_factor,
+            lighter_leg: self.switch_lighter_leg.map(|v| v == 1),
             ..Default::default()
         })
     }

@@ -147,3 +147,16 @@ fn link_congestion_control_is_checked_at_start() {
         )],
     );
 }
+
+#[test]
+fn switch_lighter_leg_is_checked_and_passed_on() {
+    assert_eq!(config("").switch_options().unwrap().lighter_leg, None);
+    let off = config("SwitchLighterLeg = 0").switch_options().unwrap();
+    assert_eq!(off.lighter_leg, Some(false));
+    let on = config("SwitchLighterLeg = 1").switch_options().unwrap();
+    assert_eq!(on.lighter_leg, Some(true));
+    assert_refused_naming(
+        |c| config(c).validate(),
+        &[("SwitchLighterLeg = 2", "SwitchLighterLeg")],
+    );
+}

@@ -588,6 +588,8 @@ impl RelayConfig {
             timeout_rtt_factor: None,
             min_share: self.switch_min_share,
             network_queue,
+            // A client's choice (it picks the leg).
+            lighter_leg: None,
         })
     }
 

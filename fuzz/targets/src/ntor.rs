@@ -1,6 +1,9 @@
-//! Target `ntor`: both circuit handshakes on bytes from the network — the relay's side of ntor
+//! Target `ntor`: the circuit handshakes on bytes from the network — the relay's side of ntor
 //! on a CREATE2 onionskin, the client's on a CREATED2 reply, the onion service's opening of an
-//! INTRODUCE2 and the client's check of RENDEZVOUS2 (hs-ntor).
+//! INTRODUCE2 and the client's check of RENDEZVOUS2 (hs-ntor), and both sides of ntor v3
+//! (CREATE2 with the congestion-control request, CREATED2 with the answer).
+//! For ntor v3 every change is refused: the MAC covers ID, B, X and the encrypted message
+//! (its key comes from Bx), AUTH covers Y and the encrypted reply.
 //!
 //! A fuzzer cannot forge a MAC, so arbitrary bytes would only ever reach the first length check.
 //! Instead every input is a *change* to a genuine message, made with fixed keys: the first byte
@@ -20,12 +23,25 @@ use chive_crypto::hs_ntor::{
 use chive_crypto::ntor::{
     client_create_with_secret, client_finish, server_handshake_with_secret, NtorClientState,
 };
+use chive_crypto::ntor_v3 as v3;
 use chive_crypto::{HsIntroSecret, IdentityKeypair, NtorSecretKey};
 
 use crate::changed;
 
 /// The message kinds, selected by the input's first byte.
-pub const NTOR_KINDS: &[&str] = &["onionskin", "created2", "introduce2", "rendezvous2"];
+pub const NTOR_KINDS: &[&str] = &[
+    "onionskin",
+    "created2",
+    "introduce2",
+    "rendezvous2",
+    "ntor3_create2",
+    "ntor3_created2",
+];
+
+const RELAY_ED_ID: [u8; 32] = [0x12; 32];
+/// The messages ntor v3 carries: proposal 324's request and answer.
+const V3_REQUEST: &[u8] = &[1, 0x01, 0];
+const V3_ANSWER: &[u8] = &[1, 0x02, 1, 100];
 
 const RELAY_ID: [u8; 20] = [0x11; 20];
 const CLIENT_X: [u8; 32] = [0x22; 32];
@@ -57,6 +73,9 @@ struct Genuine {
     introduce: Vec<u8>,
     info: Vec<u8>,
     service_km: Vec<u8>,
+    v3_create: Vec<u8>,
+    v3_reply: Vec<u8>,
+    v3_km: Vec<u8>,
 }
 
 fn genuine() -> &'static Genuine {
@@ -72,7 +91,21 @@ fn genuine() -> &'static Genuine {
             .expect("the genuine INTRODUCE2 opens");
         let (info, service_km) = service_rendezvous_with_secret(RELAY_Y, &intro, &opened.client_pk)
             .expect("the genuine client key is a valid point");
+        let (_, v3_create) = v3_state();
+        let (v3_reply, v3_km) = v3::server_open_with_secret(
+            RELAY_Y,
+            &RELAY_ED_ID,
+            &key,
+            &v3_create,
+            v3::CIRCUIT_VERIFICATION,
+        )
+        .expect("the genuine ntor v3 CREATE2 opens")
+        .finish(V3_ANSWER)
+        .expect("the genuine client key is a valid point");
         Genuine {
+            v3_create,
+            v3_reply,
+            v3_km: v3_km.0.to_vec(),
             skin: skin.to_vec(),
             reply: reply.to_vec(),
             relay_km: relay_km.0.to_vec(),
@@ -85,6 +118,16 @@ fn genuine() -> &'static Genuine {
 
 fn create_state() -> NtorClientState {
     client_create_with_secret(CLIENT_X, &RELAY_ID, &relay_key().public()).0
+}
+
+fn v3_state() -> (v3::NtorV3ClientState, Vec<u8>) {
+    v3::client_create_with_secret(
+        CLIENT_X,
+        &RELAY_ED_ID,
+        &relay_key().public(),
+        V3_REQUEST,
+        v3::CIRCUIT_VERIFICATION,
+    )
 }
 
 fn introduce_state() -> (HsNtorClientState, Vec<u8>) {
@@ -146,6 +189,40 @@ pub fn ntor(data: &[u8]) {
                 assert_eq!(opened.plaintext, INTRO_PLAINTEXT, "plaintext survives");
             } else {
                 assert!(opened.is_err(), "service opened a changed INTRODUCE2");
+            }
+        }
+        4 => {
+            let msg = changed(&genuine.v3_create, input, cut);
+            let opened = v3::server_open_with_secret(
+                RELAY_Y,
+                &RELAY_ED_ID,
+                &relay_key(),
+                &msg,
+                v3::CIRCUIT_VERIFICATION,
+            );
+            if msg == genuine.v3_create {
+                let opened = opened.expect("the genuine ntor v3 CREATE2 opens");
+                assert_eq!(opened.message, V3_REQUEST, "the request survives");
+            } else {
+                assert!(opened.is_err(), "relay opened a changed ntor v3 CREATE2");
+            }
+        }
+        5 => {
+            let msg = changed(&genuine.v3_reply, input, cut);
+            let finished = v3::client_finish(v3_state().0, &msg);
+            if msg == genuine.v3_reply {
+                let (answer, km) = finished.expect("the genuine ntor v3 reply checks");
+                assert_eq!(answer, V3_ANSWER, "the answer survives");
+                assert_eq!(
+                    km.0[..],
+                    genuine.v3_km[..],
+                    "both sides derive the same keys"
+                );
+            } else {
+                assert!(
+                    finished.is_err(),
+                    "client accepted a changed ntor v3 CREATED2"
+                );
             }
         }
         _ => {

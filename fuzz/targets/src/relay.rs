@@ -1,10 +1,11 @@
 //! Target `relay_msg`: the relay cell payload ([`parse_relay`]) and every message body parser in
-//! chive-cell's `msg` (relay, circuit and link messages).
+//! chive-cell's `msg` (relay, circuit and link messages), and the extension list ntor v3
+//! carries in CREATE2/CREATED2 (`CircExt`).
 
 use chive_cell::{
-    parse_relay, relay_payload, Authenticate, Begin, Bind, Connected, Create2, Created2, Destroy,
-    End, Extend2, Extended2, Handoff, LinkFeatures, RelayCommand, Resolve, Resolved, Sendme,
-    Versions, PAYLOAD_LEN,
+    parse_relay, relay_payload, Authenticate, Begin, Bind, CircExt, Connected, Create2, Created2,
+    Destroy, End, Extend2, Extended2, Handoff, LinkFeatures, RelayCommand, Resolve, Resolved,
+    Sendme, Versions, PAYLOAD_LEN,
 };
 
 /// The message kinds, selected by the input's first byte (modulo their count); the rest of the
@@ -28,6 +29,7 @@ pub const KINDS: &[&str] = &[
     "bind",
     "handoff",
     "authenticate",
+    "ntor3_extensions",
 ];
 
 /// See [`KINDS`]. Property: every successful decode round-trips through its encoder; a relay
@@ -60,6 +62,13 @@ fn message(kind: usize, body: &[u8]) {
         14 => round_trip!(Bind, body),
         15 => round_trip!(Handoff, body),
         16 => round_trip!(Authenticate, body),
+        17 => {
+            // Strict format (no trailing bytes, unknown fields kept): an exact round trip.
+            if let Ok(exts) = CircExt::decode_list(body) {
+                let again = CircExt::encode_list(&exts).expect("a decoded list encodes");
+                assert_eq!(again, body, "ntor v3 extensions round-trip");
+            }
+        }
         _ => unreachable!("kind is taken modulo KINDS.len()"),
     }
 }

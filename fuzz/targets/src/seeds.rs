@@ -4,9 +4,9 @@
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 
 use chive_cell::{
-    relay_payload, Authenticate, Begin, Bind, Cell, CellCommand, Connected, Create2, Created2,
-    Destroy, DestroyReason, End, EndReason, Extend2, Extended2, Handoff, LinkFeatures, LinkSpec,
-    RelayCommand, Resolve, Resolved, ResolvedAnswer, Sendme, VarCell, Versions,
+    relay_payload, Authenticate, Begin, Bind, Cell, CellCommand, CircExt, Connected, Create2,
+    Created2, Destroy, DestroyReason, End, EndReason, Extend2, Extended2, Handoff, LinkFeatures,
+    LinkSpec, RelayCommand, Resolve, Resolved, ResolvedAnswer, Sendme, VarCell, Versions,
 };
 use chive_client::socks::{SocksCommand, SocksRequest, SocksVersion, TargetAddr};
 use chive_crypto::IdentityKeypair;
@@ -143,6 +143,23 @@ fn relay_msgs() -> Vec<(String, Vec<u8>)> {
             .encode(),
         ),
         ("extend2", "all_specs", extend2.encode().expect("encodes")),
+        (
+            "ntor3_extensions",
+            "cc_request_and_unknown",
+            CircExt::encode_list(&[
+                CircExt::CcRequest,
+                CircExt::Unknown {
+                    ext_type: 9,
+                    body: vec![1, 2],
+                },
+            ])
+            .expect("encodes"),
+        ),
+        (
+            "ntor3_extensions",
+            "cc_response",
+            CircExt::encode_list(&[CircExt::CcResponse { sendme_inc: 100 }]).expect("encodes"),
+        ),
         ("begin", "host", begin.encode().expect("encodes")),
         ("begin", "ipv6_flags", begin6.encode().expect("encodes")),
         (

@@ -7,11 +7,11 @@ use std::time::Instant;
 use chive_cell::{
     Cell, CellCommand, Create2, Created2, DestroyReason, Extend2, Extended2, LinkSpec, RelayCommand,
 };
-use chive_crypto::ntor::{self, NTOR_HTYPE};
 use chive_crypto::relay::{ClientCircuitCrypto, ClientHopCrypto, RelayHopCrypto};
 use chive_crypto::IdentityKey;
 use tracing::warn;
 
+use crate::flow::CircuitWindow;
 use crate::{ChannelId, CircKey};
 
 use super::circuit::{queue_id, Circuit, Role, Side};
@@ -60,37 +60,22 @@ impl Core {
             return self.send_destroy(chan, circ_id, DestroyReason::RESOURCELIMIT);
         }
         let create = match Create2::decode(&cell.payload) {
-            Ok(c) if c.handshake_type == NTOR_HTYPE => c,
-            Ok(c) => {
-                warn!(
-                    ?chan,
-                    htype = c.handshake_type,
-                    "unsupported handshake type"
-                );
-                return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
-            }
+            Ok(c) => c,
             Err(e) => {
                 warn!(?chan, error = %e, "malformed CREATE2");
                 return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
             }
         };
-        let Some(keys) = self.cfg.relay.as_ref() else {
-            return;
+        let answered = match self.answer_create2(&create) {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(?chan, htype = create.handshake_type, error = %e, "CREATE2 refused");
+                return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
+            }
         };
-        let id20 = keys.identity.ntor_id();
-        let (reply, km) =
-            match ntor::server_handshake(&mut self.rng, &id20, &keys.ntor, &create.handshake) {
-                Ok(r) => r,
-                Err(e) => {
-                    warn!(?chan, error = %e, "ntor handshake failed");
-                    return self.send_destroy(chan, circ_id, DestroyReason::PROTOCOL);
-                }
-            };
+        let (reply, km) = (answered.reply, answered.km);
         let key = self.alloc_key();
-        let created = Created2 {
-            handshake: reply.to_vec(),
-        }
-        .encode();
+        let created = Created2 { handshake: reply }.encode();
         self.circuits.insert(
             key,
             Box::new(Circuit {
@@ -108,6 +93,7 @@ impl Core {
                 },
                 relay_early_seen: 0,
                 kh: *km.kh(),
+                vegas: answered.vegas,
             }),
         );
         if let Some(ch) = self.channels.get_mut(&chan) {
@@ -209,18 +195,23 @@ impl Core {
                 }
                 None => return,
             },
-            Role::Origin {
-                path, handshake, ..
-            } => {
-                let Some(first) = path.first() else { return };
-                let (state, onionskin) =
-                    ntor::client_create(&mut self.rng, &first.identity.ntor_id(), &first.ntor_key);
+            Role::Origin { path, .. } => {
+                let Some(first) = path.first().cloned() else {
+                    return;
+                };
+                let last = path.len() == 1;
+                let (state, create) = self.hop_handshake(&first, last);
+                let Some(Role::Origin { handshake, .. }) =
+                    self.circuits.get_mut(&key).map(|c| &mut c.role)
+                else {
+                    return;
+                };
                 *handshake = Some(state);
-                Create2 {
-                    handshake_type: NTOR_HTYPE,
-                    handshake: onionskin.to_vec(),
-                }
+                create
             }
+        };
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
         };
         circ.next = Some((chan, circ_id));
         if let Some(ch) = self.channels.get_mut(&chan) {
@@ -300,6 +291,7 @@ impl Core {
                 },
                 relay_early_seen: 0,
                 kh: [0; 20],
+                vegas: false,
             }),
         );
         match first {
@@ -314,6 +306,7 @@ impl Core {
 
     /// A CREATED2 or EXTENDED2 answered the pending handshake of an origin circuit.
     pub(super) fn origin_hop_done(&mut self, key: CircKey, reply: &[u8], now: Instant) {
+        let circwindow = self.effective_circwindow();
         let Some(circ) = self.circuits.get_mut(&key) else {
             return;
         };
@@ -322,6 +315,7 @@ impl Core {
             path,
             handshake,
             built,
+            edge,
             ..
         } = &mut circ.role
         else {
@@ -330,13 +324,18 @@ impl Core {
         let Some(state) = handshake.take() else {
             return self.kill(key, "handshake reply without a handshake", now);
         };
-        let km = match ntor::client_finish(state, reply) {
-            Ok(km) => km,
-            Err(e) => return self.kill(key, &format!("ntor handshake failed: {e}"), now),
+        let (km, agreed) = match Self::hop_finish(state, reply) {
+            Ok(r) => r,
+            Err(e) => return self.kill(key, &e, now),
         };
         crypto.push_hop(ClientHopCrypto::new(&km));
         circ.kh = *km.kh();
         if crypto.len() >= path.len() {
+            if let Some(cc) = agreed {
+                // No cell was packaged yet: the window (and the streams' flow) starts as agreed.
+                circ.vegas = matches!(cc, crate::cc::CcKind::Vegas(_));
+                edge.window = CircuitWindow::with_policy(cc.build(circwindow));
+            }
             *built = true;
             self.events.push_back(Event::CircuitBuilt { circ: key });
             return;
@@ -349,22 +348,20 @@ impl Core {
         let Some(circ) = self.circuits.get_mut(&key) else {
             return;
         };
-        let Role::Origin {
-            crypto,
-            path,
-            handshake,
-            ..
-        } = &mut circ.role
-        else {
+        let Role::Origin { crypto, path, .. } = &circ.role else {
             return;
         };
         let done = crypto.len();
         let Some(hop) = path.get(done).cloned() else {
             return;
         };
-        let (state, onionskin) =
-            ntor::client_create(&mut self.rng, &hop.identity.ntor_id(), &hop.ntor_key);
-        *handshake = Some(state);
+        let last = done + 1 == path.len();
+        let (state, create2) = self.hop_handshake(&hop, last);
+        if let Some(Role::Origin { handshake, .. }) =
+            self.circuits.get_mut(&key).map(|c| &mut c.role)
+        {
+            *handshake = Some(state);
+        }
         let mut specs = vec![LinkSpec::Ed25519Id(*hop.identity.as_bytes())];
         specs.push(match hop.addr {
             SocketAddr::V4(a) => LinkSpec::Ipv4(a),
@@ -373,10 +370,7 @@ impl Core {
         specs.push(LinkSpec::LegacyId(hop.identity.ntor_id()));
         let ext = Extend2 {
             link_specifiers: specs,
-            create2: Create2 {
-                handshake_type: NTOR_HTYPE,
-                handshake: onionskin.to_vec(),
-            },
+            create2,
         };
         match ext.encode() {
             Ok(body) => {

@@ -4,13 +4,13 @@
 use std::time::Instant;
 
 use chive_cell::{CircId, Create2};
-use chive_crypto::ntor::NtorClientState;
 use chive_crypto::relay::{ClientCircuitCrypto, RelayHopCrypto};
 use chive_crypto::IdentityKey;
 
 use crate::sched::QueueId;
 use crate::{ChannelId, CircKey};
 
+use super::cc_negotiate::HopHandshake;
 use super::config::HopSpec;
 use super::queue::CellQueue;
 use super::stream::Edge;
@@ -52,7 +52,7 @@ pub(super) enum Role {
     Origin {
         crypto: ClientCircuitCrypto,
         path: Vec<HopSpec>,
-        handshake: Option<NtorClientState>,
+        handshake: Option<HopHandshake>,
         built: bool,
         edge: Edge,
         deadline: Instant,
@@ -73,6 +73,10 @@ pub(super) struct Circuit {
     /// KH of the handshake with this relay (relay circuits) or with the last hop built
     /// (origin circuits): what ESTABLISH_INTRO's HANDSHAKE_AUTH is keyed with.
     pub(super) kh: [u8; 20],
+    /// Whether this circuit's ends agreed on congestion control (Vegas) in its last hop's
+    /// handshake (`cc_negotiate.rs`); fixed window if not, and for ntor v1 circuits. A bool,
+    /// not the parameters: each end packages with its own.
+    pub(super) vegas: bool,
 }
 
 impl Circuit {

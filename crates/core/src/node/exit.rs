@@ -64,7 +64,7 @@ impl Core {
     }
 
     fn exit_edge(&mut self, key: CircKey) -> Option<&mut Edge> {
-        let window = self.new_circuit_window();
+        let window = self.agreed_window(key);
         match &mut self.circuits.get_mut(&key)?.role {
             Role::Relay {
                 edge,

@@ -13,6 +13,8 @@
 //!   connections per address); the per-address state is `crate::dos`;
 //! - `build`: CREATE2 / CREATED2, EXTEND2 / EXTENDED2 and TRUNCATE at a relay, and building
 //!   origin circuits hop by hop;
+//! - `cc_negotiate`: the per-circuit congestion-control agreement in the ntor v3 handshake
+//!   (the client asks in CREATE2, the last hop answers in CREATED2);
 //! - `relay`: relay cells: RELAY_EARLY accounting, the crypto layer, dispatch of cells
 //!   recognized here, originating relay cells at either end;
 //! - `stream`: edge streams at both ends: DATA, END, SENDME, packaging and read credit;
@@ -39,6 +41,7 @@ use crate::sched::SchedulerKind;
 use crate::{ChannelId, CircKey, StreamHandle};
 
 mod build;
+mod cc_negotiate;
 mod channel;
 mod circuit;
 mod client;
@@ -111,6 +114,9 @@ pub struct Core {
     onion: onion::OnionTables,
     /// `PerClientQueueCells`: client cells held at this entry (`client_hold.rs`).
     hold: client_hold::HoldTables,
+    /// Whether a consensus has set `congestion_control` (until then a relay agrees to a
+    /// client's congestion-control request with default parameters: `cc_negotiate.rs`).
+    cc_from_consensus: bool,
 }
 
 impl Core {
@@ -141,6 +147,7 @@ impl Core {
             path: path::PathTables::default(),
             onion: Default::default(),
             hold: Default::default(),
+            cc_from_consensus: false,
         }
     }
 
@@ -195,10 +202,12 @@ impl Core {
         self.cfg.circwindow_override = window.map(|w| w.clamp(100, 1000));
     }
 
-    /// The congestion-control policy for circuits created from now on (a new consensus's
-    /// `cc_alg`). Circuits already open keep theirs, as with `set_circwindow`.
+    /// The congestion-control policy from a consensus's `cc_alg`: what this node asks for on
+    /// the circuits it builds from now on, and what it agrees to when a client asks
+    /// (`cc_negotiate.rs`). Circuits already open keep what they agreed on.
     pub fn set_congestion_control(&mut self, kind: CcKind) {
         self.cfg.congestion_control = kind;
+        self.cc_from_consensus = true;
     }
 
     /// The congestion-control policy new circuits get.

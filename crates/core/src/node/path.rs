@@ -18,7 +18,9 @@
 //!   control, which both ends send on their *control leg* (the last leg whose switch is final
 //!   at both ends; `Core::path_stream_control_leg`).
 //! - Client: a CONGESTED leg, or one a switch onto timed out, is avoided for
-//!   `SwitchSettings::leg_avoid`: the client does not switch back onto it before.
+//!   `SwitchSettings::leg_avoid`: the client does not switch back onto it before. With
+//!   `SwitchSettings::lighter_leg_only` a CONGESTED does not move the upload onto a leg that
+//!   measures heavier (smoothed round trip, `SetRtt::heavier`).
 //! - Entry: [`Core::congested`] in path mode sends CONGESTED (from hop 1) on the heaviest
 //!   circuit whose previous hop is a client (`path_congested`).
 
@@ -590,6 +592,18 @@ impl Core {
         let to = if key == home { spare } else { home };
         if set.avoided(to, now) {
             debug!(?home, from = ?key, ?to, "both legs congested lately: staying");
+            self.sw.stats_mut().congested_ignored += 1;
+            return;
+        }
+        if self.sw.settings().lighter_leg_only && set.rtt.heavier(to, key) {
+            info!(
+                ?home,
+                from = ?key,
+                ?to,
+                from_rtt_ms = set.rtt.smoothed(key).map(|d| d.as_millis() as u64),
+                to_rtt_ms = set.rtt.smoothed(to).map(|d| d.as_millis() as u64),
+                "entry congested, but the other leg measures heavier: staying"
+            );
             self.sw.stats_mut().congested_ignored += 1;
             return;
         }

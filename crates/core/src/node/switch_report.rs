@@ -77,6 +77,14 @@ pub struct SwitchSettings {
     /// to 12 s before and timed out, each re-sending up to 500 cells on the leg it fell back
     /// to. Ten seconds covers those; a leg that drained is used again after it.
     pub leg_avoid: Duration,
+    /// Path variant, client (`SwitchLighterLeg`, default on): a congestion report marks the
+    /// current leg loaded, and moves the upload to the other leg unless that one measures
+    /// heavier (smoothed round trip more than 10 % above the current leg's,
+    /// [`crate::switching::SetRtt::heavier`]), as conflux's scheduler prefers the lower-RTT
+    /// leg. With bulk uploads every entry reports congestion once the load is
+    /// split, so without it clients moved on whichever report came first, not towards the
+    /// lighter entry, and back again once `leg_avoid` ran out (docs/netns.md, "Paper 003").
+    pub lighter_leg_only: bool,
 }
 
 impl SwitchSettings {
@@ -94,6 +102,7 @@ impl Default for SwitchSettings {
             timeout_rtt_factor: 3,
             min_share_milli: 250,
             leg_avoid: Duration::from_secs(10),
+            lighter_leg_only: true,
         }
     }
 }

@@ -155,6 +155,20 @@ impl SetRtt {
         self.legs.iter().find(|(c, _, _)| *c == leg).map(|e| e.1)
     }
 
+    /// Whether leg `to` measures heavier than leg `from`: its smoothed round trip is more
+    /// than 10 % above `from`'s. Unmeasured legs are not heavier. The caller has a congestion
+    /// report for `from` (the evidence that `from` is loaded now), so a tie does not keep it
+    /// there: in the lab the first reports came before any SENDME, with both legs measured
+    /// only at their LINK, idle and equal. The samples of a leg not in use are those from when
+    /// it last carried data (or its LINK): a leg left because it was loaded keeps that load in
+    /// its estimate, so the client does not go back while the leg it is on measures lighter.
+    pub fn heavier(&self, to: CircKey, from: CircKey) -> bool {
+        match (self.smoothed(to), self.smoothed(from)) {
+            (Some(t), Some(f)) => t.as_secs_f64() > f.as_secs_f64() * 1.1,
+            _ => false,
+        }
+    }
+
     /// The round trip a switch's confirmation should be given: the largest smoothed or
     /// latest sample over the set's legs (None before any sample).
     pub fn estimate(&self) -> Option<Duration> {

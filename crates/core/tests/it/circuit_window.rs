@@ -26,7 +26,13 @@ fn cells_before_first_sendme_with(cfg: CoreConfig, setup: impl FnOnce(&mut Core)
     let mut p = Path::new(CoreConfig { exit: true, ..cfg });
     setup(&mut p.r.core);
     let mut circ = p.create();
-    open_stream(&mut p, &mut circ);
+    cells_sent_until_the_window_stops(&mut p, &mut circ)
+}
+
+/// Open a stream on `circ` (one hop, R the exit) and feed R's stream until only its circuit
+/// window stops it; returns the DATA cells sent.
+fn cells_sent_until_the_window_stops(p: &mut Path, circ: &mut Circ) -> usize {
+    open_stream(p, circ);
     let data = vec![7u8; 1200 * 498];
     let mut sent = 0;
     let mut cells = 0;
@@ -40,7 +46,7 @@ fn cells_before_first_sendme_with(cfg: CoreConfig, setup: impl FnOnce(&mut Core)
                 sent = end;
             }
         }
-        let msgs = p.read(&mut circ);
+        let msgs = p.read(circ);
         assert!(msgs.iter().all(|m| m.cmd == RelayCommand::DATA));
         cells += msgs.len();
         if msgs.is_empty() && sent == before {
@@ -132,5 +138,25 @@ fn vegas_starts_at_its_initial_window() {
         congestion_control: CcKind::Vegas(params),
         ..CoreConfig::default()
     };
-    assert_eq!(cells_before_first_sendme(cfg, None), 300);
+    let mut p = Path::new(CoreConfig { exit: true, ..cfg });
+    let (mut circ, agreed) = p.create_v3(true);
+    assert!(agreed, "the exit agrees to the client's request");
+    assert_eq!(cells_sent_until_the_window_stops(&mut p, &mut circ), 300);
+}
+
+/// A Vegas exit asked for nothing (ntor v3 without the request, or ntor v1) keeps the fixed
+/// window: both ends use what the circuit agreed on, not the exit's own policy.
+#[test]
+fn a_vegas_exit_not_asked_for_congestion_control_keeps_the_fixed_window() {
+    let cfg = || CoreConfig {
+        circwindow: 101,
+        congestion_control: CcKind::Vegas(VegasParams::default()),
+        exit: true,
+        ..CoreConfig::default()
+    };
+    let mut p = Path::new(cfg());
+    let (mut circ, agreed) = p.create_v3(false);
+    assert!(!agreed);
+    assert_eq!(cells_sent_until_the_window_stops(&mut p, &mut circ), 101);
+    assert_eq!(cells_before_first_sendme(cfg(), None), 101);
 }

@@ -13,11 +13,12 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use chive_cell::{
-    parse_relay, relay_payload, Cell, CellCommand, CircId, Create2, Created2, Destroy,
+    parse_relay, relay_payload, Cell, CellCommand, CircExt, CircId, Create2, Created2, Destroy,
     DestroyReason, Extend2, Extended2, LinkSpec, RelayCommand, CELL_LEN,
 };
 use chive_core::{ChannelId, Core, CoreConfig, Event, HopSpec, RelayKeys};
-use chive_crypto::ntor::{self, NtorClientState, NtorSecretKey, NTOR_HTYPE};
+use chive_crypto::ntor::{self, KeyMaterial, NtorClientState, NtorSecretKey, NTOR_HTYPE};
+use chive_crypto::ntor_v3::{self, CIRCUIT_VERIFICATION, NTOR_V3_HTYPE};
 use chive_crypto::relay::{ClientCircuitCrypto, ClientHopCrypto};
 use chive_crypto::IdentityKeypair;
 use rand::rngs::StdRng;
@@ -133,6 +134,43 @@ impl Path {
         let mut crypto = ClientCircuitCrypto::new();
         crypto.push_hop(ClientHopCrypto::new(&km));
         Circ { id, crypto }
+    }
+
+    /// A one-hop circuit to R handshaken with ntor v3, asking for congestion control if
+    /// `ask_cc`; returns it and whether R agreed.
+    pub fn create_v3(&mut self, ask_cc: bool) -> (Circ, bool) {
+        let id = 0x8000_0000 | self.next_circ_id;
+        self.next_circ_id += 1;
+        let exts: &[CircExt] = if ask_cc { &[CircExt::CcRequest] } else { &[] };
+        let msg = CircExt::encode_list(exts).unwrap();
+        let (state, handshake) = ntor_v3::client_create(
+            &mut self.rng,
+            self.r.hop.identity.as_bytes(),
+            &self.r.hop.ntor_key,
+            &msg,
+            CIRCUIT_VERIFICATION,
+        );
+        let body = Create2 {
+            handshake_type: NTOR_V3_HTYPE,
+            handshake,
+        }
+        .encode()
+        .unwrap();
+        let cell = Cell::new(id, CellCommand::CREATE2, &body).unwrap();
+        self.r.core.handle_cell(R_CLIENT, cell, self.now);
+        let cells = self.cells_for_client();
+        let [created] = cells.as_slice() else {
+            panic!("expected one CREATED2, got {cells:?}");
+        };
+        assert_eq!(created.command, CellCommand::CREATED2, "{created:?}");
+        let reply = Created2::decode(&created.payload).unwrap();
+        let (msg, km) = ntor_v3::client_finish(state, &reply.handshake).unwrap();
+        let agreed = CircExt::decode_list(&msg)
+            .unwrap()
+            .contains(&CircExt::CcResponse { sendme_inc: 100 });
+        let mut crypto = ClientCircuitCrypto::new();
+        crypto.push_hop(ClientHopCrypto::new(&km));
+        (Circ { id, crypto }, agreed)
     }
 
     /// A two-hop circuit client → R → X (EXTEND2 in a RELAY_EARLY cell).
@@ -286,6 +324,47 @@ fn carry(from: &mut Core, out: ChannelId, to: &mut Core, inp: ChannelId, now: In
         to.handle_cell_mut(inp, &mut cell, now);
     }
     n
+}
+
+/// A test playing a relay (identity `hop`, onion key `ntor`) answers a client core's CREATE2
+/// of either ntor version. For ntor v3 the answer's extensions are `exts` if given (raw bytes,
+/// possibly hostile), else what a chive relay that supports congestion control answers.
+pub fn answer_create2(
+    rng: &mut StdRng,
+    hop: &HopSpec,
+    ntor: &NtorSecretKey,
+    create: &Create2,
+    exts: Option<&[u8]>,
+) -> (Vec<u8>, KeyMaterial) {
+    if create.handshake_type == NTOR_HTYPE {
+        let (reply, km) =
+            ntor::server_handshake(rng, &hop.identity.ntor_id(), ntor, &create.handshake).unwrap();
+        return (reply.to_vec(), km);
+    }
+    assert_eq!(create.handshake_type, NTOR_V3_HTYPE);
+    let opened = ntor_v3::server_open(
+        rng,
+        hop.identity.as_bytes(),
+        ntor,
+        &create.handshake,
+        CIRCUIT_VERIFICATION,
+    )
+    .unwrap();
+    let answer = match exts {
+        Some(raw) => raw.to_vec(),
+        None => {
+            let asked = CircExt::decode_list(&opened.message)
+                .unwrap()
+                .contains(&CircExt::CcRequest);
+            let reply: &[CircExt] = if asked {
+                &[CircExt::CcResponse { sendme_inc: 100 }]
+            } else {
+                &[]
+            };
+            CircExt::encode_list(reply).unwrap()
+        }
+    };
+    opened.finish(&answer).unwrap()
 }
 
 /// A CREATE2 cell for circuit `id` with a fresh ntor onionskin for `relay`, and the client's

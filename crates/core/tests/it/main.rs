@@ -8,6 +8,7 @@
 //! `cargo test --release -p chive-core --test it <name>::`.
 
 mod alloc_count;
+mod cc_negotiation;
 mod common;
 mod sim;
 

@@ -4,20 +4,20 @@
 //! message closes its circuit (or, for a confirmation of a number never sent, the linked set).
 
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chive_cell::{
     parse_relay, relay_payload, Cell, CellCommand, ConfluxLink, Create2, Created2, RelayCommand,
     SwitchConfirm, PAYLOAD_LEN,
 };
 use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event, HopSpec};
-use chive_crypto::ntor::{self, NtorSecretKey};
+use chive_crypto::ntor::NtorSecretKey;
 use chive_crypto::relay::RelayHopCrypto;
 use chive_crypto::IdentityKeypair;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::common::drain;
+use crate::common::{answer_create2, drain};
 
 const CHAN: ChannelId = ChannelId(1);
 
@@ -63,18 +63,8 @@ impl Fake {
             .find(|c| c.command == CellCommand::CREATE2)
             .expect("a CREATE2");
         let body = Create2::decode(&create.payload).unwrap();
-        let (reply, km) = ntor::server_handshake(
-            &mut self.rng,
-            &self.hop.identity.ntor_id(),
-            &self.ntor,
-            &body.handshake,
-        )
-        .unwrap();
-        let created = Created2 {
-            handshake: reply.to_vec(),
-        }
-        .encode()
-        .unwrap();
+        let (reply, km) = answer_create2(&mut self.rng, &self.hop, &self.ntor, &body, None);
+        let created = Created2 { handshake: reply }.encode().unwrap();
         let id = create.circ_id;
         self.core.handle_cell(
             CHAN,
@@ -135,6 +125,9 @@ impl Fake {
         assert_eq!(msgs.len(), 1);
         assert_eq!(msgs[0].0, RelayCommand::CONFLUX_LINK);
         let link = msgs[0].1.clone();
+        // The home's LINK takes 50 ms, the spare's none: the spare does not measure heavier,
+        // so a CONGESTED on the home moves the upload (`SwitchSettings::lighter_leg_only`).
+        self.now += Duration::from_millis(50);
         self.send(home, RelayCommand::CONFLUX_LINKED, &link);
         let spare = self.build();
         self.core.path_add_spare(home, spare, self.now).unwrap();
@@ -280,14 +273,8 @@ fn congested_from_a_hop_other_than_the_entry_closes_the_circuit() {
         for cell in drain(&mut r.core, r_to_f, now) {
             if cell.command == CellCommand::CREATE2 {
                 let body = Create2::decode(&cell.payload).unwrap();
-                let (reply, km) =
-                    ntor::server_handshake(&mut rng, &f_id.ntor_id(), &f_ntor, &body.handshake)
-                        .unwrap();
-                let created = Created2 {
-                    handshake: reply.to_vec(),
-                }
-                .encode()
-                .unwrap();
+                let (reply, km) = answer_create2(&mut rng, &f_hop, &f_ntor, &body, None);
+                let created = Created2 { handshake: reply }.encode().unwrap();
                 let c = Cell::new(cell.circ_id, CellCommand::CREATED2, &created).unwrap();
                 r.core.handle_cell(r_to_f, c, now);
                 f_side = Some((cell.circ_id, RelayHopCrypto::new(&km)));

@@ -283,14 +283,28 @@ fn a_stalled_old_leg_with_congestion_control_never_trips_the_bound() {
     );
 }
 
+/// E2 reports congestion 0.5 s after the move to B (with a 0.3 s `leg_avoid` A is not
+/// avoided any more). A's slow link left it with the heavier round trip, so the client stays
+/// on B (`lighter_leg_only`); with the rule off it goes back to A on the report alone.
 #[test]
-fn congestion_on_the_spare_moves_the_upload_back() {
+fn congestion_on_the_spare_moves_the_upload_back_only_onto_a_lighter_leg() {
+    for lighter_only in [true, false] {
+        let (a, b, legs) = spare_congested(lighter_only);
+        let expect = if lighter_only { b } else { a };
+        assert_eq!(legs, (Some(expect), if lighter_only { 1 } else { 2 }));
+        assert_ne!(a, b);
+    }
+}
+
+/// `spare_congested`'s run: returns A, B, and the leg in use at the end with the switches
+/// made.
+fn spare_congested(lighter_only: bool) -> (CircKey, CircKey, (Option<CircKey>, u64)) {
     let mut net = Net::new();
     let (a, b, s) = net.linked();
-    // E1 reported 0.5 s before E2: with a 0.3 s memory the client goes back to A.
     let settings = net.nodes[CLIENT].switching();
     net.nodes[CLIENT].set_switching(SwitchSettings {
         leg_avoid: Duration::from_millis(300),
+        lighter_leg_only: lighter_only,
         ..settings
     });
     let streams = vec![(s, pattern(2_000_000, 3))];
@@ -306,9 +320,42 @@ fn congestion_on_the_spare_moves_the_upload_back() {
     net.run(20_000);
     net.assert_exact(&streams);
     assert_eq!(net.killed(), 0);
+    let c = net.nodes[CLIENT].switch_stats();
+    assert_eq!(c.congested_ignored, u64::from(lighter_only), "{c:?}");
+    (a, b, (net.nodes[CLIENT].path_current_leg(a), c.switches))
+}
+
+/// The spare's path is the slow one (E2 -> M2), so its round trip, measured at its LINK, is
+/// already above the home's: E1's congestion report does not move the upload onto it.
+#[test]
+fn the_client_does_not_move_onto_a_heavier_leg() {
+    let mut net = Net::new();
+    net.slow = Some((
+        E2,
+        M2,
+        Shape {
+            budget: 2,
+            delay: 30,
+        },
+    ));
+    let (a, b, s) = net.linked();
+    let streams = vec![(s, pattern(3_000_000, 4))];
+    net.transfer(&streams, 300_000, |i, net| {
+        if i == 40 {
+            assert!(net.congest_e1().is_some());
+        }
+    });
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
     assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(a));
     assert_ne!(a, b);
-    assert_eq!(net.nodes[CLIENT].switch_stats().switches, 2);
+    let c = net.nodes[CLIENT].switch_stats();
+    assert_eq!(
+        (c.congested_received, c.congested_ignored, c.switches),
+        (1, 1, 0),
+        "{c:?}"
+    );
 }
 
 /// Both entries report congestion 1.2 s apart: going back to A, whose entry is still full,

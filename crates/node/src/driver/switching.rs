@@ -51,6 +51,9 @@ pub struct SwitchOptions {
     /// `SwitchNetworkQueue`: count the bytes queued on the path beyond the socket (from
     /// TCP_INFO's round trips) in the occupancy. `None`: the consensus's `SwitchNetworkQueue`.
     pub network_queue: Option<bool>,
+    /// `SwitchLighterLeg` (a client option for the path variant): never move onto a leg that
+    /// measures heavier. `None`: on.
+    pub lighter_leg: Option<bool>,
 }
 
 /// The driver's switching state.
@@ -122,6 +125,7 @@ impl Driver {
             min_share_milli: o.min_share.map_or(p.min_share_milli, |f| {
                 (f.clamp(0.0, 1.0) * 1000.0).round() as u32
             }),
+            lighter_leg_only: o.lighter_leg.unwrap_or(true),
             ..SwitchSettings::default()
         };
         if settings != self.core.switching() {

@@ -141,6 +141,8 @@ class VariantOptions:
     conflux: bool = option(False, doc="tor clients: ConfluxEnabled 1 (two legs)")
     spare_path: bool = option(False, doc="clients may use path 2 (entry2, middle2) as well")
     relay: dict[str, Any] = option(default_factory=dict, doc="more chive relay options")
+    client: dict[str, Any] = option(default_factory=dict,
+                                    doc="more chive client options (e.g. SwitchLighterLeg = 0)")
     params: dict[str, Any] = option(default_factory=dict,
                                     doc="consensus parameters, chive's names (cc_alg = 2: Vegas, "
                                         "stream XON/XOFF instead of the 500-cell stream window)")
@@ -149,8 +151,8 @@ class VariantOptions:
     def __post_init__(self) -> None:
         if self.alpha > self.beta:
             raise LabError(f"alpha ({self.alpha}) must not exceed beta ({self.beta})")
-        if self.impl == "tor" and (self.switching != "off" or self.relay):
-            raise LabError("tor variants take no chive switching or relay options")
+        if self.impl == "tor" and (self.switching != "off" or self.relay or self.client):
+            raise LabError("tor variants take no chive switching, relay or client options")
         if self.impl == "chive" and self.conflux:
             raise LabError("conflux is tor's (impl = \"tor\")")
         if self.conflux and not self.spare_path:
@@ -177,9 +179,11 @@ def path_mode_unavailable(binary: Path | None = None) -> str | None:
 def client_options(v: VariantOptions) -> dict[str, Any]:
     """A chive client's options beyond its pins: path switching is the client's (its spare circuit
     and its ``switch`` records, hence a MetricsFile)."""
+    out: dict[str, Any] = {}
     if v.switching == "path":
-        return {"CircuitSwitching": "path", "MetricsFile": "metrics.jsonl"}
-    return {}
+        out = {"CircuitSwitching": "path", "MetricsFile": "metrics.jsonl"}
+    out.update(v.client)
+    return out
 
 
 def relay_host(p: Params, nick: str) -> str:

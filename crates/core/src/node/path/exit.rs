@@ -136,8 +136,8 @@ impl Core {
             }
         };
         self.path.exit_leg.insert(key, id);
-        // Every leg keeps its own circuit window for the DATA it carries.
-        let window = self.new_circuit_window();
+        // Every leg keeps its own circuit window for the DATA it carries, as it agreed.
+        let window = self.agreed_window(key);
         if let Some(Role::Relay { edge, .. }) = self.circuits.get_mut(&key).map(|c| &mut c.role) {
             edge.get_or_insert_with(|| crate::node::stream::Edge::new(window));
         }

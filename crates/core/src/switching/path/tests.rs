@@ -659,3 +659,42 @@ fn a_longer_timeout_moves_the_waiting_switchs_deadline() {
     assert_eq!(net.tx.next_deadline(), None);
     net.expect_out(8);
 }
+
+/// The lighter-leg rule on round trips fed in order, as SENDMEs would bring them: two idle
+/// legs (LINK samples only) tie, and a tie does not hold the client on the reported leg; the
+/// way back to a leg left loaded stays closed while the leg in use measures lighter, and opens
+/// once that leg grows heavier.
+#[test]
+fn a_leg_is_heavier_only_when_its_round_trip_is_clearly_higher() {
+    let ms = Duration::from_millis;
+    let mut rtt = SetRtt::default();
+    // Nothing measured: nothing says heavier.
+    assert!(!rtt.heavier(B, A));
+    rtt.sample(A, ms(80));
+    rtt.sample(B, ms(80)); // both LINKs on idle paths
+    assert!(!rtt.heavier(B, A) && !rtt.heavier(A, B), "idle legs tie");
+    for _ in 0..20 {
+        rtt.sample(A, ms(900)); // A loaded
+    }
+    assert!(!rtt.heavier(B, A), "the idle spare is not heavier");
+    assert!(rtt.heavier(A, B), "the loaded leg is");
+    // On B now, which loads up to about A's estimate: within 10 %, neither is heavier.
+    for _ in 0..40 {
+        rtt.sample(B, ms(850));
+    }
+    assert!(!rtt.heavier(A, B) && !rtt.heavier(B, A));
+    // B a little lighter than A was left at: going back to A is vetoed only past 10 %.
+    for _ in 0..40 {
+        rtt.sample(B, ms(700));
+    }
+    assert!(rtt.heavier(A, B));
+    // B grows heavier than A was left at: A is no longer heavier.
+    for _ in 0..40 {
+        rtt.sample(B, ms(1500));
+    }
+    assert!(!rtt.heavier(A, B));
+    // A leg closed is forgotten (unmeasured: not heavier).
+    rtt.sample(B, ms(100));
+    rtt.leg_closed(A);
+    assert!(!rtt.heavier(A, B));
+}
