@@ -290,10 +290,12 @@ type Handed<S> = (RecordStream<S>, [u8; EXPORTER_LEN], [u8; EXPORTER_LEN]);
 /// instead of the handshake waiting for a record that will never be whole (say, an HTTP request
 /// sent to a relay's port).
 fn record_len(buf: &[u8]) -> Option<usize> {
-    const MAX_RECORD: usize = (1 << 14) + 2048;
+    // Any TLS version's largest record body (TLS 1.2's ciphertext bound); not the module's
+    // `MAX_RECORD`, which is TLS 1.3 application data with its header.
+    const MAX_ANY_BODY: usize = (1 << 14) + 2048;
     let header = buf.get(..5)?;
     let body = usize::from(u16::from_be_bytes([header[3], header[4]]));
-    if !(20..=24).contains(&header[0]) || header[1] != 3 || body > MAX_RECORD {
+    if !(20..=24).contains(&header[0]) || header[1] != 3 || body > MAX_ANY_BODY {
         return Some(buf.len());
     }
     let len = 5 + body;
