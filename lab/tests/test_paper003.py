@@ -264,3 +264,42 @@ def test_conflux_legs_from_circuit_status(tmp_path):
 def test_parse_prometheus_sums_label_sets():
     text = "# HELP a\n# TYPE a counter\na 1\nb{x=\"1\"} 2\nb{x=\"2\"} 3.5\nbad line here\n"
     assert p3a.parse_prometheus(text) == {"a": 1.0, "b": 5.5}
+
+
+def test_pool_joins_the_main_variants_and_the_fig4_sweep_run_apart(tmp_path):
+    """`chive-lab pool` on paper003 results: the main variants of one result and the (α, β)
+    sweep of another analysed as one batch (runs read in place), and another testbed refused."""
+    from chive_lab.cli import main
+
+    secs = {"C1": 10.0, "C2": 5.0, "C3": 5.0, "C4": 4.0}
+    srcs = []
+    for i, runs in enumerate(({"multiplexed": [], "connection": [0.01, 0.03]},
+                              {"connection": [0.02], "conn-a05-b09": [0.5, 0.7]})):
+        out = tmp_path / f"src{i}"
+        out.mkdir()
+        (out / "scenario.toml").write_text(SCENARIO.read_text())
+        (out / "manifest.json").write_text(json.dumps({"variants": list(runs), "quick": True}))
+        for label, times in runs.items():
+            _write_run(out / "runs" / label / "1", secs=secs, rtt=1.0, switch_times=times)
+        srcs.append(out)
+    pooled = tmp_path / "pooled"
+    assert main(["pool", "--out", str(pooled), *map(str, srcs)]) == 0
+    summary = json.loads((pooled / "summary.json").read_text())
+    v = summary["variants"]
+    assert set(v) == {"multiplexed", "connection", "conn-a05-b09"}
+    assert v["connection"]["repetitions"] == 2 and v["connection"]["switching"]["switches"] == 3
+    assert v["conn-a05-b09"]["switching"]["switch_time_s"]["p50"] == pytest.approx(0.6)
+    assert summary["pooled"]["repetitions"] == {"multiplexed": 1, "connection": 2, "conn-a05-b09": 1}
+    assert not (srcs[0] / "paper003").exists() and not (pooled / "runs").exists()
+    assert (pooled / "paper003" / "comparison.md").is_file()
+    fig4 = (pooled / "figures" / "fig4_switch_time_cdf.csv").read_text()
+    assert "α=0.1 β=0.5" in fig4 and "α=0.5 β=0.9" in fig4
+    assert json.loads((pooled / "pool.json").read_text())["sources"][1]["runs"] == {
+        "connection": 1, "conn-a05-b09": 1}
+    # Another testbed (the relays' rate) is refused.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "scenario.toml").write_text(SCENARIO.read_text().replace('relay_rate = "1.5mbit"', 'relay_rate = "3mbit"'))
+    (other / "manifest.json").write_text(json.dumps({"variants": ["multiplexed"], "quick": True}))
+    with pytest.raises(LabError, match="relay_rate"):
+        get_kind("paper003-switching").pool([srcs[0], other], tmp_path / "refused")

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from ... import analysis as an
 from ... import stats
-from ...rundir import is_failed
+from ...pooling import rep_dirs
 from . import KIND_NAME, Params, onion_stem
 from . import phases as ph
 
@@ -44,14 +44,6 @@ def measure(rec: an.Transfer, name: str) -> float | None:
     return rec.socks_connected - rec.start
 
 
-def _rep_dirs(out_dir: Path, label: str) -> list[Path]:
-    vdir = out_dir / "runs" / label
-    if not vdir.is_dir():
-        return []
-    return sorted((d for d in vdir.glob("*") if (d / "run.json").is_file() and not is_failed(d)),
-                  key=lambda d: int(d.name) if d.name.isdigit() else 0)
-
-
 def load_variants(out_dir: Path, scenario: Any) -> dict[str, dict[str, Any]]:
     """Per variant label: impl, its settings, and per repetition the successful fetches of
     groups whose first fetch started in the measurement window (``reps``: list of lists of
@@ -65,8 +57,8 @@ def load_variants(out_dir: Path, scenario: Any) -> dict[str, dict[str, Any]]:
                                 "prioritised": o.prioritised if o.impl == "chive" else None,
                                 "paper": o.paper, "reps": [], "groups": 0, "errors": 0, "dropped": 0,
                                 "first_errors": 0, "error_texts": [], "service_ready_s": []}
-        entry["phases"] = ph.variant_phases(_rep_dirs(out_dir, v.label)) if o.impl == "chive" else {}
-        for d in _rep_dirs(out_dir, v.label):
+        entry["phases"] = ph.variant_phases(rep_dirs(out_dir, v.label)) if o.impl == "chive" else {}
+        for d in rep_dirs(out_dir, v.label):
             run = json.loads((d / "run.json").read_text())
             lo = float(run["t0"]) + float(run.get("warmup_s", 0.0))
             if isinstance(run.get("service_ready_s"), (int, float)):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ...errors import LabError
 from ...manifest import git_state
+from ...pooling import POOL_MAY_DIFFER, manifest_git
 from .analysis import analyze_raw
 from .evidence import extra_channel_pairs
 from .options import Params, Targets, VariantOptions
@@ -88,10 +89,6 @@ def _read_text_maybe_gzipped(path: Path) -> str:
     return path.read_text()
 
 
-#: Params that may differ between results pooled together (not the testbed or the traffic).
-_POOL_MAY_DIFFER = {"log_level", "targets"}
-
-
 def pool(result_dirs: list[Path], out: Path, *, exclude_extra_channels: bool = False) -> dict:
     """Analyse the runs of several finished results as one batch (same testbed and traffic,
     checked): the paper pooled 100 runs; ours accumulate across sessions. Each run's evidence
@@ -114,7 +111,7 @@ def pool(result_dirs: list[Path], out: Path, *, exclude_extra_channels: bool = F
         if first is None:
             first = p
         for k in first.__dict__:
-            if k not in _POOL_MAY_DIFFER and getattr(p, k) != getattr(first, k):
+            if k not in POOL_MAY_DIFFER and getattr(p, k) != getattr(first, k):
                 raise LabError(f"pool: {d} has {k} = {getattr(p, k)!r}, {result_dirs[0]} has "
                                f"{getattr(first, k)!r}: only runs of one setup can be pooled")
         for v, runs in results.items():
@@ -126,14 +123,8 @@ def pool(result_dirs: list[Path], out: Path, *, exclude_extra_channels: bool = F
                 merged.setdefault(v, []).append(run)
                 if ev is not None:
                     evidence.setdefault(v, {})[key] = ev
-        manifest = Path(d) / "manifest.json"
-        git = None
-        if manifest.is_file():
-            try:
-                git = json.loads(manifest.read_text()).get("git")
-            except ValueError:
-                git = None
-        sources.append({"dir": str(d), "runs": {v: len(r) for v, r in results.items()}, "git": git})
+        sources.append({"dir": str(d), "runs": {v: len(r) for v, r in results.items()},
+                        "git": manifest_git(Path(d))})
     assert first is not None
     if targets is not None:
         first = dataclasses.replace(first, targets=targets)

@@ -370,6 +370,16 @@ class Paper003(ExperimentKind):
 
         return analyze(Path(out_dir), scenario)
 
+    def pool(self, sources: list[Path], out: Path, **options: Any) -> dict[str, Any]:
+        """``chive-lab pool``: several results of one setup (e.g. the main variants and the Fig 4
+        sweep run apart) analysed as one batch (:mod:`chive_lab.pooling`)."""
+        if options:
+            raise LabError(f"pool: kind {KIND_NAME!r} takes no option {sorted(options)[0]}")
+        from ...pooling import pool_results
+        from .analysis import analyze, variant_reps
+
+        return pool_results(sources, out, KIND_NAME, Params, variant_reps, analyze)
+
     def describe_run(self, scenario: Any) -> str | None:
         p = scenario.options if isinstance(scenario.options, Params) else Params()
         delays = "/".join(f"{d:g}" for d in p.client_delays_ms)

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ... import analysis as an
 from ... import stats
+from ...pooling import rep_dirs
 from ...rundir import is_failed
 from . import CLIENT_HOSTS, KIND_NAME, RELAYS, UPLOAD_USER, Params
 
@@ -139,11 +140,17 @@ def load_run(run_dir: Path) -> dict[str, Any]:
             "switches": switches, "relays": relays, "upload_paths": upload_paths}
 
 
-def variant_runs(out_dir: Path, label: str) -> tuple[list[dict[str, Any]], str | None]:
-    """The variant's finished repetitions (failed ones left out) and, if it was skipped, why."""
-    vdir = out_dir / "runs" / label
+def variant_reps(out_dir: Path, scenario: Any) -> dict[str, list[Path]]:
+    """Per variant label, all its repetition directories under ``OUT/runs`` (skipped and failed
+    ones too: :func:`variant_runs` sorts them); pooling passes several results' instead."""
+    return {v.label: rep_dirs(out_dir, v.label, finished=False) for v in scenario.variants}
+
+
+def variant_runs(dirs: Iterable[Path]) -> tuple[list[dict[str, Any]], str | None]:
+    """Of a variant's repetition directories, the finished ones' runs (failed ones left out) and,
+    if it was skipped, why."""
     runs, skipped = [], None
-    for d in sorted(vdir.glob("*"), key=lambda d: int(d.name) if d.name.isdigit() else 0) if vdir.is_dir() else []:
+    for d in dirs:
         if (d / "skipped.json").is_file():
             skipped = json.loads((d / "skipped.json").read_text()).get("reason", "skipped")
             continue
@@ -421,13 +428,16 @@ def write_comparison(out: Path, summary: Mapping[str, Any]) -> None:
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
 
 
-def analyze(out_dir: Path, scenario: Any) -> an.Analysis:
-    """``chive-lab analyze``: summary, figures, Table 2, OUT/paper003/comparison.md + summary.json."""
+def analyze(out_dir: Path, scenario: Any, reps_of: Mapping[str, list[Path]] | None = None) -> an.Analysis:
+    """``chive-lab analyze``: summary, figures, Table 2, OUT/paper003/comparison.md + summary.json.
+    ``reps_of`` (variant label -> its repetition directories) defaults to ``OUT/runs``; pooling
+    passes several results' runs."""
     p = scenario.options if isinstance(scenario.options, Params) else Params()
+    reps_of = variant_reps(out_dir, scenario) if reps_of is None else reps_of
     raw: dict[str, list[dict[str, Any]]] = {}
     skipped: dict[str, str | None] = {}
     for v in scenario.variants:
-        raw[v.label], skipped[v.label] = variant_runs(out_dir, v.label)
+        raw[v.label], skipped[v.label] = variant_runs(reps_of.get(v.label, []))
     ref = reference_offsets({k: r for k, r in raw.items()})
     variants = {v.label: summarize_variant(v, raw[v.label], skipped[v.label], p.capacity_window_s, ref)
                 for v in scenario.variants}

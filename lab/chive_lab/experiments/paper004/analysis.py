@@ -18,7 +18,7 @@ import numpy as np
 
 from ... import analysis as an
 from ... import stats
-from ...rundir import is_failed
+from ...pooling import rep_dirs
 from . import KIND_NAME, Params, exit_nick, perf_stem
 
 MEASURES = {"connect": "time to connect", "ttfb": "time to first byte", "ttlb": "time to last byte",
@@ -61,9 +61,9 @@ def measure(rec: an.Transfer, name: str) -> float | None:
 
 
 def variant_reps(out_dir: Path, scenario: Any) -> dict[str, list[Path]]:
-    """Per variant label, its repetition directories under ``OUT/runs`` (see :func:`_rep_dirs`);
+    """Per variant label, its finished repetition directories under ``OUT/runs``;
     :mod:`.pooling` passes the directories of several results instead."""
-    return {v.label: _rep_dirs(out_dir / "runs" / v.label) for v in scenario.variants}
+    return {v.label: rep_dirs(out_dir, v.label) for v in scenario.variants}
 
 
 def load_series(out_dir: Path, scenario: Any,
@@ -104,14 +104,6 @@ def load_series(out_dir: Path, scenario: Any,
     return out
 
 
-def _rep_dirs(vdir: Path) -> list[Path]:
-    """A variant's repetition directories (with a run.json, not failed), in rep order."""
-    if not vdir.is_dir():
-        return []
-    return sorted((d for d in vdir.glob("*") if (d / "run.json").is_file() and not is_failed(d)),
-                  key=lambda d: int(d.name) if d.name.isdigit() else 0)
-
-
 def onionperf_runs(out_dir: Path, scenario: Any) -> dict[str, list[an.RunData]]:
     """``chive-lab export --onionperf``: per series (one OnionPerf source), per repetition,
     every torperf fetch of every size (warm-up, failures and cut fetches included) and the
@@ -121,7 +113,7 @@ def onionperf_runs(out_dir: Path, scenario: Any) -> dict[str, list[an.RunData]]:
     p = scenario.options if isinstance(scenario.options, Params) else Params()
     out: dict[str, list[an.RunData]] = {}
     for v in scenario.variants:
-        for d in _rep_dirs(out_dir / "runs" / v.label):
+        for d in rep_dirs(out_dir, v.label):
             run = json.loads((d / "run.json").read_text())
             for label in v.options.exits:
                 data = an.RunData(variant=label, rep=int(d.name) if d.name.isdigit() else 0,
