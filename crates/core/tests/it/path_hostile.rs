@@ -56,9 +56,16 @@ fn linked(p: &mut Path) -> (Circ, Circ) {
 /// Whether X closed `circ` (a DESTROY toward R for its id on R's side is enough: R then
 /// destroys toward the client).
 fn closed(p: &mut Path, circ: &Circ) -> bool {
+    destroyed_ids(p).contains(&circ.id)
+}
+
+/// Carry X's answers back: the ids of the circuits R was told to destroy toward the client.
+fn destroyed_ids(p: &mut Path) -> Vec<u32> {
     p.x_to_r();
-    let cells = p.cells_for_client();
-    destroys(&cells).iter().any(|(id, _)| *id == circ.id)
+    destroys(&p.cells_for_client())
+        .iter()
+        .map(|(id, _)| *id)
+        .collect()
 }
 
 /// Carry X's answers back: both legs `a` and `b` of a set were destroyed for `reason`.
@@ -179,11 +186,7 @@ fn malformed_repeated_or_out_of_range_switches_close_the_set() {
             p.send(&mut b, 1, *cmd, 0, body, false);
         }
         p.r_to_x();
-        p.x_to_r();
-        let gone: Vec<u32> = destroys(&p.cells_for_client())
-            .iter()
-            .map(|(id, _)| *id)
-            .collect();
+        let gone = destroyed_ids(&mut p);
         assert!(
             gone.contains(&a.id) && gone.contains(&b.id),
             "case {i}: set not closed: {gone:?}"
@@ -216,11 +219,7 @@ fn a_data_cell_beyond_the_window_closes_the_set() {
     p.send(&mut b, 1, RelayCommand::DATA, 1, b"x", false);
     p.send(&mut b, 1, RelayCommand::DATA, 1, b"y", false);
     p.r_to_x();
-    p.x_to_r();
-    let gone: Vec<u32> = destroys(&p.cells_for_client())
-        .iter()
-        .map(|(id, _)| *id)
-        .collect();
+    let gone = destroyed_ids(&mut p);
     assert!(gone.contains(&a.id) && gone.contains(&b.id), "{gone:?}");
     assert_eq!(p.x.core.switch_stats().path_out_of_order, 1);
 }
