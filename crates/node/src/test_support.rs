@@ -31,3 +31,18 @@ pub(crate) fn assert_unsent_limit_range_checked<T, E: std::fmt::Display>(
         ],
     );
 }
+
+/// Asserts that `validate` takes `LinkCongestionControl = "reno"` (every Linux kernel has it)
+/// and refuses an algorithm the kernel does not offer, naming the option.
+pub(crate) fn assert_congestion_control_checked<T, E: std::fmt::Display>(
+    validate: impl Fn(&str) -> Result<T, E>,
+) {
+    assert!(validate("LinkCongestionControl = \"reno\"").is_ok());
+    assert_refused_naming(
+        validate,
+        &[(
+            "LinkCongestionControl = \"no-such-cc\"",
+            "LinkCongestionControl",
+        )],
+    );
+}
