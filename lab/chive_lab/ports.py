@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .errors import LabError
+from .files import read_capped
 
 __all__ = ["ANY", "PORTS_FILE", "any_port", "parse_ports", "read_ports", "wait_listening", "wait_ports"]
 
@@ -73,15 +74,9 @@ def read_ports(path: Path | str) -> dict[str, str] | None:
     """The addresses in the PortsFile ``path``; None while it does not exist; LabError if it
     is malformed or cannot be read."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PORTS_FILE_BYTES + 1)
-    except FileNotFoundError:
+    data = read_capped(path, MAX_PORTS_FILE_BYTES, "PortsFile")
+    if data is None:
         return None
-    except OSError as e:
-        raise LabError(f"cannot read PortsFile {path}: {e.strerror or e}") from e
-    if len(data) > MAX_PORTS_FILE_BYTES:
-        raise LabError(f"PortsFile {path}: larger than {MAX_PORTS_FILE_BYTES} bytes")
     return parse_ports(data.decode("utf-8", "replace"), f"PortsFile {path}")
 
 

@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 from .config import MANAGED_CLIENT_KEYS, MANAGED_RELAY_KEYS, check_key
 from .errors import LabError
+from .files import read_capped
 from .network import MAX_RELAYS, MIN_RELAYS
 
 __all__ = [
@@ -619,13 +620,9 @@ def parse_scenario(doc: Mapping[str, Any], *, quick: bool = False, impl: str | N
 def load_scenario(path: Path | str, *, quick: bool = False, impl: str | None = None) -> Scenario:
     """Read and validate a scenario file. Errors name the file and the key."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SCENARIO_BYTES + 1)
-    except OSError as e:
-        raise LabError(f"cannot read scenario {path}: {e}") from e
-    if len(data) > MAX_SCENARIO_BYTES:
-        raise LabError(f"{path}: larger than {MAX_SCENARIO_BYTES} bytes; not a scenario")
+    data = read_capped(path, MAX_SCENARIO_BYTES, "scenario")
+    if data is None:
+        raise LabError(f"cannot read scenario {path}: no such file")
     try:
         doc = tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import LabError
+from .files import read_capped
 from .process import ProcessRecord
 
 STATE_FILE = "state.json"
@@ -102,15 +103,9 @@ def save_state(dir: Path, state: State) -> None:
 def load_state(dir: Path) -> State:
     """Read DIR/state.json; raise LabError if it is missing or malformed."""
     path = state_path(dir)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_STATE_BYTES + 1)
-    except FileNotFoundError as e:
-        raise LabError(f"{path} does not exist: no network was started in {dir}") from e
-    except OSError as e:
-        raise LabError(f"cannot read {path}: {e}") from e
-    if len(raw) > MAX_STATE_BYTES:
-        raise LabError(f"{path} is larger than {MAX_STATE_BYTES} bytes")
+    raw = read_capped(path, MAX_STATE_BYTES, "network state")
+    if raw is None:
+        raise LabError(f"{path} does not exist: no network was started in {dir}")
     try:
         obj = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -83,6 +83,13 @@ def _fetch(start: float, connect: float, ttfb: float, ttlb: float, size: int) ->
             "bytes": size, "expected_bytes": size, "status": 200, "error": None}
 
 
+def _fetch_times(seed: int, spread: float, n: int):
+    """``draw(mu)``: ``n`` fetch times, ``mu`` plus an exponential of scale ``spread`` seconds,
+    from one generator seeded ``seed``."""
+    rng = np.random.default_rng(seed)
+    return lambda mu: list(mu + rng.exponential(spread, n))
+
+
 def _write_run(out: Path, variant: str, exits: dict, times: dict, t0: float = 1000.0) -> Path:
     """runs/<variant>/1 with perf files: times[(label, size)] = list of ttlb seconds."""
     d = out / "runs" / variant / "1"
@@ -114,12 +121,8 @@ def _scenario(tmp_path: Path) -> sc.Scenario:
 @pytest.mark.real_figures
 def test_analysis_measures_tests_and_judges_targets(tmp_path):
     s = _scenario(tmp_path)
-    rng = np.random.default_rng(1)
     small, large = 40960, 1048576
-
-    def draw(mu: float, n: int = 40) -> list[float]:
-        return list(mu + rng.exponential(0.1, n))
-
+    draw = _fetch_times(seed=1, spread=0.1, n=40)
     _write_run(tmp_path, "chive", s.variant("chive").options.exits, {
         ("chive-w100", small): draw(1.0), ("chive-w100", large): draw(9.0),
         ("chive-w101", small): draw(1.0), ("chive-w101", large): draw(9.0),
@@ -203,12 +206,8 @@ def _fresh_scenario(tmp_path: Path) -> tuple[sc.Scenario, str]:
 
 
 def _write_fresh_runs(out: Path, s: sc.Scenario) -> None:
-    rng = np.random.default_rng(7)
     small, large = 40960, 1048576
-
-    def draw(mu: float, n: int = 30) -> list[float]:
-        return list(mu + rng.exponential(0.2, n))
-
+    draw = _fetch_times(seed=7, spread=0.2, n=30)
     _write_run(out, "chive-fresh", s.variant("chive-fresh").options.exits, {
         ("chive-w101-fresh", small): draw(1.0), ("chive-w101-fresh", large): draw(9.0),
         ("chive-w1000-fresh", small): draw(1.2), ("chive-w1000-fresh", large): draw(4.0)})

@@ -1,5 +1,6 @@
 """What the netns bulk-transfer kinds share (``paper002-tcp``, ``paper002-overlay``,
-``client-uplink``): the testbed's option fields, ``chive shape``'s variant
+``client-uplink``): the testbed's option fields (also ``paper001-onion``'s and
+``paper004``'s, with the one-link-per-host :func:`testbed`), ``chive shape``'s variant
 options, where a run's per-second series live, and their figures — mean over
 runs per slot with 90% intervals plus a representative run, and the Fig 9
 variance bars — each saved with its data by :func:`chive_lab.figures.save_plot`.
@@ -32,6 +33,7 @@ __all__ = [
     "read_flows",
     "repetition_dirs",
     "slot_series",
+    "testbed",
     "throughput_figure",
     "variance_figure",
     "variance_table",
@@ -98,6 +100,17 @@ class ShapeOptions:
 
     bulk_ceil: float | None = option(None, lo=0.0, hi=1.0,
                                      doc="the data class may borrow up to this share of the link")
+
+
+def testbed(p: TestbedParams, hosts: Sequence[str], *, delay_ms: float = 0.0, chive_bin: Path | None = None,
+            progress: Any = None) -> netns.Testbed:
+    """A testbed of ``hosts``, each behind the same access link: ``p``'s rate, queues and TCP
+    congestion control, ``delay_ms`` one way; any congestion control may be used on its
+    sockets (``widen_allowed_cc``: tor and chive set their own)."""
+    link = netns.LinkSpec(p.rate, delay_ms=delay_ms, queue_packets=p.queue_packets, queue_at=p.queue_at,
+                          switch_port_packets=p.switch_port_packets)
+    return netns.Testbed([netns.HostSpec(h, link, cc=p.cc) for h in hosts], chive_bin=chive_bin,
+                         progress=progress, widen_allowed_cc=True)
 
 
 def repetition_options(ctx: Any, kind_name: str, params: type) -> Any:

@@ -171,21 +171,24 @@ impl Drop for Network {
 
 /// The authority's identity (`chive authority --print-identity`), created if need be.
 pub fn print_identity(auth_cfg: &Path) -> String {
-    let out = Command::new(BIN)
-        .args([
-            "authority",
-            "--config",
-            auth_cfg.to_str().unwrap(),
-            "--print-identity",
-        ])
-        .output()
-        .unwrap();
+    let out = output_ok(Command::new(BIN).args([
+        "authority",
+        "--config",
+        auth_cfg.to_str().unwrap(),
+        "--print-identity",
+    ]));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Runs `cmd` to its end and returns what it printed; panics with its stderr if it failed.
+pub fn output_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{cmd:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
+    out
 }
 
 pub fn spawn(dir: &Path, name: &str, args: &[&str]) -> Child {
@@ -676,6 +679,33 @@ pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     s[s.len() / 2]
+}
+
+/// The verdict of an A/B run of fetches under bulk load: the bulk downloads ran (`moved`, the
+/// bytes they carried, above 5 MB), and the fetch times `b` (named `b.0`) beat those of `a`:
+/// a lower median, and a one-sided Mann–Whitney p below `alpha`. Prints both medians and p.
+pub fn assert_faster_under_load(a: (&str, &[f64]), b: (&str, &[f64]), moved: u64, alpha: f64) {
+    let ((a_name, a), (b_name, b)) = (a, b);
+    let p = mann_whitney_less(b, a);
+    eprintln!(
+        "50 KiB under load: {a_name} median {:.3} s, {b_name} median {:.3} s, one-sided p = {p:.4}; bulk moved {moved} bytes",
+        median(a),
+        median(b)
+    );
+    assert!(
+        moved > 5_000_000,
+        "bulk downloads did not run ({moved} bytes)"
+    );
+    assert!(
+        median(b) < median(a),
+        "{b_name} median {} not below {a_name} median {}",
+        median(b),
+        median(a)
+    );
+    assert!(
+        p < alpha,
+        "{b_name} not significantly faster than {a_name} (p = {p})"
+    );
 }
 
 /// Bulk downloads running in background threads (`bulk_loop`), one per SOCKS user, so the

@@ -9,9 +9,18 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    ports_path, print_identity, scrape_metrics, shared_turn, socks5_name, socks5_request, spawn,
-    wait_ports, write_authority_config, ANY_PORT,
+    output_ok, ports_path, print_identity, scrape_metrics, shared_turn, socks5_name,
+    socks5_request, spawn, wait_ports, write_authority_config, ANY_PORT,
 };
+
+/// `curl -sS` of `url` through the SOCKS5 proxy `socks` (which resolves the name), given at
+/// most `max_secs`.
+fn curl(socks: SocketAddr, url: &str, max_secs: u32) -> Command {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", &max_secs.to_string()])
+        .args(["--socks5-hostname", &socks.to_string(), url]);
+    cmd
+}
 
 /// A SOCKS5 CONNECT to `host:80`; returns the REP byte.
 fn socks5_rep(socks: SocketAddr, host: &str) -> u8 {
@@ -86,15 +95,7 @@ fn onion_names_fail_fast_with_proposal_304_codes() {
     // curl sees the same refusal, fast.
     if Command::new("curl").arg("--version").output().is_ok() {
         let t = Instant::now();
-        let out = Command::new("curl")
-            .args([
-                "-sS",
-                "--max-time",
-                "5",
-                "--socks5-hostname",
-                &socks.to_string(),
-                &format!("http://{}/", cases[0].0),
-            ])
+        let out = curl(socks, &format!("http://{}/", cases[0].0), 5)
             .output()
             .unwrap();
         // The client's answer is timed above (< 1 s over raw SOCKS5); this also counts starting
@@ -193,22 +194,11 @@ fn a_file_through_an_onion_service_is_byte_exact() {
 
     // curl, through the same client.
     if Command::new("curl").arg("--version").output().is_ok() {
-        let out = Command::new("curl")
-            .args([
-                "-sS",
-                "--max-time",
-                "20",
-                "--socks5-hostname",
-                &net.socks.to_string(),
-                &format!("http://{host}/bytes/300000"),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = output_ok(&mut curl(
+            net.socks,
+            &format!("http://{host}/bytes/300000"),
+            20,
+        ));
         assert!(out.stdout == pattern(300_000), "curl: bytes differ");
     }
 

@@ -4,19 +4,16 @@
 //! consensus yet built fixed-window circuits while the client used Vegas with XON/XOFF, sent
 //! stream SENDMEs, and the client closed the circuit ("unexpected stream SENDME").
 
-use std::net::SocketAddr;
 use std::time::Instant;
 
-use chive_cell::{Cell, CellCommand, CircExt, Create2, Created2, DestroyReason};
+use chive_cell::{Cell, CellCommand, CircExt, Create2, DestroyReason};
 use chive_core::cc::{CcKind, VegasParams};
-use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event, HopSpec};
-use chive_crypto::ntor::NtorSecretKey;
+use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event};
 use chive_crypto::ntor_v3::{self, CIRCUIT_VERIFICATION, NTOR_V3_HTYPE};
-use chive_crypto::IdentityKeypair;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::common::{answer_create2, destroys, drain, relay, R_CLIENT};
+use crate::common::{destroys, drain, relay, PlayedRelay, R_CLIENT};
 use crate::sim::{pattern, Sim};
 
 const CLIENT: usize = 0;
@@ -104,24 +101,12 @@ fn both_on_vegas_agree() {
 /// A client core building one-hop circuits to a relay the test plays.
 struct FakeRelay {
     client: Core,
-    hop: HopSpec,
-    ntor: NtorSecretKey,
-    rng: StdRng,
+    relay: PlayedRelay,
     now: Instant,
 }
 
-const CHAN: ChannelId = ChannelId(1);
-
 impl FakeRelay {
     fn new(client_cc: CcKind) -> Self {
-        let mut rng = StdRng::seed_from_u64(5);
-        let identity = IdentityKeypair::generate(&mut rng).public();
-        let ntor = NtorSecretKey::generate(&mut rng);
-        let hop = HopSpec {
-            identity,
-            ntor_key: ntor.public(),
-            addr: SocketAddr::from(([127, 0, 0, 1], 9300)),
-        };
         let now = Instant::now();
         let mut client = Core::new(
             CoreConfig {
@@ -130,44 +115,34 @@ impl FakeRelay {
             },
             [9; 32],
         );
-        client.channel_opened(CHAN, Some(identity), true, now);
-        FakeRelay {
-            client,
-            hop,
-            ntor,
-            rng,
-            now,
-        }
+        let relay = PlayedRelay::facing(&mut client, ChannelId(1), 5, 9300, now);
+        FakeRelay { client, relay, now }
     }
 
     /// Launch a one-hop circuit and answer its CREATE2 with `exts` (raw; `None`: the honest
     /// answer). Returns the circuit, what the CREATE2 asked, and the client's events.
     fn build(&mut self, exts: Option<&[u8]>) -> (CircKey, Vec<CircExt>, Vec<Event>) {
-        let key = self.client.launch_circuit(vec![self.hop.clone()], self.now);
-        let cells = drain(&mut self.client, CHAN, self.now);
-        let create = cells
-            .iter()
-            .find(|c| c.command == CellCommand::CREATE2)
-            .unwrap_or_else(|| panic!("a CREATE2 expected: {cells:?}"));
-        let body = Create2::decode(&create.payload).unwrap();
+        let key = self
+            .client
+            .launch_circuit(vec![self.relay.hop.clone()], self.now);
+        let (id, body) = self.relay.take_create2(&mut self.client, self.now);
         assert_eq!(
             body.handshake_type, NTOR_V3_HTYPE,
             "the last hop uses ntor v3"
         );
         // What the client asked (the test reads it as the relay would).
+        let r = &mut self.relay;
         let opened = ntor_v3::server_open(
-            &mut self.rng,
-            self.hop.identity.as_bytes(),
-            &self.ntor,
+            &mut r.rng,
+            r.hop.identity.as_bytes(),
+            &r.ntor,
             &body.handshake,
             CIRCUIT_VERIFICATION,
         )
         .unwrap();
         let asked = CircExt::decode_list(&opened.message).unwrap();
-        let (reply, _) = answer_create2(&mut self.rng, &self.hop, &self.ntor, &body, exts);
-        let created = Created2 { handshake: reply }.encode().unwrap();
-        let cell = Cell::new(create.circ_id, CellCommand::CREATED2, &created).unwrap();
-        self.client.handle_cell(CHAN, cell, self.now);
+        self.relay
+            .answer(&mut self.client, id, &body, exts, self.now);
         let events = std::iter::from_fn(|| self.client.poll_event()).collect();
         (key, asked, events)
     }

@@ -74,6 +74,26 @@ impl Outcome {
     fn ratio(&self) -> f64 {
         self.gamer as f64 / self.single as f64
     }
+
+    /// What the bound `cap` promises: the two clients get the same share (within 20 %), and
+    /// little is in flight: M holds a few batches, E the cap and what one release brings.
+    fn assert_bounded(&self, cap: usize) {
+        assert!(
+            (0.8..=1.2).contains(&self.ratio()),
+            "share with the bound: x{:.2}",
+            self.ratio()
+        );
+        assert!(
+            self.middle_max <= 500,
+            "queued at M toward E: {}",
+            self.middle_max
+        );
+        assert!(
+            self.entry_max <= cap + 500,
+            "queued at E toward the gamer: {}",
+            self.entry_max
+        );
+    }
 }
 
 /// 50 download circuits for the gamer, one for the single client, `warmup` + `window` steps
@@ -195,27 +215,7 @@ fn a_fifty_circuit_client_gets_no_larger_share_and_parks_nothing_upstream() {
 
     let (sim, on) = gaming(CAP, CcKind::Fixed, warmup, window);
     assert_eq!(sim.killed(), 0);
-    assert!(
-        on.ratio() <= 1.2,
-        "share with the bound: x{:.2}",
-        on.ratio()
-    );
-    assert!(
-        on.ratio() >= 0.8,
-        "share with the bound: x{:.2}",
-        on.ratio()
-    );
-    // Bounded in flight: M holds a few batches, E the cap and what one release brings.
-    assert!(
-        on.middle_max <= 500,
-        "queued at M toward E: {}",
-        on.middle_max
-    );
-    assert!(
-        on.entry_max <= CAP + 500,
-        "queued at E toward the gamer: {}",
-        on.entry_max
-    );
+    on.assert_bounded(CAP);
     let full = 2 * CLIENT_RATE * on.steps * chive_cell::RELAY_DATA_LEN;
     assert!(
         (on.gamer + on.single) * 10 >= full * 9,
@@ -324,19 +324,5 @@ fn with_vegas_too() {
     assert!(off.ratio() > 3.0, "the gaming: x{:.2}", off.ratio());
     let (sim, on) = gaming(CAP, vegas, 5_000, 8_000);
     assert_eq!(sim.killed(), 0);
-    assert!(
-        (0.8..=1.2).contains(&on.ratio()),
-        "share with the bound: x{:.2}",
-        on.ratio()
-    );
-    assert!(
-        on.middle_max <= 500,
-        "queued at M toward E: {}",
-        on.middle_max
-    );
-    assert!(
-        on.entry_max <= CAP + 500,
-        "queued at E toward the gamer: {}",
-        on.entry_max
-    );
+    on.assert_bounded(CAP);
 }

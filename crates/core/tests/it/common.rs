@@ -367,6 +367,73 @@ pub fn answer_create2(
     opened.finish(&answer).unwrap()
 }
 
+/// A relay the test plays behind a real core (a client's first hop, or the hop after a real
+/// relay): its identity and onion key and the rng its handshakes use. The core sends it cells
+/// on one channel; the test reads them with [`drain`] and answers by hand.
+pub struct PlayedRelay {
+    pub hop: HopSpec,
+    pub ntor: NtorSecretKey,
+    pub rng: StdRng,
+    /// The client's channel to it.
+    pub chan: ChannelId,
+}
+
+impl PlayedRelay {
+    /// The played relay (keys from `seed`) at 127.0.0.1:`port`, with `core`'s channel `chan`
+    /// to it opened at `now` (`core` opened it and knows the relay's identity).
+    pub fn facing(
+        core: &mut Core,
+        chan: ChannelId,
+        seed: u64,
+        port: u16,
+        now: Instant,
+    ) -> PlayedRelay {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let identity = IdentityKeypair::generate(&mut rng).public();
+        let ntor = NtorSecretKey::generate(&mut rng);
+        let hop = HopSpec {
+            identity,
+            ntor_key: ntor.public(),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        };
+        core.channel_opened(chan, Some(identity), true, now);
+        PlayedRelay {
+            hop,
+            ntor,
+            rng,
+            chan,
+        }
+    }
+
+    /// The CREATE2 `core` sent the played relay (panics if none): its circuit id and body.
+    /// The other cells drained with it are dropped.
+    pub fn take_create2(&self, core: &mut Core, now: Instant) -> (CircId, Create2) {
+        let cells = drain(core, self.chan, now);
+        let create = cells
+            .iter()
+            .find(|c| c.command == CellCommand::CREATE2)
+            .unwrap_or_else(|| panic!("a CREATE2 expected: {cells:?}"));
+        (create.circ_id, Create2::decode(&create.payload).unwrap())
+    }
+
+    /// Answer CREATE2 `create` of circuit `id` with a CREATED2 (extensions `exts` as in
+    /// [`answer_create2`]) and hand it to `core`; returns the hop's key material.
+    pub fn answer(
+        &mut self,
+        core: &mut Core,
+        id: CircId,
+        create: &Create2,
+        exts: Option<&[u8]>,
+        now: Instant,
+    ) -> KeyMaterial {
+        let (reply, km) = answer_create2(&mut self.rng, &self.hop, &self.ntor, create, exts);
+        let created = Created2 { handshake: reply }.encode().unwrap();
+        let cell = Cell::new(id, CellCommand::CREATED2, &created).unwrap();
+        core.handle_cell(self.chan, cell, now);
+        km
+    }
+}
+
 /// A CREATE2 cell for circuit `id` with a fresh ntor onionskin for `relay`, and the client's
 /// handshake state.
 pub fn create2_cell(rng: &mut StdRng, relay: &Relay, id: CircId) -> (Cell, NtorClientState) {

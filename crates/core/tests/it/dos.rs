@@ -235,7 +235,13 @@ fn only_known_relays_are_exempt() {
 #[test]
 fn single_hop_rendezvous_is_dropped_when_refused() {
     use chive_cell::RelayCommand;
-    use common::Path;
+    use common::{Circ, Path};
+
+    /// `circ` asks its hop `hop` to be a rendezvous point (the cookie: 20 bytes `cookie`).
+    fn establish(p: &mut Path, circ: &mut Circ, hop: usize, cookie: u8) {
+        let cmd = RelayCommand::ESTABLISH_RENDEZVOUS;
+        p.send(circ, hop, cmd, 0, &[cookie; 20], false);
+    }
 
     let on = DosConfig {
         refuse_single_hop_rendezvous: true,
@@ -246,27 +252,13 @@ fn single_hop_rendezvous_is_dropped_when_refused() {
     p.x.core.set_dos_config(on);
     // One hop: client → R. R drops it, answers nothing, keeps the circuit.
     let mut one = p.create();
-    p.send(
-        &mut one,
-        0,
-        RelayCommand::ESTABLISH_RENDEZVOUS,
-        0,
-        &[7; 20],
-        false,
-    );
+    establish(&mut p, &mut one, 0, 7);
     assert!(p.read(&mut one).is_empty(), "a silent drop");
     assert_eq!(p.r.core.dos_stats().single_hop_refused, 1);
     assert_eq!(p.r.core.stats().circuits, 1, "the circuit is still up");
     // Two hops: X sees it from R, a relay: served.
     let mut two = p.create2();
-    p.send(
-        &mut two,
-        1,
-        RelayCommand::ESTABLISH_RENDEZVOUS,
-        0,
-        &[8; 20],
-        false,
-    );
+    establish(&mut p, &mut two, 1, 8);
     p.r_to_x();
     p.x_to_r();
     let got: Vec<_> = p.read(&mut two).into_iter().map(|m| m.cmd).collect();
@@ -275,14 +267,7 @@ fn single_hop_rendezvous_is_dropped_when_refused() {
     // Off: the single-hop one is served.
     let mut p = Path::new(CoreConfig::default());
     let mut one = p.create();
-    p.send(
-        &mut one,
-        0,
-        RelayCommand::ESTABLISH_RENDEZVOUS,
-        0,
-        &[7; 20],
-        false,
-    );
+    establish(&mut p, &mut one, 0, 7);
     let got: Vec<_> = p.read(&mut one).into_iter().map(|m| m.cmd).collect();
     assert_eq!(got, [RelayCommand::RENDEZVOUS_ESTABLISHED]);
     assert_eq!(p.r.core.dos_stats().single_hop_refused, 0);

@@ -3,29 +3,21 @@
 //! test can send the client what no honest exit or entry would. Each unexpected or malformed
 //! message closes its circuit (or, for a confirmation of a number never sent, the linked set).
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use chive_cell::{
-    parse_relay, relay_payload, Cell, CellCommand, ConfluxLink, Create2, Created2, RelayCommand,
+    parse_relay, relay_payload, Cell, CellCommand, ConfluxLink, Create2, RelayCommand,
     SwitchConfirm, PAYLOAD_LEN,
 };
-use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event, HopSpec};
-use chive_crypto::ntor::NtorSecretKey;
+use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event};
 use chive_crypto::relay::RelayHopCrypto;
-use chive_crypto::IdentityKeypair;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
-use crate::common::{answer_create2, drain};
+use crate::common::{drain, PlayedRelay};
 
-const CHAN: ChannelId = ChannelId(1);
-
+/// A client core in front of a one-hop relay the test plays.
 struct Fake {
     core: Core,
-    hop: HopSpec,
-    ntor: NtorSecretKey,
-    rng: StdRng,
+    relay: PlayedRelay,
     now: Instant,
     /// The relay side of each circuit: (client's circuit, its id, the hop's crypto).
     circs: Vec<(CircKey, u32, RelayHopCrypto)>,
@@ -33,22 +25,12 @@ struct Fake {
 
 impl Fake {
     fn new() -> Fake {
-        let mut rng = StdRng::seed_from_u64(5);
-        let identity = IdentityKeypair::generate(&mut rng).public();
-        let ntor = NtorSecretKey::generate(&mut rng);
-        let hop = HopSpec {
-            identity,
-            ntor_key: ntor.public(),
-            addr: SocketAddr::from(([127, 0, 0, 1], 9200)),
-        };
         let now = Instant::now();
         let mut core = Core::new(CoreConfig::default(), [7; 32]);
-        core.channel_opened(CHAN, Some(identity), true, now);
+        let relay = PlayedRelay::facing(&mut core, ChannelId(1), 5, 9200, now);
         Fake {
             core,
-            hop,
-            ntor,
-            rng,
+            relay,
             now,
             circs: Vec::new(),
         }
@@ -56,21 +38,11 @@ impl Fake {
 
     /// A one-hop circuit, built.
     fn build(&mut self) -> CircKey {
-        let key = self.core.launch_circuit(vec![self.hop.clone()], self.now);
-        let cells = drain(&mut self.core, CHAN, self.now);
-        let create = cells
-            .iter()
-            .find(|c| c.command == CellCommand::CREATE2)
-            .expect("a CREATE2");
-        let body = Create2::decode(&create.payload).unwrap();
-        let (reply, km) = answer_create2(&mut self.rng, &self.hop, &self.ntor, &body, None);
-        let created = Created2 { handshake: reply }.encode().unwrap();
-        let id = create.circ_id;
-        self.core.handle_cell(
-            CHAN,
-            Cell::new(id, CellCommand::CREATED2, &created).unwrap(),
-            self.now,
-        );
+        let key = self
+            .core
+            .launch_circuit(vec![self.relay.hop.clone()], self.now);
+        let (id, body) = self.relay.take_create2(&mut self.core, self.now);
+        let km = self.relay.answer(&mut self.core, id, &body, None, self.now);
         assert!(self.events().contains(&Event::CircuitBuilt { circ: key }));
         self.circs.push((key, id, RelayHopCrypto::new(&km)));
         key
@@ -86,7 +58,7 @@ impl Fake {
 
     /// The relay messages the client sent on `key` since the last call.
     fn read(&mut self, key: CircKey) -> Vec<(RelayCommand, Vec<u8>)> {
-        let cells = drain(&mut self.core, CHAN, self.now);
+        let cells = drain(&mut self.core, self.relay.chan, self.now);
         let (_, id, crypto) = self.hop(key);
         let id = *id;
         cells
@@ -108,7 +80,7 @@ impl Fake {
         crypto.originate_backward(&mut payload);
         let cell = Cell::from_payload(*id, CellCommand::RELAY, payload);
         let now = self.now;
-        self.core.handle_cell(CHAN, cell, now);
+        self.core.handle_cell(self.relay.chan, cell, now);
     }
 
     fn closed(&mut self, key: CircKey) -> bool {
@@ -248,20 +220,12 @@ fn congested_from_a_hop_other_than_the_entry_closes_the_circuit() {
     // is not the entry can send CONGESTED.
     let (c_to_r, r_from_c, r_to_f) = (ChannelId(1), ChannelId(1), ChannelId(2));
     let mut r = crate::common::relay(3, CoreConfig::default());
-    let mut rng = StdRng::seed_from_u64(6);
-    let f_id = IdentityKeypair::generate(&mut rng).public();
-    let f_ntor = NtorSecretKey::generate(&mut rng);
-    let f_hop = HopSpec {
-        identity: f_id,
-        ntor_key: f_ntor.public(),
-        addr: SocketAddr::from(([127, 0, 0, 1], 9201)),
-    };
     let now = Instant::now();
     let mut client = Core::new(CoreConfig::default(), [8; 32]);
     client.channel_opened(c_to_r, Some(r.hop.identity), true, now);
     r.core.channel_opened(r_from_c, None, false, now);
-    r.core.channel_opened(r_to_f, Some(f_id), true, now);
-    let circ = client.launch_circuit(vec![r.hop.clone(), f_hop.clone()], now);
+    let mut f = PlayedRelay::facing(&mut r.core, r_to_f, 6, 9201, now);
+    let circ = client.launch_circuit(vec![r.hop.clone(), f.hop.clone()], now);
     let mut f_side = None;
     for _ in 0..10 {
         for cell in drain(&mut client, c_to_r, now) {
@@ -273,10 +237,7 @@ fn congested_from_a_hop_other_than_the_entry_closes_the_circuit() {
         for cell in drain(&mut r.core, r_to_f, now) {
             if cell.command == CellCommand::CREATE2 {
                 let body = Create2::decode(&cell.payload).unwrap();
-                let (reply, km) = answer_create2(&mut rng, &f_hop, &f_ntor, &body, None);
-                let created = Created2 { handshake: reply }.encode().unwrap();
-                let c = Cell::new(cell.circ_id, CellCommand::CREATED2, &created).unwrap();
-                r.core.handle_cell(r_to_f, c, now);
+                let km = f.answer(&mut r.core, cell.circ_id, &body, None, now);
                 f_side = Some((cell.circ_id, RelayHopCrypto::new(&km)));
             }
         }

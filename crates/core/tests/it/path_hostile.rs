@@ -56,9 +56,32 @@ fn linked(p: &mut Path) -> (Circ, Circ) {
 /// Whether X closed `circ` (a DESTROY toward R for its id on R's side is enough: R then
 /// destroys toward the client).
 fn closed(p: &mut Path, circ: &Circ) -> bool {
+    destroyed_ids(p).contains(&circ.id)
+}
+
+/// Carry X's answers back: the ids of the circuits R was told to destroy toward the client.
+fn destroyed_ids(p: &mut Path) -> Vec<u32> {
     p.x_to_r();
-    let cells = p.cells_for_client();
-    destroys(&cells).iter().any(|(id, _)| *id == circ.id)
+    destroys(&p.cells_for_client())
+        .iter()
+        .map(|(id, _)| *id)
+        .collect()
+}
+
+/// Carry X's answers back: both legs `a` and `b` of a set were destroyed for `reason`.
+fn assert_set_destroyed(p: &mut Path, a: &Circ, b: &Circ, reason: DestroyReason) {
+    p.x_to_r();
+    let gone = destroys(&p.cells_for_client());
+    assert!(
+        gone.contains(&(a.id, reason)) && gone.contains(&(b.id, reason)),
+        "{gone:?}"
+    );
+}
+
+/// X's events so far dropped, circuit `other` (not in the closed set) still answers.
+fn assert_other_answers(p: &mut Path, other: &mut Circ) {
+    while p.x.core.poll_event().is_some() {}
+    assert!(p.x_answers(other, 1), "another circuit stopped answering");
 }
 
 /// X's stream writes, in order, from its events.
@@ -163,11 +186,7 @@ fn malformed_repeated_or_out_of_range_switches_close_the_set() {
             p.send(&mut b, 1, *cmd, 0, body, false);
         }
         p.r_to_x();
-        p.x_to_r();
-        let gone: Vec<u32> = destroys(&p.cells_for_client())
-            .iter()
-            .map(|(id, _)| *id)
-            .collect();
+        let gone = destroyed_ids(&mut p);
         assert!(
             gone.contains(&a.id) && gone.contains(&b.id),
             "case {i}: set not closed: {gone:?}"
@@ -200,11 +219,7 @@ fn a_data_cell_beyond_the_window_closes_the_set() {
     p.send(&mut b, 1, RelayCommand::DATA, 1, b"x", false);
     p.send(&mut b, 1, RelayCommand::DATA, 1, b"y", false);
     p.r_to_x();
-    p.x_to_r();
-    let gone: Vec<u32> = destroys(&p.cells_for_client())
-        .iter()
-        .map(|(id, _)| *id)
-        .collect();
+    let gone = destroyed_ids(&mut p);
     assert!(gone.contains(&a.id) && gone.contains(&b.id), "{gone:?}");
     assert_eq!(p.x.core.switch_stats().path_out_of_order, 1);
 }
@@ -262,21 +277,11 @@ fn a_client_that_ignores_withheld_sendmes_loses_its_set_only() {
     // One cell more than an honest client can cause.
     p.send(&mut b, 1, RelayCommand::DATA, 1, &[7; 400], false);
     p.r_to_x();
-    p.x_to_r();
-    let gone = destroys(&p.cells_for_client());
-    assert!(
-        gone.contains(&(a.id, DestroyReason::PROTOCOL))
-            && gone.contains(&(b.id, DestroyReason::PROTOCOL)),
-        "{gone:?}"
-    );
+    assert_set_destroyed(&mut p, &a, &b, DestroyReason::PROTOCOL);
     assert_eq!(p.x.core.switch_stats().violations, 1);
     // The buffer was given back.
     assert!(p.x.core.stats().mem_in_queues < 100 * CELL_MEM_COST);
-    while p.x.core.poll_event().is_some() {}
-    assert!(
-        p.x_answers(&mut other, 1),
-        "another circuit stopped answering"
-    );
+    assert_other_answers(&mut p, &mut other);
 }
 
 /// An honest client's view of the same stall: once the gap fills (seq 2 arrives on A), the
@@ -316,21 +321,11 @@ fn the_oom_handler_counts_and_frees_the_out_of_order_buffer() {
     assert!(held >= 300 * CELL_MEM_COST, "the buffer counts: {held}");
     let now = p.now;
     p.x.core.set_max_mem_in_queues(200 * CELL_MEM_COST, now);
-    p.x_to_r();
-    let gone = destroys(&p.cells_for_client());
-    assert!(
-        gone.contains(&(a.id, DestroyReason::RESOURCELIMIT))
-            && gone.contains(&(b.id, DestroyReason::RESOURCELIMIT)),
-        "{gone:?}"
-    );
+    assert_set_destroyed(&mut p, &a, &b, DestroyReason::RESOURCELIMIT);
     let st = p.x.core.stats();
     assert_eq!(st.oom_circuits_killed, 2, "both legs");
     assert!(st.mem_in_queues < 200 * CELL_MEM_COST, "{st:?}");
-    while p.x.core.poll_event().is_some() {}
-    assert!(
-        p.x_answers(&mut other, 1),
-        "another circuit stopped answering"
-    );
+    assert_other_answers(&mut p, &mut other);
 }
 
 #[test]

@@ -42,6 +42,11 @@ trait PathSwitching {
     );
     fn assert_exact(&self, streams: &[(StreamHandle, Vec<u8>)]);
     fn congest_e1(&mut self) -> Option<CircKey>;
+    fn congested_upload(
+        &mut self,
+        streams: &[(StreamHandle, Vec<u8>)],
+        congest_at: usize,
+    ) -> Option<CircKey>;
     fn switched_upload(
         &mut self,
         streams: &[(StreamHandle, Vec<u8>)],
@@ -140,8 +145,27 @@ impl PathSwitching for Net {
         self.nodes[E1].congested(c, 0.0, now)
     }
 
-    /// Upload `streams`, E1 congested at step `congest_at`; every byte arrives once, in order,
-    /// no circuit was killed, and the upload ended on the spare `b` of home circuit `a`.
+    /// Upload `streams`, E1 reporting congestion at step `congest_at`, and let the network
+    /// settle: every byte arrives once, in order. Returns the circuit E1 told its client of
+    /// (`None`: none, or the upload ended before `congest_at`).
+    fn congested_upload(
+        &mut self,
+        streams: &[(StreamHandle, Vec<u8>)],
+        congest_at: usize,
+    ) -> Option<CircKey> {
+        let mut told = None;
+        self.transfer(streams, 300_000, |i, net| {
+            if i == congest_at {
+                told = net.congest_e1();
+            }
+        });
+        self.run(20_000);
+        self.assert_exact(streams);
+        told
+    }
+
+    /// [`PathSwitching::congested_upload`], and E1 told the client, no circuit was killed,
+    /// and the upload ended on the spare `b` of home circuit `a`.
     fn switched_upload(
         &mut self,
         streams: &[(StreamHandle, Vec<u8>)],
@@ -149,13 +173,8 @@ impl PathSwitching for Net {
         a: CircKey,
         b: CircKey,
     ) {
-        self.transfer(streams, 300_000, |i, net| {
-            if i == congest_at {
-                assert!(net.congest_e1().is_some(), "E1 told no client");
-            }
-        });
-        self.run(20_000);
-        self.assert_exact(streams);
+        let told = self.congested_upload(streams, congest_at);
+        assert!(told.is_some(), "E1 told no client");
         assert_eq!(self.killed(), 0);
         assert_eq!(self.nodes[CLIENT].path_current_leg(a), Some(b));
     }
@@ -339,14 +358,8 @@ fn the_client_does_not_move_onto_a_heavier_leg() {
         },
     ));
     let (a, b, s) = net.linked();
-    let streams = vec![(s, pattern(3_000_000, 4))];
-    net.transfer(&streams, 300_000, |i, net| {
-        if i == 40 {
-            assert!(net.congest_e1().is_some());
-        }
-    });
-    net.run(20_000);
-    net.assert_exact(&streams);
+    let told = net.congested_upload(&[(s, pattern(3_000_000, 4))], 40);
+    assert!(told.is_some());
     assert_eq!(net.killed(), 0);
     assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(a));
     assert_ne!(a, b);
@@ -438,14 +451,7 @@ fn no_confirmation_falls_back_to_the_old_leg_and_resends() {
     let (a, b, s) = net.linked();
     // B's way back is cut: the exit sees the switch, its SWITCH_CONFIRM never arrives.
     net.blackhole(M2, E2);
-    let streams = vec![(s, pattern(1_500_000, 7))];
-    net.transfer(&streams, 300_000, |i, net| {
-        if i == 300 {
-            net.congest_e1();
-        }
-    });
-    net.run(20_000);
-    net.assert_exact(&streams);
+    net.congested_upload(&[(s, pattern(1_500_000, 7))], 300);
     let c = net.nodes[CLIENT].switch_stats();
     let x = net.nodes[X].switch_stats();
     assert_eq!((c.switches, c.timed_out), (0, 1), "{c:?}");
@@ -477,14 +483,7 @@ fn a_dead_spare_loses_nothing() {
     // Nothing gets through B at all any more.
     net.blackhole(E2, M2);
     net.blackhole(M2, E2);
-    let streams = vec![(s, pattern(1_500_000, 9))];
-    net.transfer(&streams, 300_000, |i, net| {
-        if i == 300 {
-            net.congest_e1();
-        }
-    });
-    net.run(20_000);
-    net.assert_exact(&streams);
+    net.congested_upload(&[(s, pattern(1_500_000, 9))], 300);
     let c = net.nodes[CLIENT].switch_stats();
     assert_eq!((c.switches, c.timed_out, c.cells_lost), (0, 1, 0), "{c:?}");
     assert_eq!(net.nodes[X].switch_stats().path_duplicates, 0);
@@ -553,14 +552,7 @@ fn congestion_without_a_spare_is_ignored() {
         .open_stream(a, "127.0.0.1", 80, net.now)
         .unwrap();
     net.run(5000);
-    let streams = vec![(s, pattern(200_000, 17))];
-    net.transfer(&streams, 300_000, |i, net| {
-        if i == 200 {
-            net.congest_e1();
-        }
-    });
-    net.run(20_000);
-    net.assert_exact(&streams);
+    net.congested_upload(&[(s, pattern(200_000, 17))], 200);
     let c = net.nodes[CLIENT].switch_stats();
     assert_eq!((c.congested_received, c.triggered, c.switches), (1, 0, 0));
     assert_eq!(net.killed(), 0);

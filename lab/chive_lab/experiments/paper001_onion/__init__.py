@@ -243,10 +243,7 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     returns run.json's dict."""
     say = progress or (lambda _m: None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    link = netns.LinkSpec(p.rate, delay_ms=p.delay_ms, queue_packets=p.queue_packets, queue_at=p.queue_at,
-                          switch_port_packets=p.switch_port_packets)
-    tb = netns.Testbed([netns.HostSpec(h, link, cc=p.cc) for h in HOSTS], chive_bin=chive_bin,
-                       progress=say, widen_allowed_cc=True)
+    tb = bulk.testbed(p, HOSTS, delay_ms=p.delay_ms, chive_bin=chive_bin, progress=say)
     tor = v.impl == "tor"
     end = warmup_s + measure_s
     info: dict[str, Any] = {"variant": variant, "rep": rep, "impl": v.impl, "params": p.__dict__,
