@@ -31,6 +31,7 @@ mod tasks;
 #[cfg(test)]
 mod tests;
 mod tunables;
+mod watchdog;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
