@@ -1,7 +1,7 @@
 //! Channels (links to neighbours): opening and closing them, choosing the one channel new
 //! circuits to a peer go on, circuits waiting for a channel, circuit ids, DESTROY cells.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
