@@ -1,7 +1,7 @@
 //! Channels (links to neighbours): opening and closing them, choosing the one channel new
 //! circuits to a peer go on, circuits waiting for a channel, circuit ids, DESTROY cells.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
@@ -12,6 +12,7 @@ use rand::Rng;
 use crate::sched::CircuitScheduler;
 use crate::{ChannelId, CircKey};
 
+use super::circ_ids::CircIds;
 use super::event::{CloseCause, Event};
 use super::Core;
 
@@ -19,7 +20,7 @@ pub(super) struct Channel {
     pub(super) peer: Option<IdentityKey>,
     /// Whether this node opened the channel (decides the circuit id high bit).
     pub(super) initiator: bool,
-    pub(super) circ_ids: HashMap<CircId, CircKey>,
+    pub(super) circ_ids: CircIds,
     pub(super) sched: Box<dyn CircuitScheduler>,
     /// DESTROY cells: they bypass circuit queues because their circuit is gone.
     pub(super) urgent: VecDeque<Cell>,
@@ -60,7 +61,7 @@ impl Core {
         Channel {
             peer,
             initiator,
-            circ_ids: HashMap::new(),
+            circ_ids: CircIds::default(),
             sched: self.cfg.scheduler.build(),
             urgent: VecDeque::new(),
             buffered: 0,

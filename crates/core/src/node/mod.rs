@@ -43,6 +43,7 @@ use crate::{ChannelId, CircKey, StreamHandle};
 mod build;
 mod cc_negotiate;
 mod channel;
+mod circ_ids;
 mod circuit;
 mod client;
 mod client_hold;
@@ -316,7 +317,7 @@ impl Core {
     }
 
     fn lookup(&self, chan: ChannelId, circ_id: CircId) -> Option<CircKey> {
-        self.channels.get(&chan)?.circ_ids.get(&circ_id).copied()
+        self.channels.get(&chan)?.circ_ids.lookup(circ_id)
     }
 
     fn alloc_key(&mut self) -> CircKey {

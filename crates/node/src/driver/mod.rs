@@ -31,6 +31,7 @@ mod tasks;
 #[cfg(test)]
 mod tests;
 mod tunables;
+mod watchdog;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -824,6 +825,7 @@ impl Driver {
 
     /// Hand the batches the send path decided to their connections' writers, in order.
     fn drain_transmits(&mut self, now: Instant) {
+        let paced = self.send.config().paced;
         while let Some(Transmit {
             chan,
             conn,
@@ -852,11 +854,14 @@ impl Driver {
                 c.h.quiet.queued.fetch_add(1, Ordering::Relaxed);
                 c.h.quiet.wake.notify_one();
             }
+            // Only a paced writer measures its wake-up from `sent_at` (`Input::Paid`); an
+            // unpaced one is handed the wake-up's time instead of a clock read per batch.
+            let sent_at = if paced { Instant::now() } else { now };
             let msg = WriteMsg::Cells {
                 bytes,
                 cells,
                 class,
-                sent_at: Instant::now(),
+                sent_at,
             };
             if c.h.writer.send(msg).is_err() {
                 // The writer is gone; its LinkDown is on the way.

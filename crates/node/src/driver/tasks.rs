@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
 
+use super::watchdog::{bounded, LazyTimer};
 use super::{Input, LinkUp};
 
 /// Most cells a link reader hands the driver in one input (one 64 KiB read holds about 127).
@@ -257,17 +258,19 @@ pub(super) fn spawn_conn(
         // travel as their wire bytes and are decoded where the driver hands them to the core.
         // Empty between reads (no memory held by an idle link); `read_cell_bytes` sizes it.
         let mut bytes = Vec::new();
+        let mut idle = LazyTimer::new(liveness.idle_timeout);
         let why = loop {
             // Paused while the driver holds this connection's cells back (split channels).
             if hold_rx.wait_for(|held| !*held).await.is_err() {
                 return;
             }
-            let read = liveness
-                .bounded(
-                    "cell from it",
-                    reader.read_cell_bytes(&mut bytes, READ_BATCH),
-                )
-                .await;
+            let read = bounded(
+                &mut idle,
+                liveness.idle_timeout,
+                "cell from it",
+                reader.read_cell_bytes(&mut bytes, READ_BATCH),
+            )
+            .await;
             match read {
                 Ok(0) => break "closed by peer".to_string(),
                 Ok(n) => {
@@ -296,29 +299,42 @@ pub(super) fn spawn_conn(
         let _ = rtx.send(Input::LinkDown { chan: id, why }).await;
     });
     tokio::spawn(async move {
+        let mut idle = LazyTimer::new(liveness.idle_timeout);
+        let mut keep = LazyTimer::new(liveness.keepalive);
         loop {
             // A batch sent after this waited for the writer's wake-up (the driver's reaction
-            // latency includes it); one sent before was ready at once.
-            let waiting_since = Instant::now();
+            // latency includes it); one sent before was ready at once. Only a paced writer
+            // reports it (one clock read per batch less on an unpaced link).
+            let waiting_since = writer.is_paced().then(Instant::now);
+            // `None`: nothing to write for a keepalive period.
             let msg = match liveness.keepalive {
-                Some(k) => match tokio::time::timeout(k, wrx.recv()).await {
-                    Ok(msg) => msg,
-                    Err(_) => {
-                        // Nothing to write for a while: tell the peer we are alive. Not paid
-                        // for (514 bytes per keepalive period) and not counted as a batch.
-                        let padding = Cell::new(0, CellCommand::PADDING, &[])
-                            .expect("PADDING is a fixed-size command");
-                        let sent = liveness
-                            .bounded("write progress", writer.write_cells(&[padding]))
-                            .await;
-                        if let Err(why) = sent {
-                            let _ = tx.send(Input::LinkDown { chan: id, why }).await;
-                            return;
-                        }
-                        continue;
+                Some(k) => {
+                    let due = tokio::time::Instant::now() + k;
+                    tokio::select! {
+                        biased;
+                        msg = wrx.recv() => Some(msg),
+                        () = keep.until(due) => None,
                     }
-                },
-                None => wrx.recv().await,
+                }
+                None => Some(wrx.recv().await),
+            };
+            let Some(msg) = msg else {
+                // Tell the peer we are alive. Not paid for (514 bytes per keepalive period)
+                // and not counted as a batch.
+                let padding = Cell::new(0, CellCommand::PADDING, &[])
+                    .expect("PADDING is a fixed-size command");
+                let sent = bounded(
+                    &mut idle,
+                    liveness.idle_timeout,
+                    "write progress",
+                    writer.write_cells(&[padding]),
+                )
+                .await;
+                if let Err(why) = sent {
+                    let _ = tx.send(Input::LinkDown { chan: id, why }).await;
+                    return;
+                }
+                continue;
             };
             let Some(msg) = msg else {
                 break;
@@ -330,8 +346,8 @@ pub(super) fn spawn_conn(
                     class,
                     sent_at,
                 } if writer.is_paced() => {
-                    let wake_lag =
-                        Instant::now().saturating_duration_since(sent_at.max(waiting_since));
+                    let since = waiting_since.map_or(sent_at, |w| sent_at.max(w));
+                    let wake_lag = Instant::now().saturating_duration_since(since);
                     let quiet = matches!(class, BatchClass::Quiet { .. });
                     // Pay first and say so: from here on the batch waits only for the socket.
                     // A batch ahead of a quiet one may use the reserve too, or the quiet one
@@ -356,7 +372,10 @@ pub(super) fn spawn_conn(
                         return;
                     }
                     let w = writer.write_paid_wire(&bytes);
-                    (liveness.bounded("write progress", w).await, Some(cells))
+                    (
+                        bounded(&mut idle, liveness.idle_timeout, "write progress", w).await,
+                        Some(cells),
+                    )
                 }
                 WriteMsg::Cells {
                     bytes,
@@ -369,11 +388,17 @@ pub(super) fn spawn_conn(
                         signal.queued.fetch_sub(1, Ordering::Relaxed);
                     }
                     let w = writer.write_wire(&bytes);
-                    (liveness.bounded("write progress", w).await, Some(cells))
+                    (
+                        bounded(&mut idle, liveness.idle_timeout, "write progress", w).await,
+                        Some(cells),
+                    )
                 }
                 WriteMsg::Var(cell) => {
                     let w = writer.write_var_cell(&cell);
-                    (liveness.bounded("write progress", w).await, None)
+                    (
+                        bounded(&mut idle, liveness.idle_timeout, "write progress", w).await,
+                        None,
+                    )
                 }
             };
             if let Err(e) = result {
