@@ -199,4 +199,6 @@ pub enum LinkError {
 }
 
 #[cfg(test)]
+mod test_proxy;
+#[cfg(test)]
 mod tests;

@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
+use crate::test_proxy::{tampering_proxy, Towards};
 
 fn with_layer(cfg: &LinkConfig, layer: RecordLayer) -> LinkConfig {
     LinkConfig {
@@ -100,38 +101,6 @@ async fn own_record_layer_keeps_cells_sent_with_the_handshake() {
     }
 }
 
-/// Forwards a TCP connection both ways; once `flip` is set, XORs one byte in the middle of
-/// the next client → relay chunk.
-async fn tampering_proxy(to: SocketAddr, flip: Arc<AtomicBool>) -> SocketAddr {
-    let l = tokio::net::TcpListener::bind(loopback()).await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (a, _) = l.accept().await.unwrap();
-        let b = TcpStream::connect(to).await.unwrap();
-        let (mut ar, mut aw) = a.into_split();
-        let (mut br, mut bw) = b.into_split();
-        tokio::spawn(async move {
-            let _ = tokio::io::copy(&mut br, &mut aw).await;
-            let _ = aw.shutdown().await;
-        });
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match ar.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if n > 40 && flip.swap(false, Ordering::SeqCst) {
-                buf[n / 2] ^= 0x04;
-            }
-            if bw.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-        let _ = bw.shutdown().await;
-    });
-    addr
-}
-
 #[tokio::test]
 async fn a_tampered_record_closes_its_link_only() {
     let (addr, r_id, mut rx) = relay_on(RecordLayer::Own).await;
@@ -141,7 +110,7 @@ async fn a_tampered_record_closes_its_link_only() {
     let good_r = next(&mut rx).await.unwrap();
     // A link through a proxy that flips a bit once asked to.
     let flip = Arc::new(AtomicBool::new(false));
-    let proxy = tampering_proxy(addr, flip.clone()).await;
+    let proxy = tampering_proxy(addr, flip.clone(), Towards::Server, 40, 0x04).await;
     let bad_c = connect(proxy, Some(r_id), &client).await.unwrap();
     let bad_r = next(&mut rx).await.unwrap();
     let (_bc_r, mut bc_w) = bad_c.split(LinkLimits::default());

@@ -10,6 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::*;
+use crate::test_proxy::{tampering_proxy, Towards};
 use crate::tls;
 
 fn data(len: usize, seed: u8) -> Vec<u8> {
@@ -222,43 +223,18 @@ async fn receive_buffer_holds_at_most_a_record_start_between_large_reads() {
     server.await.unwrap();
 }
 
-/// Forwards bytes both ways; once `flip` is set, XORs one byte of the next server → client
-/// chunk and clears it.
-async fn tampering_proxy(to: std::net::SocketAddr, flip: Arc<AtomicBool>) -> std::net::SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (a, _) = l.accept().await.unwrap();
-        let b = TcpStream::connect(to).await.unwrap();
-        let (mut ar, mut aw) = a.into_split();
-        let (mut br, mut bw) = b.into_split();
-        tokio::spawn(async move {
-            let _ = tokio::io::copy(&mut ar, &mut bw).await;
-            let _ = bw.shutdown().await;
-        });
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match br.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if flip.swap(false, Ordering::SeqCst) {
-                buf[n / 2] ^= 0x10;
-            }
-            if aw.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-        let _ = aw.shutdown().await;
-    });
-    addr
-}
-
 #[tokio::test]
 async fn a_byte_flipped_on_the_wire_fails_the_stream_and_tells_the_peer() {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let flip = Arc::new(AtomicBool::new(false));
-    let proxy = tampering_proxy(l.local_addr().unwrap(), flip.clone()).await;
+    let proxy = tampering_proxy(
+        l.local_addr().unwrap(),
+        flip.clone(),
+        Towards::Client,
+        0,
+        0x10,
+    )
+    .await;
     let acceptor = TlsAcceptor::from(tls::server_config().unwrap());
     let flip2 = flip.clone();
     let server = tokio::spawn(async move {
