@@ -669,8 +669,23 @@ pub fn render(snap: &Snapshot) -> String {
         ),
         (
             "chive_switch_congested_ignored_total",
-            "Path variant, client: CONGESTED not acted on (the other leg was congested lately).",
+            "Path variant, client: CONGESTED not acted on (the other leg congested lately, or heavier).",
             sw.congested_ignored,
+        ),
+        (
+            "chive_switch_leg_probes_total",
+            "Path variant, client: LEG_PROBEs sent on the other leg before acting on CONGESTED.",
+            sw.leg_probes,
+        ),
+        (
+            "chive_switch_leg_probes_late_total",
+            "Path variant, client: probes not answered within 1.1 x the current leg's round trip (stayed).",
+            sw.leg_probes_late,
+        ),
+        (
+            "chive_switch_leg_probes_answered_total",
+            "Path variant, exit: LEG_PROBEs answered.",
+            sw.leg_probes_answered,
         ),
         (
             "chive_switch_path_out_of_order_total",

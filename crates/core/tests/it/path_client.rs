@@ -21,18 +21,18 @@ use crate::common::{answer_create2, drain};
 
 const CHAN: ChannelId = ChannelId(1);
 
-struct Fake {
-    core: Core,
+pub(crate) struct Fake {
+    pub(crate) core: Core,
     hop: HopSpec,
     ntor: NtorSecretKey,
     rng: StdRng,
-    now: Instant,
+    pub(crate) now: Instant,
     /// The relay side of each circuit: (client's circuit, its id, the hop's crypto).
     circs: Vec<(CircKey, u32, RelayHopCrypto)>,
 }
 
 impl Fake {
-    fn new() -> Fake {
+    pub(crate) fn new() -> Fake {
         let mut rng = StdRng::seed_from_u64(5);
         let identity = IdentityKeypair::generate(&mut rng).public();
         let ntor = NtorSecretKey::generate(&mut rng);
@@ -55,7 +55,7 @@ impl Fake {
     }
 
     /// A one-hop circuit, built.
-    fn build(&mut self) -> CircKey {
+    pub(crate) fn build(&mut self) -> CircKey {
         let key = self.core.launch_circuit(vec![self.hop.clone()], self.now);
         let cells = drain(&mut self.core, CHAN, self.now);
         let create = cells
@@ -76,7 +76,7 @@ impl Fake {
         key
     }
 
-    fn events(&mut self) -> Vec<Event> {
+    pub(crate) fn events(&mut self) -> Vec<Event> {
         std::iter::from_fn(|| self.core.poll_event()).collect()
     }
 
@@ -85,7 +85,7 @@ impl Fake {
     }
 
     /// The relay messages the client sent on `key` since the last call.
-    fn read(&mut self, key: CircKey) -> Vec<(RelayCommand, Vec<u8>)> {
+    pub(crate) fn read(&mut self, key: CircKey) -> Vec<(RelayCommand, Vec<u8>)> {
         let cells = drain(&mut self.core, CHAN, self.now);
         let (_, id, crypto) = self.hop(key);
         let id = *id;
@@ -102,7 +102,7 @@ impl Fake {
     }
 
     /// The fake relay sends `cmd` to the client on `key`.
-    fn send(&mut self, key: CircKey, cmd: RelayCommand, body: &[u8]) {
+    pub(crate) fn send(&mut self, key: CircKey, cmd: RelayCommand, body: &[u8]) {
         let mut payload = relay_payload(cmd, 0, body).unwrap();
         let (_, id, crypto) = self.hop(key);
         crypto.originate_backward(&mut payload);
@@ -111,14 +111,14 @@ impl Fake {
         self.core.handle_cell(CHAN, cell, now);
     }
 
-    fn closed(&mut self, key: CircKey) -> bool {
+    pub(crate) fn closed(&mut self, key: CircKey) -> bool {
         self.events()
             .iter()
             .any(|e| matches!(e, Event::CircuitClosed { circ, .. } if *circ == key))
     }
 
     /// Home and spare, both linked (LINKED echoed by the fake exit).
-    fn linked(&mut self) -> (CircKey, CircKey, Vec<u8>) {
+    pub(crate) fn linked(&mut self) -> (CircKey, CircKey, Vec<u8>) {
         let home = self.build();
         self.core.path_link(home, self.now).unwrap();
         let msgs = self.read(home);
@@ -230,6 +230,10 @@ fn congested_moves_the_next_cell_to_the_spare_with_a_switch() {
     let s = f.core.open_stream(home, "127.0.0.1", 80, f.now).unwrap();
     assert_eq!(f.read(home)[0].0, RelayCommand::BEGIN);
     f.send(home, RelayCommand::CONGESTED, &[0]);
+    // The spare is probed first; its answer (at once) moves the upload.
+    let probe = f.read(spare);
+    assert_eq!(probe[0].0, RelayCommand::LEG_PROBE);
+    f.send(spare, RelayCommand::LEG_PROBE, &probe[0].1);
     assert_eq!(f.core.path_current_leg(home), Some(spare));
     // The stream's END (the next multiplexed cell) goes on the spare behind a SWITCH that
     // jumps the spare's counter past the BEGIN.
