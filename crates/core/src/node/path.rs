@@ -420,7 +420,8 @@ impl Core {
     /// Client: a round trip measured on `key` (a circuit SENDME, LINK → LINKED, SWITCH →
     /// SWITCH_CONFIRM). If `key` is a leg of a set, the set's confirmation timeout follows:
     /// `max(SwitchTimeoutMsec, factor × estimate)`, for the switch waiting now too.
-    pub(super) fn path_rtt_sample(&mut self, key: CircKey, rtt: std::time::Duration) {
+    /// `loaded`: measured while the leg carried data (not a LINK → LINKED).
+    pub(super) fn path_rtt_sample(&mut self, key: CircKey, rtt: std::time::Duration, loaded: bool) {
         let Some(home) = self.path_home_of(key) else {
             return;
         };
@@ -428,7 +429,11 @@ impl Core {
         let Some(set) = self.path.client.get_mut(&home) else {
             return;
         };
-        set.rtt.sample(key, rtt);
+        if loaded {
+            set.rtt.sample(key, rtt);
+        } else {
+            set.rtt.link_sample(key, rtt);
+        }
         let timeout = confirm_timeout(
             settings.timeout,
             settings.timeout_rtt_factor,
@@ -495,7 +500,7 @@ impl Core {
             .position(|(c, _)| *c == key)
             .map(|i| set.link_sent.swap_remove(i).1);
         if let Some(sent) = sent {
-            self.path_rtt_sample(key, now.saturating_duration_since(sent));
+            self.path_rtt_sample(key, now.saturating_duration_since(sent), false);
         }
         let Some(set) = home.and_then(|h| self.path.client.get_mut(&h)) else {
             return;
@@ -558,7 +563,7 @@ impl Core {
                 });
                 debug!(?home, leg = ?key, ?wait, ?timeout, "path switch confirmed");
                 if let Some(wait) = wait {
-                    self.path_rtt_sample(key, wait);
+                    self.path_rtt_sample(key, wait, true);
                 }
                 if let Some(set) = self.path.client.get_mut(&home) {
                     set.control = key;

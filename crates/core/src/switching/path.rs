@@ -137,11 +137,23 @@ pub const PROBE_MIN_WAIT: Duration = Duration::from_millis(20);
 pub struct SetRtt {
     /// (leg, smoothed, latest).
     legs: Vec<(CircKey, Duration, Duration)>,
+    /// Legs measured by more than their LINK: a circuit SENDME, a switch's confirmation or a
+    /// probe (a LINK → LINKED round trip is the idle network's).
+    loaded: Vec<CircKey>,
 }
 
 impl SetRtt {
-    /// A round trip measured on `leg`.
+    /// A round trip measured on `leg` while it carried data (a circuit SENDME, SWITCH →
+    /// SWITCH_CONFIRM).
     pub fn sample(&mut self, leg: CircKey, rtt: Duration) {
+        self.link_sample(leg, rtt);
+        if !self.loaded.contains(&leg) && self.loaded.len() < MAX_LEGS * 2 {
+            self.loaded.push(leg);
+        }
+    }
+
+    /// A LINK → LINKED round trip on `leg` (the network idle for this leg).
+    pub fn link_sample(&mut self, leg: CircKey, rtt: Duration) {
         if let Some(e) = self.legs.iter_mut().find(|(c, _, _)| *c == leg) {
             e.1 = (e.1 * 7 + rtt) / 8;
             e.2 = rtt;
@@ -154,11 +166,10 @@ impl SetRtt {
     /// estimate (smoothed and latest), since the samples from when the leg last carried data,
     /// or from its LINK, describe another load.
     pub fn probed(&mut self, leg: CircKey, rtt: Duration) {
+        self.sample(leg, rtt);
         if let Some(e) = self.legs.iter_mut().find(|(c, _, _)| *c == leg) {
             e.1 = rtt;
             e.2 = rtt;
-        } else if self.legs.len() < MAX_LEGS * 2 {
-            self.legs.push((leg, rtt, rtt));
         }
     }
 
@@ -175,6 +186,7 @@ impl SetRtt {
     /// `leg` is gone: forget it.
     pub fn leg_closed(&mut self, leg: CircKey) {
         self.legs.retain(|(c, _, _)| *c != leg);
+        self.loaded.retain(|c| *c != leg);
     }
 
     /// The smoothed round trip of `leg`.
@@ -198,8 +210,14 @@ impl SetRtt {
 
     /// How long a probe on the other leg may take and still show it lighter than `from`:
     /// 1.1 × `from`'s [`SetRtt::now`], at least [`PROBE_MIN_WAIT`] and at most
-    /// [`MAX_RTT_CONFIRM_TIMEOUT`]. None while `from` is unmeasured (nothing to compare with).
+    /// [`MAX_RTT_CONFIRM_TIMEOUT`]. None while `from` has no measurement but its LINK's: that
+    /// is the idle network's round trip, while the congestion report says `from` is loaded
+    /// now (in the lab the first reports came before any SENDME, and a probe compared with
+    /// the LINK's 30 ms never answered in time).
     pub fn probe_wait(&self, from: CircKey) -> Option<Duration> {
+        if !self.loaded.contains(&from) {
+            return None;
+        }
         let f = self.now(from)?;
         Some(
             f.mul_f64(1.1)

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use chive_cell::{ConfluxLink, LegProbe, RelayCommand};
+use chive_cell::{ConfluxLink, LegProbe, RelayCommand, SwitchConfirm};
 use chive_core::cc::CcKind;
 use chive_core::{CircKey, SwitchMode, SwitchSettings};
 
@@ -17,103 +17,142 @@ use crate::path_client::Fake;
 use crate::path_switching::{path_net, PathSwitching, CLIENT, E1, E2, M1, M2, X};
 use crate::sim::pattern;
 
-/// A linked pair at the fake exit (home's LINK took 50 ms, the spare's none) and CONGESTED on
-/// the home: returns home, spare and the probe's body sent on the spare.
-fn congested_home(f: &mut Fake) -> (CircKey, CircKey, Vec<u8>) {
+/// A linked pair at the fake exit, the upload moved to the spare and back congested there:
+/// the home measured only at its LINK (50 ms, stale), the spare while carrying data (its switch
+/// confirmed after 60 ms; smoothed with its LINK's 0 ms: 7.5 ms, latest 60 ms). By the
+/// estimates the home is heavier. Returns home, spare and, if `probes`, the probe's body sent
+/// on the home.
+fn congested_spare(f: &mut Fake, probes: bool) -> (CircKey, CircKey, Option<Vec<u8>>) {
     let (home, spare, _) = f.linked();
+    let settings = f.core.switching();
+    f.core.set_switching(SwitchSettings {
+        leg_avoid: Duration::from_millis(1),
+        probe_legs: probes,
+        ..settings
+    });
+    let s = f.core.open_stream(home, "127.0.0.1", 80, f.now).unwrap();
+    assert_eq!(f.read(home)[0].0, RelayCommand::BEGIN);
+    // The home was measured only at its LINK: no probe, the estimates move the upload.
     f.send(home, RelayCommand::CONGESTED, &[0]);
+    assert_eq!(f.core.path_current_leg(home), Some(spare));
+    f.core.stream_error(s, f.now);
     let got = f.read(spare);
-    assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(got[0].0, RelayCommand::LEG_PROBE);
-    assert_eq!(LegProbe::decode(&got[0].1).unwrap().id, 1);
-    // Nothing moves before the answer.
-    assert_eq!(f.core.path_current_leg(home), Some(home));
-    (home, spare, got[0].1.clone())
+    assert_eq!(got[0].0, RelayCommand::CONFLUX_SWITCH, "{got:?}");
+    f.now += Duration::from_millis(60);
+    f.send(
+        spare,
+        RelayCommand::SWITCH_CONFIRM,
+        &SwitchConfirm { seq: 1 }.encode(),
+    );
+    assert_eq!(f.core.switch_stats().switches, 1);
+    f.read(spare);
+    assert_eq!(f.core.switch_stats().leg_probes, 0);
+    f.now += Duration::from_millis(10);
+    f.send(spare, RelayCommand::CONGESTED, &[0]);
+    let got = f.read(home);
+    let probe = if probes {
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].0, RelayCommand::LEG_PROBE);
+        assert_eq!(LegProbe::decode(&got[0].1).unwrap().id, 1);
+        // Nothing moves before the answer.
+        assert_eq!(f.core.path_current_leg(home), Some(spare));
+        Some(got[0].1.clone())
+    } else {
+        assert!(got.is_empty(), "{got:?}");
+        None
+    };
+    (home, spare, probe)
 }
 
-/// The spare measured 0 ms at its LINK, the home 50 ms: by the estimates the spare is lighter.
-/// An answer within 1.1 × 50 ms moves the upload when it arrives; one after that keeps it on
-/// the home (the probe overrules the stale estimate). Without probes the report moves at once.
+/// The stale estimates say the home is heavier (50 ms against the spare's 7.5 ms smoothed):
+/// without probes the client stays on the congested spare. With a probe, an answer within
+/// 1.1 × the spare's 60 ms moves the upload back when it arrives; one after that keeps it.
 #[test]
 fn the_probe_answer_decides() {
     for (after_ms, moves) in [(30, true), (80, false)] {
         let mut f = Fake::new();
-        let (home, spare, probe) = congested_home(&mut f);
+        let (home, spare, probe) = congested_spare(&mut f, true);
         f.now += Duration::from_millis(after_ms);
-        f.send(spare, RelayCommand::LEG_PROBE, &probe);
-        let expect = if moves { spare } else { home };
+        f.send(home, RelayCommand::LEG_PROBE, &probe.unwrap());
+        let expect = if moves { home } else { spare };
         assert_eq!(f.core.path_current_leg(home), Some(expect), "{after_ms} ms");
         let c = f.core.switch_stats();
         assert_eq!(
-            (c.leg_probes, c.leg_probes_late, c.congested_ignored),
-            (1, 0, u64::from(!moves)),
+            (
+                c.leg_probes,
+                c.leg_probes_late,
+                c.congested_ignored,
+                c.triggered
+            ),
+            (1, 0, u64::from(!moves), 1 + u64::from(moves)),
             "{c:?}"
         );
         assert!(!f.closed(spare) && !f.closed(home));
     }
     let mut f = Fake::new();
-    let (home, spare, _) = f.linked();
-    let settings = f.core.switching();
-    f.core.set_switching(SwitchSettings {
-        probe_legs: false,
-        ..settings
-    });
-    f.send(home, RelayCommand::CONGESTED, &[0]);
+    let (home, spare, _) = congested_spare(&mut f, false);
     assert_eq!(f.core.path_current_leg(home), Some(spare));
-    assert_eq!(f.core.switch_stats().leg_probes, 0);
+    let c = f.core.switch_stats();
+    assert_eq!((c.leg_probes, c.congested_ignored), (0, 1), "{c:?}");
 }
 
-/// No answer within 1.1 × the home's 50 ms: the client stays (the spare is at least that
-/// slow). The next report, with that probe still unanswered, falls back to the estimates
-/// (the spare's 0 ms at its LINK: it moves) and sends no second probe; the late answer then
-/// only updates the estimate.
+/// No answer within 1.1 × the spare's 60 ms: the client stays (the home is at least that
+/// slow). The next report, with that probe still unanswered, falls back to the estimates (no
+/// second probe; they say stay, counted by the heavier-leg rule); the late answer is accepted
+/// and only updates the estimate, and the report after it probes again.
 #[test]
 fn a_lost_answer_falls_back_to_the_estimates() {
     let mut f = Fake::new();
-    let (home, spare, probe) = congested_home(&mut f);
+    let (home, spare, probe) = congested_spare(&mut f, true);
     let deadline = f.core.next_deadline().expect("the probe's deadline");
-    assert_eq!(deadline, f.now + Duration::from_millis(55));
+    assert_eq!(deadline, f.now + Duration::from_millis(66));
     f.now = deadline;
     let now = f.now;
     f.core.handle_timeout(now);
-    assert_eq!(f.core.path_current_leg(home), Some(home));
+    assert_eq!(f.core.path_current_leg(home), Some(spare));
     let c = f.core.switch_stats();
     assert_eq!(
         (c.leg_probes, c.leg_probes_late, c.congested_ignored),
-        (1, 1, 1)
+        (1, 1, 1),
+        "{c:?}"
     );
     f.now += Duration::from_millis(100);
-    f.send(home, RelayCommand::CONGESTED, &[0]);
+    f.send(spare, RelayCommand::CONGESTED, &[0]);
+    assert!(f.read(home).is_empty(), "no second probe");
     assert_eq!(f.core.path_current_leg(home), Some(spare));
-    assert!(f.read(spare).iter().all(|m| m.0 != RelayCommand::LEG_PROBE));
-    assert_eq!(f.core.switch_stats().leg_probes, 1);
-    f.send(spare, RelayCommand::LEG_PROBE, &probe);
+    let c = f.core.switch_stats();
+    assert_eq!((c.leg_probes, c.congested_ignored), (1, 2), "{c:?}");
+    f.send(home, RelayCommand::LEG_PROBE, &probe.unwrap());
     assert!(!f.closed(spare) && !f.closed(home));
     assert_eq!(f.core.switch_stats().violations, 0);
+    f.now += Duration::from_millis(10);
+    f.send(spare, RelayCommand::CONGESTED, &[0]);
+    let got = f.read(home);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(LegProbe::decode(&got[0].1).unwrap().id, 2);
 }
 
 /// Answers nobody asked for close only their circuit: another id, a probe answer on the leg
-/// not probed, a malformed body; the other leg stays open.
+/// not probed, a malformed body, an answer when no probe is out.
 #[test]
 fn unexpected_probe_answers_close_only_that_circuit() {
-    // Another id on the probed spare.
+    // Another id on the probed home: the home (and with it the set) closes.
     let mut f = Fake::new();
-    let (home, spare, _) = congested_home(&mut f);
-    f.send(spare, RelayCommand::LEG_PROBE, &LegProbe { id: 9 }.encode());
+    let (home, _, _) = congested_spare(&mut f, true);
+    f.send(home, RelayCommand::LEG_PROBE, &LegProbe { id: 9 }.encode());
+    assert!(f.closed(home));
+    // An answer on the spare, which was not probed: the spare closes (it carried the upload,
+    // so the set then follows its rule for a lost current leg).
+    let mut f = Fake::new();
+    let (_, spare, probe) = congested_spare(&mut f, true);
+    f.send(spare, RelayCommand::LEG_PROBE, &probe.unwrap());
     assert!(f.closed(spare));
-    assert_eq!(f.core.path_set_of(home), Some(None), "the home lives on");
-    // An answer on the home, which was not probed.
+    assert_eq!(f.core.switch_stats().violations, 1);
+    // A malformed answer (7 bytes) on the probed home.
     let mut f = Fake::new();
-    let (home, spare, probe) = congested_home(&mut f);
-    f.send(home, RelayCommand::LEG_PROBE, &probe);
-    assert!(f.closed(home), "the home (and with it the set) closes");
-    let _ = spare;
-    // A malformed answer (7 bytes) on the probed spare.
-    let mut f = Fake::new();
-    let (home, spare, probe) = congested_home(&mut f);
-    f.send(spare, RelayCommand::LEG_PROBE, &probe[..7]);
-    assert!(f.closed(spare));
-    assert_eq!(f.core.path_set_of(home), Some(None));
+    let (home, _, probe) = congested_spare(&mut f, true);
+    f.send(home, RelayCommand::LEG_PROBE, &probe.unwrap()[..7]);
+    assert!(f.closed(home));
     // An answer when no probe is out at all.
     let mut f = Fake::new();
     let (home, spare, _) = f.linked();

@@ -7,7 +7,9 @@
 //! the upload moves the moment it arrives; by then nothing means the other leg is heavier (the
 //! client stays; a late answer still updates the estimate). While a probe stays unanswered
 //! (the exit does not answer, or the leg is very slow), later reports fall back to the
-//! estimates (`SetRtt::heavier`) and no new probe goes out. docs/protocol.md, "Path variant".
+//! estimates (`SetRtt::heavier`) and no new probe goes out; so do reports while the current
+//! leg is measured only at its LINK (`SetRtt::probe_wait` is None: nothing loaded to compare
+//! with). docs/protocol.md, "Path variant".
 
 use chive_cell::LegProbe;
 

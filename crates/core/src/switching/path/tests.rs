@@ -711,8 +711,13 @@ fn a_probe_replaces_the_stale_estimate_and_sets_the_wait() {
         None,
         "unmeasured: nothing to compare with"
     );
-    rtt.sample(A, ms(100));
-    rtt.sample(A, ms(180)); // smoothed 110, latest 180
+    rtt.link_sample(A, ms(100));
+    assert_eq!(
+        rtt.probe_wait(A),
+        None,
+        "only its LINK: the idle network's round trip"
+    );
+    rtt.sample(A, ms(180)); // smoothed 110, latest 180: carried data
     assert_eq!(rtt.now(A), Some(ms(180)));
     assert_eq!(rtt.probe_wait(A), Some(ms(198)));
     rtt.sample(B, ms(900)); // B's stale estimate: heavy
