@@ -432,6 +432,9 @@ impl RelayCommand {
     pub const SWITCH_CONFIRM: Self = Self(200);
     /// chive's own: the first hop reports its connection congested ([`Congested`]).
     pub const CONGESTED: Self = Self(201);
+    /// chive's own: a round-trip probe on a linked leg, answered at once by the exit with the
+    /// same body ([`LegProbe`]).
+    pub const LEG_PROBE: Self = Self(202);
 
     /// Human-readable name, or `None` for an unknown number.
     pub fn name(self) -> Option<&'static str> {
@@ -468,6 +471,7 @@ impl RelayCommand {
             44 => "XOFF",
             200 => "SWITCH_CONFIRM",
             201 => "CONGESTED",
+            202 => "LEG_PROBE",
             _ => return None,
         })
     }

@@ -30,7 +30,7 @@ pub use node::{
     CoreStats, Event, HopSpec, OnionRelayStats, RelayKeys, CELL_MEM_COST,
     DEFAULT_MAX_MEM_IN_QUEUES, MAX_PATH_LEN, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
-pub use node::{HoldStats, MIN_PAUSE_CELLS, RELEASE_CREDIT, RELEASE_TICK};
+pub use node::{CcAgreementStats, HoldStats, MIN_PAUSE_CELLS, RELEASE_CREDIT, RELEASE_TICK};
 pub use node::{
     SwitchHold, SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats,
     SWITCH_IDLE_CLOSE,

@@ -91,6 +91,9 @@ Config file options (TOML):
   SwitchLighterLeg = 1             a congestion report does not move the upload onto a leg whose
                                    measured round trip is more than 10% higher (0 = onto the
                                    other leg whenever its entry did not report congestion lately)
+  SwitchLegProbe = 1               with SwitchLighterLeg: on a congestion report, measure the other
+                                   leg first (a probe the exit answers at once) instead of using
+                                   its round trip from when it last carried data (0 = no probe)
   MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among
                                    them one `switch` record per path switch, one `onion_join`
                                    record per onion connection (its set-up by step) and an
@@ -187,6 +190,10 @@ pub struct ClientConfig {
     /// Path switching: never move onto a leg that measures heavier (0 or 1; default 1).
     #[serde(rename = "SwitchLighterLeg", default)]
     pub switch_lighter_leg: Option<u8>,
+    /// Path switching: probe the other leg before acting on a congestion report (0 or 1;
+    /// default 1).
+    #[serde(rename = "SwitchLegProbe", default)]
+    pub switch_leg_probe: Option<u8>,
     /// JSON-lines metrics file (relative: in the DataDirectory).
     #[serde(rename = "MetricsFile", default)]
     pub metrics_file: Option<PathBuf>,
@@ -295,11 +302,15 @@ impl ClientConfig {
         if self.switch_lighter_leg.is_some_and(|v| v > 1) {
             anyhow::bail!("SwitchLighterLeg: 0 or 1");
         }
+        if self.switch_leg_probe.is_some_and(|v| v > 1) {
+            anyhow::bail!("SwitchLegProbe: 0 or 1");
+        }
         Ok(crate::driver::SwitchOptions {
             mode,
             timeout_ms: self.switch_timeout_msec,
             timeout_rtt_factor: self.switch_timeout_rtt_factor,
             lighter_leg: self.switch_lighter_leg.map(|v| v == 1),
+            leg_probe: self.switch_leg_probe.map(|v| v == 1),
             ..Default::default()
         })
     }

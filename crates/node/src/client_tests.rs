@@ -149,3 +149,16 @@ fn switch_lighter_leg_is_checked_and_passed_on() {
         &[("SwitchLighterLeg = 2", "SwitchLighterLeg")],
     );
 }
+
+#[test]
+fn switch_leg_probe_is_checked_and_passed_on() {
+    assert_eq!(config("").switch_options().unwrap().leg_probe, None);
+    let off = config("SwitchLegProbe = 0").switch_options().unwrap();
+    assert_eq!(off.leg_probe, Some(false));
+    let on = config("SwitchLegProbe = 1").switch_options().unwrap();
+    assert_eq!(on.leg_probe, Some(true));
+    assert_refused_naming(
+        |c| config(c).validate(),
+        &[("SwitchLegProbe = 2", "SwitchLegProbe")],
+    );
+}

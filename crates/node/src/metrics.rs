@@ -102,6 +102,8 @@ pub struct Snapshot {
     pub switch_time_sum: f64,
     /// Onion-service counters (`crate::onion_metrics`).
     pub onion: crate::onion_metrics::OnionCounters,
+    /// Congestion-control agreement counters (relay and client side).
+    pub cc_agreement: chive_core::CcAgreementStats,
 }
 
 const RECENT_DELAYS: usize = 2048;
@@ -326,8 +328,8 @@ impl Metrics {
         if let Some(f) = self.file.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells},\"reaction_ms\":{:.3},\"stream_xoff_sent\":{},\"stream_xon_sent\":{},\"mem_in_queues\":{},\"held_cells\":{},\"cells_held_total\":{}}}",
-                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler, self.reaction_latency.as_secs_f64() * 1e3, stats.stream_xoff_sent, stats.stream_xon_sent, stats.mem_in_queues, core.hold_stats().held_now, core.hold_stats().held_total
+                "{{\"type\":\"relay\",\"t\":{t:.6},\"cells_in\":{in_cells},\"cells_out\":{out_cells},\"bytes_out_per_s\":{out_rate:.1},\"circuits\":{},\"streams\":{},\"queued_cells\":{},\"outbuf_full_events\":{},\"quiet_cells\":{},\"circuits_killed\":{},\"scheduler\":{:?},\"outbuf_cells\":{outbuf_cells},\"reaction_ms\":{:.3},\"stream_xoff_sent\":{},\"stream_xon_sent\":{},\"mem_in_queues\":{},\"held_cells\":{},\"cells_held_total\":{},\"cc_agreement\":{}}}",
+                stats.circuits, stats.streams, stats.queued_cells, self.outbuf_full_events, self.quiet_cells, stats.circuits_killed, scheduler, self.reaction_latency.as_secs_f64() * 1e3, stats.stream_xoff_sent, stats.stream_xon_sent, stats.mem_in_queues, core.hold_stats().held_now, core.hold_stats().held_total, cc_agreement_json(&core.cc_agreement_stats())
             );
             for (chan, occupancy) in outbufs.iter().filter(|(_, o)| *o > 0) {
                 let _ = writeln!(
@@ -396,6 +398,7 @@ impl Metrics {
             snap.oom_channels_closed = stats.oom_channels_closed;
             snap.oom_bytes_freed = stats.oom_bytes_freed;
             snap.hold = core.hold_stats();
+            snap.cc_agreement = core.cc_agreement_stats();
             snap.dos = self.last_dos;
             snap.cells_received = stats.cells_received;
             snap.cells_transmitted = stats.cells_transmitted;
@@ -437,6 +440,14 @@ pub fn dos_record(t: f64, dos: &DosStats, last: &DosStats) -> Option<String> {
             d.tracked_addresses,
         )
     })
+}
+
+/// The `relay` record's `cc_agreement` object: the congestion-control agreement counters.
+pub fn cc_agreement_json(c: &chive_core::CcAgreementStats) -> String {
+    format!(
+        "{{\"relay\":{{\"agreed\":{},\"declined\":{},\"refused\":{}}},\"client\":{{\"agreed\":{},\"declined\":{},\"refused\":{}}}}}",
+        c.relay_agreed, c.relay_declined, c.relay_refused, c.client_agreed, c.client_declined, c.client_refused
+    )
 }
 
 /// Milliseconds with three decimals, or `null`.
@@ -610,6 +621,41 @@ pub fn render(snap: &Snapshot) -> String {
         "Sampled cells timed.",
         snap.samples_total.to_string(),
     );
+    let cc = &snap.cc_agreement;
+    for (name, help, v) in [
+        (
+            "chive_cc_relay_agreed_total",
+            "Relay: CREATE2 congestion-control requests answered with CC_RESPONSE.",
+            cc.relay_agreed,
+        ),
+        (
+            "chive_cc_relay_declined_total",
+            "Relay: CREATE2 congestion-control requests declined (consensus cc_alg=0).",
+            cc.relay_declined,
+        ),
+        (
+            "chive_cc_relay_refused_total",
+            "Relay: CREATE2 refused for a malformed extension list.",
+            cc.relay_refused,
+        ),
+        (
+            "chive_cc_client_agreed_total",
+            "Client: last hops that agreed to the congestion control asked for.",
+            cc.client_agreed,
+        ),
+        (
+            "chive_cc_client_declined_total",
+            "Client: last hops that declined the congestion control asked for.",
+            cc.client_declined,
+        ),
+        (
+            "chive_cc_client_refused_total",
+            "Client: CREATED2 answers refused as hostile (circuit closed).",
+            cc.client_refused,
+        ),
+    ] {
+        metric(name, "counter", help, v.to_string());
+    }
     let sw = &snap.switching;
     for (name, help, v) in [
         (
@@ -669,8 +715,23 @@ pub fn render(snap: &Snapshot) -> String {
         ),
         (
             "chive_switch_congested_ignored_total",
-            "Path variant, client: CONGESTED not acted on (the other leg was congested lately).",
+            "Path variant, client: CONGESTED not acted on (the other leg congested lately, or heavier).",
             sw.congested_ignored,
+        ),
+        (
+            "chive_switch_leg_probes_total",
+            "Path variant, client: LEG_PROBEs sent on the other leg before acting on CONGESTED.",
+            sw.leg_probes,
+        ),
+        (
+            "chive_switch_leg_probes_late_total",
+            "Path variant, client: probes not answered within 1.1 x the current leg's round trip (stayed).",
+            sw.leg_probes_late,
+        ),
+        (
+            "chive_switch_leg_probes_answered_total",
+            "Path variant, exit: LEG_PROBEs answered.",
+            sw.leg_probes_answered,
         ),
         (
             "chive_switch_path_out_of_order_total",
@@ -823,6 +884,39 @@ mod tests {
         assert!(text.contains("chive_dos_streams_refused_total 5"));
         assert!(text.contains("chive_dos_single_hop_refused_total 3"));
         assert!(text.contains("chive_dos_connections_refused_total{reason=\"rate\"} 2"));
+    }
+
+    #[test]
+    fn cc_agreement_counters_are_exported() {
+        let cc = chive_core::CcAgreementStats {
+            relay_agreed: 4,
+            relay_declined: 3,
+            relay_refused: 1,
+            client_agreed: 6,
+            client_declined: 2,
+            client_refused: 5,
+        };
+        let text = render(&Snapshot {
+            cc_agreement: cc,
+            ..Default::default()
+        });
+        for line in [
+            "chive_cc_relay_agreed_total 4",
+            "chive_cc_relay_declined_total 3",
+            "chive_cc_relay_refused_total 1",
+            "chive_cc_client_agreed_total 6",
+            "chive_cc_client_declined_total 2",
+            "chive_cc_client_refused_total 5",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        let v: serde_json::Value = serde_json::from_str(&cc_agreement_json(&cc)).unwrap();
+        assert_eq!(v["relay"]["agreed"], 4);
+        assert_eq!(v["relay"]["declined"], 3);
+        assert_eq!(v["relay"]["refused"], 1);
+        assert_eq!(v["client"]["agreed"], 6);
+        assert_eq!(v["client"]["declined"], 2);
+        assert_eq!(v["client"]["refused"], 5);
     }
 
     #[test]

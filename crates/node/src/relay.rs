@@ -590,6 +590,7 @@ impl RelayConfig {
             network_queue,
             // A client's choice (it picks the leg).
             lighter_leg: None,
+            leg_probe: None,
         })
     }
 

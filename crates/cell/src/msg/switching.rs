@@ -279,10 +279,52 @@ impl Congested {
     }
 }
 
+/// LEG_PROBE body (relay 202, chive's own; client to exit on a leg of a linked set, and the
+/// exit's answer back on the same leg with the same body): `id` (8). Exactly 8 bytes: anything
+/// else is malformed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LegProbe {
+    /// The client's number for this probe (its answer carries it back).
+    pub id: u64,
+}
+
+impl LegProbe {
+    /// Encode (8 bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        self.id.to_be_bytes().to_vec()
+    }
+
+    /// Decode; a body of another length than 8 is an error.
+    pub fn decode(body: &[u8]) -> Result<Self, CellError> {
+        if body.len() != 8 {
+            return Err(CellError::WrongLength {
+                what: "LEG_PROBE",
+                expected: 8,
+                got: body.len(),
+            });
+        }
+        Ok(LegProbe {
+            id: Reader::new(body, "LEG_PROBE").u64()?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn leg_probe_is_exactly_eight_bytes() {
+        let p = LegProbe {
+            id: 0x0102_0304_0506_0708,
+        };
+        assert_eq!(p.encode(), [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(LegProbe::decode(&p.encode()).unwrap(), p);
+        assert!(LegProbe::decode(&[1, 2, 3, 4, 5, 6, 7]).is_err());
+        assert!(LegProbe::decode(&[0; 9]).is_err());
+        assert!(LegProbe::decode(&[]).is_err());
+    }
 
     #[test]
     fn connection_messages_roundtrip_and_layout() {

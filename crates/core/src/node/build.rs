@@ -310,23 +310,37 @@ impl Core {
         let Some(circ) = self.circuits.get_mut(&key) else {
             return;
         };
+        let Role::Origin { handshake, .. } = &mut circ.role else {
+            return;
+        };
+        let Some(state) = handshake.take() else {
+            return self.kill(key, "handshake reply without a handshake", now);
+        };
+        let (asked, v3) = (state.asked_for_cc(), state.is_v3());
+        let (km, agreed) = match Self::hop_finish(state, reply) {
+            Ok(r) => r,
+            Err(e) => {
+                if v3 {
+                    self.count_cc_answer(asked, Err(&e));
+                }
+                return self.kill(key, &e, now);
+            }
+        };
+        if let Some(cc) = agreed {
+            self.count_cc_answer(asked, Ok(matches!(cc, crate::cc::CcKind::Vegas(_))));
+        }
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return;
+        };
         let Role::Origin {
             crypto,
             path,
-            handshake,
             built,
             edge,
             ..
         } = &mut circ.role
         else {
             return;
-        };
-        let Some(state) = handshake.take() else {
-            return self.kill(key, "handshake reply without a handshake", now);
-        };
-        let (km, agreed) = match Self::hop_finish(state, reply) {
-            Ok(r) => r,
-            Err(e) => return self.kill(key, &e, now),
         };
         crypto.push_hop(ClientHopCrypto::new(&km));
         circ.kh = *km.kh();

@@ -36,6 +36,38 @@ pub(super) enum HopHandshake {
     },
 }
 
+/// Congestion-control agreement counters (`Core::cc_agreement_stats`), per role. Relay: the
+/// ntor v3 CREATE2s that asked (`CC_REQUEST`); client: the last hops it asked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CcAgreementStats {
+    /// Relay: a request answered with `CC_RESPONSE` (the circuit uses congestion control).
+    pub relay_agreed: u64,
+    /// Relay: a request answered without `CC_RESPONSE` (this relay's consensus says
+    /// `cc_alg=0`): the circuit keeps the fixed window.
+    pub relay_declined: u64,
+    /// Relay: a CREATE2 refused for a malformed extension list (DESTROY with PROTOCOL).
+    pub relay_refused: u64,
+    /// Client: the last hop answered our request with `CC_RESPONSE`.
+    pub client_agreed: u64,
+    /// Client: the last hop answered our request without `CC_RESPONSE` (fixed window).
+    pub client_declined: u64,
+    /// Client: a CREATED2 refused as hostile (agreeing to what was not asked, another
+    /// `SENDME_INC`, a malformed list): the circuit was closed with a protocol error.
+    pub client_refused: u64,
+}
+
+impl HopHandshake {
+    /// Whether this handshake asked for congestion control (ntor v3 with `CC_REQUEST`).
+    pub(super) fn asked_for_cc(&self) -> bool {
+        matches!(self, HopHandshake::V3 { asked: Some(_), .. })
+    }
+
+    /// Whether this is the last hop's handshake (ntor v3).
+    pub(super) fn is_v3(&self) -> bool {
+        matches!(self, HopHandshake::V3 { .. })
+    }
+}
+
 /// What a relay does for one CREATE2.
 pub(super) struct Answered {
     pub(super) reply: Vec<u8>,
@@ -155,10 +187,21 @@ impl Core {
                     CIRCUIT_VERIFICATION,
                 )
                 .map_err(|e| format!("ntor v3 handshake failed: {e}"))?;
-                let exts = CircExt::decode_list(&opened.message)
-                    .map_err(|e| format!("malformed CREATE2 extensions: {e}"))?;
+                let exts = match CircExt::decode_list(&opened.message) {
+                    Ok(exts) => exts,
+                    Err(e) => {
+                        self.cc_agreement.relay_refused += 1;
+                        return Err(format!("malformed CREATE2 extensions: {e}"));
+                    }
+                };
                 let asked = exts.iter().any(|e| matches!(e, CircExt::CcRequest));
-                let (vegas, answer) = match self.cc_offer() {
+                let offer = self.cc_offer();
+                if asked && offer.is_some() {
+                    self.cc_agreement.relay_agreed += 1;
+                } else if asked {
+                    self.cc_agreement.relay_declined += 1;
+                }
+                let (vegas, answer) = match offer {
                     Some(_) if asked => (
                         true,
                         vec![CircExt::CcResponse {
@@ -175,6 +218,25 @@ impl Core {
                 Ok(Answered { reply, km, vegas })
             }
             other => Err(format!("unsupported handshake type {other}")),
+        }
+    }
+
+    /// The congestion-control agreement counters (relay and client side).
+    pub fn cc_agreement_stats(&self) -> CcAgreementStats {
+        self.cc_agreement
+    }
+
+    /// Client: count the outcome of the last hop's answer to a handshake that `asked` for
+    /// congestion control (`Ok(vegas)`: it agreed or declined; `Err`: the reply was refused,
+    /// counted only when it was a protocol error in the extensions, not a failed handshake).
+    pub(super) fn count_cc_answer(&mut self, asked: bool, outcome: Result<bool, &str>) {
+        let c = &mut self.cc_agreement;
+        match outcome {
+            Ok(true) => c.client_agreed += 1,
+            Ok(false) if asked => c.client_declined += 1,
+            Ok(false) => {}
+            Err(e) if e.starts_with("protocol error") => c.client_refused += 1,
+            Err(_) => {}
         }
     }
 

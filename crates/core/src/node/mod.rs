@@ -63,6 +63,7 @@ mod switch_report;
 mod teardown;
 
 pub use build::MAX_PATH_LEN;
+pub use cc_negotiate::CcAgreementStats;
 pub use client_hold::{HoldStats, MIN_PAUSE_CELLS, RELEASE_CREDIT, RELEASE_TICK};
 pub use config::{CoreConfig, HopSpec, RelayKeys};
 pub use event::{CloseCause, CoreError, Event};
@@ -109,6 +110,8 @@ pub struct Core {
     dos: DosGuard,
     /// Circuit switching (paper 003): switches in progress, switch connections, counters.
     sw: switch::SwitchState,
+    /// Congestion-control agreement counters (`cc_negotiate.rs`).
+    cc_agreement: cc_negotiate::CcAgreementStats,
     /// Circuit switching, path variant: linked sets at the client and the exit (`path.rs`).
     path: path::PathTables,
     /// Introduction and rendezvous tables, joined circuits, service circuits (`onion.rs`).
@@ -145,6 +148,7 @@ impl Core {
             driver_bytes: 0,
             dos,
             sw: switch::SwitchState::default(),
+            cc_agreement: Default::default(),
             path: path::PathTables::default(),
             onion: Default::default(),
             hold: Default::default(),

@@ -49,6 +49,7 @@ use super::switch_report::{SwitchHold, SwitchMode, SwitchOutcome, SwitchRecord};
 use super::Core;
 
 mod exit;
+mod probe;
 
 /// A multiplexed relay message: what the sender keeps for a fallback and the receiver
 /// buffers out of order.
@@ -81,6 +82,7 @@ pub(super) fn is_path_command(cmd: RelayCommand) -> bool {
             | RelayCommand::CONFLUX_SWITCH
             | RelayCommand::SWITCH_CONFIRM
             | RelayCommand::CONGESTED
+            | RelayCommand::LEG_PROBE
     )
 }
 
@@ -109,6 +111,10 @@ struct ClientSet {
     rtt: SetRtt,
     /// LINKs sent and not answered yet (for a LINK → LINKED round trip).
     link_sent: Vec<(CircKey, Instant)>,
+    /// The LEG_PROBE out on the other leg, if any (one at a time).
+    probe: Option<probe::Probe>,
+    /// The last probe id used.
+    probe_id: u64,
 }
 
 impl ClientSet {
@@ -219,6 +225,8 @@ impl Core {
                 avoid: Vec::new(),
                 rtt: SetRtt::default(),
                 link_sent: vec![(circ, now)],
+                probe: None,
+                probe_id: 0,
             },
         );
         self.send_link(circ, nonce, now);
@@ -412,7 +420,8 @@ impl Core {
     /// Client: a round trip measured on `key` (a circuit SENDME, LINK → LINKED, SWITCH →
     /// SWITCH_CONFIRM). If `key` is a leg of a set, the set's confirmation timeout follows:
     /// `max(SwitchTimeoutMsec, factor × estimate)`, for the switch waiting now too.
-    pub(super) fn path_rtt_sample(&mut self, key: CircKey, rtt: std::time::Duration) {
+    /// `loaded`: measured while the leg carried data (not a LINK → LINKED).
+    pub(super) fn path_rtt_sample(&mut self, key: CircKey, rtt: std::time::Duration, loaded: bool) {
         let Some(home) = self.path_home_of(key) else {
             return;
         };
@@ -420,7 +429,11 @@ impl Core {
         let Some(set) = self.path.client.get_mut(&home) else {
             return;
         };
-        set.rtt.sample(key, rtt);
+        if loaded {
+            set.rtt.sample(key, rtt);
+        } else {
+            set.rtt.link_sample(key, rtt);
+        }
         let timeout = confirm_timeout(
             settings.timeout,
             settings.timeout_rtt_factor,
@@ -461,6 +474,7 @@ impl Core {
         match cmd {
             RelayCommand::CONFLUX_LINKED => self.path_on_linked(key, data, now),
             RelayCommand::SWITCH_CONFIRM => self.path_on_confirm(key, data, now),
+            RelayCommand::LEG_PROBE => self.path_on_probe_answer(key, data, now),
             other => {
                 self.sw.stats_mut().violations += 1;
                 self.kill(key, &format!("{other} toward the client"), now)
@@ -486,7 +500,7 @@ impl Core {
             .position(|(c, _)| *c == key)
             .map(|i| set.link_sent.swap_remove(i).1);
         if let Some(sent) = sent {
-            self.path_rtt_sample(key, now.saturating_duration_since(sent));
+            self.path_rtt_sample(key, now.saturating_duration_since(sent), false);
         }
         let Some(set) = home.and_then(|h| self.path.client.get_mut(&h)) else {
             return;
@@ -549,7 +563,7 @@ impl Core {
                 });
                 debug!(?home, leg = ?key, ?wait, ?timeout, "path switch confirmed");
                 if let Some(wait) = wait {
-                    self.path_rtt_sample(key, wait);
+                    self.path_rtt_sample(key, wait, true);
                 }
                 if let Some(set) = self.path.client.get_mut(&home) {
                     set.control = key;
@@ -572,7 +586,6 @@ impl Core {
     /// Client: the entry of `key` reports its connection congested.
     fn path_on_congested(&mut self, key: CircKey, now: Instant) {
         self.sw.stats_mut().congested_received += 1;
-        let from = self.first_chan(key);
         let Some(home) = self.path_home_of(key) else {
             debug!(?key, "CONGESTED on a circuit without a spare: ignored");
             return;
@@ -595,6 +608,28 @@ impl Core {
             self.sw.stats_mut().congested_ignored += 1;
             return;
         }
+        if set.sender.is_pending() {
+            // A switch waits for its confirmation: one at a time.
+            return;
+        }
+        if self.sw.settings().lighter_leg_only && self.sw.settings().probe_legs {
+            match set.probe {
+                Some(p) if p.deciding.is_some() => {
+                    debug!(?home, from = ?key, "a probe of the other leg decides already");
+                    return;
+                }
+                // An earlier probe is unanswered past its deadline: the estimates decide.
+                Some(_) => {}
+                None if set.rtt.probe_wait(key).is_some() => {
+                    return self.path_send_probe(home, key, to, now);
+                }
+                // The current leg is unmeasured: nothing to compare an answer with.
+                None => {}
+            }
+        }
+        let Some(set) = self.path.client.get_mut(&home) else {
+            return;
+        };
         if self.sw.settings().lighter_leg_only && set.rtt.heavier(to, key) {
             info!(
                 ?home,
@@ -607,12 +642,29 @@ impl Core {
             self.sw.stats_mut().congested_ignored += 1;
             return;
         }
+        self.path_move(home, key, to, now, now);
+    }
+
+    /// Client: move `home`'s upload from leg `key` to leg `to` on a CONGESTED report that
+    /// arrived at `triggered` (earlier than `now` if a probe of `to` decided).
+    fn path_move(
+        &mut self,
+        home: CircKey,
+        key: CircKey,
+        to: CircKey,
+        triggered: Instant,
+        now: Instant,
+    ) {
+        let from = self.first_chan(key);
+        let Some(set) = self.path.client.get_mut(&home) else {
+            return;
+        };
         if set.sender.switch_to(to, now).is_err() {
             // A switch waits for its confirmation: one at a time.
             return;
         }
         set.switch = Some(PendingRecord {
-            triggered: now,
+            triggered,
             from: from.unwrap_or(ChannelId(0)),
             to: None,
             first_cell: None,
@@ -696,6 +748,7 @@ impl Core {
                     continue;
                 }
             }
+            self.path_probe_timeout(home, now);
             let Some(set) = self.path.client.get_mut(&home) else {
                 continue;
             };
@@ -709,7 +762,13 @@ impl Core {
         self.path
             .client
             .values()
-            .flat_map(|s| [s.sender.next_deadline(), s.linking.map(|(_, d)| d)])
+            .flat_map(|s| {
+                [
+                    s.sender.next_deadline(),
+                    s.linking.map(|(_, d)| d),
+                    s.probe.and_then(|p| p.deciding.map(|d| d.deadline)),
+                ]
+            })
             .flatten()
             .min()
     }
@@ -856,6 +915,9 @@ impl Core {
             }
             set.rtt.leg_closed(key);
             set.link_sent.retain(|(c, _)| *c != key);
+            if set.probe.is_some_and(|p| p.leg == key) {
+                set.probe = None;
+            }
             if let Some(fb) = set.sender.leg_closed(key) {
                 self.path_fallback(home, fb, false, now);
             }
@@ -927,6 +989,7 @@ impl Core {
                 }
             }
             RelayCommand::SWITCH_CONFIRM => self.path_exit_on_ack(key, data, now),
+            RelayCommand::LEG_PROBE => self.path_exit_on_probe(key, data, now),
             other => {
                 self.sw.stats_mut().violations += 1;
                 self.kill(key, &format!("{other} from the client's side"), now)

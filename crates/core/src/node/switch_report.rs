@@ -85,6 +85,13 @@ pub struct SwitchSettings {
     /// split, so without it clients moved on whichever report came first, not towards the
     /// lighter entry, and back again once `leg_avoid` ran out (docs/netns.md, "Paper 003").
     pub lighter_leg_only: bool,
+    /// Path variant, client (`SwitchLegProbe`, default on; only with `lighter_leg_only`): on a
+    /// congestion report, measure the other leg first instead of trusting its stale estimate:
+    /// a LEG_PROBE on it, which the exit answers at once. An answer within 1.1 × the current
+    /// leg's round trip moves the upload the moment it arrives; none by then means the other
+    /// leg is heavier (stay). While a probe stays unanswered past that, later reports use the
+    /// estimates as without probes. docs/protocol.md, "Path variant" (Probing the other leg).
+    pub probe_legs: bool,
 }
 
 impl SwitchSettings {
@@ -103,6 +110,7 @@ impl Default for SwitchSettings {
             min_share_milli: 250,
             leg_avoid: Duration::from_secs(10),
             lighter_leg_only: true,
+            probe_legs: true,
         }
     }
 }
@@ -140,6 +148,13 @@ pub struct SwitchStats {
     /// Path variant, client: CONGESTED messages not acted on because the other leg was
     /// congested lately too (its entry reported it, or a switch onto it timed out).
     pub congested_ignored: u64,
+    /// Path variant, client: LEG_PROBEs sent on the other leg before acting on a CONGESTED.
+    pub leg_probes: u64,
+    /// Path variant, client: probes not answered within 1.1 × the current leg's round trip
+    /// (the report was not acted on; counted in `congested_ignored` too).
+    pub leg_probes_late: u64,
+    /// Path variant, exit: LEG_PROBEs answered.
+    pub leg_probes_answered: u64,
     /// Path variant, exit: cells that arrived ahead of their turn and were buffered.
     pub path_out_of_order: u64,
     /// Path variant, exit: copies dropped (a number already delivered or buffered).

@@ -30,5 +30,5 @@ pub use detector::{
 pub use path::{
     confirm_timeout, Arrival, ConfirmOutcome, Fallback, LegError, Outgoing, PathLimits,
     PathReceiver, PathSender, SendError, SeqViolation, SetRtt, SwitchError, SwitchMsg,
-    MAX_RTT_CONFIRM_TIMEOUT,
+    MAX_RTT_CONFIRM_TIMEOUT, PROBE_MIN_WAIT,
 };

@@ -121,6 +121,11 @@ pub fn confirm_timeout(floor: Duration, factor: u32, rtt: Option<Duration>) -> D
     }
 }
 
+/// The shortest a client waits for a probe's answer before it takes the other leg as heavier
+/// (a round trip through three relays on loopback is a few ms; 20 ms keeps a scheduling hiccup
+/// from deciding).
+pub const PROBE_MIN_WAIT: Duration = Duration::from_millis(20);
+
 /// Round trips measured on the legs of a linked set (client side): LINK → LINKED, SWITCH →
 /// SWITCH_CONFIRM, and circuit SENDMEs (each acknowledged cell's round trip). Per leg a
 /// smoothed value (gain 1/8, as TCP's SRTT) and the latest sample; [`SetRtt::estimate`] is
@@ -132,11 +137,23 @@ pub fn confirm_timeout(floor: Duration, factor: u32, rtt: Option<Duration>) -> D
 pub struct SetRtt {
     /// (leg, smoothed, latest).
     legs: Vec<(CircKey, Duration, Duration)>,
+    /// Legs measured by more than their LINK: a circuit SENDME, a switch's confirmation or a
+    /// probe (a LINK → LINKED round trip is the idle network's).
+    loaded: Vec<CircKey>,
 }
 
 impl SetRtt {
-    /// A round trip measured on `leg`.
+    /// A round trip measured on `leg` while it carried data (a circuit SENDME, SWITCH →
+    /// SWITCH_CONFIRM).
     pub fn sample(&mut self, leg: CircKey, rtt: Duration) {
+        self.link_sample(leg, rtt);
+        if !self.loaded.contains(&leg) && self.loaded.len() < MAX_LEGS * 2 {
+            self.loaded.push(leg);
+        }
+    }
+
+    /// A LINK → LINKED round trip on `leg` (the network idle for this leg).
+    pub fn link_sample(&mut self, leg: CircKey, rtt: Duration) {
         if let Some(e) = self.legs.iter_mut().find(|(c, _, _)| *c == leg) {
             e.1 = (e.1 * 7 + rtt) / 8;
             e.2 = rtt;
@@ -145,9 +162,31 @@ impl SetRtt {
         }
     }
 
+    /// A probe's round trip on `leg`, which carried no data lately: it replaces the leg's
+    /// estimate (smoothed and latest), since the samples from when the leg last carried data,
+    /// or from its LINK, describe another load.
+    pub fn probed(&mut self, leg: CircKey, rtt: Duration) {
+        self.sample(leg, rtt);
+        if let Some(e) = self.legs.iter_mut().find(|(c, _, _)| *c == leg) {
+            e.1 = rtt;
+            e.2 = rtt;
+        }
+    }
+
+    /// The round trip `leg` costs now, as far as measured: the larger of its smoothed value and
+    /// its latest sample (a congestion report says the load is rising, and the smoothed value
+    /// lags).
+    pub fn now(&self, leg: CircKey) -> Option<Duration> {
+        self.legs
+            .iter()
+            .find(|(c, _, _)| *c == leg)
+            .map(|e| e.1.max(e.2))
+    }
+
     /// `leg` is gone: forget it.
     pub fn leg_closed(&mut self, leg: CircKey) {
         self.legs.retain(|(c, _, _)| *c != leg);
+        self.loaded.retain(|c| *c != leg);
     }
 
     /// The smoothed round trip of `leg`.
@@ -164,6 +203,33 @@ impl SetRtt {
     /// its estimate, so the client does not go back while the leg it is on measures lighter.
     pub fn heavier(&self, to: CircKey, from: CircKey) -> bool {
         match (self.smoothed(to), self.smoothed(from)) {
+            (Some(t), Some(f)) => t.as_secs_f64() > f.as_secs_f64() * 1.1,
+            _ => false,
+        }
+    }
+
+    /// How long a probe on the other leg may take and still show it lighter than `from`:
+    /// 1.1 × `from`'s [`SetRtt::now`], at least [`PROBE_MIN_WAIT`] and at most
+    /// [`MAX_RTT_CONFIRM_TIMEOUT`]. None while `from` has no measurement but its LINK's: that
+    /// is the idle network's round trip, while the congestion report says `from` is loaded
+    /// now (in the lab the first reports came before any SENDME, and a probe compared with
+    /// the LINK's 30 ms never answered in time).
+    pub fn probe_wait(&self, from: CircKey) -> Option<Duration> {
+        if !self.loaded.contains(&from) {
+            return None;
+        }
+        let f = self.now(from)?;
+        Some(
+            f.mul_f64(1.1)
+                .clamp(PROBE_MIN_WAIT, MAX_RTT_CONFIRM_TIMEOUT),
+        )
+    }
+
+    /// Whether `to` measures heavier than `from` now ([`SetRtt::now`] of each, the 10 %
+    /// margin of [`SetRtt::heavier`]): the comparison a probe's answer decides (`to` just
+    /// probed, `from` carrying the upload). Unmeasured legs are not heavier.
+    pub fn heavier_now(&self, to: CircKey, from: CircKey) -> bool {
+        match (self.now(to), self.now(from)) {
             (Some(t), Some(f)) => t.as_secs_f64() > f.as_secs_f64() * 1.1,
             _ => false,
         }

@@ -262,3 +262,78 @@ fn a_relay_refuses_a_create2_with_malformed_extensions() {
         }
     }
 }
+
+/// The agreement counters (`Core::cc_agreement_stats`; Prometheus `chive_cc_*_total`, the
+/// `relay` record's `cc_agreement`): every outcome on each side is counted once, a handshake
+/// that did not ask is not counted.
+#[test]
+fn agreement_outcomes_are_counted_on_both_sides() {
+    let counts = |c: chive_core::CcAgreementStats| {
+        (
+            (c.client_agreed, c.client_declined, c.client_refused),
+            (c.relay_agreed, c.relay_declined, c.relay_refused),
+        )
+    };
+    // Client side, against a relay the test plays.
+    let mut f = FakeRelay::new(vegas());
+    f.build(None);
+    f.build(Some(&[0]));
+    f.build(Some(&[1, 0x02, 1, 31]));
+    f.build(Some(&[1, 0x02, 0]));
+    assert_eq!(
+        counts(f.client.cc_agreement_stats()),
+        ((1, 1, 2), (0, 0, 0))
+    );
+    let mut f = FakeRelay::new(CcKind::Fixed);
+    f.build(None);
+    f.build(Some(&[1, 0x02, 1, 100]));
+    assert_eq!(
+        counts(f.client.cc_agreement_stats()),
+        ((0, 0, 1), (0, 0, 0))
+    );
+    // Both sides through real cores: the exit (ntor v3) counts, the earlier hops (ntor v1) not.
+    for (consensus, agreed) in [(None, true), (Some(CcKind::Fixed), false)] {
+        let mut sim = net(vegas(), consensus);
+        echo(&mut sim, 10_000);
+        let one = (u64::from(agreed), u64::from(!agreed), 0);
+        assert_eq!(
+            counts(sim.nodes[CLIENT].cc_agreement_stats()),
+            (one, (0, 0, 0))
+        );
+        assert_eq!(
+            counts(sim.nodes[EXIT].cc_agreement_stats()),
+            ((0, 0, 0), one)
+        );
+        for n in 1..EXIT {
+            assert_eq!(
+                sim.nodes[n].cc_agreement_stats(),
+                Default::default(),
+                "hop {n}"
+            );
+        }
+    }
+    // A relay refusing a malformed list.
+    let mut r = relay(3, CoreConfig::default());
+    let now = Instant::now();
+    r.core.channel_opened(R_CLIENT, None, false, now);
+    let mut rng = StdRng::seed_from_u64(8);
+    let (_, handshake) = ntor_v3::client_create(
+        &mut rng,
+        r.hop.identity.as_bytes(),
+        &r.hop.ntor_key,
+        &[1, 0x01, 1, 0],
+        CIRCUIT_VERIFICATION,
+    );
+    let body = Create2 {
+        handshake_type: NTOR_V3_HTYPE,
+        handshake,
+    }
+    .encode()
+    .unwrap();
+    r.core.handle_cell(
+        R_CLIENT,
+        Cell::new(0x8000_0001, CellCommand::CREATE2, &body).unwrap(),
+        now,
+    );
+    assert_eq!(counts(r.core.cc_agreement_stats()), ((0, 0, 0), (0, 0, 1)));
+}

@@ -22,6 +22,7 @@ mod onion;
 mod oom;
 mod path_client;
 mod path_hostile;
+mod path_probe;
 mod path_switching;
 mod queue_limits;
 mod relay_early;

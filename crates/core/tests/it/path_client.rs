@@ -15,16 +15,16 @@ use chive_crypto::relay::RelayHopCrypto;
 use crate::common::{drain, PlayedRelay};
 
 /// A client core in front of a one-hop relay the test plays.
-struct Fake {
-    core: Core,
+pub(crate) struct Fake {
+    pub(crate) core: Core,
     relay: PlayedRelay,
-    now: Instant,
+    pub(crate) now: Instant,
     /// The relay side of each circuit: (client's circuit, its id, the hop's crypto).
     circs: Vec<(CircKey, u32, RelayHopCrypto)>,
 }
 
 impl Fake {
-    fn new() -> Fake {
+    pub(crate) fn new() -> Fake {
         let now = Instant::now();
         let mut core = Core::new(CoreConfig::default(), [7; 32]);
         let relay = PlayedRelay::facing(&mut core, ChannelId(1), 5, 9200, now);
@@ -37,7 +37,7 @@ impl Fake {
     }
 
     /// A one-hop circuit, built.
-    fn build(&mut self) -> CircKey {
+    pub(crate) fn build(&mut self) -> CircKey {
         let key = self
             .core
             .launch_circuit(vec![self.relay.hop.clone()], self.now);
@@ -48,7 +48,7 @@ impl Fake {
         key
     }
 
-    fn events(&mut self) -> Vec<Event> {
+    pub(crate) fn events(&mut self) -> Vec<Event> {
         std::iter::from_fn(|| self.core.poll_event()).collect()
     }
 
@@ -57,7 +57,7 @@ impl Fake {
     }
 
     /// The relay messages the client sent on `key` since the last call.
-    fn read(&mut self, key: CircKey) -> Vec<(RelayCommand, Vec<u8>)> {
+    pub(crate) fn read(&mut self, key: CircKey) -> Vec<(RelayCommand, Vec<u8>)> {
         let cells = drain(&mut self.core, self.relay.chan, self.now);
         let (_, id, crypto) = self.hop(key);
         let id = *id;
@@ -74,7 +74,7 @@ impl Fake {
     }
 
     /// The fake relay sends `cmd` to the client on `key`.
-    fn send(&mut self, key: CircKey, cmd: RelayCommand, body: &[u8]) {
+    pub(crate) fn send(&mut self, key: CircKey, cmd: RelayCommand, body: &[u8]) {
         let mut payload = relay_payload(cmd, 0, body).unwrap();
         let (_, id, crypto) = self.hop(key);
         crypto.originate_backward(&mut payload);
@@ -83,14 +83,14 @@ impl Fake {
         self.core.handle_cell(self.relay.chan, cell, now);
     }
 
-    fn closed(&mut self, key: CircKey) -> bool {
+    pub(crate) fn closed(&mut self, key: CircKey) -> bool {
         self.events()
             .iter()
             .any(|e| matches!(e, Event::CircuitClosed { circ, .. } if *circ == key))
     }
 
     /// Home and spare, both linked (LINKED echoed by the fake exit).
-    fn linked(&mut self) -> (CircKey, CircKey, Vec<u8>) {
+    pub(crate) fn linked(&mut self) -> (CircKey, CircKey, Vec<u8>) {
         let home = self.build();
         self.core.path_link(home, self.now).unwrap();
         let msgs = self.read(home);

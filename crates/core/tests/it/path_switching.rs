@@ -16,18 +16,18 @@ use chive_core::{
 
 use crate::sim::{pattern, Shape, Sim};
 
-const CLIENT: usize = 0;
-const E1: usize = 1;
-const M1: usize = 2;
-const E2: usize = 3;
-const M2: usize = 4;
-const X: usize = 5;
+pub(crate) const CLIENT: usize = 0;
+pub(crate) const E1: usize = 1;
+pub(crate) const M1: usize = 2;
+pub(crate) const E2: usize = 3;
+pub(crate) const M2: usize = 4;
+pub(crate) const X: usize = 5;
 
 /// A client and five relays (all exits, EWMA, path switching on); links of 32 cells a step and
 /// 2 steps of delay, E1 -> M1 the slow, congested connection (2 cells a step, 30 steps).
-type Net = Sim;
+pub(crate) type Net = Sim;
 
-trait PathSwitching {
+pub(crate) trait PathSwitching {
     fn new() -> Self;
     /// The same network with `cc_alg = 2` (Vegas) on every node: streams use XON/XOFF.
     fn vegas() -> Self;
@@ -57,7 +57,7 @@ trait PathSwitching {
 }
 
 /// A client and five relays (all exits, EWMA, path switching on), `cc` on every node.
-fn path_net(cc: CcKind) -> Net {
+pub(crate) fn path_net(cc: CcKind) -> Net {
     let mut sim = Sim::overlay(
         29,
         vec![CoreConfig {
@@ -80,6 +80,13 @@ fn path_net(cc: CcKind) -> Net {
             ..SwitchSettings::default()
         });
     }
+    // These tests drive the switch itself on the report alone; measuring the other leg first
+    // (LEG_PROBE) is path_probe.rs's.
+    let client = sim.nodes[0].switching();
+    sim.nodes[0].set_switching(SwitchSettings {
+        probe_legs: false,
+        ..client
+    });
     sim.shape = Shape {
         budget: 32,
         delay: 2,

@@ -54,6 +54,9 @@ pub struct SwitchOptions {
     /// `SwitchLighterLeg` (a client option for the path variant): never move onto a leg that
     /// measures heavier. `None`: on.
     pub lighter_leg: Option<bool>,
+    /// `SwitchLegProbe` (a client option for the path variant): probe the other leg before
+    /// acting on a congestion report. `None`: on.
+    pub leg_probe: Option<bool>,
 }
 
 /// The driver's switching state.
@@ -126,6 +129,7 @@ impl Driver {
                 (f.clamp(0.0, 1.0) * 1000.0).round() as u32
             }),
             lighter_leg_only: o.lighter_leg.unwrap_or(true),
+            probe_legs: o.leg_probe.unwrap_or(true),
             ..SwitchSettings::default()
         };
         if settings != self.core.switching() {

@@ -698,3 +698,41 @@ fn a_leg_is_heavier_only_when_its_round_trip_is_clearly_higher() {
     rtt.leg_closed(A);
     assert!(!rtt.heavier(A, B));
 }
+
+/// A probe's round trip replaces a leg's estimate (smoothed and latest); `now` is the larger
+/// of the two; a probe may take 1.1 × the current leg's `now`, at least `PROBE_MIN_WAIT`, and
+/// the answer compares `now` against `now` with the same 10 % margin as `heavier`.
+#[test]
+fn a_probe_replaces_the_stale_estimate_and_sets_the_wait() {
+    let ms = Duration::from_millis;
+    let mut rtt = SetRtt::default();
+    assert_eq!(
+        rtt.probe_wait(A),
+        None,
+        "unmeasured: nothing to compare with"
+    );
+    rtt.link_sample(A, ms(100));
+    assert_eq!(
+        rtt.probe_wait(A),
+        None,
+        "only its LINK: the idle network's round trip"
+    );
+    rtt.sample(A, ms(180)); // smoothed 110, latest 180: carried data
+    assert_eq!(rtt.now(A), Some(ms(180)));
+    assert_eq!(rtt.probe_wait(A), Some(ms(198)));
+    rtt.sample(B, ms(900)); // B's stale estimate: heavy
+    assert!(rtt.heavier(B, A) && rtt.heavier_now(B, A));
+    rtt.probed(B, ms(150));
+    assert_eq!(
+        (rtt.smoothed(B), rtt.now(B)),
+        (Some(ms(150)), Some(ms(150)))
+    );
+    assert!(!rtt.heavier_now(B, A));
+    rtt.probed(B, ms(199));
+    assert!(rtt.heavier_now(B, A), "more than 1.1 × 180 ms");
+    rtt.probed(C, ms(1)); // a leg first measured by a probe
+    assert_eq!(rtt.now(C), Some(ms(1)));
+    let mut fast = SetRtt::default();
+    fast.sample(A, ms(1));
+    assert_eq!(fast.probe_wait(A), Some(PROBE_MIN_WAIT));
+}
