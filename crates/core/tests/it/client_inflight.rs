@@ -110,9 +110,6 @@ fn run(cap: usize, window: usize, circuits: usize, warmup: usize, steps: usize) 
         for (n, ev) in std::mem::take(&mut sim.events) {
             match ev {
                 Event::StreamReadCredit { stream, bytes } if n == X => {
-                    if std::env::var("HOLD_TRACE").is_ok() && step < 300 {
-                        eprintln!("{step} X credit {stream:?} {bytes}");
-                    }
                     let mut left = bytes;
                     while left > 0 {
                         let k = left.min(zeros.len());
@@ -136,11 +133,7 @@ fn run(cap: usize, window: usize, circuits: usize, warmup: usize, steps: usize) 
                         .unwrap();
                     gamer_streams.insert(s, false);
                 }
-                other => {
-                    if std::env::var("HOLD_TRACE").is_ok() && step < 300 {
-                        eprintln!("{step} node {n} event {other:?}");
-                    }
-                }
+                _ => {}
             }
         }
         // E's write rate is shared and work-conserving, as in client_hold.rs.
