@@ -138,12 +138,14 @@ pub const PER_CLIENT_QUEUE_CELLS: ParamSpec = ParamSpec {
 /// circuit of a client to have in flight toward it after the client's latest relay cell on
 /// it (less what arrived since); the per-client bound counts the queue plus that estimate, so
 /// a client opening many circuits cannot set more than the bound moving before anything
-/// waits at the entry (docs/security.md, "EWMA gaming"). 0 = off (the queue alone). Default
-/// 500 cells (a stream window: what one BEGIN lets the exit send). A relay's own option
-/// overrides it.
+/// waits at the entry (docs/security.md, "EWMA gaming"). 0 = off (the queue alone). Default 0
+/// (off): at 500 cells (a stream window) it met the gaming target with fixed windows, but it
+/// charges a whole window for every cell (a SENDME brings 50-100), which throttles a
+/// many-circuit client on a fast relay (the sniper e2e test could not open its streams). A
+/// relay's own option overrides it.
 pub const CLIENT_CIRCUIT_WINDOW: ParamSpec = ParamSpec {
     name: "ClientCircuitWindow",
-    default: 500,
+    default: 0,
     min: 0,
     max: 100_000,
 };

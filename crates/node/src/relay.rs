@@ -64,14 +64,15 @@ Config file options (TOML):
                                    many circuits keeps its excess here, not in the middles
                                    (docs/security.md, EWMA gaming). 0 = off. Unset: the
                                    consensus's PerClientQueueCells (default 2000)
-  ClientCircuitWindow = 500        with PerClientQueueCells: each circuit on which a client
+  ClientCircuitWindow = 0          with PerClientQueueCells: each circuit on which a client
                                    sent a cell (in the last 0.5 s, less what arrived since) is
                                    taken to have this many cells in flight toward this entry;
                                    the bound counts the queue plus that, and holds the client's
                                    cells on any circuit (new ones too) while past it, so many
                                    circuits cannot set more than the bound moving at once.
-                                   0 = the queue alone. Unset: the consensus's
-                                   ClientCircuitWindow (default 500)
+                                   500 met the EWMA-gaming target with fixed windows
+                                   (docs/security.md). 0 = the queue alone. Unset: the
+                                   consensus's ClientCircuitWindow (default 0 = off)
   QuietReserve = 131072            with BandwidthRate and CrossChannelPriority under EWMA: bytes
                                    of the write bucket that only quiet circuits may spend (EWMA
                                    count below the reserve's size in cells). Bulk then leaves
