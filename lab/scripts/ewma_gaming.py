@@ -22,7 +22,9 @@ Configurations: `ewma` (today's default: CrossChannelPriority ranks a channel by
 circuit), `ewma+fair` (`ChannelFairness = true`: client channels ranked by their total),
 `ewma+fair+cap` (`ChannelFairness` and `PerClientQueueCells = --cap`: the entry holds back a
 client's SENDMEs once that many cells wait there for it, so the gamer's excess waits at the entry,
-not in the middles), `rr` (round-robin circuits, the baseline for EWMA's web gain). The other
+not in the middles; with `--set ClientCircuitWindow=500` the bound also counts what the
+client's circuits may have in flight, so new circuits cannot set more moving; off by default),
+`rr` (round-robin circuits, the baseline for EWMA's web gain). The other
 configurations set `PerClientQueueCells = 0`. Prints gamer/single goodput and the web fetch quantiles; writes results.json.
 """
 

@@ -45,6 +45,7 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
     OUTBUF_CELLS,
     CHANNEL_FAIRNESS,
     PER_CLIENT_QUEUE_CELLS,
+    CLIENT_CIRCUIT_WINDOW,
     CIRCUIT_SWITCHING,
     SWITCH_GAMMA_MILLI,
     SWITCH_ALPHA_MILLI,
@@ -131,6 +132,22 @@ pub const PER_CLIENT_QUEUE_CELLS: ParamSpec = ParamSpec {
     default: 2000,
     min: 0,
     max: 1_000_000,
+};
+
+/// `ClientCircuitWindow`: with [`PER_CLIENT_QUEUE_CELLS`] on, the cells an entry takes each
+/// circuit of a client to have in flight toward it after the client's latest relay cell on
+/// it (less what arrived since); the per-client bound counts the queue plus that estimate, so
+/// a client opening many circuits cannot set more than the bound moving before anything
+/// waits at the entry (docs/security.md, "EWMA gaming"). 0 = off (the queue alone). Default 0
+/// (off): at 500 cells (a stream window) it met the gaming target with fixed windows, but it
+/// charges a whole window for every cell (a SENDME brings 50-100), which throttles a
+/// many-circuit client on a fast relay (the sniper e2e test could not open its streams). A
+/// relay's own option overrides it.
+pub const CLIENT_CIRCUIT_WINDOW: ParamSpec = ParamSpec {
+    name: "ClientCircuitWindow",
+    default: 0,
+    min: 0,
+    max: 100_000,
 };
 
 // Congestion-triggered circuit switching (paper 003, issue 16). The fractions γ, α and β are

@@ -64,6 +64,15 @@ Config file options (TOML):
                                    many circuits keeps its excess here, not in the middles
                                    (docs/security.md, EWMA gaming). 0 = off. Unset: the
                                    consensus's PerClientQueueCells (default 2000)
+  ClientCircuitWindow = 0          with PerClientQueueCells: each circuit on which a client
+                                   sent a cell (in the last 0.5 s, less what arrived since) is
+                                   taken to have this many cells in flight toward this entry;
+                                   the bound counts the queue plus that, and holds the client's
+                                   cells on any circuit (new ones too) while past it, so many
+                                   circuits cannot set more than the bound moving at once.
+                                   500 met the EWMA-gaming target with fixed windows
+                                   (docs/security.md). 0 = the queue alone. Unset: the
+                                   consensus's ClientCircuitWindow (default 0 = off)
   QuietReserve = 131072            with BandwidthRate and CrossChannelPriority under EWMA: bytes
                                    of the write bucket that only quiet circuits may spend (EWMA
                                    count below the reserve's size in cells). Bulk then leaves
@@ -204,7 +213,7 @@ Config file options (TOML):
   Log = \"info\"                     log filter (env CHIVE_LOG overrides)
 SIGHUP reloads BandwidthRate, BandwidthBurst, QuietReserve, ReadRateMargin, Scheduler,
 CircuitPriorityHalflife, OutbufCells, OutbufMaxMsec, ChannelFairness, PerClientQueueCells,
-MaxMemInQueues and the DoS options without dropping circuits.";
+ClientCircuitWindow, MaxMemInQueues and the DoS options without dropping circuits.";
 
 /// `QuietReserve` when unset under a `BandwidthRate` (capped at a quarter of the burst).
 const DEFAULT_QUIET_RESERVE: u64 = 128 * 1024;
@@ -236,6 +245,9 @@ pub struct RelayConfig {
     /// `PerClientQueueCells` (see the help); unset = the consensus's.
     #[serde(rename = "PerClientQueueCells", default)]
     pub per_client_queue_cells: Option<usize>,
+    /// `ClientCircuitWindow` (see the help); unset = the consensus's.
+    #[serde(rename = "ClientCircuitWindow", default)]
+    pub client_circuit_window: Option<usize>,
     #[serde(rename = "ReadRateMargin", default = "default_read_margin")]
     pub read_rate_margin: f64,
     #[serde(rename = "QuietReserve", default)]
@@ -423,6 +435,7 @@ impl RelayConfig {
             max_mem_in_queues: Some(mem),
             channel_fairness: self.channel_fairness,
             per_client_queue_cells: self.per_client_queue_cells,
+            client_circuit_window: self.client_circuit_window,
             heartbeat_period: self.heartbeat_period,
             outbuf_max_msec: self.outbuf_max_msec,
             dos: self.dos_options()?,

@@ -34,6 +34,22 @@
 //! drains below the cap: the client is receiving at its full share meanwhile, so it loses
 //! latency on that upload, not throughput. A circuit with nothing queued toward the client
 //! (a pure upload, another download's idle circuit) is never held.
+//!
+//! What is in flight (`ClientCircuitWindow`, session 19). The queue alone misses what a client
+//! has set moving *before* anything waits here: each new stream of a download may be sent a
+//! whole window (500 cells) before its first SENDME, so a client opening 200 circuits has
+//! ~100 000 cells in flight at once, parked in the middles' queues (shared with other clients,
+//! ranked per circuit), and the entry holds nothing until they arrive. With a window `W` set,
+//! every relay cell the client sends on a circuit (passed on or let go) marks that circuit as
+//! *owing* up to `W` cells toward this entry, less those of it queued here (reset: after a
+//! BEGIN or a SENDME a circuit may again have a window in flight); each cell arriving toward the client on it
+//! counts one off, and a circuit on which nothing arrived and nothing was sent for
+//! [`OWED_FORGET`] owes nothing (it was an EXTEND2, a small fetch, an upload). The bound is then
+//! on the queue *plus* what the client's circuits owe, and while a client is past it, its
+//! relay cells on *any* of its circuits are held (new circuits' EXTEND2s and BEGINs included)
+//! and let go in turn as arrivals pay the debt off. A one-circuit client owes at most `W`, so
+//! it is never held; a client with more than `cap / W` circuits busy at once shares that
+//! in-flight total between them.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -61,6 +77,30 @@ pub const RELEASE_TICK: Duration = Duration::from_millis(10);
 
 /// A channel stops being read when it holds this many cells or the cap, whichever is more.
 pub const MIN_PAUSE_CELLS: usize = 1024;
+
+/// A circuit that owes a window and got no cell toward the client since the client's latest
+/// cell on it owes nothing after this long ([`crate::CoreConfig::client_circuit_window`]):
+/// longer than a reply takes through a loaded path.
+pub const OWED_FORGET: Duration = Duration::from_millis(1000);
+
+/// A circuit on which cells arrived since the client's latest cell owes nothing once none
+/// arrived for this long: the answer to a request (an EXTENDED2, a CONNECTED, a small fetch)
+/// is over, or what was in flight has arrived. Short, so a client building circuits beside
+/// its downloads waits little past its bound.
+pub const OWED_IDLE: Duration = Duration::from_millis(100);
+
+/// How often owed circuits are checked for [`OWED_FORGET`] and [`OWED_IDLE`].
+const OWED_SWEEP: Duration = Duration::from_millis(20);
+
+/// What one client circuit may still have in flight toward this entry.
+struct Owed {
+    chan: ChannelId,
+    cells: usize,
+    /// The last cell from the client or toward it on this circuit.
+    at: Instant,
+    /// Whether a cell arrived toward the client since the client's latest cell.
+    answered: bool,
+}
 
 struct HeldCell {
     cell: Cell,
@@ -100,6 +140,8 @@ pub struct HoldStats {
     pub released_total: u64,
     /// Times a channel's reading was paused (its held cells reached the bound).
     pub read_pauses: u64,
+    /// Cells all client circuits owe now (in flight toward this entry, estimated).
+    pub owed_now: usize,
     /// Circuits killed for holding more than `max_circuit_queue` cells.
     pub circuits_killed: u64,
 }
@@ -109,6 +151,12 @@ pub struct HoldStats {
 pub(super) struct HoldTables {
     chans: LocalMap<ChannelId, ChanHold>,
     circs: LocalMap<CircKey, CircHold>,
+    /// Client circuits that may have cells in flight toward this entry.
+    owed: LocalMap<CircKey, Owed>,
+    /// Cells each client channel's circuits owe (the sum of its [`Owed`]; no entry = 0).
+    owed_chans: LocalMap<ChannelId, usize>,
+    /// When owed circuits are next checked for [`OWED_FORGET`].
+    next_sweep: Option<Instant>,
     /// Room of all held cells' buffers, in cells (counted against `MaxMemInQueues`).
     buffer_cells: usize,
     stats: HoldStats,
@@ -142,6 +190,31 @@ impl Core {
         self.channels.get(&chan).map_or(0, |c| c.queued)
     }
 
+    /// Set `ClientCircuitWindow` (0 = off: only what is queued here counts); turning it off
+    /// forgets what circuits owe.
+    pub fn set_client_circuit_window(&mut self, cells: usize, now: Instant) {
+        self.cfg.client_circuit_window = cells;
+        if cells == 0 {
+            self.hold.owed.clear();
+            self.hold.owed_chans.clear();
+            self.hold.next_sweep = None;
+            let chans: Vec<ChannelId> = self.hold.chans.keys().copied().collect();
+            for chan in chans {
+                self.release_ready(chan, now);
+            }
+        }
+    }
+
+    /// `ClientCircuitWindow` in force (0 = off).
+    pub fn client_circuit_window(&self) -> usize {
+        self.cfg.client_circuit_window
+    }
+
+    /// Cells `chan`'s client's circuits owe now (estimated in flight toward this entry).
+    pub fn owed_cells(&self, chan: ChannelId) -> usize {
+        self.hold.owed_chans.get(&chan).copied().unwrap_or(0)
+    }
+
     /// Cells held now for `chan`'s client.
     pub fn held_cells(&self, chan: ChannelId) -> usize {
         self.hold.chans.get(&chan).map_or(0, |h| h.cells)
@@ -151,13 +224,15 @@ impl Core {
     pub fn hold_stats(&self) -> HoldStats {
         HoldStats {
             held_now: self.hold.chans.values().map(|h| h.cells).sum(),
+            owed_now: self.hold.owed_chans.values().sum(),
             ..self.hold.stats
         }
     }
 
     /// A relay cell from `chan` on `key`: hold it (true) if the circuit already holds cells,
-    /// or if it comes from a client whose queue here is past the cap on a circuit with cells
-    /// queued toward it.
+    /// or if it comes from a client whose queue here (plus what its circuits owe) is past the
+    /// cap, on a circuit with cells queued toward it (any of its circuits when
+    /// `client_circuit_window` is on). A client's cell passed on makes its circuit owe a window.
     pub(super) fn hold_upstream(
         &mut self,
         chan: ChannelId,
@@ -174,15 +249,22 @@ impl Core {
             let Some(ch) = self.channels.get(&chan) else {
                 return false;
             };
-            let expected = self.hold.chans.get(&chan).map_or(0, |h| h.expected);
-            if !ch.client || ch.queued + expected <= cap {
+            if !ch.client {
                 return false;
             }
             let Some(circ) = self.circuits.get(&key) else {
                 return false;
             };
             let from_client = circ.prev == Some((chan, cell.circ_id)) && !circ.is_origin();
-            if !from_client || circ.q_prev.len() == 0 {
+            if !from_client {
+                return false;
+            }
+            let expected = self.hold.chans.get(&chan).map_or(0, |h| h.expected);
+            let owed = self.owed_cells(chan);
+            let window = self.cfg.client_circuit_window;
+            let over = ch.queued + expected + owed > cap;
+            if !over || (window == 0 && circ.q_prev.len() == 0) {
+                self.owe_window(chan, key, now);
                 return false;
             }
         }
@@ -212,14 +294,11 @@ impl Core {
         });
         self.hold.buffer_cells += h.cells.capacity() - cap_before;
         let first = h.cells.len() == 1;
-        let ch = self.hold.chans.entry(chan).or_insert_with(|| ChanHold {
-            circs: VecDeque::new(),
-            cells: 0,
-            expected: 0,
-            paused: false,
-            next_tick: now + RELEASE_TICK,
-            arrived: false,
-        });
+        let ch = self
+            .hold
+            .chans
+            .entry(chan)
+            .or_insert_with(|| ChanHold::new(now));
         if first {
             ch.circs.push_back(key);
         }
@@ -245,12 +324,75 @@ impl Core {
         }
     }
 
-    /// A cell was queued toward `chan` (called only while some channel holds cells).
-    pub(super) fn hold_arrival(&mut self, chan: ChannelId) {
+    /// A cell of `key` was queued toward `chan` (called only while some channel holds,
+    /// expects or is owed cells).
+    pub(super) fn hold_arrival(&mut self, chan: ChannelId, key: CircKey, now: Instant) {
         if let Some(h) = self.hold.chans.get_mut(&chan) {
             h.expected = h.expected.saturating_sub(1);
             h.arrived = true;
         }
+        if let Some(o) = self.hold.owed.get_mut(&key) {
+            if o.chan == chan {
+                o.at = now;
+                o.answered = true;
+                if o.cells > 0 {
+                    o.cells -= 1;
+                    self.hold.owe(chan, -1);
+                }
+            }
+        }
+    }
+
+    /// The client on `chan` sent a relay cell on `key` that goes on now: with
+    /// `client_circuit_window` on, the circuit may again have a window in flight toward here,
+    /// less what of it already waits here (counted in the queue).
+    fn owe_window(&mut self, chan: ChannelId, key: CircKey, now: Instant) {
+        if self.cfg.client_circuit_window == 0 {
+            return;
+        }
+        let queued_here = self.circuits.get(&key).map_or(0, |c| c.q_prev.len());
+        let window = self.cfg.client_circuit_window.saturating_sub(queued_here);
+        let o = self.hold.owed.entry(key).or_insert(Owed {
+            chan,
+            cells: 0,
+            at: now,
+            answered: false,
+        });
+        if o.chan != chan {
+            return;
+        }
+        o.at = now;
+        o.answered = false;
+        let delta = window as isize - o.cells as isize;
+        o.cells = window;
+        self.hold.owe(chan, delta);
+        if self.hold.next_sweep.is_none() {
+            self.hold.next_sweep = Some(now + OWED_SWEEP);
+        }
+    }
+
+    /// Forget what circuits owe that were not answered within [`OWED_FORGET`] or on which
+    /// nothing arrived for [`OWED_IDLE`].
+    fn sweep_owed(&mut self, now: Instant) {
+        match self.hold.next_sweep {
+            Some(at) if at <= now => {}
+            _ => return,
+        }
+        let owed_chans = &mut self.hold.owed_chans;
+        self.hold.owed.retain(|_, o| {
+            let keep = if o.answered { OWED_IDLE } else { OWED_FORGET };
+            if o.at + keep > now {
+                return true;
+            }
+            if let Some(total) = owed_chans.get_mut(&o.chan) {
+                *total -= o.cells;
+                if *total == 0 {
+                    owed_chans.remove(&o.chan);
+                }
+            }
+            false
+        });
+        self.hold.next_sweep = (!self.hold.owed.is_empty()).then(|| now + OWED_SWEEP);
     }
 
     /// Let `chan`'s held cells go while its queue plus what released cells are expected to
@@ -262,10 +404,14 @@ impl Core {
             let Some(h) = self.hold.chans.get_mut(&chan) else {
                 return;
             };
-            if h.cells == 0 || queued + h.expected >= cap {
+            let owed = self.hold.owed_chans.get(&chan).copied().unwrap_or(0);
+            if h.cells == 0 || queued + h.expected + owed >= cap {
                 return;
             }
-            h.expected += RELEASE_CREDIT;
+            if self.cfg.client_circuit_window == 0 {
+                // With the window on, the released cell's circuit owes a window instead.
+                h.expected += RELEASE_CREDIT;
+            }
             if !self.release_one(chan, now) {
                 return;
             }
@@ -302,12 +448,16 @@ impl Core {
             h.paused = false;
         }
         self.hold.stats.released_total += 1;
+        self.owe_window(chan, key, now);
         self.relay_in(chan, key, &mut held.cell, now);
         true
     }
 
     /// The circuit `key` is gone: its held cells go with it.
     pub(super) fn hold_circuit_gone(&mut self, key: CircKey) {
+        if let Some(o) = self.hold.owed.remove(&key) {
+            self.hold.owe(o.chan, -(o.cells as isize));
+        }
         let Some(gone) = self.hold.circs.remove(&key) else {
             return;
         };
@@ -326,13 +476,19 @@ impl Core {
 
     /// When the release timer next has work.
     pub(super) fn hold_next_deadline(&self) -> Option<Instant> {
-        self.hold.chans.values().map(|h| h.next_tick).min()
+        self.hold
+            .chans
+            .values()
+            .map(|h| h.next_tick)
+            .chain(self.hold.next_sweep)
+            .min()
     }
 
     /// The release timer: a client channel to which nothing arrived for a [`RELEASE_TICK`]
     /// forgets what it expected and lets held cells go if its queue allows; a channel that
     /// holds nothing and expects nothing is forgotten.
     pub(super) fn hold_handle_timeout(&mut self, now: Instant) {
+        self.sweep_owed(now);
         let due: Vec<ChannelId> = self
             .hold
             .chans
@@ -369,9 +525,32 @@ impl Core {
     }
 }
 
+impl ChanHold {
+    fn new(now: Instant) -> Self {
+        ChanHold {
+            circs: VecDeque::new(),
+            cells: 0,
+            expected: 0,
+            paused: false,
+            next_tick: now + RELEASE_TICK,
+            arrived: false,
+        }
+    }
+}
+
 impl HoldTables {
-    /// Whether any client channel holds or expects cells (the send path's cheap check).
+    /// Whether any client channel holds, expects or is owed cells (the send path's cheap
+    /// check).
     pub(super) fn has_channels(&self) -> bool {
-        !self.chans.is_empty()
+        !self.chans.is_empty() || !self.owed.is_empty()
+    }
+
+    /// Add `delta` to what `chan`'s circuits owe (an entry only while it is not zero).
+    fn owe(&mut self, chan: ChannelId, delta: isize) {
+        let total = self.owed_chans.entry(chan).or_insert(0);
+        *total = total.saturating_add_signed(delta);
+        if *total == 0 {
+            self.owed_chans.remove(&chan);
+        }
     }
 }

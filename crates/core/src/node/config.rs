@@ -64,6 +64,14 @@ pub struct CoreConfig {
     /// go as the queue drains (`node/client_hold.rs`, docs/security.md "EWMA gaming").
     /// 0 = off.
     pub client_queue_cap: usize,
+    /// `ClientCircuitWindow`: with `client_queue_cap` on, each circuit of a client on which
+    /// the client sent a relay cell within [`super::client_hold::OWED_FORGET`] is taken to
+    /// have up to this many cells in flight toward this entry, less those that arrived since
+    /// (a new stream's window: what one BEGIN or SENDME can set moving before anything is
+    /// queued here). The bound then counts the client's queue here *plus* that estimate, and
+    /// holds the client's cells on any of its circuits while it is past the cap (new circuits
+    /// too). 0 = off: only what is queued here counts (`node/client_hold.rs`).
+    pub client_circuit_window: usize,
 }
 
 impl Default for CoreConfig {
@@ -82,6 +90,7 @@ impl Default for CoreConfig {
             exit: false,
             cell_sample_every: 0,
             client_queue_cap: 0,
+            client_circuit_window: 0,
         }
     }
 }

@@ -401,7 +401,7 @@ impl Core {
             }
         }
         if self.hold.has_channels() {
-            self.hold_arrival(chan);
+            self.hold_arrival(chan, key, now);
         }
         self.mark_ready(chan);
         self.check_mem_in_queues(now);

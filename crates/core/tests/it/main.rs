@@ -14,6 +14,7 @@ mod sim;
 
 mod circuit_window;
 mod client_hold;
+mod client_inflight;
 mod dos;
 mod dos_streams;
 mod heap;

@@ -407,6 +407,14 @@ impl Driver {
             info!(cells = cap, "PerClientQueueCells set");
             self.core.set_client_queue_cap(cap, now);
         }
+        let window = self
+            .cfg
+            .tunables
+            .client_circuit_window(self.params.as_ref());
+        if window != self.core.client_circuit_window() {
+            info!(cells = window, "ClientCircuitWindow set");
+            self.core.set_client_circuit_window(window, now);
+        }
         let send = send_config(&self.cfg, self.params.as_ref());
         if send != *self.send.config() {
             self.send.set_config(send, &mut self.core, now);

@@ -28,6 +28,9 @@ pub struct Tunables {
     /// `PerClientQueueCells`: cells queued toward one client's channel past which its
     /// upstream cells are held (0 = off); unset = the consensus's `PerClientQueueCells`.
     pub per_client_queue_cells: Option<usize>,
+    /// `ClientCircuitWindow`: cells each client circuit is taken to have in flight toward
+    /// this entry (0 = off); unset = the consensus's `ClientCircuitWindow`.
+    pub client_circuit_window: Option<usize>,
     /// `HeartbeatPeriod` in seconds (0: off); unset = [`DEFAULT_HEARTBEAT_PERIOD`].
     pub heartbeat_period: Option<u64>,
     /// `OutbufMaxMsec`: under a write rate the output bound grows with the measured reaction
@@ -72,6 +75,15 @@ impl Tunables {
             params
                 .map(|p| p.get_spec(&chive_dir::PER_CLIENT_QUEUE_CELLS))
                 .unwrap_or(chive_dir::PER_CLIENT_QUEUE_CELLS.default) as usize
+        })
+    }
+
+    /// `ClientCircuitWindow` in force (0 = off): the relay's option, else the consensus's.
+    pub fn client_circuit_window(&self, params: Option<&chive_dir::NetParams>) -> usize {
+        self.client_circuit_window.unwrap_or_else(|| {
+            params
+                .map(|p| p.get_spec(&chive_dir::CLIENT_CIRCUIT_WINDOW))
+                .unwrap_or(chive_dir::CLIENT_CIRCUIT_WINDOW.default) as usize
         })
     }
 
@@ -222,6 +234,23 @@ mod tests {
             0,
             "the relay's own option wins"
         );
+    }
+
+    #[test]
+    fn client_circuit_window_follows_the_option_then_the_consensus() {
+        let mut set = chive_dir::NetParams::new();
+        set.set("ClientCircuitWindow", 800).unwrap();
+        let t = tunables(None, None);
+        assert_eq!(
+            t.client_circuit_window(None),
+            chive_dir::CLIENT_CIRCUIT_WINDOW.default as usize
+        );
+        assert_eq!(t.client_circuit_window(Some(&set)), 800);
+        let local = Tunables {
+            client_circuit_window: Some(0),
+            ..tunables(None, None)
+        };
+        assert_eq!(local.client_circuit_window(Some(&set)), 0);
     }
 
     #[test]
