@@ -285,12 +285,7 @@ impl ClientConfig {
     /// `CircuitSwitching`, `SwitchTimeoutMsec`, `SwitchTimeoutRttFactor` and `SwitchLighterLeg`,
     /// checked, with the option named in errors.
     fn switch_options(&self) -> anyhow::Result<crate::driver::SwitchOptions> {
-        let mode = self
-            .circuit_switching
-            .as_deref()
-            .map(chive_dir::SwitchingMode::parse)
-            .transpose()
-            .map_err(|e| anyhow::anyhow!("CircuitSwitching: {e}"))?;
+        let mode = crate::common::parse_switching_mode(self.circuit_switching.as_deref())?;
         if let Some(t) = self.switch_timeout_msec {
             if !(100..=120_000).contains(&t) {
                 anyhow::bail!("SwitchTimeoutMsec: 100..120000");

@@ -10,6 +10,17 @@ use rand::RngCore;
 // alike; one copy lives with the command-line tools.
 pub use chive_tools::config::{init_logging, load_config};
 
+/// The `CircuitSwitching` option of a relay or client config, parsed (None: not set), with the
+/// option named in the error.
+pub fn parse_switching_mode(
+    value: Option<&str>,
+) -> anyhow::Result<Option<chive_dir::SwitchingMode>> {
+    value
+        .map(chive_dir::SwitchingMode::parse)
+        .transpose()
+        .map_err(|e| anyhow!("CircuitSwitching: {e}"))
+}
+
 /// Load a 32-byte secret stored as hex in `path`, creating it (mode 0600) if absent.
 pub fn load_or_create_secret(path: &Path) -> anyhow::Result<[u8; 32]> {
     if path.exists() {

@@ -534,12 +534,7 @@ impl RelayConfig {
 
     /// The circuit-switching options, checked, with the option named in any error.
     fn switch_options(&self) -> anyhow::Result<crate::driver::SwitchOptions> {
-        let mode = self
-            .circuit_switching
-            .as_deref()
-            .map(chive_dir::SwitchingMode::parse)
-            .transpose()
-            .map_err(|e| anyhow::anyhow!("CircuitSwitching: {e}"))?;
+        let mode = crate::common::parse_switching_mode(self.circuit_switching.as_deref())?;
         if let Some(g) = self.switch_gamma {
             if !(g > 0.0 && g < 1.0) {
                 bail!("SwitchGamma must lie strictly between 0 and 1");

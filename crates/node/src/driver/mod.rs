@@ -24,6 +24,7 @@
 //! Files: this one holds the inputs, the loop and the send side; `links.rs` the connections
 //! and split-direction channels; `tasks.rs` the IO tasks; `tunables.rs` the runtime settings.
 
+mod config;
 mod guard;
 mod links;
 mod switching;
@@ -41,11 +42,10 @@ use std::time::{Duration, Instant};
 
 use chive_cell::{AnyCell, Cell, CellCommand, EndReason, ResolvedAnswer, VarCell, PAYLOAD_LEN};
 pub use chive_core::chansched::BatchClass;
-use chive_core::chansched::{ChannelSchedulerKind, SendConfig, SendPath, Transmit};
+use chive_core::chansched::{SendPath, Transmit};
 use chive_core::{ChannelId, Core, Event, LocalMap, SchedulerKind, StreamHandle};
 use chive_crypto::IdentityKey;
-use chive_dir::ExitPolicy;
-use chive_net::{FeatureSet, LinkConfig, LinkLimits};
+use chive_net::FeatureSet;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -55,6 +55,8 @@ use chive_core::split::{Conn, SplitChannel, SplitConfig};
 
 use crate::client::ClientState;
 
+use config::send_config;
+pub use config::DriverConfig;
 pub use switching::SwitchOptions;
 pub use tasks::WriteMsg;
 use tasks::{exit_connect, EXIT_CONNECT_TIMEOUT};
@@ -267,37 +269,6 @@ impl ChanIo {
 /// A peer identity for the log, in full hex (tests and operators match it against others).
 fn hex_peer(peer: Option<IdentityKey>) -> String {
     peer.map(|p| p.to_hex()).unwrap_or_else(|| "client".into())
-}
-
-/// The send path's settings for `cfg`: the write bucket (if any) decides pacing, whether the
-/// write rate is shared (`CrossChannelPriority` under a finite `BandwidthRate`) and the reserve.
-fn send_config(cfg: &DriverConfig, params: Option<&chive_dir::NetParams>) -> SendConfig {
-    let bucket = cfg.limits.write_bucket.as_ref();
-    SendConfig {
-        outbuf_cells: cfg.outbuf_cells,
-        write_rate: bucket.map_or(0, |b| b.rate().0),
-        outbuf_max: cfg.tunables.outbuf_max(),
-        paced: bucket.is_some(),
-        kind: ChannelSchedulerKind::for_rate(
-            cfg.tunables.cross_channel,
-            bucket.map_or(0, |b| b.rate().0),
-        ),
-        quiet_reserve: bucket.map_or(0, |b| b.reserve()),
-        channel_fair_halflife: cfg.tunables.channel_fair_halflife(params),
-    }
-}
-
-/// Driver settings.
-pub struct DriverConfig {
-    pub link: Arc<LinkConfig>,
-    pub limits: LinkLimits,
-    pub outbuf_cells: usize,
-    /// Exit policy applied to resolved addresses; None = not an exit.
-    pub exit_policy: Option<Arc<ExitPolicy>>,
-    /// Local settings (scheduler, half-life, output bound).
-    pub tunables: Tunables,
-    /// Keepalives and the idle timeout of every link.
-    pub liveness: Liveness,
 }
 
 /// Owns the core and the IO tasks' handles.

@@ -1,0 +1,40 @@
+//! What a driver is configured with: its settings, and the send path's settings they imply.
+
+use std::sync::Arc;
+
+use chive_core::chansched::{ChannelSchedulerKind, SendConfig};
+use chive_dir::ExitPolicy;
+use chive_net::{LinkConfig, LinkLimits};
+
+use super::{Liveness, Tunables};
+
+/// The send path's settings for `cfg`: the write bucket (if any) decides pacing, whether the
+/// write rate is shared (`CrossChannelPriority` under a finite `BandwidthRate`) and the reserve.
+pub(super) fn send_config(cfg: &DriverConfig, params: Option<&chive_dir::NetParams>) -> SendConfig {
+    let bucket = cfg.limits.write_bucket.as_ref();
+    SendConfig {
+        outbuf_cells: cfg.outbuf_cells,
+        write_rate: bucket.map_or(0, |b| b.rate().0),
+        outbuf_max: cfg.tunables.outbuf_max(),
+        paced: bucket.is_some(),
+        kind: ChannelSchedulerKind::for_rate(
+            cfg.tunables.cross_channel,
+            bucket.map_or(0, |b| b.rate().0),
+        ),
+        quiet_reserve: bucket.map_or(0, |b| b.reserve()),
+        channel_fair_halflife: cfg.tunables.channel_fair_halflife(params),
+    }
+}
+
+/// Driver settings.
+pub struct DriverConfig {
+    pub link: Arc<LinkConfig>,
+    pub limits: LinkLimits,
+    pub outbuf_cells: usize,
+    /// Exit policy applied to resolved addresses; None = not an exit.
+    pub exit_policy: Option<Arc<ExitPolicy>>,
+    /// Local settings (scheduler, half-life, output bound).
+    pub tunables: Tunables,
+    /// Keepalives and the idle timeout of every link.
+    pub liveness: Liveness,
+}
