@@ -6,14 +6,14 @@
 
 use std::time::Instant;
 
-use chive_cell::{Cell, CellCommand, CircExt, Create2, DestroyReason};
+use chive_cell::{CellCommand, CircExt, DestroyReason};
 use chive_core::cc::{CcKind, VegasParams};
 use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event};
 use chive_crypto::ntor_v3::{self, CIRCUIT_VERIFICATION, NTOR_V3_HTYPE};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::common::{destroys, drain, relay, PlayedRelay, R_CLIENT};
+use crate::common::{create2_v3_cell, destroys, drain, relay, PlayedRelay, R_CLIENT};
 use crate::sim::{pattern, Sim};
 
 const CLIENT: usize = 0;
@@ -231,25 +231,9 @@ fn a_relay_refuses_a_create2_with_malformed_extensions() {
         .into_iter()
         .enumerate()
     {
-        let (_, handshake) = ntor_v3::client_create(
-            &mut rng,
-            r.hop.identity.as_bytes(),
-            &r.hop.ntor_key,
-            msg,
-            CIRCUIT_VERIFICATION,
-        );
         let id = 0x8000_0001 + i as u32;
-        let body = Create2 {
-            handshake_type: NTOR_V3_HTYPE,
-            handshake,
-        }
-        .encode()
-        .unwrap();
-        r.core.handle_cell(
-            R_CLIENT,
-            Cell::new(id, CellCommand::CREATE2, &body).unwrap(),
-            now,
-        );
+        let (cell, _) = create2_v3_cell(&mut rng, &r, id, msg);
+        r.core.handle_cell(R_CLIENT, cell, now);
         let cells = drain(&mut r.core, R_CLIENT, now);
         if msg == [0] {
             assert_eq!(cells[0].command, CellCommand::CREATED2, "{cells:?}");
@@ -317,23 +301,7 @@ fn agreement_outcomes_are_counted_on_both_sides() {
     let now = Instant::now();
     r.core.channel_opened(R_CLIENT, None, false, now);
     let mut rng = StdRng::seed_from_u64(8);
-    let (_, handshake) = ntor_v3::client_create(
-        &mut rng,
-        r.hop.identity.as_bytes(),
-        &r.hop.ntor_key,
-        &[1, 0x01, 1, 0],
-        CIRCUIT_VERIFICATION,
-    );
-    let body = Create2 {
-        handshake_type: NTOR_V3_HTYPE,
-        handshake,
-    }
-    .encode()
-    .unwrap();
-    r.core.handle_cell(
-        R_CLIENT,
-        Cell::new(0x8000_0001, CellCommand::CREATE2, &body).unwrap(),
-        now,
-    );
+    let (cell, _) = create2_v3_cell(&mut rng, &r, 0x8000_0001, &[1, 0x01, 1, 0]);
+    r.core.handle_cell(R_CLIENT, cell, now);
     assert_eq!(counts(r.core.cc_agreement_stats()), ((0, 0, 0), (0, 0, 1)));
 }

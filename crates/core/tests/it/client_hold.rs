@@ -110,14 +110,11 @@ fn gaming(cap: usize, cc: CcKind, warmup: usize, window: usize) -> (Sim, Outcome
     for (n, s) in &streams {
         assert!(sim.connected(*n, *s), "stream {s:?} of {n} not connected");
     }
-    for (from, to, budget) in [
+    sim.set_budgets(&[
         (E, GAMER, CLIENT_RATE),
         (E, SINGLE, CLIENT_RATE),
         (M, E, READ_RATE),
-    ] {
-        let chan = sim.chan(from, to);
-        sim.links.get_mut(&(from, chan)).unwrap().budget = budget;
-    }
+    ]);
     let (m_to_e, e_to_gamer, e_to_single) =
         (sim.chan(M, E), sim.chan(E, GAMER), sim.chan(E, SINGLE));
     let zeros = vec![0u8; 64 * 1024];

@@ -73,14 +73,11 @@ fn run(cap: usize, window: usize, circuits: usize, warmup: usize, steps: usize) 
     let first = sim.build_through(GAMER, &BULK_PATH, 2000);
     let single_circ = sim.build_through(SINGLE, &BULK_PATH, 2000);
     let web_circ = sim.build_through(WEB, &WEB_PATH, 2000);
-    for (from, to, budget) in [
+    sim.set_budgets(&[
         (E, GAMER, CLIENT_RATE),
         (E, SINGLE, CLIENT_RATE),
         (M, E, READ_RATE),
-    ] {
-        let chan = sim.chan(from, to);
-        sim.links.get_mut(&(from, chan)).unwrap().budget = budget;
-    }
+    ]);
     let (m_to_e, e_to_gamer, e_to_single) =
         (sim.chan(M, E), sim.chan(E, GAMER), sim.chan(E, SINGLE));
     let now = sim.now;

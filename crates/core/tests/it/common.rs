@@ -143,20 +143,7 @@ impl Path {
         self.next_circ_id += 1;
         let exts: &[CircExt] = if ask_cc { &[CircExt::CcRequest] } else { &[] };
         let msg = CircExt::encode_list(exts).unwrap();
-        let (state, handshake) = ntor_v3::client_create(
-            &mut self.rng,
-            self.r.hop.identity.as_bytes(),
-            &self.r.hop.ntor_key,
-            &msg,
-            CIRCUIT_VERIFICATION,
-        );
-        let body = Create2 {
-            handshake_type: NTOR_V3_HTYPE,
-            handshake,
-        }
-        .encode()
-        .unwrap();
-        let cell = Cell::new(id, CellCommand::CREATE2, &body).unwrap();
+        let (cell, state) = create2_v3_cell(&mut self.rng, &self.r, id, &msg);
         self.r.core.handle_cell(R_CLIENT, cell, self.now);
         let cells = self.cells_for_client();
         let [created] = cells.as_slice() else {
@@ -442,6 +429,30 @@ pub fn create2_cell(rng: &mut StdRng, relay: &Relay, id: CircId) -> (Cell, NtorC
     let body = Create2 {
         handshake_type: NTOR_HTYPE,
         handshake: onionskin.to_vec(),
+    }
+    .encode()
+    .unwrap();
+    (Cell::new(id, CellCommand::CREATE2, &body).unwrap(), state)
+}
+
+/// A CREATE2 cell for `relay` with an ntor v3 handshake carrying `msg` (a `CircExt` list, or
+/// any bytes a test wants the relay to read), and the client's handshake state.
+pub fn create2_v3_cell(
+    rng: &mut StdRng,
+    relay: &Relay,
+    id: CircId,
+    msg: &[u8],
+) -> (Cell, ntor_v3::NtorV3ClientState) {
+    let (state, handshake) = ntor_v3::client_create(
+        rng,
+        relay.hop.identity.as_bytes(),
+        &relay.hop.ntor_key,
+        msg,
+        CIRCUIT_VERIFICATION,
+    );
+    let body = Create2 {
+        handshake_type: NTOR_V3_HTYPE,
+        handshake,
     }
     .encode()
     .unwrap();

@@ -204,6 +204,14 @@ impl Sim {
         (a, b)
     }
 
+    /// Sets the per-step write budget of node `from`'s link towards node `to`, per triple.
+    pub fn set_budgets(&mut self, budgets: &[(usize, usize, usize)]) {
+        for &(from, to, budget) in budgets {
+            let chan = self.chan(from, to);
+            self.links.get_mut(&(from, chan)).unwrap().budget = budget;
+        }
+    }
+
     /// `from`'s first channel to `to`.
     pub fn chan(&self, from: usize, to: usize) -> ChannelId {
         self.links
