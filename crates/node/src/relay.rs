@@ -65,8 +65,9 @@ Config file options (TOML):
                                    (docs/security.md, EWMA gaming). 0 = off. Unset: the
                                    consensus's PerClientQueueCells (default 2000)
   ClientCircuitWindow = 0          with PerClientQueueCells: each circuit on which a client
-                                   sent a cell (in the last 0.5 s, less what arrived since) is
-                                   taken to have this many cells in flight toward this entry;
+                                   sent a cell is taken to have this many cells in flight toward
+                                   this entry, less what arrived since (forgotten 0.1 s after the
+                                   last arrival, or 1 s after the cell if nothing came back);
                                    the bound counts the queue plus that, and holds the client's
                                    cells on any circuit (new ones too) while past it, so many
                                    circuits cannot set more than the bound moving at once.
