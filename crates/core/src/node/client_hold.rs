@@ -331,6 +331,10 @@ impl Core {
             h.expected = h.expected.saturating_sub(1);
             h.arrived = true;
         }
+        // Only with ClientCircuitWindow on does anything owe: no lookup per arrival otherwise.
+        if self.hold.owed.is_empty() {
+            return;
+        }
         if let Some(o) = self.hold.owed.get_mut(&key) {
             if o.chan == chan {
                 o.at = now;
