@@ -13,11 +13,14 @@
 //! This crate forbids `unsafe`, so the call itself is the binary's: it registers a function
 //! with [`set_release`] (the `chive` binary registers glibc's `malloc_trim(0)` on Linux/glibc);
 //! without one nothing is released. The driver asks [`MemRelease::due`] every tick (500 ms)
-//! with the bytes counted against `MaxMemInQueues`; it answers yes once those have fallen by a
-//! large amount ([`MemRelease::drop_bytes`]: an eighth of the limit, at most 32 MiB) below
-//! their peak since the last release, and at most once per [`RELEASE_INTERVAL`], so a relay
+//! with the bytes counted against `MaxMemInQueues` and the OOM handler's running total of bytes
+//! freed; it answers yes once those have fallen by a large amount ([`MemRelease::drop_bytes`]:
+//! an eighth of the limit, at most 32 MiB) below their peak since the last release, or the OOM
+//! handler freed that much since then, and at most once per [`RELEASE_INTERVAL`], so a relay
 //! whose queues swing up and down pays for a trim (it walks the heap's free chunks) at most
-//! that often.
+//! that often. The OOM total matters when data arrives in a burst: the queues can fill past the
+//! limit and be cut back by the handler between two ticks, so no tick sees the peak (a sniper
+//! whose exits all started sending at once left relay1 8 MiB above its start).
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -60,6 +63,8 @@ pub struct MemRelease {
     peak: usize,
     /// When the last release ran.
     last: Option<Instant>,
+    /// The OOM handler's freed-bytes total at the last release.
+    oom_freed_at_release: u64,
 }
 
 impl MemRelease {
@@ -71,11 +76,15 @@ impl MemRelease {
         (limit / 8).clamp(1 << 20, MAX_DROP_BYTES)
     }
 
-    /// Note that `in_queues` bytes are counted now; true if a release is due (and it is then
+    /// Note that `in_queues` bytes are counted now and that the OOM handler has freed
+    /// `oom_freed` bytes in all (a running total); true if a release is due (and it is then
     /// assumed done: the peak restarts from `in_queues`).
-    pub fn due(&mut self, in_queues: usize, limit: usize, now: Instant) -> bool {
+    pub fn due(&mut self, in_queues: usize, oom_freed: u64, limit: usize, now: Instant) -> bool {
         self.peak = self.peak.max(in_queues);
-        if self.peak - in_queues < Self::drop_bytes(limit) {
+        let fell = self.peak - in_queues;
+        let freed = usize::try_from(oom_freed.saturating_sub(self.oom_freed_at_release))
+            .unwrap_or(usize::MAX);
+        if fell.max(freed) < Self::drop_bytes(limit) {
             return false;
         }
         if self
@@ -86,6 +95,7 @@ impl MemRelease {
         }
         self.last = Some(now);
         self.peak = in_queues;
+        self.oom_freed_at_release = oom_freed;
         true
     }
 
@@ -106,17 +116,17 @@ mod tests {
         let t0 = Instant::now();
         let mut r = MemRelease::default();
         let limit = 256 * MIB;
-        assert!(!r.due(0, limit, t0), "nothing queued, nothing freed");
-        assert!(!r.due(250 * MIB, limit, t0));
+        assert!(!r.due(0, 0, limit, t0), "nothing queued, nothing freed");
+        assert!(!r.due(250 * MIB, 0, limit, t0));
         assert!(
-            !r.due(219 * MIB, limit, t0),
+            !r.due(219 * MIB, 0, limit, t0),
             "31 MiB below the peak: not yet"
         );
-        assert!(r.due(218 * MIB, limit, t0), "32 MiB below the peak");
+        assert!(r.due(218 * MIB, 0, limit, t0), "32 MiB below the peak");
         // The peak restarts at the release: the same level is not due again.
-        assert!(!r.due(218 * MIB, limit, t0 + Duration::from_secs(60)));
-        assert!(!r.due(190 * MIB, limit, t0 + Duration::from_secs(60)));
-        assert!(r.due(186 * MIB, limit, t0 + Duration::from_secs(60)));
+        assert!(!r.due(218 * MIB, 0, limit, t0 + Duration::from_secs(60)));
+        assert!(!r.due(190 * MIB, 0, limit, t0 + Duration::from_secs(60)));
+        assert!(r.due(186 * MIB, 0, limit, t0 + Duration::from_secs(60)));
     }
 
     #[test]
@@ -124,15 +134,15 @@ mod tests {
         let t0 = Instant::now();
         let mut r = MemRelease::default();
         let limit = 256 * MIB;
-        r.due(200 * MIB, limit, t0);
-        assert!(r.due(100 * MIB, limit, t0));
-        r.due(200 * MIB, limit, t0 + Duration::from_secs(1));
+        r.due(200 * MIB, 0, limit, t0);
+        assert!(r.due(100 * MIB, 0, limit, t0));
+        r.due(200 * MIB, 0, limit, t0 + Duration::from_secs(1));
         assert!(
-            !r.due(0, limit, t0 + Duration::from_secs(9)),
+            !r.due(0, 0, limit, t0 + Duration::from_secs(9)),
             "within the interval"
         );
         assert!(
-            r.due(0, limit, t0 + RELEASE_INTERVAL),
+            r.due(0, 0, limit, t0 + RELEASE_INTERVAL),
             "the fall is still there after it"
         );
     }
@@ -144,11 +154,33 @@ mod tests {
         assert_eq!(MemRelease::drop_bytes(8 << 30), MAX_DROP_BYTES);
         let t0 = Instant::now();
         let mut r = MemRelease::default();
-        r.due(16 * MIB, 16 * MIB, t0);
+        r.due(16 * MIB, 0, 16 * MIB, t0);
         assert!(
-            r.due(14 * MIB, 16 * MIB, t0),
+            r.due(14 * MIB, 0, 16 * MIB, t0),
             "an OOM run at 16 MB frees enough"
         );
+    }
+
+    #[test]
+    fn memory_the_oom_handler_freed_between_ticks_is_released() {
+        let t0 = Instant::now();
+        let mut r = MemRelease::default();
+        let limit = 16 * MIB;
+        // Every tick saw the queues nearly empty: the burst came and was cut between them.
+        assert!(!r.due(MIB, 0, limit, t0));
+        assert!(
+            !r.due(MIB, MIB as u64, limit, t0),
+            "1 MiB freed: not enough"
+        );
+        assert!(
+            r.due(MIB, 3 * MIB as u64, limit, t0),
+            "3 MiB freed by the handler"
+        );
+        // What was freed before the release does not count again.
+        let later = t0 + RELEASE_INTERVAL;
+        assert!(!r.due(MIB, 3 * MIB as u64, limit, later));
+        assert!(!r.due(MIB, 4 * MIB as u64, limit, later));
+        assert!(r.due(MIB, 5 * MIB as u64, limit, later));
     }
 
     #[test]

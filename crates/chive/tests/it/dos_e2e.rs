@@ -2,19 +2,20 @@
 //!
 //! - the sniper attack (Jansen et al., NDSS 2014): a client builds many circuits through a
 //!   relay with `MaxMemInQueues = 16 MB`, opens bulk downloads on them and stops reading its
-//!   link (SIGSTOP). The relay's RSS must stay under its RSS before the attack plus the cap
-//!   plus a margin, the OOM handler must kill circuits (log and metrics), and an honest
-//!   download through the same relay must complete byte-exact meanwhile;
+//!   link (SIGSTOP) before the source answers (a gated server in this test). The relay's RSS
+//!   must stay under its RSS before the attack plus the cap plus a margin, the OOM handler
+//!   must kill circuits (log and metrics), and an honest download through the same relay must
+//!   complete byte-exact meanwhile;
 //! - a CREATE2 flood from one address (127.0.0.2, three links) against a relay with
 //!   `DoSCircuitCreationEnabled = 1`: beyond the burst and rate it gets DESTROY
 //!   (RESOURCELIMIT); an honest client on another address (127.0.0.3) keeps getting CREATED2
 //!   quickly, and the network keeps serving downloads.
 
-use std::io::Write;
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use chive_cell::{AnyCell, Cell, CellCommand, Create2, DestroyReason};
@@ -106,6 +107,123 @@ const SNIPER_MARGIN: u64 = 48 * MIB;
 /// chunks stayed in the RSS: 24-209 MiB above the start after a 256 MB attack (session 15).
 const SNIPER_AFTER_MARGIN: u64 = 5 * MIB;
 
+/// The server the sniper's streams fetch from: it reads each request, counts it, and holds
+/// every response until [`GatedSource::open`]. The attack's data must reach relay1 only once
+/// the sniper has stopped reading its link: if it flowed while the streams were still being
+/// opened (25 s in one clean-clone CI run), the sniper's client would take in every stream's
+/// window before the stop, the exits would wait for SENDMEs, and nothing would queue at relay1.
+struct GatedSource {
+    addr: SocketAddr,
+    requests: Arc<AtomicUsize>,
+    gate: Arc<(Mutex<bool>, Condvar)>,
+    stop: Arc<AtomicBool>,
+}
+
+impl GatedSource {
+    /// Bytes each response promises: more than any window lets through.
+    const BODY: u64 = 100_000_000;
+
+    fn start() -> GatedSource {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let source = GatedSource {
+            addr: listener.local_addr().unwrap(),
+            requests: Arc::default(),
+            gate: Arc::default(),
+            stop: Arc::default(),
+        };
+        let (requests, gate, stop) = (
+            source.requests.clone(),
+            source.gate.clone(),
+            source.stop.clone(),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let (requests, gate, stop) = (requests.clone(), gate.clone(), stop.clone());
+                        std::thread::Builder::new()
+                            .stack_size(256 * 1024)
+                            .spawn(move || Self::serve(conn, &requests, &gate, &stop))
+                            .unwrap();
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        source
+    }
+
+    /// One connection: read the request head, count it, wait for the gate, then send until
+    /// the body is out, the peer is gone or the source is dropped.
+    fn serve(
+        mut conn: TcpStream,
+        requests: &AtomicUsize,
+        gate: &(Mutex<bool>, Condvar),
+        stop: &AtomicBool,
+    ) {
+        let _ = conn.set_nonblocking(false);
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
+        let mut head = Vec::new();
+        let mut buf = [0u8; 512];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match conn.read(&mut buf) {
+                Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                _ => return,
+            }
+        }
+        requests.fetch_add(1, Ordering::Relaxed);
+        let (open, cv) = gate;
+        let mut is_open = open.lock().unwrap();
+        while !*is_open {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            is_open = cv
+                .wait_timeout(is_open, Duration::from_millis(200))
+                .unwrap()
+                .0;
+        }
+        drop(is_open);
+        // A blocked write wakes every second to notice the drop of the source.
+        let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
+        let header = format!("HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n", Self::BODY);
+        if conn.write_all(header.as_bytes()).is_err() {
+            return;
+        }
+        let chunk = vec![0x5a; 64 * 1024];
+        let mut sent = 0u64;
+        while sent < Self::BODY && !stop.load(Ordering::Relaxed) {
+            match conn.write(&chunk) {
+                Ok(n) => sent += n as u64,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Let every held response (and every later one) go.
+    fn open(&self) {
+        *self.gate.0.lock().unwrap() = true;
+        self.gate.1.notify_all();
+    }
+}
+
+impl Drop for GatedSource {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.open();
+    }
+}
+
 #[test]
 fn sniper_attack_is_bounded_by_max_mem_in_queues() {
     // CHIVE_SNIPER_MAXMEM overrides the cap, to check that the test fails without it.
@@ -137,10 +255,11 @@ fn sniper_attack_is_bounded_by_max_mem_in_queues() {
         })
     };
 
-    // Open the bulk streams (one SOCKS username per circuit), in parallel; keep the sockets
-    // open and never read them.
+    // Open the bulk streams (one SOCKS username per circuit), in parallel, to the gated
+    // source; keep the sockets open and never read them.
+    let source = GatedSource::start();
     let t_attack = Instant::now();
-    let http = net.http;
+    let http = source.addr;
     let openers: Vec<_> = (0..8)
         .map(|t| {
             std::thread::spawn(move || {
@@ -167,8 +286,22 @@ fn sniper_attack_is_bounded_by_max_mem_in_queues() {
         "only {} attack streams opened",
         held.len()
     );
-    // The sniper stops reading its link: everything for it now queues at relay1.
+    // Every request is through to the source before the sniper stops (a stopped client
+    // would not forward the rest).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while source.requests() < held.len() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let requested = source.requests();
+    assert!(
+        requested >= SNIPER_CIRCUITS * STREAMS_PER_CIRCUIT * 9 / 10,
+        "only {requested} of {} attack requests reached the source",
+        held.len()
+    );
+    // The sniper stops reading its link, then the source answers: everything for the sniper
+    // now queues at relay1.
     signal(sniper, "-STOP");
+    source.open();
     let opened = t_attack.elapsed();
 
     // An honest download through the same relay while the queues fill.
@@ -190,7 +323,7 @@ fn sniper_attack_is_bounded_by_max_mem_in_queues() {
     let freed = counter(&scrape, "chive_oom_bytes_freed_total");
     let mem = counter(&scrape, "chive_mem_in_queues_bytes");
     eprintln!(
-        "sniper: {} streams opened in {:.1} s; honest 10 MB in {:.2} s; relay1 RSS before {} MiB, \
+        "sniper: {} streams opened and {requested} requests through in {:.1} s; honest 10 MB in {:.2} s; relay1 RSS before {} MiB, \
          peak {} MiB (limit {} MiB); OOM killed {killed} circuits, freed {} MiB; in queues now {} KiB",
         held.len(),
         opened.as_secs_f64(),

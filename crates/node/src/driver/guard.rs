@@ -16,17 +16,19 @@ use super::Driver;
 
 impl Driver {
     /// Every tick: once the bytes counted against `MaxMemInQueues` fell far below their peak
-    /// (an OOM run, or the circuits of a closed attacking link freed), give the memory they
+    /// or the OOM handler freed much (an OOM run, or the circuits of a closed attacking link
+    /// freed), give the memory they
     /// held back to the OS (`crate::memtrim`: glibc keeps freed heap memory otherwise).
     pub(super) fn release_memory(&mut self, now: Instant) {
         if !crate::memtrim::can_release() {
             return;
         }
-        let in_queues = self.core.stats().mem_in_queues;
+        let stats = self.core.stats();
+        let (in_queues, oom_freed) = (stats.mem_in_queues, stats.oom_bytes_freed);
         let peak = self.mem_release.peak();
         if self
             .mem_release
-            .due(in_queues, self.core.max_mem_in_queues(), now)
+            .due(in_queues, oom_freed, self.core.max_mem_in_queues(), now)
         {
             crate::memtrim::release();
             info!(
