@@ -1,5 +1,8 @@
 //! Read-side cell framing: a fixed buffer filled in large chunks, decoded many cells at a time.
 
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
 use chive_cell::{decode_cell, frame_len, AnyCell, MAX_VAR_PAYLOAD, VAR_CELL_HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -12,9 +15,136 @@ const MIN_READ: usize = 64 * 1024;
 /// Buffer size: a partial maximal cell can never starve a read of MIN_READ bytes.
 const BUF_LEN: usize = MAX_CELL_WIRE + MIN_READ;
 
+/// A batch this many cells or longer leaves in the read buffer itself (handed over, the reader
+/// taking a spare buffer from the pool); a shorter one is copied out (a copy of a few cells
+/// costs less than holding a pool buffer of [`BUF_LEN`] for it).
+const HANDOVER_MIN_CELLS: usize = 16;
+
+/// Read buffers that link readers hand over with their cells ([`CellBatch`]) and get back once
+/// the cells were handled, so that a read batch reaches its handler without being copied out
+/// of the buffer the socket (or the record layer) wrote it into, and without a fresh buffer to
+/// zero per read. Bounded: besides the one buffer every reader always holds, at most `cap`
+/// buffers of [`BUF_LEN`] exist (free here or out in batches); when none can be had the reader
+/// copies its cells out instead, as it does without a pool.
+pub struct BatchPool {
+    inner: Mutex<PoolInner>,
+    cap: usize,
+}
+
+struct PoolInner {
+    free: Vec<Vec<u8>>,
+    /// Buffers out in batches (not yet dropped).
+    out: usize,
+}
+
+impl BatchPool {
+    /// A pool of at most `cap` spare buffers of [`BUF_LEN`] (~130 KiB) each, made when first
+    /// needed and kept.
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(BatchPool {
+            inner: Mutex::new(PoolInner {
+                free: Vec::new(),
+                out: 0,
+            }),
+            cap,
+        })
+    }
+
+    /// A spare for a reader about to hand its buffer over in a batch ([`BUF_LEN`] long,
+    /// contents unspecified): a free one, or a new zeroed one while fewer than `cap` exist;
+    /// `None` when all are out. Counts the batch as out.
+    fn take_for_handover(&self) -> Option<Vec<u8>> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let spare = match inner.free.pop() {
+            Some(buf) => buf,
+            None if inner.out < self.cap => vec![0u8; BUF_LEN],
+            None => return None,
+        };
+        inner.out += 1;
+        Some(spare)
+    }
+
+    /// A handed-over batch's buffer comes back (kept while fewer than `cap` are free, which
+    /// `take_for_handover`'s count makes always true).
+    fn give_back(&self, buf: Vec<u8>) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.out = inner.out.saturating_sub(1);
+        if buf.len() == BUF_LEN && inner.free.len() + inner.out < self.cap {
+            inner.free.push(buf);
+        }
+    }
+
+    /// Spare buffers in existence: free ones plus those out in batches (at most `cap`).
+    pub fn buffers(&self) -> usize {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.free.len() + inner.out
+    }
+}
+
+impl std::fmt::Debug for BatchPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchPool")
+            .field("cap", &self.cap)
+            .field("buffers", &self.buffers())
+            .finish()
+    }
+}
+
+/// Whole cells' wire bytes from one read ([`crate::LinkReader::read_cell_batch`]), derefs to
+/// them. Either a read buffer handed over by the reader (given back to its [`BatchPool`] when
+/// dropped) or a copy.
+pub struct CellBatch {
+    buf: Vec<u8>,
+    range: Range<usize>,
+    home: Option<Arc<BatchPool>>,
+}
+
+impl CellBatch {
+    /// A batch of bytes copied from elsewhere (no pool).
+    pub fn copied(bytes: Vec<u8>) -> Self {
+        let range = 0..bytes.len();
+        CellBatch {
+            buf: bytes,
+            range,
+            home: None,
+        }
+    }
+
+    /// Whether these bytes are a handed-over read buffer (not a copy).
+    pub fn is_handed_over(&self) -> bool {
+        self.home.is_some()
+    }
+}
+
+impl std::ops::Deref for CellBatch {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.buf.get(self.range.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for CellBatch {
+    fn drop(&mut self) {
+        if let Some(pool) = self.home.take() {
+            pool.give_back(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
+impl std::fmt::Debug for CellBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CellBatch")
+            .field("len", &self.range.len())
+            .field("handed_over", &self.home.is_some())
+            .finish()
+    }
+}
+
 /// Bytes received but not yet decoded into cells.
 pub(crate) struct CellBuf {
-    buf: Box<[u8]>,
+    /// Always [`BUF_LEN`] long (a `Vec` so that it can be handed over in a [`CellBatch`]).
+    buf: Vec<u8>,
     /// Start of undecoded bytes.
     start: usize,
     /// End of valid bytes.
@@ -32,7 +162,7 @@ pub(crate) enum Fill {
 impl CellBuf {
     pub(crate) fn new() -> Self {
         CellBuf {
-            buf: vec![0u8; BUF_LEN].into_boxed_slice(),
+            buf: vec![0u8; BUF_LEN],
             start: 0,
             end: 0,
         }
@@ -60,6 +190,52 @@ impl CellBuf {
     /// span, no decoding: [`frame_len`] reads only their headers) and drop them from the buffer.
     /// Returns how many cells were appended; a partial cell stays buffered.
     pub(crate) fn take_frames(&mut self, out: &mut Vec<u8>, max: usize) -> usize {
+        let (span, cells) = self.whole_cells(max);
+        out.extend_from_slice(&self.buf[self.start..self.start + span]);
+        self.consume(span);
+        cells
+    }
+
+    /// Up to `max` whole buffered cells as a [`CellBatch`], and how many. With `pool` and at
+    /// least [`HANDOVER_MIN_CELLS`] cells, the buffer itself is handed over and a spare from
+    /// the pool takes its place (only the bytes after the batch, a partial cell or cells
+    /// beyond `max`, are copied into it); otherwise the cells are copied out. `None`: no whole
+    /// cell is buffered (or `max` is 0).
+    pub(crate) fn take_batch(
+        &mut self,
+        max: usize,
+        pool: Option<&Arc<BatchPool>>,
+    ) -> Option<(CellBatch, usize)> {
+        let (span, cells) = self.whole_cells(max);
+        if cells == 0 {
+            return None;
+        }
+        let batch = self.start..self.start + span;
+        let spare = pool
+            .filter(|_| cells >= HANDOVER_MIN_CELLS)
+            .and_then(|p| p.take_for_handover().map(|b| (p, b)));
+        let Some((pool, mut spare)) = spare else {
+            let copy = CellBatch::copied(self.buf[batch.clone()].to_vec());
+            self.consume(span);
+            return Some((copy, cells));
+        };
+        let rest = batch.end..self.end;
+        spare[..rest.len()].copy_from_slice(&self.buf[rest.clone()]);
+        let full = std::mem::replace(&mut self.buf, spare);
+        self.start = 0;
+        self.end = rest.len();
+        Some((
+            CellBatch {
+                buf: full,
+                range: batch,
+                home: Some(pool.clone()),
+            },
+            cells,
+        ))
+    }
+
+    /// The length of the first up to `max` whole buffered cells, and their number.
+    fn whole_cells(&self, max: usize) -> (usize, usize) {
         let pending = self.buf.get(self.start..self.end).unwrap_or(&[]);
         let (mut span, mut cells) = (0, 0);
         while cells < max {
@@ -71,13 +247,16 @@ impl CellBuf {
                 None => break,
             }
         }
-        out.extend_from_slice(&pending[..span]);
+        (span, cells)
+    }
+
+    /// Drop the first `span` buffered bytes.
+    fn consume(&mut self, span: usize) {
         self.start += span;
-        if self.start == self.end {
+        if self.start >= self.end {
             self.start = 0;
             self.end = 0;
         }
-        cells
     }
 
     /// How many undecoded bytes are buffered.
@@ -179,5 +358,112 @@ mod tests {
         writer.await.unwrap();
         assert_eq!((fixed, var), (300, 1));
         assert!(matches!(err, LinkError::Protocol(_)), "{err}");
+    }
+
+    fn numbered(range: std::ops::Range<u32>) -> Vec<u8> {
+        let mut wire = Vec::new();
+        for i in range {
+            Cell::new(i, CellCommand::RELAY, &i.to_be_bytes())
+                .unwrap()
+                .encode_into(&mut wire);
+        }
+        wire
+    }
+
+    /// Reads `wire` (sent in `piece`-byte writes) through `take_batch` with `max` and `pool`,
+    /// checking every batch holds whole cells only and the pool stays within its cap; returns
+    /// the bytes in order and how many batches were handed over.
+    async fn read_all(
+        wire: Vec<u8>,
+        piece: usize,
+        max: usize,
+        keep: usize,
+        pool: Option<&Arc<BatchPool>>,
+    ) -> (Vec<u8>, usize) {
+        let (mut tx, mut rx) = tokio::io::duplex(piece);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            tx.write_all(&wire).await.unwrap();
+        });
+        let mut cb = CellBuf::new();
+        let (mut got, mut handed) = (Vec::new(), 0);
+        // Batches are kept alive `keep` at a time, as a driver holds them while it works.
+        let mut alive = std::collections::VecDeque::new();
+        loop {
+            while let Some((batch, n)) = cb.take_batch(max, pool) {
+                assert!(n >= 1 && n <= max, "{n} cells, max {max}");
+                assert_eq!(batch.len(), n * chive_cell::CELL_LEN, "whole cells only");
+                handed += usize::from(batch.is_handed_over());
+                got.extend_from_slice(&batch);
+                alive.push_back(batch);
+                if alive.len() > keep {
+                    alive.pop_front();
+                }
+                if let Some(p) = pool {
+                    assert!(p.buffers() <= p.cap, "{} spare buffers", p.buffers());
+                }
+            }
+            match cb.fill(&mut rx).await.unwrap() {
+                Fill::Read(_) => {}
+                Fill::Eof => break,
+            }
+        }
+        writer.await.unwrap();
+        (got, handed)
+    }
+
+    #[tokio::test]
+    async fn handed_over_batches_carry_exactly_the_cells_in_order() {
+        let wire = numbered(0..2000);
+        let pool = BatchPool::new(2);
+        // Odd-sized pieces leave partial cells behind each batch; max 100 leaves whole cells
+        // behind some; two batches alive at once use both spares.
+        let (got, handed) = read_all(wire.clone(), 40_000, 100, 2, Some(&pool)).await;
+        assert_eq!(got, wire);
+        assert!(handed > 0, "no batch was handed over");
+        assert!(pool.buffers() <= 2);
+    }
+
+    #[tokio::test]
+    async fn a_drained_pool_means_copies_not_lost_cells() {
+        let wire = numbered(0..3000);
+        let pool = BatchPool::new(1);
+        // Every batch kept alive: after the only spare is out, batches must be copies.
+        let (got, handed) = read_all(wire.clone(), 65_536, 128, usize::MAX, Some(&pool)).await;
+        assert_eq!(got, wire);
+        assert_eq!(
+            handed, 1,
+            "one spare allows one handed-over batch while all are kept"
+        );
+        assert_eq!(pool.buffers(), 1);
+    }
+
+    #[tokio::test]
+    async fn short_batches_and_no_pool_are_copied() {
+        let wire = numbered(0..500);
+        let pool = BatchPool::new(4);
+        // Pieces of under 16 cells: every batch is short.
+        let (got, handed) = read_all(wire.clone(), 5 * 514, 128, 1, Some(&pool)).await;
+        assert_eq!(got, wire);
+        assert_eq!((handed, pool.buffers()), (0, 0));
+        let (got, handed) = read_all(wire.clone(), 65_536, 128, 1, None).await;
+        assert_eq!((got, handed), (wire, 0));
+    }
+
+    #[tokio::test]
+    async fn returned_buffers_are_reused_and_bounded() {
+        let pool = BatchPool::new(2);
+        let wire = numbered(0..4000);
+        // One batch alive at a time: the spares circulate, at most two ever made.
+        let (got, handed) = read_all(wire.clone(), 65_536, 128, 1, Some(&pool)).await;
+        assert_eq!(got, wire);
+        assert!(handed >= 10, "{handed} handed over");
+        assert!(pool.buffers() <= 2, "{} buffers", pool.buffers());
+        let free = pool.inner.lock().unwrap().free.len();
+        assert_eq!(
+            free,
+            pool.buffers(),
+            "every batch dropped, every spare back"
+        );
     }
 }

@@ -24,6 +24,7 @@ mod record_stream;
 mod tls;
 
 pub use bucket::TokenBucket;
+pub use framing::{BatchPool, CellBatch};
 pub use link::{
     check_congestion_control, connect, connect_from, rtt_scaled_unsent, Accepting, Link,
     LinkLimits, LinkListener, LinkReader, LinkWriter,

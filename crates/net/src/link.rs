@@ -9,7 +9,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf, ReadHa
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 
-use crate::framing::{CellBuf, Fill};
+use crate::framing::{BatchPool, CellBatch, CellBuf, Fill};
 use crate::handshake::{self, Role, BIND_EXPORTER_LABEL, EXPORTER_LABEL, EXPORTER_LEN};
 use crate::record_stream::{self, RecordStream};
 use crate::{tls, FeatureSet, LinkConfig, LinkError, RecordLayer, TokenBucket, HANDSHAKE_TIMEOUT};
@@ -268,6 +268,36 @@ impl LinkReader {
             }
             match self.buf.fill(&mut self.rd).await? {
                 Fill::Eof => return Ok(0),
+                Fill::Read(n) => {
+                    if let Some(bucket) = &self.bucket {
+                        bucket.consume(n).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl LinkReader {
+    /// Like [`LinkReader::read_cell_bytes`], but the cells' wire bytes come as a [`CellBatch`]:
+    /// a batch of many cells is the read buffer itself, handed over (the reader continues in a
+    /// spare buffer from `pool`, and the batch goes back to the pool when dropped), so the
+    /// cells are not copied between the read and their handler. `None`: clean EOF; `max` 0
+    /// returns an empty batch at once. Cancel-safe like [`LinkReader::read_cell`].
+    pub async fn read_cell_batch(
+        &mut self,
+        max: usize,
+        pool: Option<&Arc<BatchPool>>,
+    ) -> Result<Option<(CellBatch, usize)>, LinkError> {
+        loop {
+            if max == 0 {
+                return Ok(Some((CellBatch::copied(Vec::new()), 0)));
+            }
+            if let Some(batch) = self.buf.take_batch(max, pool) {
+                return Ok(Some(batch));
+            }
+            match self.buf.fill(&mut self.rd).await? {
+                Fill::Eof => return Ok(None),
                 Fill::Read(n) => {
                     if let Some(bucket) = &self.bucket {
                         bucket.consume(n).await;

@@ -76,6 +76,10 @@ const INPUT_QUEUE: usize = 4096;
 const INPUT_BATCH: usize = 256;
 /// Cells the input queue holds at most, over all link readers (see [`CellBudget`]).
 const INPUT_CELLS: usize = 4096;
+/// Spare read buffers (~130 KiB each) for readers' handed-over batches, for the whole node:
+/// two per direction of one busy flow through a relay (a batch at the driver and the next
+/// read's); busier nodes fall back to copying a batch out when none is free.
+const BATCH_POOL_BUFFERS: usize = 4;
 
 /// Something for the core, from an IO task.
 pub enum Input {
@@ -98,12 +102,13 @@ pub enum Input {
     /// Opening a link to `identity` failed.
     ConnectFailed { identity: IdentityKey, why: String },
     /// `cells` whole cells arrived on connection `chan` (at most [`tasks::READ_BATCH`]), as
-    /// their wire bytes in order ([`chive_net::LinkReader::read_cell_bytes`]). `permit` holds
+    /// their wire bytes in order ([`chive_net::LinkReader::read_cell_batch`]: a large batch is
+    /// the reader's buffer itself, back to the pool when dropped). `permit` holds
     /// their share of the input queue's cell budget and `credit` their share of the
     /// connection's own ([`tasks::LINK_INPUT_CREDIT`]) until they are handled.
     Cells {
         chan: ChannelId,
-        bytes: Vec<u8>,
+        bytes: chive_net::CellBatch,
         cells: usize,
         permit: tokio::sync::OwnedSemaphorePermit,
         credit: tokio::sync::OwnedSemaphorePermit,
@@ -295,6 +300,9 @@ pub struct Driver {
     send: SendPath,
     /// Bounds the cells waiting in the input queue (handed to each link reader).
     cell_budget: CellBudget,
+    /// Spare read buffers: a reader hands a large batch over in its read buffer and goes on in
+    /// a spare ([`chive_net::LinkReader::read_cell_batch`]).
+    batch_pool: Arc<chive_net::BatchPool>,
     /// Reused by `on_cell` for the cells the split state releases.
     recv_scratch: Vec<AnyCell>,
     /// The fixed cell `on_cells` decodes into and hands to the core by reference.
@@ -303,7 +311,8 @@ pub struct Driver {
     /// client's held cells reached their bound), in order, each batch with its share of the
     /// connection's input credit: held, so that connection's reader stops (TCP back-pressure
     /// to that client only); the shared input budget is given back at once.
-    stalled: LocalMap<ChannelId, VecDeque<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)>>,
+    stalled:
+        LocalMap<ChannelId, VecDeque<(chive_net::CellBatch, tokio::sync::OwnedSemaphorePermit)>>,
     /// Circuit switching: options, per-connection congestion detectors, switch connects.
     pub switching: switching::SwitchIo,
     /// The DoS heartbeat log line (relays only).
@@ -339,6 +348,7 @@ impl Driver {
             secondaries: LocalMap::default(),
             send,
             cell_budget: Arc::new(tokio::sync::Semaphore::new(INPUT_CELLS)),
+            batch_pool: chive_net::BatchPool::new(BATCH_POOL_BUFFERS),
             recv_scratch: Vec::new(),
             cell_scratch: Cell {
                 circ_id: 0,
@@ -545,7 +555,7 @@ impl Driver {
             Input::LinkUp(mut up) => {
                 // The reader's cells queue behind this input, so they reach the connection
                 // only once `link_up` has registered it.
-                up.conn.start_reader(&self.cell_budget);
+                up.conn.start_reader(&self.cell_budget, &self.batch_pool);
                 self.link_up(up, now)
             }
             Input::Accepted { chan, accepting } => self.accepted(chan, accepting, now),
@@ -554,7 +564,7 @@ impl Driver {
                 conn_id,
                 mut conn,
             } => {
-                conn.start_reader(&self.cell_budget);
+                conn.start_reader(&self.cell_budget, &self.batch_pool);
                 self.split_up(chan, conn_id, conn, now)
             }
             Input::SplitFailed { chan, why } => {

@@ -10,7 +10,7 @@ use chive_cell::{Cell, CellCommand, EndReason, VarCell};
 use chive_core::chansched::BatchClass;
 use chive_core::{ChannelId, StreamHandle};
 use chive_dir::ExitPolicy;
-use chive_net::{Link, LinkLimits, LinkReader, LinkWriter};
+use chive_net::{BatchPool, Link, LinkLimits, LinkReader, LinkWriter};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
@@ -187,16 +187,17 @@ pub struct ConnHandles {
     /// `true` pauses the reader (its cells would only be held back).
     pub(super) hold: watch::Sender<bool>,
     /// Starts the reader; the driver fires it when it takes the connection over (so no cell
-    /// can overtake the connection's announcement) and hands it the cell budget.
-    pub(super) gate: Option<oneshot::Sender<CellBudget>>,
+    /// can overtake the connection's announcement) and hands it the cell budget and the pool
+    /// of read buffers its batches travel in.
+    pub(super) gate: Option<oneshot::Sender<(CellBudget, Arc<BatchPool>)>>,
 }
 
 impl ConnHandles {
-    /// Let the reader start, drawing on `budget` (once; later calls do nothing).
-    pub(super) fn start_reader(&mut self, budget: &CellBudget) {
+    /// Let the reader start, drawing on `budget` and `pool` (once; later calls do nothing).
+    pub(super) fn start_reader(&mut self, budget: &CellBudget, pool: &Arc<BatchPool>) {
         if let Some(gate) = self.gate.take() {
             // A reader already gone (aborted) has nothing to start.
-            let _ = gate.send(budget.clone());
+            let _ = gate.send((budget.clone(), pool.clone()));
         }
     }
 }
@@ -242,7 +243,7 @@ pub(super) fn spawn_conn(
     liveness: Liveness,
     tx: mpsc::Sender<Input>,
 ) -> ConnHandles {
-    let (gate_tx, gate_rx) = oneshot::channel::<CellBudget>();
+    let (gate_tx, gate_rx) = oneshot::channel::<(CellBudget, Arc<BatchPool>)>();
     let (hold_tx, mut hold_rx) = watch::channel(false);
     let (wtx, mut wrx) = mpsc::unbounded_channel::<WriteMsg>();
     let quiet = Arc::new(QuietSignal::default());
@@ -250,14 +251,14 @@ pub(super) fn spawn_conn(
     let rtx = tx.clone();
     let credit = Arc::new(tokio::sync::Semaphore::new(LINK_INPUT_CREDIT));
     let reader_task = tokio::spawn(async move {
-        let Ok(budget) = gate_rx.await else {
+        let Ok((budget, pool)) = gate_rx.await else {
             return;
         };
         // Every whole cell from one read goes to the driver in one input: one queue message
         // (and at most one wake-up of the driver) per read instead of one per cell. The cells
-        // travel as their wire bytes and are decoded where the driver hands them to the core.
-        // Empty between reads (no memory held by an idle link); `read_cell_bytes` sizes it.
-        let mut bytes = Vec::new();
+        // travel as their wire bytes, in the read buffer itself when there are many (the reader
+        // goes on in a spare from `pool`), and are decoded where the driver hands them to the
+        // core.
         let mut idle = LazyTimer::new(liveness.idle_timeout);
         let why = loop {
             // Paused while the driver holds this connection's cells back (split channels).
@@ -268,12 +269,12 @@ pub(super) fn spawn_conn(
                 &mut idle,
                 liveness.idle_timeout,
                 "cell from it",
-                reader.read_cell_bytes(&mut bytes, READ_BATCH),
+                reader.read_cell_batch(READ_BATCH, Some(&pool)),
             )
             .await;
             match read {
-                Ok(0) => break "closed by peer".to_string(),
-                Ok(n) => {
+                Ok(None) => break "closed by peer".to_string(),
+                Ok(Some((bytes, n))) => {
                     // n <= READ_BATCH = LINK_INPUT_CREDIT, and READ_BATCH is far below the
                     // budget's size: both always complete.
                     let Ok(credit) = credit.clone().acquire_many_owned(n as u32).await else {
@@ -284,7 +285,7 @@ pub(super) fn spawn_conn(
                     };
                     let input = Input::Cells {
                         chan: id,
-                        bytes: std::mem::take(&mut bytes),
+                        bytes,
                         cells: n,
                         permit,
                         credit,
