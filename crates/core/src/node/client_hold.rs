@@ -93,12 +93,13 @@ pub const OWED_FORGET: Duration = Duration::from_millis(1000);
 /// its downloads waits little past its bound.
 pub const OWED_IDLE: Duration = Duration::from_millis(100);
 
-/// What a client's cell on a circuit that already owes is taken to let the exit send: the
-/// most one SENDME can under fixed windows (a circuit SENDME, 100 cells; a stream SENDME
-/// lets 50). With congestion control a circuit SENDME acknowledges 100 cells and may grow the
-/// window too (Vegas: by a few cells per round trip, by up to the acknowledged amount in slow
-/// start), so there a busy circuit is charged a little less than it may be sent; the window
-/// `W` bounds every circuit's charge either way.
+/// The most a client's cell on a circuit that already owes is taken to let the exit send
+/// (it is charged what arrived on the circuit since the client's previous cell, up to this):
+/// what one SENDME can re-open under fixed windows (a circuit SENDME, 100 cells; a stream
+/// SENDME 50). With congestion control (`cc_alg=2`) a circuit SENDME acknowledges 100 cells
+/// and Vegas may also grow the window (by `cwnd_inc` once per round trip, or by up to the
+/// window per round trip in slow start), so there a growing circuit is charged less than it
+/// may be sent; the window `W` caps every circuit's charge either way.
 pub const OWED_CREDIT: usize = crate::flow::CIRCUIT_SENDME_INCREMENT as usize;
 
 /// How often owed circuits are checked for [`OWED_FORGET`] and [`OWED_IDLE`].
