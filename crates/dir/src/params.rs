@@ -139,10 +139,10 @@ pub const PER_CLIENT_QUEUE_CELLS: ParamSpec = ParamSpec {
 /// it (less what arrived since); the per-client bound counts the queue plus that estimate, so
 /// a client opening many circuits cannot set more than the bound moving before anything
 /// waits at the entry (docs/security.md, "EWMA gaming"). 0 = off (the queue alone). Default 0
-/// (off): at 500 cells (a stream window) it met the gaming target with fixed windows, but it
-/// charges a whole window for every cell (a SENDME brings 50-100), which throttles a
-/// many-circuit client on a fast relay (the sniper e2e test could not open its streams). A
-/// relay's own option overrides it.
+/// (off): at 500 cells (a stream window) it met the gaming target with fixed windows, but a
+/// client with many busy circuits on a fast relay still crawls under it (the sniper e2e test
+/// could not open its streams, also after session 20 charged a whole window only to a
+/// circuit owing nothing). A relay's own option overrides it.
 pub const CLIENT_CIRCUIT_WINDOW: ParamSpec = ParamSpec {
     name: "ClientCircuitWindow",
     default: 0,

@@ -64,10 +64,12 @@ Config file options (TOML):
                                    many circuits keeps its excess here, not in the middles
                                    (docs/security.md, EWMA gaming). 0 = off. Unset: the
                                    consensus's PerClientQueueCells (default 2000)
-  ClientCircuitWindow = 0          with PerClientQueueCells: each circuit on which a client
-                                   sent a cell is taken to have this many cells in flight toward
-                                   this entry, less what arrived since (forgotten 0.1 s after the
-                                   last arrival, or 1 s after the cell if nothing came back);
+  ClientCircuitWindow = 0          with PerClientQueueCells: a client circuit's first cell
+                                   (on a circuit owing nothing) is taken to set this many cells
+                                   in flight toward this entry, each later cell what arrived
+                                   since the one before (at most 100), less what arrives
+                                   (forgotten 0.1 s after the last arrival, or 1 s after the
+                                   cell if nothing came back);
                                    the bound counts the queue plus that, and holds the client's
                                    cells on any circuit (new ones too) while past it, so many
                                    circuits cannot set more than the bound moving at once.

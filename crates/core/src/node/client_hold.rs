@@ -40,11 +40,15 @@
 //! whole window (500 cells) before its first SENDME, so a client opening 200 circuits has
 //! ~100 000 cells in flight at once, parked in the middles' queues (shared with other clients,
 //! ranked per circuit), and the entry holds nothing until they arrive. With a window `W` set,
-//! every relay cell the client sends on a circuit (passed on or let go) marks that circuit as
-//! *owing* up to `W` cells toward this entry, less those of it queued here (reset: after a
-//! BEGIN or a SENDME a circuit may again have a window in flight); each cell arriving toward the client on it
-//! counts one off, and a circuit on which nothing arrived and nothing was sent for
-//! [`OWED_FORGET`] owes nothing (it was an EXTEND2, a small fetch, an upload). The bound is then
+//! the first relay cell the client sends on a circuit that owes nothing (passed on or let go)
+//! makes it *owe* `W` cells toward this entry (the cell may be a BEGIN); each later one adds
+//! what arrived on the circuit since the client's previous cell, at most [`OWED_CREDIT`] (a
+//! SENDME re-opens what it acknowledges), never past `W` less the circuit's cells queued
+//! here. Each cell arriving toward the client counts one off, and a circuit on which nothing
+//! arrived and nothing was sent for [`OWED_FORGET`] owes nothing (it was an EXTEND2, a small
+//! fetch, an upload). (Session 19 reset the debt to `W` on every cell: a busy circuit then
+//! owed a window whatever arrived, and a client with more than `cap / W` busy circuits
+//! crawled, its SENDMEs held behind debts only the idle rule paid off.) The bound is then
 //! on the queue *plus* what the client's circuits owe, and while a client is past it, its
 //! relay cells on *any* of its circuits are held (new circuits' EXTEND2s and BEGINs included)
 //! and let go in turn as arrivals pay the debt off. A one-circuit client owes at most `W`, so
@@ -89,6 +93,15 @@ pub const OWED_FORGET: Duration = Duration::from_millis(1000);
 /// its downloads waits little past its bound.
 pub const OWED_IDLE: Duration = Duration::from_millis(100);
 
+/// The most a client's cell on a circuit that already owes is taken to let the exit send
+/// (it is charged what arrived on the circuit since the client's previous cell, up to this):
+/// what one SENDME can re-open under fixed windows (a circuit SENDME, 100 cells; a stream
+/// SENDME 50). With congestion control (`cc_alg=2`) a circuit SENDME acknowledges 100 cells
+/// and Vegas may also grow the window (by `cwnd_inc` once per round trip, or by up to the
+/// window per round trip in slow start), so there a growing circuit is charged less than it
+/// may be sent; the window `W` caps every circuit's charge either way.
+pub const OWED_CREDIT: usize = crate::flow::CIRCUIT_SENDME_INCREMENT as usize;
+
 /// How often owed circuits are checked for [`OWED_FORGET`] and [`OWED_IDLE`].
 const OWED_SWEEP: Duration = Duration::from_millis(20);
 
@@ -100,6 +113,10 @@ struct Owed {
     at: Instant,
     /// Whether a cell arrived toward the client since the client's latest cell.
     answered: bool,
+    /// Cells that arrived toward the client since the client's latest cell passed on.
+    since: usize,
+    /// Cells that arrived toward the client on this circuit since it was first charged.
+    arrived: usize,
 }
 
 struct HeldCell {
@@ -339,6 +356,8 @@ impl Core {
             if o.chan == chan {
                 o.at = now;
                 o.answered = true;
+                o.since += 1;
+                o.arrived = o.arrived.saturating_add(1);
                 if o.cells > 0 {
                     o.cells -= 1;
                     self.hold.owe(chan, -1);
@@ -347,28 +366,41 @@ impl Core {
         }
     }
 
-    /// The client on `chan` sent a relay cell on `key` that goes on now: with
-    /// `client_circuit_window` on, the circuit may again have a window in flight toward here,
-    /// less what of it already waits here (counted in the queue).
+    /// The client on `chan` sent a relay cell on `key` that goes on now (with
+    /// `client_circuit_window` on). The entry cannot read it, so it charges the most such a
+    /// cell can let the exit send: on a circuit that owes nothing yet (new, or forgotten) a
+    /// whole window (the cell may be a BEGIN); on one that already owes, [`OWED_CREDIT`] more
+    /// (a SENDME: a busy circuit's cells are mostly SENDMEs, and the window charged when it
+    /// started still stands for its first BEGIN). Never more than the window less what of
+    /// the circuit already waits here (counted in the queue).
     fn owe_window(&mut self, chan: ChannelId, key: CircKey, now: Instant) {
         if self.cfg.client_circuit_window == 0 {
             return;
         }
         let queued_here = self.circuits.get(&key).map_or(0, |c| c.q_prev.len());
         let window = self.cfg.client_circuit_window.saturating_sub(queued_here);
+        let fresh = !self.hold.owed.contains_key(&key);
         let o = self.hold.owed.entry(key).or_insert(Owed {
             chan,
             cells: 0,
             at: now,
             answered: false,
+            since: 0,
+            arrived: 0,
         });
         if o.chan != chan {
             return;
         }
         o.at = now;
         o.answered = false;
-        let delta = window as isize - o.cells as isize;
-        o.cells = window;
+        let owes = if fresh {
+            window
+        } else {
+            o.cells.saturating_add(o.since.min(OWED_CREDIT)).min(window)
+        };
+        o.since = 0;
+        let delta = owes as isize - o.cells as isize;
+        o.cells = owes;
         self.hold.owe(chan, delta);
         if self.hold.next_sweep.is_none() {
             self.hold.next_sweep = Some(now + OWED_SWEEP);
@@ -376,14 +408,22 @@ impl Core {
     }
 
     /// Forget what circuits owe that were not answered within [`OWED_FORGET`] or on which
-    /// nothing arrived for [`OWED_IDLE`].
+    /// nothing arrived for [`OWED_IDLE`]. A circuit with held cells that has already been
+    /// sent a whole window is idle because of the hold (its SENDMEs wait here), not because
+    /// its transfer is over: its debt is forgotten but the circuit stays known, so its held
+    /// cells are charged as a busy circuit's when let go (a whole window each would let four
+    /// such circuits, their SENDMEs answered by nothing, fill the bound until
+    /// [`OWED_FORGET`]). One that has not (a circuit being built, a first window) is
+    /// forgotten: its next cell may be the BEGIN and is charged a window again.
     fn sweep_owed(&mut self, now: Instant) {
         match self.hold.next_sweep {
             Some(at) if at <= now => {}
             _ => return,
         }
+        let window = self.cfg.client_circuit_window;
         let owed_chans = &mut self.hold.owed_chans;
-        self.hold.owed.retain(|_, o| {
+        let held = &self.hold.circs;
+        self.hold.owed.retain(|key, o| {
             let keep = if o.answered { OWED_IDLE } else { OWED_FORGET };
             if o.at + keep > now {
                 return true;
@@ -394,7 +434,8 @@ impl Core {
                     owed_chans.remove(&o.chan);
                 }
             }
-            false
+            o.cells = 0;
+            o.arrived >= window && held.contains_key(key)
         });
         self.hold.next_sweep = (!self.hold.owed.is_empty()).then(|| now + OWED_SWEEP);
     }
