@@ -85,7 +85,8 @@ pub struct SwitchSettings {
     /// split, so without it clients moved on whichever report came first, not towards the
     /// lighter entry, and back again once `leg_avoid` ran out (docs/netns.md, "Paper 003").
     pub lighter_leg_only: bool,
-    /// Path variant, client (`SwitchLegProbe`, default on; only with `lighter_leg_only`): on a
+    /// Path variant, client (`SwitchLegProbe` 1 or 2; the core's default on, the client's option
+    /// defaults to 0 since session 20; only with `lighter_leg_only`): on a
     /// congestion report, measure the other leg first instead of trusting its stale estimate:
     /// a LEG_PROBE on it, which the exit answers at once. An answer within 1.1 × the current
     /// leg's round trip moves the upload the moment it arrives; none by then means the other
