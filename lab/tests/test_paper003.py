@@ -40,6 +40,11 @@ def test_scenario_declares_the_paper_testbed_and_variants():
     assert v["path-vegas"].switching == "path" and v["path-vegas"].params == {"cc_alg": 2}
     assert v["multiplexed-vegas"].switching == "off" and v["multiplexed-vegas"].params == {"cc_alg": 2}
     assert v["path"].params == {}
+    # The leg probe's settings side by side (client SwitchLegProbe: path keeps the default, 0).
+    assert v["path"].client == {}
+    assert v["path-ahead"].client == {"SwitchLegProbe": 2} and v["path-ahead"].spare_path
+    p1 = v["path-probe-at-report"]
+    assert p1.client == {"SwitchLegProbe": 1} and p1.spare_path
     t = p.targets
     assert t["switching"] == "path"  # connection mode cannot gain on this testbed (docs/netns.md)
     assert t["switch_time_p50_max_s"] == 0.05 and t["throughput_ratio_min"] == 1.9

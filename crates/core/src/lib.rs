@@ -33,7 +33,7 @@ pub use node::{
 pub use node::{CcAgreementStats, HoldStats, MIN_PAUSE_CELLS, RELEASE_CREDIT, RELEASE_TICK};
 pub use node::{
     SwitchHold, SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats,
-    SWITCH_IDLE_CLOSE,
+    PROBE_AHEAD_EVERY, PROBE_FRESH, SWITCH_IDLE_CLOSE,
 };
 pub use sched::{CircuitScheduler, QueueId, SchedulerKind};
 

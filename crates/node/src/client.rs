@@ -91,9 +91,11 @@ Config file options (TOML):
   SwitchLighterLeg = 1             a congestion report does not move the upload onto a leg whose
                                    measured round trip is more than 10% higher (0 = onto the
                                    other leg whenever its entry did not report congestion lately)
-  SwitchLegProbe = 1               with SwitchLighterLeg: on a congestion report, measure the other
-                                   leg first (a probe the exit answers at once) instead of using
-                                   its round trip from when it last carried data (0 = no probe)
+  SwitchLegProbe = 0               with SwitchLighterLeg: 0 = judge the other leg by its round trip
+                                   from when it last carried data; or by a probe the exit answers
+                                   at once: 1 = probe when a report comes (the move waits for the
+                                   answer), 2 = probe it ahead, at most once a second while the
+                                   upload runs (a report is decided at once by the last answer)
   MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among
                                    them one `switch` record per path switch, one `onion_join`
                                    record per onion connection (its set-up by step) and an
@@ -190,8 +192,8 @@ pub struct ClientConfig {
     /// Path switching: never move onto a leg that measures heavier (0 or 1; default 1).
     #[serde(rename = "SwitchLighterLeg", default)]
     pub switch_lighter_leg: Option<u8>,
-    /// Path switching: probe the other leg before acting on a congestion report (0 or 1;
-    /// default 1).
+    /// Path switching: how the other leg is judged on a congestion report (0 = its last
+    /// estimate, 1 = a probe then, 2 = probes ahead while the upload runs; default 0).
     #[serde(rename = "SwitchLegProbe", default)]
     pub switch_leg_probe: Option<u8>,
     /// JSON-lines metrics file (relative: in the DataDirectory).
@@ -297,15 +299,15 @@ impl ClientConfig {
         if self.switch_lighter_leg.is_some_and(|v| v > 1) {
             anyhow::bail!("SwitchLighterLeg: 0 or 1");
         }
-        if self.switch_leg_probe.is_some_and(|v| v > 1) {
-            anyhow::bail!("SwitchLegProbe: 0 or 1");
+        if self.switch_leg_probe.is_some_and(|v| v > 2) {
+            anyhow::bail!("SwitchLegProbe: 0, 1 or 2");
         }
         Ok(crate::driver::SwitchOptions {
             mode,
             timeout_ms: self.switch_timeout_msec,
             timeout_rtt_factor: self.switch_timeout_rtt_factor,
             lighter_leg: self.switch_lighter_leg.map(|v| v == 1),
-            leg_probe: self.switch_leg_probe.map(|v| v == 1),
+            leg_probe: self.switch_leg_probe,
             ..Default::default()
         })
     }

@@ -153,12 +153,14 @@ fn switch_lighter_leg_is_checked_and_passed_on() {
 #[test]
 fn switch_leg_probe_is_checked_and_passed_on() {
     assert_eq!(config("").switch_options().unwrap().leg_probe, None);
-    let off = config("SwitchLegProbe = 0").switch_options().unwrap();
-    assert_eq!(off.leg_probe, Some(false));
-    let on = config("SwitchLegProbe = 1").switch_options().unwrap();
-    assert_eq!(on.leg_probe, Some(true));
+    for v in 0..=2u8 {
+        let o = config(&format!("SwitchLegProbe = {v}"))
+            .switch_options()
+            .unwrap();
+        assert_eq!(o.leg_probe, Some(v));
+    }
     assert_refused_naming(
         |c| config(c).validate(),
-        &[("SwitchLegProbe = 2", "SwitchLegProbe")],
+        &[("SwitchLegProbe = 3", "SwitchLegProbe")],
     );
 }

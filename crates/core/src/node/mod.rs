@@ -76,6 +76,7 @@ pub use queue::CELL_MEM_COST;
 pub use switch::SWITCH_IDLE_CLOSE;
 pub use switch_report::{
     SwitchHold, SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats,
+    PROBE_AHEAD_EVERY, PROBE_FRESH,
 };
 
 use channel::Channel;

@@ -118,6 +118,11 @@ struct ClientSet {
     probe: Option<probe::Probe>,
     /// The last probe id used.
     probe_id: u64,
+    /// The last probe answer: its leg and when it came (with `probe_ahead`, a fresh one
+    /// decides a report at once).
+    probe_answer: Option<(CircKey, Instant)>,
+    /// When the last probe went out (with `probe_ahead`, at most one per `PROBE_AHEAD_EVERY`).
+    probe_sent: Option<Instant>,
 }
 
 impl ClientSet {
@@ -230,6 +235,8 @@ impl Core {
                 link_sent: vec![(circ, now)],
                 probe: None,
                 probe_id: 0,
+                probe_answer: None,
+                probe_sent: None,
             },
         );
         self.send_link(circ, nonce, now);

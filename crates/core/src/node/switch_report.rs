@@ -85,14 +85,33 @@ pub struct SwitchSettings {
     /// split, so without it clients moved on whichever report came first, not towards the
     /// lighter entry, and back again once `leg_avoid` ran out (docs/netns.md, "Paper 003").
     pub lighter_leg_only: bool,
-    /// Path variant, client (`SwitchLegProbe`, default on; only with `lighter_leg_only`): on a
+    /// Path variant, client (`SwitchLegProbe` 1 or 2; the core's default on, the client's option
+    /// defaults to 0 since session 20; only with `lighter_leg_only`): on a
     /// congestion report, measure the other leg first instead of trusting its stale estimate:
     /// a LEG_PROBE on it, which the exit answers at once. An answer within 1.1 × the current
     /// leg's round trip moves the upload the moment it arrives; none by then means the other
     /// leg is heavier (stay). While a probe stays unanswered past that, later reports use the
     /// estimates as without probes. docs/protocol.md, "Path variant" (Probing the other leg).
     pub probe_legs: bool,
+    /// Path variant, client (`SwitchLegProbe = 2`; only with `probe_legs`): keep the leg not in
+    /// use measured ahead of any report, so a report is decided at once instead of after a
+    /// probe's round trip. While the upload's leg carries data, each of its circuit SENDMEs may
+    /// send a LEG_PROBE on the other leg (at most one per [`PROBE_AHEAD_EVERY`], one out at a
+    /// time); a report within [`PROBE_FRESH`] of the other leg's last answer is decided by that
+    /// answer. Without a fresh answer, a report probes as with `probe_legs` alone.
+    pub probe_ahead: bool,
 }
+
+/// With [`SwitchSettings::probe_ahead`]: the least time between two probes of the other leg.
+/// About one circuit SENDME's spacing for one bulk upload at the lab's rates (100 cells at
+/// 40–70 KB/s): a probe per second is two cells per 100 uploaded.
+pub const PROBE_AHEAD_EVERY: Duration = Duration::from_secs(1);
+
+/// With [`SwitchSettings::probe_ahead`]: how old the other leg's last probe answer may be to
+/// decide a report alone. Two probe intervals: one answer may be late or lost, and other
+/// clients move between entries on a scale of seconds (each entry reports at most once per
+/// second).
+pub const PROBE_FRESH: Duration = Duration::from_secs(2);
 
 impl SwitchSettings {
     /// `min_share_milli` as a fraction.
@@ -111,6 +130,7 @@ impl Default for SwitchSettings {
             leg_avoid: Duration::from_secs(10),
             lighter_leg_only: true,
             probe_legs: true,
+            probe_ahead: false,
         }
     }
 }

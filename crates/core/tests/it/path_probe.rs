@@ -235,14 +235,15 @@ fn the_exit_answers_probes_on_linked_legs_only() {
 /// (its LINK) describes another load than B's path has when E1 reports congestion. Returns
 /// A, B, the leg in use at the end and the client's counters; every byte arrived once.
 fn stale_spare(
-    probe: bool,
+    probe: u8,
     link_delay: u64,
     now_delay: u64,
 ) -> (CircKey, CircKey, Option<CircKey>, chive_core::SwitchStats) {
     let mut net = path_net(CcKind::Fixed);
     let settings = net.nodes[CLIENT].switching();
     net.nodes[CLIENT].set_switching(SwitchSettings {
-        probe_legs: probe,
+        probe_legs: probe >= 1,
+        probe_ahead: probe == 2,
         ..settings
     });
     let set_delay = |net: &mut crate::path_switching::Net, d: u64| {
@@ -272,7 +273,9 @@ fn stale_spare(
     assert_eq!(net.killed(), 0);
     let x = net.nodes[X].switch_stats();
     assert_eq!(x.violations, 0, "{x:?}");
-    assert_eq!(x.leg_probes_answered, u64::from(probe), "{x:?}");
+    if probe < 2 {
+        assert_eq!(x.leg_probes_answered, u64::from(probe), "{x:?}");
+    }
     (
         a,
         b,
@@ -286,7 +289,7 @@ fn stale_spare(
 /// cells re-sent on A); the probe is not answered in time and the upload never leaves A.
 #[test]
 fn a_probe_keeps_the_upload_off_a_spare_that_got_slow() {
-    let (a, _, leg, c) = stale_spare(true, 2, 3000);
+    let (a, _, leg, c) = stale_spare(1, 2, 3000);
     assert_eq!(leg, Some(a), "{c:?}");
     assert_eq!(
         (c.leg_probes, c.leg_probes_late, c.triggered, c.cells_resent),
@@ -294,7 +297,7 @@ fn a_probe_keeps_the_upload_off_a_spare_that_got_slow() {
         "{c:?}"
     );
     // Without probes it moves onto the slow spare, the switch times out and re-sends on A.
-    let (a, _, leg, c) = stale_spare(false, 2, 3000);
+    let (a, _, leg, c) = stale_spare(0, 2, 3000);
     assert_eq!(leg, Some(a), "{c:?}");
     assert_eq!((c.triggered, c.timed_out), (1, 1), "{c:?}");
     assert!(c.cells_resent > 0, "{c:?}");
@@ -305,18 +308,108 @@ fn a_probe_keeps_the_upload_off_a_spare_that_got_slow() {
 /// comes back fast and the upload moves to B.
 #[test]
 fn a_probe_moves_the_upload_onto_a_spare_that_got_fast() {
-    let (_, b, leg, c) = stale_spare(true, 1000, 2);
+    let (_, b, leg, c) = stale_spare(1, 1000, 2);
     assert_eq!(leg, Some(b), "{c:?}");
     assert_eq!(
         (c.leg_probes, c.leg_probes_late, c.switches),
         (1, 0, 1),
         "{c:?}"
     );
-    let (a, _, leg, c) = stale_spare(false, 1000, 2);
+    let (a, _, leg, c) = stale_spare(0, 1000, 2);
     assert_eq!(
         leg,
         Some(a),
         "without probes the stale estimate keeps it on A: {c:?}"
     );
     assert_eq!((c.switches, c.congested_ignored), (0, 1), "{c:?}");
+}
+
+/// A Vegas upload on A (E1 -> M1 slow) with spare B, the client probing as `probe` says (0:
+/// none, 1: at the report, 2: ahead), E1 reporting congestion at step 1000. Returns the
+/// client's counters, the exit's answered probes before the report, and the switch record;
+/// every byte arrived once, in order, and the upload ended on B.
+fn probed_upload(
+    probe: u8,
+) -> (
+    chive_core::SwitchStats,
+    u64,
+    chive_core::SwitchRecord,
+    Duration,
+) {
+    let mut net = crate::path_switching::Net::vegas();
+    let settings = net.nodes[CLIENT].switching();
+    net.nodes[CLIENT].set_switching(SwitchSettings {
+        probe_legs: probe >= 1,
+        probe_ahead: probe == 2,
+        ..settings
+    });
+    let (a, b, s) = net.linked();
+    let t0 = net.now;
+    let streams = vec![(s, pattern(3_000_000, 7))];
+    let mut answered_before = None;
+    net.transfer(&streams, 300_000, |i, net| {
+        if i == 1000 {
+            answered_before = Some(net.nodes[X].switch_stats().leg_probes_answered);
+            assert!(net.congest_e1().is_some());
+        }
+    });
+    let took = net.now.duration_since(t0);
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(b));
+    assert_eq!(net.nodes[X].switch_stats().violations, 0);
+    let rec = net.nodes[CLIENT].poll_switch_record().expect("a record");
+    assert_eq!(rec.outcome, chive_core::SwitchOutcome::Switched, "{rec:?}");
+    (
+        net.nodes[CLIENT].switch_stats(),
+        answered_before.expect("the report was sent"),
+        rec,
+        took,
+    )
+}
+
+/// Probing ahead (`SwitchLegProbe = 2`): while A carries the upload its circuit SENDMEs send
+/// probes of B (at most one per `PROBE_AHEAD_EVERY` of virtual time), the exit answers them,
+/// and the report is decided by the last answer at once: with Vegas (no stream window) the
+/// first cell goes on B the moment it arrives. Probing at the report waits for the probe's
+/// round trip over B first; without probes the estimates decide at once too.
+#[test]
+fn probed_ahead_a_report_is_decided_at_once() {
+    let (c, before, rec, took) = probed_upload(2);
+    assert!(before >= 1, "no probe answered before the report: {c:?}");
+    assert_eq!(rec.ended, rec.triggered, "{rec:?}");
+    assert_eq!((c.switches, c.leg_probes_late), (1, 0), "{c:?}");
+    // One probe per second of virtual time at most (the first at once), and they go on
+    // after the move (now probing A).
+    assert!(c.leg_probes <= 1 + took.as_secs(), "{c:?} in {took:?}");
+    assert!(c.leg_probes > before, "no probe after the move: {c:?}");
+    let (c1, before1, rec1, _) = probed_upload(1);
+    assert_eq!(before1, 0, "probes only at the report: {c1:?}");
+    assert_eq!(c1.leg_probes, 1, "{c1:?}");
+    assert!(rec1.ended > rec1.triggered, "the probe's wait: {rec1:?}");
+    let (c0, before0, rec0, _) = probed_upload(0);
+    assert_eq!((before0, c0.leg_probes), (0, 0), "{c0:?}");
+    assert_eq!(rec0.ended, rec0.triggered, "{rec0:?}");
+}
+
+/// Probing ahead onto a spare that got slow (3 s each way on E2 -> M2): the probe that went
+/// out with one of A's SENDMEs is still unanswered when E1 reports, so that probe decides the
+/// report (no answer within 1.1 × A's round trip of its sending: B is at least that slow) and
+/// the upload never leaves A; nothing moves onto B on its stale LINK estimate, as it does
+/// without probes (`a_probe_keeps_the_upload_off_a_spare_that_got_slow`).
+#[test]
+fn probed_ahead_an_unanswered_probe_keeps_the_upload_off_a_slow_spare() {
+    let (a, _, leg, c) = stale_spare(2, 2, 3000);
+    assert_eq!(leg, Some(a), "{c:?}");
+    assert_eq!(
+        (c.triggered, c.timed_out, c.cells_resent),
+        (0, 0, 0),
+        "{c:?}"
+    );
+    assert!(c.leg_probes_late >= 1, "{c:?}");
+    // And onto a spare that got fast, the ahead probes' answers move the upload.
+    let (_, b, leg, c) = stale_spare(2, 1000, 2);
+    assert_eq!(leg, Some(b), "{c:?}");
+    assert_eq!((c.switches, c.timed_out), (1, 0), "{c:?}");
 }

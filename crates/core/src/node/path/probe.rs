@@ -9,11 +9,15 @@
 //! (the exit does not answer, or the leg is very slow), later reports fall back to the
 //! estimates (`SetRtt::heavier`) and no new probe goes out; so do reports while the current
 //! leg is measured only at its LINK (`SetRtt::probe_wait` is None: nothing loaded to compare
-//! with). docs/protocol.md, "Path variant".
+//! with). With `probe_ahead` (`SwitchLegProbe = 2`) the other leg is probed while the upload
+//! runs (on the current leg's circuit SENDMEs, at most once per `PROBE_AHEAD_EVERY`), so a
+//! report finds a fresh answer and is decided at once: the probe's round trip leaves the
+//! switch time. docs/protocol.md, "Path variant".
 
 use chive_cell::LegProbe;
 
 use super::*;
+use crate::node::switch_report::{PROBE_AHEAD_EVERY, PROBE_FRESH};
 
 /// The client's probe on one leg.
 #[derive(Clone, Copy, Debug)]
@@ -56,6 +60,7 @@ impl Core {
         };
         set.probe_id = set.probe_id.wrapping_add(1);
         let id = set.probe_id;
+        set.probe_sent = Some(now);
         set.probe = Some(Probe {
             leg: to,
             id,
@@ -105,6 +110,7 @@ impl Core {
             return;
         };
         set.probe = None;
+        set.probe_answer = Some((key, now));
         let rtt = now.saturating_duration_since(probe.sent);
         set.rtt.probed(key, rtt);
         let Some(d) = probe.deciding else {
@@ -124,6 +130,116 @@ impl Core {
         }
         debug!(?home, from = ?d.from, to = ?key, ?rtt, "the probed leg is lighter: moving");
         self.path_move(home, d.from, key, d.reported, now);
+    }
+
+    /// Client, with `probe_ahead`: a circuit SENDME came on `key`. If `key` carries its set's
+    /// upload, no probe is out and the last went out at least `PROBE_AHEAD_EVERY` ago,
+    /// probe the other leg now (no report waits for it: its answer only updates the estimate
+    /// and is what the next report is decided by, while fresh).
+    pub(in crate::node) fn path_probe_ahead(&mut self, key: CircKey, now: Instant) {
+        let st = self.sw.settings();
+        if !(st.lighter_leg_only && st.probe_legs && st.probe_ahead) {
+            return;
+        }
+        let Some(home) = self.path_home_of(key) else {
+            return;
+        };
+        let Some(set) = self.path.client.get_mut(&home) else {
+            return;
+        };
+        let (Some(spare), Some(current)) = (set.spare, set.sender.current()) else {
+            return;
+        };
+        if current != key || set.sender.is_pending() || set.probe.is_some() {
+            return;
+        }
+        let last = set.probe_sent;
+        if last.is_some_and(|t| now.saturating_duration_since(t) < PROBE_AHEAD_EVERY) {
+            return;
+        }
+        let to = if key == home { spare } else { home };
+        set.probe_id = set.probe_id.wrapping_add(1);
+        let id = set.probe_id;
+        set.probe = Some(Probe {
+            leg: to,
+            id,
+            sent: now,
+            deciding: None,
+        });
+        set.probe_sent = Some(now);
+        self.sw.stats_mut().leg_probes += 1;
+        let body = LegProbe { id }.encode();
+        self.send_to_exit(to, RelayCommand::LEG_PROBE, 0, &body, now);
+    }
+
+    /// Client, with `probe_ahead`: a report for `from` (the upload's leg) finds the other
+    /// leg `to` answered a probe within `PROBE_FRESH`: Some(whether `to` is heavier now), to
+    /// decide at once; None: no fresh answer (probe as without `probe_ahead`).
+    pub(super) fn path_fresh_answer(
+        &self,
+        home: CircKey,
+        from: CircKey,
+        to: CircKey,
+        now: Instant,
+    ) -> Option<bool> {
+        if !self.sw.settings().probe_ahead {
+            return None;
+        }
+        let set = self.path.client.get(&home)?;
+        let (leg, at) = set.probe_answer?;
+        if leg != to || now.saturating_duration_since(at) > PROBE_FRESH {
+            return None;
+        }
+        Some(set.rtt.heavier_now(to, from))
+    }
+
+    /// Client, with `probe_ahead`: a report for `from` finds a probe of `to` out, sent within
+    /// `PROBE_FRESH` and not answered yet. It decides the report as a probe sent at that
+    /// moment would have: its answer still due within 1.1 × `from`'s round trip of its sending
+    /// moves the upload when it comes; past that, `to` is at least that slow and the client
+    /// stays. Returns whether it handled the report (false: no such probe, or `from` is
+    /// unmeasured; the caller goes on as without `probe_ahead`).
+    pub(super) fn path_adopt_probe(
+        &mut self,
+        home: CircKey,
+        from: CircKey,
+        to: CircKey,
+        now: Instant,
+    ) -> bool {
+        if !self.sw.settings().probe_ahead {
+            return false;
+        }
+        let Some(set) = self.path.client.get_mut(&home) else {
+            return false;
+        };
+        let (Some(p), Some(wait)) = (set.probe.as_mut(), set.rtt.probe_wait(from)) else {
+            return false;
+        };
+        if p.leg != to
+            || p.deciding.is_some()
+            || now.saturating_duration_since(p.sent) > PROBE_FRESH
+        {
+            return false;
+        }
+        let deadline = p.sent + wait;
+        if deadline > now {
+            p.deciding = Some(Deciding {
+                deadline,
+                from,
+                reported: now,
+            });
+            return true;
+        }
+        info!(
+            ?home,
+            ?from,
+            ?to,
+            out_ms = now.saturating_duration_since(p.sent).as_millis() as u64,
+            "entry congested, but the other leg's probe is still unanswered: staying"
+        );
+        self.sw.stats_mut().leg_probes_late += 1;
+        self.sw.stats_mut().congested_ignored += 1;
+        true
     }
 
     /// Client: time passed; a probe that did not answer in time says its leg is heavier.

@@ -36,6 +36,23 @@ impl Core {
             return;
         }
         if self.sw.settings().lighter_leg_only && self.sw.settings().probe_legs {
+            // Probed ahead, recently: that answer decides now, with no probe's wait.
+            match self.path_fresh_answer(home, key, to, now) {
+                Some(true) => {
+                    info!(?home, from = ?key, ?to,
+                          "entry congested, but the other leg's last probe is heavier: staying");
+                    self.sw.stats_mut().congested_ignored += 1;
+                    return;
+                }
+                Some(false) => return self.path_move(home, key, to, now, now),
+                None => {}
+            }
+            if self.path_adopt_probe(home, key, to, now) {
+                return;
+            }
+            let Some(set) = self.path.client.get_mut(&home) else {
+                return;
+            };
             match set.probe {
                 Some(p) if p.deciding.is_some() => {
                     debug!(?home, from = ?key, "a probe of the other leg decides already");
