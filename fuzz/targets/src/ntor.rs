@@ -18,13 +18,13 @@ use std::sync::OnceLock;
 
 use chive_crypto::hs_ntor::{
     client_introduce_with_secret, client_rendezvous, service_open_introduce,
-    service_rendezvous_with_secret, HsNtorClientState,
+    service_rendezvous_with_secret, HsIntroPublic, HsNtorClientState,
 };
 use chive_crypto::ntor::{
     client_create_with_secret, client_finish, server_handshake_with_secret, NtorClientState,
 };
 use chive_crypto::ntor_v3 as v3;
-use chive_crypto::{HsIntroSecret, IdentityKeypair, NtorSecretKey};
+use chive_crypto::{HsIntroSecret, IdentityKeypair, NtorPublicKey, NtorSecretKey};
 
 use crate::changed;
 
@@ -62,11 +62,17 @@ fn intro_secret() -> HsIntroSecret {
     }
 }
 
-/// The genuine messages and what the receiving side derives from them, made once per process:
-/// an execution then runs only the side that reads the changed message (each x25519 operation
-/// costs about a millisecond in an instrumented build). Client states are single use by design
-/// (no `Clone`), so the few kinds that need one make it again with the same fixed secret.
+/// The fixed keys (and their public halves), the genuine messages and what the receiving side
+/// derives from them, made once per process: an execution then runs only the side that reads
+/// the changed message. Client states are single use by design (no `Clone`), so the few kinds
+/// that need one make it again with the same fixed secret, from the cached public keys (each
+/// `public()` is a scalar multiplication, and the intro point's key an Ed25519 key expansion:
+/// session 20 took them out of the per-input work).
 struct Genuine {
+    key: NtorSecretKey,
+    key_pub: NtorPublicKey,
+    intro: HsIntroSecret,
+    intro_pub: HsIntroPublic,
     skin: Vec<u8>,
     reply: Vec<u8>,
     relay_km: Vec<u8>,
@@ -82,16 +88,18 @@ fn genuine() -> &'static Genuine {
     static GENUINE: OnceLock<Genuine> = OnceLock::new();
     GENUINE.get_or_init(|| {
         let key = relay_key();
-        let (_, skin) = client_create_with_secret(CLIENT_X, &RELAY_ID, &key.public());
+        let key_pub = key.public();
+        let intro = intro_secret();
+        let intro_pub = intro.public();
+        let (_, skin) = client_create_with_secret(CLIENT_X, &RELAY_ID, &key_pub);
         let (reply, relay_km) = server_handshake_with_secret(RELAY_Y, &RELAY_ID, &key, &skin)
             .expect("the genuine onionskin is accepted");
-        let intro = intro_secret();
-        let (_, introduce) = introduce_state();
+        let (_, introduce) = introduce_state(&intro_pub);
         let opened = service_open_introduce(&intro, INTRO_HEADER, &introduce)
             .expect("the genuine INTRODUCE2 opens");
         let (info, service_km) = service_rendezvous_with_secret(RELAY_Y, &intro, &opened.client_pk)
             .expect("the genuine client key is a valid point");
-        let (_, v3_create) = v3_state();
+        let (_, v3_create) = v3_state(&key_pub);
         let (v3_reply, v3_km) = v3::server_open_with_secret(
             RELAY_Y,
             &RELAY_ED_ID,
@@ -103,6 +111,10 @@ fn genuine() -> &'static Genuine {
         .finish(V3_ANSWER)
         .expect("the genuine client key is a valid point");
         Genuine {
+            key,
+            key_pub,
+            intro,
+            intro_pub,
             v3_create,
             v3_reply,
             v3_km: v3_km.0.to_vec(),
@@ -116,28 +128,23 @@ fn genuine() -> &'static Genuine {
     })
 }
 
-fn create_state() -> NtorClientState {
-    client_create_with_secret(CLIENT_X, &RELAY_ID, &relay_key().public()).0
+fn create_state(key_pub: &NtorPublicKey) -> NtorClientState {
+    client_create_with_secret(CLIENT_X, &RELAY_ID, key_pub).0
 }
 
-fn v3_state() -> (v3::NtorV3ClientState, Vec<u8>) {
+fn v3_state(key_pub: &NtorPublicKey) -> (v3::NtorV3ClientState, Vec<u8>) {
     v3::client_create_with_secret(
         CLIENT_X,
         &RELAY_ED_ID,
-        &relay_key().public(),
+        key_pub,
         V3_REQUEST,
         v3::CIRCUIT_VERIFICATION,
     )
 }
 
-fn introduce_state() -> (HsNtorClientState, Vec<u8>) {
-    client_introduce_with_secret(
-        CLIENT_X,
-        &intro_secret().public(),
-        INTRO_HEADER,
-        INTRO_PLAINTEXT,
-    )
-    .expect("the service's key is a valid point")
+fn introduce_state(intro_pub: &HsIntroPublic) -> (HsNtorClientState, Vec<u8>) {
+    client_introduce_with_secret(CLIENT_X, intro_pub, INTRO_HEADER, INTRO_PLAINTEXT)
+        .expect("the service's key is a valid point")
 }
 
 /// The fuzz target.
@@ -151,25 +158,25 @@ pub fn ntor(data: &[u8]) {
         0 => {
             let skin = &genuine.skin;
             let msg = changed(skin, input, cut);
-            let served = server_handshake_with_secret(RELAY_Y, &RELAY_ID, &relay_key(), &msg);
+            let served = server_handshake_with_secret(RELAY_Y, &RELAY_ID, &genuine.key, &msg);
             if msg == *skin {
                 let (reply, relay_km) = served.expect("the genuine onionskin is accepted");
-                let client_km =
-                    client_finish(create_state(), &reply).expect("the genuine reply checks");
+                let client_km = client_finish(create_state(&genuine.key_pub), &reply)
+                    .expect("the genuine reply checks");
                 assert_eq!(client_km.0, relay_km.0, "both sides derive the same keys");
             } else if let Ok((reply, _)) = served {
                 // Only X may differ (ID and B are checked, the length is fixed): the relay
                 // answers a key the genuine client did not send, and that client refuses it.
                 assert_eq!(msg[..52], skin[..52], "relay accepted a wrong ID or B");
                 assert!(
-                    client_finish(create_state(), &reply).is_err(),
+                    client_finish(create_state(&genuine.key_pub), &reply).is_err(),
                     "client accepted a reply to another X"
                 );
             }
         }
         1 => {
             let msg = changed(&genuine.reply, input, cut);
-            let finished = client_finish(create_state(), &msg);
+            let finished = client_finish(create_state(&genuine.key_pub), &msg);
             if msg == genuine.reply {
                 let km = finished.expect("the genuine reply checks");
                 assert_eq!(
@@ -183,7 +190,7 @@ pub fn ntor(data: &[u8]) {
         }
         2 => {
             let msg = changed(&genuine.introduce, input, cut);
-            let opened = service_open_introduce(&intro_secret(), INTRO_HEADER, &msg);
+            let opened = service_open_introduce(&genuine.intro, INTRO_HEADER, &msg);
             if msg == genuine.introduce {
                 let opened = opened.expect("the genuine INTRODUCE2 opens");
                 assert_eq!(opened.plaintext, INTRO_PLAINTEXT, "plaintext survives");
@@ -196,7 +203,7 @@ pub fn ntor(data: &[u8]) {
             let opened = v3::server_open_with_secret(
                 RELAY_Y,
                 &RELAY_ED_ID,
-                &relay_key(),
+                &genuine.key,
                 &msg,
                 v3::CIRCUIT_VERIFICATION,
             );
@@ -209,7 +216,7 @@ pub fn ntor(data: &[u8]) {
         }
         5 => {
             let msg = changed(&genuine.v3_reply, input, cut);
-            let finished = v3::client_finish(v3_state().0, &msg);
+            let finished = v3::client_finish(v3_state(&genuine.key_pub).0, &msg);
             if msg == genuine.v3_reply {
                 let (answer, km) = finished.expect("the genuine ntor v3 reply checks");
                 assert_eq!(answer, V3_ANSWER, "the answer survives");
@@ -227,7 +234,7 @@ pub fn ntor(data: &[u8]) {
         }
         _ => {
             let msg = changed(&genuine.info, input, cut);
-            let finished = client_rendezvous(introduce_state().0, &msg);
+            let finished = client_rendezvous(introduce_state(&genuine.intro_pub).0, &msg);
             if msg == genuine.info {
                 let km = finished.expect("the genuine RENDEZVOUS2 checks");
                 assert_eq!(

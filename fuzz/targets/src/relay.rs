@@ -1,11 +1,11 @@
 //! Target `relay_msg`: the relay cell payload ([`parse_relay`]) and every message body parser in
 //! chive-cell's `msg` (relay, circuit and link messages), and the extension list ntor v3
-//! carries in CREATE2/CREATED2 (`CircExt`).
+//! carries in CREATE2/CREATED2 (`CircExt`), and chive's LEG_PROBE (`LegProbe`, session 20).
 
 use chive_cell::{
     parse_relay, relay_payload, Authenticate, Begin, Bind, CircExt, Connected, Create2, Created2,
-    Destroy, End, Extend2, Extended2, Handoff, LinkFeatures, RelayCommand, Resolve, Resolved,
-    Sendme, Versions, PAYLOAD_LEN,
+    Destroy, End, Extend2, Extended2, Handoff, LegProbe, LinkFeatures, RelayCommand, Resolve,
+    Resolved, Sendme, Versions, PAYLOAD_LEN,
 };
 
 /// The message kinds, selected by the input's first byte (modulo their count); the rest of the
@@ -30,6 +30,7 @@ pub const KINDS: &[&str] = &[
     "handoff",
     "authenticate",
     "ntor3_extensions",
+    "leg_probe",
 ];
 
 /// See [`KINDS`]. Property: every successful decode round-trips through its encoder; a relay
@@ -69,6 +70,12 @@ fn message(kind: usize, body: &[u8]) {
                 assert_eq!(again, body, "ntor v3 extensions round-trip");
             }
         }
+        18 => {
+            // Exactly 8 bytes or an error: what decodes re-encodes to the same bytes.
+            if let Ok(p) = LegProbe::decode(body) {
+                assert_eq!(p.encode(), body, "LEG_PROBE round-trips exactly");
+            }
+        }
         _ => unreachable!("kind is taken modulo KINDS.len()"),
     }
 }
@@ -98,6 +105,7 @@ fn relay(body: &[u8]) {
         RelayCommand::EXTEND2 => 5,
         RelayCommand::EXTENDED2 => 3,
         RelayCommand::TRUNCATED => 4,
+        RelayCommand::LEG_PROBE => 18,
         _ => return,
     };
     message(kind, view.data);

@@ -5,8 +5,9 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 
 use chive_cell::{
     relay_payload, Authenticate, Begin, Bind, Cell, CellCommand, CircExt, Connected, Create2,
-    Created2, Destroy, DestroyReason, End, EndReason, Extend2, Extended2, Handoff, LinkFeatures,
-    LinkSpec, RelayCommand, Resolve, Resolved, ResolvedAnswer, Sendme, VarCell, Versions,
+    Created2, Destroy, DestroyReason, End, EndReason, Extend2, Extended2, Handoff, LegProbe,
+    LinkFeatures, LinkSpec, RelayCommand, Resolve, Resolved, ResolvedAnswer, Sendme, VarCell,
+    Versions,
 };
 use chive_client::socks::{SocksCommand, SocksRequest, SocksVersion, TargetAddr};
 use chive_crypto::IdentityKeypair;
@@ -113,6 +114,9 @@ fn relay_msgs() -> Vec<(String, Vec<u8>)> {
         host: "::1".into(),
         port: 80,
         flags: 1,
+    };
+    let probe = LegProbe {
+        id: 0x0102_0304_0506_0708,
     };
     let bodies: Vec<(&str, &str, Vec<u8>)> = vec![
         ("create2", "ntor", create2.encode().expect("encodes")),
@@ -261,6 +265,7 @@ fn relay_msgs() -> Vec<(String, Vec<u8>)> {
             }
             .encode(),
         ),
+        ("leg_probe", "id", probe.encode()),
     ];
     let mut out: Vec<(String, Vec<u8>)> = bodies
         .into_iter()
@@ -287,6 +292,10 @@ fn relay_msgs() -> Vec<(String, Vec<u8>)> {
         (
             "data",
             relay_payload(RelayCommand::DATA, 1, b"GET / HTTP/1.0\r\n\r\n"),
+        ),
+        (
+            "leg_probe",
+            relay_payload(RelayCommand::LEG_PROBE, 0, &probe.encode()),
         ),
     ];
     for (name, p) in payloads {

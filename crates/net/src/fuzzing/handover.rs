@@ -284,17 +284,23 @@ impl Wire {
         end
     }
 
+    /// Where a change applies in the stream (None: after a handshake that has not ended), and
+    /// its XOR byte.
+    fn change_at(&self, c: Change) -> Option<(usize, u8)> {
+        match c {
+            Change::At(off, x) => Some((off, x)),
+            Change::AfterHandshake(off, x) => {
+                self.handshake_end.map(|hs| (hs.saturating_add(off), x))
+            }
+        }
+    }
+
     /// The byte at `at` of the genuine stream, as changed.
     fn changed(&self, at: usize) -> u8 {
         let mut b = self.genuine[at];
         for c in &self.script.changes {
-            match *c {
-                Change::At(off, x) if off == at => b ^= x,
-                Change::AfterHandshake(off, x)
-                    if self.handshake_end.map(|hs| hs.saturating_add(off)) == Some(at) =>
-                {
-                    b ^= x
-                }
+            match self.change_at(*c) {
+                Some((off, x)) if off == at => b ^= x,
                 _ => {}
             }
         }
@@ -344,15 +350,27 @@ impl AsyncRead for WireEnd {
         };
         let end = limit + appended;
         let n = most.min(buf.remaining()).min(end.saturating_sub(this.pos));
-        for at in this.pos..this.pos + n {
-            let b = if at < limit {
-                this.changed(at)
-            } else {
-                this.script.appended[at - limit]
-            };
-            buf.put_slice(&[b]);
+        // The genuine bytes in one copy, then the changes that fall in them, then the appended
+        // bytes: the same bytes as `changed` byte by byte, without a loop per byte (the
+        // streams are up to ~130 KB, and every instrumented iteration counted).
+        let (start, stop) = (this.pos, this.pos + n);
+        let genuine_stop = stop.min(limit);
+        if start < genuine_stop {
+            let before = buf.filled().len();
+            buf.put_slice(&this.genuine[start..genuine_stop]);
+            let put = &mut buf.filled_mut()[before..];
+            for c in &this.script.changes {
+                if let Some((at, x)) = this.change_at(*c) {
+                    if (start..genuine_stop).contains(&at) {
+                        put[at - start] ^= x;
+                    }
+                }
+            }
         }
-        this.pos += n;
+        if stop > limit {
+            buf.put_slice(&this.script.appended[start.max(limit) - limit..stop - limit]);
+        }
+        this.pos = stop;
         Poll::Ready(Ok(()))
     }
 }
