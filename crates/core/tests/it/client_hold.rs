@@ -43,16 +43,11 @@ fn overlay_cc(cap: usize, cc: CcKind) -> Sim {
 }
 
 /// The exit's "servers" send without end: every read credit X grants is filled at once.
-fn serve(sim: &mut Sim, zeros: &[u8]) {
+fn serve(sim: &mut Sim) {
     for (n, ev) in std::mem::take(&mut sim.events) {
         match ev {
             Event::StreamReadCredit { stream, bytes } if n == X => {
-                let mut left = bytes;
-                while left > 0 {
-                    let k = left.min(zeros.len());
-                    sim.nodes[X].stream_data(stream, &zeros[..k], sim.now);
-                    left -= k;
-                }
+                sim.fill_credit(X, stream, bytes);
             }
             other => sim.events.push((n, other)),
         }
@@ -117,7 +112,6 @@ fn gaming(cap: usize, cc: CcKind, warmup: usize, window: usize) -> (Sim, Outcome
     ]);
     let (m_to_e, e_to_gamer, e_to_single) =
         (sim.chan(M, E), sim.chan(E, GAMER), sim.chan(E, SINGLE));
-    let zeros = vec![0u8; 64 * 1024];
     let mut out = Outcome {
         gamer: 0,
         single: 0,
@@ -126,7 +120,7 @@ fn gaming(cap: usize, cc: CcKind, warmup: usize, window: usize) -> (Sim, Outcome
         steps: window,
     };
     for step in 0..warmup + window {
-        serve(&mut sim, &zeros);
+        serve(&mut sim);
         // E's write rate is shared and work-conserving: the single client's share (half) if it
         // has that much waiting, the rest to the gamer.
         let single_waiting = sim.nodes[E].channel_queued(e_to_single);
@@ -267,9 +261,8 @@ fn a_hostile_client_cannot_grow_the_held_queue_without_bound() {
     let e_chan = sim.chan(E, GAMER);
     let g_chan = sim.chan(GAMER, E);
     sim.links.get_mut(&(E, e_chan)).unwrap().budget = 0;
-    let zeros = vec![0u8; 64 * 1024];
     for _ in 0..500 {
-        serve(&mut sim, &zeros);
+        serve(&mut sim);
         sim.step();
     }
     let queued = sim.nodes[E].channel_queued(e_chan);

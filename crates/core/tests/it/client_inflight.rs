@@ -107,12 +107,7 @@ fn run(cap: usize, window: usize, circuits: usize, warmup: usize, steps: usize) 
         for (n, ev) in std::mem::take(&mut sim.events) {
             match ev {
                 Event::StreamReadCredit { stream, bytes } if n == X => {
-                    let mut left = bytes;
-                    while left > 0 {
-                        let k = left.min(zeros.len());
-                        sim.nodes[X].stream_data(stream, &zeros[..k], sim.now);
-                        left -= k;
-                    }
+                    sim.fill_credit(X, stream, bytes);
                 }
                 Event::StreamReadCredit { stream, bytes } if n == XWEB => {
                     let left = web_left.entry(stream).or_insert(WEB_BYTES);
@@ -274,7 +269,6 @@ fn busy(window: usize, circuits: usize, steps: u64) -> Busy {
     let mut sim = overlay(CAP, window);
     sim.shape.delay = 2;
     let path: Vec<_> = BULK_PATH.iter().map(|&r| sim.hops[r].clone()).collect();
-    let zeros = vec![0u8; 64 * 1024];
     let mut launched = vec![(sim.nodes[GAMER].launch_circuit(path.clone(), sim.now), 0u64)];
     let mut streams: HashMap<StreamHandle, u64> = HashMap::new();
     let mut out = Busy {
@@ -285,12 +279,7 @@ fn busy(window: usize, circuits: usize, steps: u64) -> Busy {
         for (n, ev) in std::mem::take(&mut sim.events) {
             match ev {
                 Event::StreamReadCredit { stream, bytes } if n == X => {
-                    let mut left = bytes;
-                    while left > 0 {
-                        let k = left.min(zeros.len());
-                        sim.nodes[X].stream_data(stream, &zeros[..k], sim.now);
-                        left -= k;
-                    }
+                    sim.fill_credit(X, stream, bytes);
                 }
                 Event::CircuitBuilt { circ } if n == GAMER => {
                     let started = launched.iter().find(|(c, _)| *c == circ).map(|l| l.1);

@@ -332,6 +332,18 @@ impl Sim {
         }
     }
 
+    /// A server behind exit `node` that sends without end: fill all `bytes` of a read credit
+    /// for `stream` at once, with zeros.
+    pub fn fill_credit(&mut self, node: usize, stream: StreamHandle, bytes: usize) {
+        const CHUNK: [u8; 16 * 1024] = [0; 16 * 1024];
+        let mut left = bytes;
+        while left > 0 {
+            let k = left.min(CHUNK.len());
+            self.nodes[node].stream_data(stream, &CHUNK[..k], self.now);
+            left -= k;
+        }
+    }
+
     /// Step until nothing moved for 4 steps in a row, or `max_steps`.
     pub fn run(&mut self, max_steps: usize) {
         let mut idle = 0;
