@@ -194,15 +194,23 @@ impl LinkReader {
             if let Some(cell) = self.buf.next_cell()? {
                 return Ok(Some(cell));
             }
-            match self.buf.fill(&mut self.rd).await? {
-                Fill::Eof => return Ok(None),
-                Fill::Read(n) => {
-                    // Charge after the read: the next read waits until the bucket has recovered,
-                    // which bounds the average rate at the cost of at most one chunk of burst.
-                    if let Some(bucket) = &self.bucket {
-                        bucket.consume(n).await;
-                    }
+            if !self.fill_charged().await? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// One more read into the buffer, charged to the read bucket; false on clean EOF. Charged
+    /// after the read: the next read waits until the bucket has recovered, which bounds the
+    /// average rate at the cost of at most one chunk of burst.
+    async fn fill_charged(&mut self) -> Result<bool, LinkError> {
+        match self.buf.fill(&mut self.rd).await? {
+            Fill::Eof => Ok(false),
+            Fill::Read(n) => {
+                if let Some(bucket) = &self.bucket {
+                    bucket.consume(n).await;
                 }
+                Ok(true)
             }
         }
     }
@@ -238,13 +246,8 @@ impl LinkReader {
             if out.len() > first || max == 0 {
                 return Ok(out.len() - first);
             }
-            match self.buf.fill(&mut self.rd).await? {
-                Fill::Eof => return Ok(0),
-                Fill::Read(n) => {
-                    if let Some(bucket) = &self.bucket {
-                        bucket.consume(n).await;
-                    }
-                }
+            if !self.fill_charged().await? {
+                return Ok(0);
             }
         }
     }
@@ -266,13 +269,8 @@ impl LinkReader {
             if n > 0 || max == 0 {
                 return Ok(n);
             }
-            match self.buf.fill(&mut self.rd).await? {
-                Fill::Eof => return Ok(0),
-                Fill::Read(n) => {
-                    if let Some(bucket) = &self.bucket {
-                        bucket.consume(n).await;
-                    }
-                }
+            if !self.fill_charged().await? {
+                return Ok(0);
             }
         }
     }
@@ -289,20 +287,15 @@ impl LinkReader {
         max: usize,
         pool: Option<&Arc<BatchPool>>,
     ) -> Result<Option<(CellBatch, usize)>, LinkError> {
+        if max == 0 {
+            return Ok(Some((CellBatch::copied(Vec::new()), 0)));
+        }
         loop {
-            if max == 0 {
-                return Ok(Some((CellBatch::copied(Vec::new()), 0)));
-            }
             if let Some(batch) = self.buf.take_batch(max, pool) {
                 return Ok(Some(batch));
             }
-            match self.buf.fill(&mut self.rd).await? {
-                Fill::Eof => return Ok(None),
-                Fill::Read(n) => {
-                    if let Some(bucket) = &self.bucket {
-                        bucket.consume(n).await;
-                    }
-                }
+            if !self.fill_charged().await? {
+                return Ok(None);
             }
         }
     }
