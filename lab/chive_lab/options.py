@@ -17,6 +17,7 @@ with a ``parse`` function in the field's metadata.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -111,6 +112,13 @@ def _read(value: Any, hint: Any, path: str, meta: Mapping[str, Any]) -> Any:
     raise _err(path, f"unsupported option type {hint!r}")
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints`` of an options class, evaluated once: it compiles every string
+    annotation on each call, which was most of the time a scenario took to validate."""
+    return typing.get_type_hints(cls)
+
+
 def parse_options(cls: type, raw: Mapping[str, Any], path: str = "") -> Any:
     """``raw`` (a TOML table) validated into the frozen dataclass ``cls``.
     Missing keys take the field's default; a field without a default is required."""
@@ -121,7 +129,7 @@ def parse_options(cls: type, raw: Mapping[str, Any], path: str = "") -> Any:
     if unknown:
         where = f"{path}." if path else ""
         raise LabError(f"unknown key {where}{unknown[0]} (allowed here: {', '.join(sorted(fields))})")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     values: dict[str, Any] = {}
     for name, f in fields.items():
         kpath = f"{path}.{name}" if path else name
