@@ -26,7 +26,8 @@ help:
 	@echo "make test    build, cargo test --release --workspace, pytest lab/tests (docs/testing.md)"
 	@echo "make demo    build, start a 3-relay network, curl 1 MiB and 10 MiB through it, stop it"
 	@echo "make bench   cargo bench (crypto per cell, scheduler per cell), the 3-hop 50 MB goodput benchmark and CPU per relayed byte vs tor"
-	@echo "make fuzz    every cargo-fuzz target, 10M executions each (nightly; installs cargo-fuzz); table of execs/cov"
+	@echo "make fuzz    every cargo-fuzz target, 10M executions each (nightly; installs cargo-fuzz); table of execs/cov;"
+	@echo "            then the lab's scenario files for FUZZ_SCENARIO_SECONDS (atheris)"
 	@echo "make lint    cargo fmt --check, clippy -D warnings, Python compile (+ pyflakes if present)"
 	@echo "make clean   remove build products (target/, .venv, caches); keeps runs/"
 
@@ -82,9 +83,16 @@ bench: build
 FUZZ_RUNS ?= 10000000
 FUZZ_SECONDS ?= 3600
 FUZZ_SANITIZER ?= none
-fuzz:
+# Then the lab's scenario files (Python, atheris): a time budget, FUZZ_SCENARIO_SECONDS, since a
+# Python target runs tens to hundreds of inputs a second, not the Rust targets' thousands.
+FUZZ_SCENARIO_SECONDS ?= 600
+fuzz: venv
 	FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SANITIZER=$(FUZZ_SANITIZER) \
 		bash fuzz/scripts/fuzz.sh
+	@$(VENV)/bin/python -c 'import atheris' 2>/dev/null || \
+		$(VENV)/bin/pip install --quiet --disable-pip-version-check 'atheris>=2.3'
+	nice -n 19 $(VENV)/bin/python lab/scripts/fuzz_scenarios.py --runs $(FUZZ_RUNS) \
+		--seconds $(FUZZ_SCENARIO_SECONDS)
 
 lint: deps
 	$(CARGO) fmt --all -- --check

@@ -623,14 +623,22 @@ def load_scenario(path: Path | str, *, quick: bool = False, impl: str | None = N
     data = read_capped(path, MAX_SCENARIO_BYTES, "scenario")
     if data is None:
         raise LabError(f"cannot read scenario {path}: no such file")
+    return scenario_from_bytes(data, str(path), quick=quick, impl=impl)
+
+
+def scenario_from_bytes(data: bytes, origin: str, *, quick: bool = False, impl: str | None = None) -> Scenario:
+    """A scenario file's bytes, decoded and validated as ``load_scenario`` does; errors start
+    with ``origin`` (the file's path). The fuzz target ``chive_lab.fuzzing`` calls this."""
+    if len(data) > MAX_SCENARIO_BYTES:
+        raise LabError(f"scenario {origin}: larger than {MAX_SCENARIO_BYTES} bytes")
     try:
         doc = tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise LabError(f"{path}: not valid TOML: {e}") from e
+        raise LabError(f"{origin}: not valid TOML: {e}") from e
     try:
         return parse_scenario(doc, quick=quick, impl=impl)
     except LabError as e:
-        raise LabError(f"{path}: {e}") from e
+        raise LabError(f"{origin}: {e}") from e
 
 
 def impl_of(scenario: Scenario, variant: Variant) -> str:
