@@ -55,12 +55,7 @@ async fn own_record_layer_links_carry_cells_both_ways_with_either_peer() {
             c.tls_suite(),
             Some(rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256)
         );
-        let (c_r, c_w) = c.split(LinkLimits::default());
-        let (r_r, r_w) = r.split(LinkLimits::default());
-        let one = tokio::spawn(send_and_check(c_w, r_r, 5000));
-        let two = tokio::spawn(send_and_check(r_w, c_r, 5000));
-        one.await.unwrap();
-        two.await.unwrap();
+        both_ways(c, r, 5000).await;
     }
 }
 

@@ -268,55 +268,24 @@ async fn send_and_check(mut w: LinkWriter, mut r: LinkReader, n: u32) {
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test]
-async fn ten_thousand_cells_each_way() {
-    let (c, r) = pair(0, 0).await;
+/// [`send_and_check`] `n` cells each way over `c` and `r` at once.
+async fn both_ways(c: Link, r: Link, n: u32) {
     let (c_r, c_w) = c.split(LinkLimits::default());
     let (r_r, r_w) = r.split(LinkLimits::default());
-    let one = tokio::spawn(send_and_check(c_w, r_r, 10_000));
-    let two = tokio::spawn(send_and_check(r_w, c_r, 10_000));
+    let one = tokio::spawn(send_and_check(c_w, r_r, n));
+    let two = tokio::spawn(send_and_check(r_w, c_r, n));
     one.await.unwrap();
     two.await.unwrap();
 }
 
 #[tokio::test]
-async fn read_cells_batches_in_order_up_to_max_then_eof() {
+async fn ten_thousand_cells_each_way() {
     let (c, r) = pair(0, 0).await;
-    let (_c_r, mut c_w) = c.split(LinkLimits::default());
-    let (mut r_r, _r_w) = r.split(LinkLimits::default());
-    let n = 3000u32;
-    let writer = tokio::spawn(async move {
-        for start in (0..n).step_by(500) {
-            let cells: Vec<Cell> = (start..start + 500).map(numbered_cell).collect();
-            c_w.write_cells(&cells).await.unwrap();
-        }
-        c_w.shutdown().await.unwrap();
-    });
-    let mut got = Vec::new();
-    let mut calls = 0;
-    loop {
-        let before = got.len();
-        let k = r_r.read_cells(&mut got, 50).await.unwrap();
-        assert_eq!(got.len() - before, k);
-        assert!(k <= 50, "batch of {k} > max");
-        if k == 0 {
-            break;
-        }
-        calls += 1;
-    }
-    writer.await.unwrap();
-    assert_eq!(got.len(), n as usize);
-    assert!(calls >= n as usize / 50, "{calls} calls");
-    for (i, cell) in got.iter().enumerate() {
-        match cell {
-            AnyCell::Fixed(c) => assert_eq!(c.payload, numbered_cell(i as u32).payload, "cell {i}"),
-            other => panic!("cell {i}: got {other:?}"),
-        }
-    }
+    both_ways(c, r, 10_000).await;
 }
 
 #[tokio::test]
-async fn read_cell_bytes_cuts_whole_cells_up_to_max_then_eof() {
+async fn read_cell_batch_cuts_whole_cells_in_order_up_to_max_then_eof() {
     let (c, r) = pair(0, 0).await;
     let (_c_r, mut c_w) = c.split(LinkLimits::default());
     let (mut r_r, _r_w) = r.split(LinkLimits::default());
@@ -335,26 +304,25 @@ async fn read_cell_bytes_cuts_whole_cells_up_to_max_then_eof() {
         }
         c_w.shutdown().await.unwrap();
     });
-    let mut wire = Vec::new();
-    let mut cells = 0;
-    loop {
-        let before = wire.len();
-        let k = r_r.read_cell_bytes(&mut wire, 50).await.unwrap();
-        assert!(k <= 50, "batch of {k} > max");
-        if k == 0 {
-            break;
-        }
-        // Whole cells only: the new bytes decode to exactly k cells.
-        let mut rest = &wire[before..];
+    // With a pool, as the node's reader uses it: batches of many cells are handed over.
+    let pool = BatchPool::new(2);
+    let (mut wire, mut cells, mut calls) = (Vec::new(), 0, 0);
+    while let Some((batch, k)) = r_r.read_cell_batch(50, Some(&pool)).await.unwrap() {
+        assert!((1..=50).contains(&k), "batch of {k}, max 50");
+        // Whole cells only: the batch decodes to exactly k cells.
+        let mut rest = &batch[..];
         for _ in 0..k {
             let (_, used) = chive_cell::decode_cell(rest).unwrap().unwrap();
             rest = &rest[used..];
         }
         assert!(rest.is_empty(), "{} bytes of a partial cell", rest.len());
+        wire.extend_from_slice(&batch);
         cells += k;
+        calls += 1;
     }
     writer.await.unwrap();
     assert_eq!(cells, n as usize + 6);
+    assert!(calls >= cells / 50, "{calls} calls");
     let mut rest = &wire[..];
     let mut fixed = 0u32;
     while let Some((cell, used)) = chive_cell::decode_cell(rest).unwrap() {
@@ -371,6 +339,9 @@ async fn read_cell_bytes_cuts_whole_cells_up_to_max_then_eof() {
         rest = &rest[used..];
     }
     assert_eq!((fixed, rest.len()), (n, 0));
+    // `max` 0 is an empty batch, not a read or an EOF.
+    let (empty, none) = r_r.read_cell_batch(0, None).await.unwrap().unwrap();
+    assert_eq!((empty.len(), none), (0, 0));
 }
 
 #[tokio::test]
