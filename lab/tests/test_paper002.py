@@ -92,14 +92,14 @@ def test_representative_run_is_the_median():
 
 
 def test_parse_options():
-    p = p2.parse_options({"scale": 0.2, "queue_at": "host", "ackprio_hosts": ["A", "B"], "rate": "20mbit"})
+    p = p2.KIND.parse_options({"scale": 0.2, "queue_at": "host", "ackprio_hosts": ["A", "B"], "rate": "20mbit"})
     assert p.scale == 0.2 and p.queue_at == "host" and p.ackprio_hosts == ("A", "B")
     assert p.switch_port_packets is None
-    assert p2.parse_options({"switch_port_packets": 100}).switch_port_packets == 100
+    assert p2.KIND.parse_options({"switch_port_packets": 100}).switch_port_packets == 100
     for bad in ({"nope": 1}, {"scale": 0}, {"queue_at": "nic"}, {"ackprio_hosts": ["D"]}, {"rate": "fast"},
                 {"switch_port_packets": 0}, {"switch_port_packets": "100"}, {"switch_port_packets": True}):
         with pytest.raises(LabError):
-            p2.parse_options(bad)
+            p2.KIND.parse_options(bad)
 
 
 @pytest.mark.skipif(NOT_AVAILABLE is not None, reason=f"netns: {NOT_AVAILABLE}")

@@ -35,7 +35,6 @@ from .. import netns, stats
 from ..errors import LabError
 from ..kinds import ExperimentKind, RepetitionContext
 from ..options import option
-from ..options import parse_options as parse_scenario_options
 from . import bulk
 
 KIND_NAME = "paper002-tcp"
@@ -81,11 +80,6 @@ class VariantOptions:
     shape: bulk.ShapeOptions = field(default_factory=bulk.ShapeOptions)
     fig: str = option("-", doc="the paper figure it is compared with")
     paper: str = option("", doc="what the paper reports for it")
-
-
-def parse_options(raw: Mapping[str, Any]) -> Params:
-    """The scenario's keys of this kind as :class:`Params`; LabError names a bad one."""
-    return parse_scenario_options(Params, raw)
 
 
 def connections(mode: str, p: Params) -> list[Conn]:
