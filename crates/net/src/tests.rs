@@ -22,18 +22,11 @@ fn keypair() -> Arc<IdentityKeypair> {
 fn relay_cfg(features: u64) -> (Arc<LinkConfig>, IdentityKey) {
     let id = keypair();
     let public = id.public();
-    (
-        Arc::new(LinkConfig {
-            identity: Some(id),
-            features: FeatureSet(features),
-            socket_buffer: None,
-            unsent_limit: None,
-            unsent_rtt_rate: None,
-            congestion_control: None,
-            record_layer: Default::default(),
-        }),
-        public,
-    )
+    let cfg = LinkConfig {
+        identity: Some(id),
+        ..client_cfg(features)
+    };
+    (Arc::new(cfg), public)
 }
 
 fn client_cfg(features: u64) -> LinkConfig {
@@ -363,12 +356,13 @@ async fn clean_shutdown_gives_eof() {
     assert!(r_r.read_cell().await.unwrap().is_none());
 }
 
-#[tokio::test]
-async fn cells_right_after_handshake_are_kept() {
-    // A hand-made initiator puts its handshake and three cells in one write: the responder's
-    // handshake reads them all in one go and must hand the extra cells to the reader.
-    let (r_cfg, _) = relay_cfg(0);
-    let (addr, mut rx) = serve(r_cfg).await;
+/// A hand-made initiator to `addr` puts its handshake and three cells in one write; the
+/// responder's link (from `rx`), after `check`, must read those three cells first.
+async fn cells_with_handshake_are_kept(
+    addr: SocketAddr,
+    rx: &mut mpsc::UnboundedReceiver<Result<Link, LinkError>>,
+    check: impl FnOnce(&Link),
+) {
     let (mut tls, exporter) = raw_tls(addr).await;
     let mut wire = handshake::our_cells(Role::Initiator, &client_cfg(0), &exporter).unwrap();
     for i in 1..=3 {
@@ -376,8 +370,8 @@ async fn cells_right_after_handshake_are_kept() {
     }
     tls.write_all(&wire).await.unwrap();
     tls.flush().await.unwrap();
-    let link = next(&mut rx).await.unwrap();
-    assert_eq!(link.peer_identity, None);
+    let link = next(rx).await.unwrap();
+    check(&link);
     let (mut r, _w) = link.split(LinkLimits::default());
     for i in 1..=3 {
         match r.read_cell().await.unwrap() {
@@ -385,6 +379,15 @@ async fn cells_right_after_handshake_are_kept() {
             other => panic!("got {other:?}"),
         }
     }
+}
+
+#[tokio::test]
+async fn cells_right_after_handshake_are_kept() {
+    // The responder's handshake reads them all in one go and must hand the extra cells to the
+    // reader.
+    let (r_cfg, _) = relay_cfg(0);
+    let (addr, mut rx) = serve(r_cfg).await;
+    cells_with_handshake_are_kept(addr, &mut rx, |link| assert_eq!(link.peer_identity, None)).await;
 }
 
 /// Hand-made initiators that misbehave; each must fail on the relay with the expected error.
