@@ -25,15 +25,15 @@ def _series(down_solo: float, down_both: float, up: float, p: cu.Params) -> dict
 
 
 def test_parse_options_and_defaults():
-    p = cu.parse_options({})
+    p = cu.KIND.parse_options({})
     assert (p.queue_at, p.downloads, p.uploads, p.switch_port_packets) == ("host", 1, 4, None)
-    p = cu.parse_options({"uploads": 0, "downloads": 2, "queue_at": "switch", "switch_port_packets": 100,
+    p = cu.KIND.parse_options({"uploads": 0, "downloads": 2, "queue_at": "switch", "switch_port_packets": 100,
                           "scale": 0.5, "transfer_bytes": 4096})
     assert (p.uploads, p.downloads, p.queue_at, p.switch_port_packets, p.scale) == (0, 2, "switch", 100, 0.5)
     for bad in ({"nope": 1}, {"downloads": 0}, {"uploads": 99}, {"uploads": True}, {"queue_at": "nic"},
                 {"transfer_bytes": 1}, {"log_level": "INFO; rm"}, {"switch_port_packets": 0}):
         with pytest.raises(LabError):
-            cu.parse_options(bad)
+            cu.KIND.parse_options(bad)
 
 
 def test_loops_follow_the_timeline():

@@ -11,6 +11,7 @@ import pytest
 
 from chive_lab import netns, stats
 from chive_lab.errors import LabError
+from chive_lab.experiments import bulk
 from chive_lab.experiments import paper002 as p2
 
 NOT_AVAILABLE = netns.available()
@@ -84,6 +85,18 @@ def test_analysis_on_synthetic_runs(tmp_path):
     first = rows[1].split(",")
     assert first[2] == "A->B" and float(first[3]) == pytest.approx(9.5e6) and float(first[4]) == 0
     assert json.loads((tmp_path / "summary.json").read_text())["variants"].keys() == {"uni-ackprio", "bidir"}
+    # The report's table and Fig 9 from this summary (both paper-002 kinds use them).
+    declared = {"uni-ackprio": p2.VariantOptions(mode="uni", paper="steady"),
+                "bidir": p2.VariantOptions(mode="bidir", paper="shaky")}
+    table = bulk.goodput_table("t", "flow", "ratio", s, lambda d: d.get("ratio_to_solo"), declared, "n")
+    assert table.columns == ["variant", "flow", "Mbit/s", "ratio", "variance (kB/s)^2", "paper"]
+    rows = {(r[0], r[1]): r[2:] for r in table.rows}
+    assert rows[("uni-ackprio", "A->B")] == [9.0, pytest.approx(9.0 / 9.5), 0, "steady"]
+    assert rows[("bidir", "A->B")][2] == pytest.approx((2.0e6) ** 2 / 64e6, rel=0.05)
+    assert all(r[3] == "" for (_, f), r in rows.items() if f != "A->B")
+    fig = bulk.variance_figure("v", "t", s)
+    assert fig.xticks == [(0.0, "uni-ackprio"), (1.0, "bidir")]
+    assert fig.series[0].y == [ex["towards_b_variance"] / 64e6 for ex in (s["extra"]["uni-ackprio"], ex)]
 
 
 def test_representative_run_is_the_median():
@@ -92,14 +105,14 @@ def test_representative_run_is_the_median():
 
 
 def test_parse_options():
-    p = p2.parse_options({"scale": 0.2, "queue_at": "host", "ackprio_hosts": ["A", "B"], "rate": "20mbit"})
+    p = p2.KIND.parse_options({"scale": 0.2, "queue_at": "host", "ackprio_hosts": ["A", "B"], "rate": "20mbit"})
     assert p.scale == 0.2 and p.queue_at == "host" and p.ackprio_hosts == ("A", "B")
     assert p.switch_port_packets is None
-    assert p2.parse_options({"switch_port_packets": 100}).switch_port_packets == 100
+    assert p2.KIND.parse_options({"switch_port_packets": 100}).switch_port_packets == 100
     for bad in ({"nope": 1}, {"scale": 0}, {"queue_at": "nic"}, {"ackprio_hosts": ["D"]}, {"rate": "fast"},
                 {"switch_port_packets": 0}, {"switch_port_packets": "100"}, {"switch_port_packets": True}):
         with pytest.raises(LabError):
-            p2.parse_options(bad)
+            p2.KIND.parse_options(bad)
 
 
 @pytest.mark.skipif(NOT_AVAILABLE is not None, reason=f"netns: {NOT_AVAILABLE}")

@@ -57,7 +57,7 @@ def test_flows_cross_both_links_both_ways():
 
 
 def test_to_b_flows_end_at_b_and_pin_their_paths(tmp_path):
-    p = po.parse_options({"topology": "to-b", "scale": 1.0})
+    p = po.KIND.parse_options({"topology": "to-b", "scale": 1.0})
     fl = po.flows(p)
     assert {f.name: (f.direction, f.httpd) for f in fl} == {
         "A:down": ("B->A", "httpdBA"), "A:up": ("A->B", "httpdBA"),
@@ -65,7 +65,7 @@ def test_to_b_flows_end_at_b_and_pin_their_paths(tmp_path):
     assert all(f.server == "B" for f in fl)
     assert po.directions(p) == ("A->B", "C->B", "B->A", "B->C")
     with pytest.raises(LabError, match="topology"):
-        po.parse_options({"topology": "ring"})
+        po.KIND.parse_options({"topology": "ring"})
     # Evidence: every circuit must use relayB2 as middle; the loops' circuits exit at relayB.
     for client, paths, ok in (("clientA", ["relayA,relayB2,relayB", "relayA,relayB2,relayC"], True),
                               ("clientA", ["relayA,relayC,relayB"], False)):
@@ -93,7 +93,7 @@ def test_variant_relay_options_reach_every_relay():
             pass
 
     for topology in ("to-b", "through-b"):
-        p = po.parse_options({"topology": topology})
+        p = po.KIND.parse_options({"topology": topology})
         declared = po.declared_variants()
         for variant, want in (("split-ackprio-kernelbuf", 0), ("split-ackprio", None)):
             v = declared[variant]
@@ -186,7 +186,7 @@ def test_perf_series_from_progress_and_transfers(tmp_path):
 def test_several_circuits_per_flow_are_summed(tmp_path):
     """`circuits = 2`: two perf loops per flow (own SOCKS users, so own circuits); the flow's
     series is their sum and their outcomes add up."""
-    p = po.parse_options({"topology": "to-b", "scale": 1.0, "circuits": 2})
+    p = po.KIND.parse_options({"topology": "to-b", "scale": 1.0, "circuits": 2})
     assert p.circuits == 2
     down = next(f for f in po.flows(p) if f.name == "A:down")
     assert po.loop_stems(down, p.circuits) == ["A-down", "A-down-1"]
@@ -202,7 +202,7 @@ def test_several_circuits_per_flow_are_summed(tmp_path):
     assert json.loads((tmp_path / "transfers.json").read_text())["A:down"]["ok"] == 2
     for bad in (0, 17, 1.5, True):
         with pytest.raises(LabError, match="circuits"):
-            po.parse_options({"circuits": bad})
+            po.KIND.parse_options({"circuits": bad})
 
 
 def test_rx_series_counts_upload_connections_only(tmp_path):
@@ -323,12 +323,12 @@ def test_ceiling_share_follows_the_shared_bottleneck():
 
 
 def test_parse_options():
-    p = po.parse_options({"rate": "10mbit", "scale": 0.2, "ackprio_hosts": ["B"], "delay_ms": 5,
+    p = po.KIND.parse_options({"rate": "10mbit", "scale": 0.2, "ackprio_hosts": ["B"], "delay_ms": 5,
                           "transfer_bytes": 1 << 20})
     assert p.scale == 0.2 and p.ackprio_hosts == ("B",) and p.delay_ms == 5.0
     assert p.transfer_bytes == 1 << 20
     assert p.switch_port_packets is None
-    assert po.parse_options({"switch_port_packets": 100}).switch_port_packets == 100
+    assert po.KIND.parse_options({"switch_port_packets": 100}).switch_port_packets == 100
     assert netns.LinkSpec("10mbit", queue_packets=1000).port_queue == 1000
     assert netns.LinkSpec("10mbit", queue_packets=1000, switch_port_packets=100).port_queue == 100
     with pytest.raises(LabError, match="switch_port_packets"):
@@ -336,7 +336,7 @@ def test_parse_options():
     for bad in ({"nope": 1}, {"delay_ms": -1}, {"transfer_bytes": 10}, {"queue_at": "moon"},
                 {"switch_port_packets": 0}, {"switch_port_packets": "100"}):
         with pytest.raises(LabError):
-            po.parse_options(bad)
+            po.KIND.parse_options(bad)
 
 
 def test_busy_connections_counts_each_connection_once_and_flags_one_runs(tmp_path):
@@ -433,16 +433,16 @@ def test_only_relay_b_exits_when_asked(tmp_path):
     tb = netns.Testbed([netns.HostSpec(h, netns.LinkSpec("10mbit")) for h in ("A", "B", "C", "X")])
     for exits, expect_closed in (("all", set()), ("b", {"relayA", "relayB2", "relayC"})):
         ov = netns.Overlay(tb, tmp_path / exits, binary=Path("/bin/true"))
-        p = po.parse_options({"topology": "to-b", "exit_relays": exits})
+        p = po.KIND.parse_options({"topology": "to-b", "exit_relays": exits})
         po._place_nodes(ov, p, "always")
         closed = {n.name for n in ov.relays() if n.config["ExitPolicy"] == ["reject *:*"]}
         assert closed == expect_closed, exits
         assert ov.nodes["relayB"].config["ExitPolicy"] == [f"accept {tb.subnet}:*", "reject *:*"]
         assert all(n.config["SplitDirection"] == "always" for n in ov.relays())
     with pytest.raises(LabError, match="needs topology"):
-        po.parse_options({"exit_relays": "b"})
+        po.KIND.parse_options({"exit_relays": "b"})
     with pytest.raises(LabError, match="exit_relays: must be one of"):
-        po.parse_options({"topology": "to-b", "exit_relays": "none"})
+        po.KIND.parse_options({"topology": "to-b", "exit_relays": "none"})
 
 
 def test_registered_kind():

@@ -35,7 +35,7 @@ def _testbed() -> netns.Testbed:
 def _placed(tmp_path: Path) -> TorOverlay:
     ov = TorOverlay(_testbed(), tmp_path, binary=Path("/bin/true"))
     ov.add_authority("X", port=7000)
-    po._place_nodes(ov, po.parse_options({"topology": "to-b"}), "off", None, "tor")
+    po._place_nodes(ov, po.KIND.parse_options({"topology": "to-b"}), "off", None, "tor")
     return ov
 
 

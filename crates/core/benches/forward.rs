@@ -363,16 +363,7 @@ fn bench_forward(c: &mut Criterion) {
     for circuits in [10usize, 100, 1_000, 10_000] {
         // Built on first use, so that a filtered run skips the setup of sizes it does not run.
         let mut fwd: Option<Forward> = None;
-        for kind in [
-            SchedulerKind::RoundRobin,
-            SchedulerKind::Ewma { halflife: 30.0 },
-            SchedulerKind::EwmaDirect { halflife: 30.0 },
-        ] {
-            let name = match kind {
-                SchedulerKind::RoundRobin => "rr",
-                SchedulerKind::Ewma { .. } => "ewma",
-                SchedulerKind::EwmaDirect { .. } => "ewma-direct",
-            };
+        for (name, kind) in common::SCHEDULERS {
             if matches!(kind, SchedulerKind::EwmaDirect { .. }) && circuits > 1_000 {
                 continue;
             }

@@ -129,16 +129,7 @@ fn bench_sched(c: &mut Criterion) {
         let mut group = c.benchmark_group(group_name);
         group.throughput(Throughput::Elements(1));
         for circuits in [10usize, 100, 1_000, 10_000] {
-            for kind in [
-                SchedulerKind::RoundRobin,
-                SchedulerKind::Ewma { halflife: 30.0 },
-                SchedulerKind::EwmaDirect { halflife: 30.0 },
-            ] {
-                let name = match kind {
-                    SchedulerKind::RoundRobin => "rr",
-                    SchedulerKind::Ewma { .. } => "ewma",
-                    SchedulerKind::EwmaDirect { .. } => "ewma-direct",
-                };
+            for (name, kind) in common::SCHEDULERS {
                 let mut ch = Channel::new(kind, circuits, cached_time);
                 group.bench_with_input(BenchmarkId::new(name, circuits), &circuits, |b, _| {
                     b.iter(|| ch.step())

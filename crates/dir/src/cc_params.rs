@@ -8,40 +8,33 @@ use crate::params::{NetParams, ParamSpec};
 /// relays' per-circuit queue limit of 2500 cells).
 const CWND_LIMIT: i64 = 2000;
 
-const fn spec(name: &'static str, default: i64, min: i64, max: i64) -> ParamSpec {
-    ParamSpec {
-        name,
-        default,
-        min,
-        max,
-    }
-}
-
 /// `cc_alg`: 0 = fixed window (`circwindow`), 2 = Vegas. 1 (Tor's retired Westwood) is read
 /// as 0.
-pub const CC_ALG: ParamSpec = spec("cc_alg", 0, 0, 2);
+pub const CC_ALG: ParamSpec = ParamSpec::new("cc_alg", 0, 0, 2);
 /// `cc_cwnd_init`: Vegas's first window, in cells.
-pub const CC_CWND_INIT: ParamSpec = spec("cc_cwnd_init", 200, 100, CWND_LIMIT);
+pub const CC_CWND_INIT: ParamSpec = ParamSpec::new("cc_cwnd_init", 200, 100, CWND_LIMIT);
 /// `cc_cwnd_min`: the smallest window (at least one SENDME increment, 100).
-pub const CC_CWND_MIN: ParamSpec = spec("cc_cwnd_min", 100, 100, CWND_LIMIT);
+pub const CC_CWND_MIN: ParamSpec = ParamSpec::new("cc_cwnd_min", 100, 100, CWND_LIMIT);
 /// `cc_cwnd_max`: the largest window.
-pub const CC_CWND_MAX: ParamSpec = spec("cc_cwnd_max", CWND_LIMIT, 100, CWND_LIMIT);
+pub const CC_CWND_MAX: ParamSpec = ParamSpec::new("cc_cwnd_max", CWND_LIMIT, 100, CWND_LIMIT);
 /// `cc_cwnd_inc`: the steady-state step, once per round trip.
-pub const CC_CWND_INC: ParamSpec = spec("cc_cwnd_inc", 100, 1, 1000);
+pub const CC_CWND_INC: ParamSpec = ParamSpec::new("cc_cwnd_inc", 100, 1, 1000);
 /// `cc_cwnd_inc_pct_ss`: slow-start growth per round trip, percent of the window.
-pub const CC_CWND_INC_PCT_SS: ParamSpec = spec("cc_cwnd_inc_pct_ss", 100, 1, 500);
+pub const CC_CWND_INC_PCT_SS: ParamSpec = ParamSpec::new("cc_cwnd_inc_pct_ss", 100, 1, 500);
 /// `cc_ss_max`: the window at which slow start ends at the latest.
-pub const CC_SS_MAX: ParamSpec = spec("cc_ss_max", CWND_LIMIT, 100, CWND_LIMIT);
+pub const CC_SS_MAX: ParamSpec = ParamSpec::new("cc_ss_max", CWND_LIMIT, 100, CWND_LIMIT);
 /// `cc_vegas_alpha_exit`: below this many queued cells, Vegas grows.
-pub const CC_VEGAS_ALPHA_EXIT: ParamSpec = spec("cc_vegas_alpha_exit", 64, 0, CWND_LIMIT);
+pub const CC_VEGAS_ALPHA_EXIT: ParamSpec = ParamSpec::new("cc_vegas_alpha_exit", 64, 0, CWND_LIMIT);
 /// `cc_vegas_beta_exit`: above this many queued cells, Vegas shrinks.
-pub const CC_VEGAS_BETA_EXIT: ParamSpec = spec("cc_vegas_beta_exit", 192, 0, CWND_LIMIT);
+pub const CC_VEGAS_BETA_EXIT: ParamSpec = ParamSpec::new("cc_vegas_beta_exit", 192, 0, CWND_LIMIT);
 /// `cc_vegas_gamma_exit`: slow start ends when this many cells are queued.
-pub const CC_VEGAS_GAMMA_EXIT: ParamSpec = spec("cc_vegas_gamma_exit", 128, 0, CWND_LIMIT);
+pub const CC_VEGAS_GAMMA_EXIT: ParamSpec =
+    ParamSpec::new("cc_vegas_gamma_exit", 128, 0, CWND_LIMIT);
 /// `cc_vegas_delta_exit`: above this many queued cells, Vegas cuts hard.
-pub const CC_VEGAS_DELTA_EXIT: ParamSpec = spec("cc_vegas_delta_exit", 320, 0, CWND_LIMIT);
+pub const CC_VEGAS_DELTA_EXIT: ParamSpec =
+    ParamSpec::new("cc_vegas_delta_exit", 320, 0, CWND_LIMIT);
 /// `cc_ewma_cwnd_pct`: the smoothed RTT averages over this percent of a window's SENDMEs.
-pub const CC_EWMA_CWND_PCT: ParamSpec = spec("cc_ewma_cwnd_pct", 50, 1, 100);
+pub const CC_EWMA_CWND_PCT: ParamSpec = ParamSpec::new("cc_ewma_cwnd_pct", 50, 1, 100);
 
 /// Congestion-control settings as a consensus gives them, each clamped to its range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

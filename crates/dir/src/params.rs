@@ -27,6 +27,18 @@ pub struct ParamSpec {
     pub max: i64,
 }
 
+impl ParamSpec {
+    /// `name` with its `default` and its allowed range `min..=max`.
+    pub const fn new(name: &'static str, default: i64, min: i64, max: i64) -> Self {
+        ParamSpec {
+            name,
+            default,
+            min,
+            max,
+        }
+    }
+}
+
 /// `circwindow`: the initial circuit-level SENDME window, in cells (tor-spec: 1000,
 /// allowed 100..=1000).
 pub const CIRCWINDOW: ParamSpec = ParamSpec {

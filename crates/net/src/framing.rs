@@ -186,16 +186,6 @@ impl CellBuf {
         }
     }
 
-    /// Append the wire bytes of up to `max` whole buffered cells to `out` (one copy of the
-    /// span, no decoding: [`frame_len`] reads only their headers) and drop them from the buffer.
-    /// Returns how many cells were appended; a partial cell stays buffered.
-    pub(crate) fn take_frames(&mut self, out: &mut Vec<u8>, max: usize) -> usize {
-        let (span, cells) = self.whole_cells(max);
-        out.extend_from_slice(&self.buf[self.start..self.start + span]);
-        self.consume(span);
-        cells
-    }
-
     /// Up to `max` whole buffered cells as a [`CellBatch`], and how many. With `pool` and at
     /// least [`HANDOVER_MIN_CELLS`] cells, the buffer itself is handed over and a spare from
     /// the pool takes its place (only the bytes after the batch, a partial cell or cells
@@ -257,11 +247,6 @@ impl CellBuf {
             self.start = 0;
             self.end = 0;
         }
-    }
-
-    /// How many undecoded bytes are buffered.
-    pub(crate) fn pending_len(&self) -> usize {
-        self.end.saturating_sub(self.start)
     }
 
     /// Whether undecoded bytes remain (a partial cell, or cells not yet taken).

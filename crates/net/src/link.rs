@@ -217,68 +217,11 @@ impl LinkReader {
 }
 
 impl LinkReader {
-    /// Append up to `max` cells to `out`: every complete cell already buffered, or, if none is,
-    /// those of one more read (a read brings in up to 64 KiB, so a busy link yields about 127
-    /// cells per call). Reserves room in `out` for the buffered cells first. Returns how many were appended; 0 means clean EOF. The IO driver hands
-    /// such a batch to the core in one queue message instead of one message per cell.
-    ///
-    /// A malformed cell after some good ones: the good ones are returned first and the error
-    /// comes on the next call (the bad bytes stay buffered), as with [`LinkReader::read_cell`].
-    /// Cancel-safe like [`LinkReader::read_cell`].
-    pub async fn read_cells(
-        &mut self,
-        out: &mut Vec<AnyCell>,
-        max: usize,
-    ) -> Result<usize, LinkError> {
-        let first = out.len();
-        loop {
-            // Room for the fixed cells buffered (at most `max`), allocated once: an empty `out`
-            // costs nothing on an idle link and does not grow cell by cell on a busy one.
-            out.reserve((self.buf.pending_len() / CELL_LEN).min(max));
-            while out.len() - first < max {
-                match self.buf.next_cell() {
-                    Ok(Some(cell)) => out.push(cell),
-                    Ok(None) => break,
-                    Err(e) if out.len() == first => return Err(e),
-                    Err(_) => break,
-                }
-            }
-            if out.len() > first || max == 0 {
-                return Ok(out.len() - first);
-            }
-            if !self.fill_charged().await? {
-                return Ok(0);
-            }
-        }
-    }
-}
-
-impl LinkReader {
-    /// Like [`LinkReader::read_cells`], but appends the cells' wire bytes to `out` instead of
-    /// decoding them: the caller decodes each cell where it is used ([`chive_cell::decode_cell`]
-    /// over `out` yields exactly these cells), so a relayed cell is not moved through a batch
-    /// of decoded cells first. Returns how many whole cells were appended (up to `max`); 0 means
-    /// clean EOF. Cancel-safe like [`LinkReader::read_cell`].
-    pub async fn read_cell_bytes(
-        &mut self,
-        out: &mut Vec<u8>,
-        max: usize,
-    ) -> Result<usize, LinkError> {
-        loop {
-            let n = self.buf.take_frames(out, max);
-            if n > 0 || max == 0 {
-                return Ok(n);
-            }
-            if !self.fill_charged().await? {
-                return Ok(0);
-            }
-        }
-    }
-}
-
-impl LinkReader {
-    /// Like [`LinkReader::read_cell_bytes`], but the cells' wire bytes come as a [`CellBatch`]:
-    /// a batch of many cells is the read buffer itself, handed over (the reader continues in a
+    /// Up to `max` whole cells' wire bytes as a [`CellBatch`]: every whole cell already
+    /// buffered, or, if none is, those of one more read (a read brings in up to 64 KiB, so a
+    /// busy link yields about 127 cells per call), and how many. The caller decodes each cell
+    /// where it is used ([`chive_cell::decode_cell`] over the batch yields exactly these cells).
+    /// A batch of many cells is the read buffer itself, handed over (the reader continues in a
     /// spare buffer from `pool`, and the batch goes back to the pool when dropped), so the
     /// cells are not copied between the read and their handler. `None`: clean EOF; `max` 0
     /// returns an empty batch at once. Cancel-safe like [`LinkReader::read_cell`].

@@ -152,6 +152,15 @@ struct DirectionKey {
     limit: u64,
 }
 
+/// Shows the sequence number only: the key and IV stay out of logs.
+impl std::fmt::Debug for DirectionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectionKey")
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
+}
+
 impl DirectionKey {
     fn new(seq: u64, secrets: &ConnectionTrafficSecrets) -> Result<Self, RecordError> {
         let (alg, key, iv, limit) = match secrets {
@@ -195,16 +204,9 @@ impl DirectionKey {
 }
 
 /// Seals TLS 1.3 records of one direction (the writer's half of a link).
+#[derive(Debug)]
 pub struct RecordSealer {
     key: DirectionKey,
-}
-
-impl std::fmt::Debug for RecordSealer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecordSealer")
-            .field("seq", &self.key.seq)
-            .finish_non_exhaustive()
-    }
 }
 
 impl RecordSealer {
@@ -314,18 +316,11 @@ pub enum Opened {
 }
 
 /// Opens TLS 1.3 records of one direction (the reader's half of a link).
+#[derive(Debug)]
 pub struct RecordOpener {
     key: DirectionKey,
     /// A KeyUpdate was opened and no new key given yet: opening another record is refused.
     awaiting_rekey: bool,
-}
-
-impl std::fmt::Debug for RecordOpener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecordOpener")
-            .field("seq", &self.key.seq)
-            .finish_non_exhaustive()
-    }
 }
 
 /// How many bytes the record starting at `buf[0]` occupies, once its header is there (`None`:

@@ -55,12 +55,7 @@ async fn own_record_layer_links_carry_cells_both_ways_with_either_peer() {
             c.tls_suite(),
             Some(rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256)
         );
-        let (c_r, c_w) = c.split(LinkLimits::default());
-        let (r_r, r_w) = r.split(LinkLimits::default());
-        let one = tokio::spawn(send_and_check(c_w, r_r, 5000));
-        let two = tokio::spawn(send_and_check(r_w, c_r, 5000));
-        one.await.unwrap();
-        two.await.unwrap();
+        both_ways(c, r, 5000).await;
     }
 }
 
@@ -83,22 +78,7 @@ async fn own_record_layer_keeps_cells_sent_with_the_handshake() {
     // As `cells_right_after_handshake_are_kept`, with the relay on its own records: the
     // initiator's first records may arrive in the read that brings its TLS Finished.
     let (addr, _, mut rx) = relay_on(RecordLayer::Own).await;
-    let (mut tls, exporter) = raw_tls(addr).await;
-    let mut wire = handshake::our_cells(Role::Initiator, &client_cfg(0), &exporter).unwrap();
-    for i in 1..=3 {
-        numbered_cell(i).encode_into(&mut wire);
-    }
-    tls.write_all(&wire).await.unwrap();
-    tls.flush().await.unwrap();
-    let link = next(&mut rx).await.unwrap();
-    assert!(link.own_records());
-    let (mut r, _w) = link.split(LinkLimits::default());
-    for i in 1..=3 {
-        match r.read_cell().await.unwrap() {
-            Some(AnyCell::Fixed(c)) => assert_eq!(c.payload, numbered_cell(i).payload),
-            other => panic!("got {other:?}"),
-        }
-    }
+    cells_with_handshake_are_kept(addr, &mut rx, |link| assert!(link.own_records())).await;
 }
 
 #[tokio::test]

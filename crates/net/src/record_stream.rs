@@ -302,33 +302,47 @@ fn record_len(buf: &[u8]) -> Option<usize> {
     (buf.len() >= len).then_some(len)
 }
 
+/// The whole handshake over `$tcp` for one side: `$config` with exporter capture, the
+/// unbuffered connection `$new` makes of it, [`handshake_loop!`], the secrets, [`finish`].
+/// A macro for the reason `handshake_loop!` is one: the client's and the server's connection
+/// and kernel types are separate.
+macro_rules! handshake {
+    ($tcp:ident, $config:expr, $new:expr, $kernel:path) => {{
+        let capture = Arc::new(ExporterCapture::default());
+        let mut config = $config.clone();
+        config.enable_secret_extraction = true;
+        config.key_log = capture.clone();
+        let mut conn = ($new)(Arc::new(config)).map_err(|e| LinkError::Tls(e.to_string()))?;
+        let (incoming, filled, early, peer_closed) = handshake_loop!(conn, &mut $tcp);
+        let (secrets, kernel) = conn
+            .dangerous_into_kernel_connection()
+            .map_err(|e| LinkError::Tls(e.to_string()))?;
+        finish(
+            Handshaken {
+                tcp: $tcp,
+                incoming,
+                filled,
+                early,
+                peer_closed,
+                secrets,
+                kernel: $kernel(kernel),
+            },
+            &capture,
+        )
+    }};
+}
+
 /// Client side: TLS handshake, then the record layer and the link's two exporter values.
 pub(crate) async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
     mut tcp: S,
     config: &rustls::ClientConfig,
     name: rustls::pki_types::ServerName<'static>,
 ) -> Result<Handed<S>, LinkError> {
-    let capture = Arc::new(ExporterCapture::default());
-    let mut config = config.clone();
-    config.enable_secret_extraction = true;
-    config.key_log = capture.clone();
-    let mut conn = UnbufferedClientConnection::new(Arc::new(config), name)
-        .map_err(|e| LinkError::Tls(e.to_string()))?;
-    let (incoming, filled, early, peer_closed) = handshake_loop!(conn, &mut tcp);
-    let (secrets, kernel) = conn
-        .dangerous_into_kernel_connection()
-        .map_err(|e| LinkError::Tls(e.to_string()))?;
-    finish(
-        Handshaken {
-            tcp,
-            incoming,
-            filled,
-            early,
-            peer_closed,
-            secrets,
-            kernel: Kernel::Client(kernel),
-        },
-        &capture,
+    handshake!(
+        tcp,
+        config,
+        |config| UnbufferedClientConnection::new(config, name),
+        Kernel::Client
     )
 }
 
@@ -337,28 +351,7 @@ pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     mut tcp: S,
     config: &rustls::ServerConfig,
 ) -> Result<Handed<S>, LinkError> {
-    let capture = Arc::new(ExporterCapture::default());
-    let mut config = config.clone();
-    config.enable_secret_extraction = true;
-    config.key_log = capture.clone();
-    let mut conn = UnbufferedServerConnection::new(Arc::new(config))
-        .map_err(|e| LinkError::Tls(e.to_string()))?;
-    let (incoming, filled, early, peer_closed) = handshake_loop!(conn, &mut tcp);
-    let (secrets, kernel) = conn
-        .dangerous_into_kernel_connection()
-        .map_err(|e| LinkError::Tls(e.to_string()))?;
-    finish(
-        Handshaken {
-            tcp,
-            incoming,
-            filled,
-            early,
-            peer_closed,
-            secrets,
-            kernel: Kernel::Server(kernel),
-        },
-        &capture,
-    )
+    handshake!(tcp, config, UnbufferedServerConnection::new, Kernel::Server)
 }
 
 fn finish<S>(h: Handshaken<S>, capture: &ExporterCapture) -> Result<Handed<S>, LinkError> {

@@ -22,18 +22,11 @@ fn keypair() -> Arc<IdentityKeypair> {
 fn relay_cfg(features: u64) -> (Arc<LinkConfig>, IdentityKey) {
     let id = keypair();
     let public = id.public();
-    (
-        Arc::new(LinkConfig {
-            identity: Some(id),
-            features: FeatureSet(features),
-            socket_buffer: None,
-            unsent_limit: None,
-            unsent_rtt_rate: None,
-            congestion_control: None,
-            record_layer: Default::default(),
-        }),
-        public,
-    )
+    let cfg = LinkConfig {
+        identity: Some(id),
+        ..client_cfg(features)
+    };
+    (Arc::new(cfg), public)
 }
 
 fn client_cfg(features: u64) -> LinkConfig {
@@ -268,55 +261,24 @@ async fn send_and_check(mut w: LinkWriter, mut r: LinkReader, n: u32) {
     w.shutdown().await.unwrap();
 }
 
-#[tokio::test]
-async fn ten_thousand_cells_each_way() {
-    let (c, r) = pair(0, 0).await;
+/// [`send_and_check`] `n` cells each way over `c` and `r` at once.
+async fn both_ways(c: Link, r: Link, n: u32) {
     let (c_r, c_w) = c.split(LinkLimits::default());
     let (r_r, r_w) = r.split(LinkLimits::default());
-    let one = tokio::spawn(send_and_check(c_w, r_r, 10_000));
-    let two = tokio::spawn(send_and_check(r_w, c_r, 10_000));
+    let one = tokio::spawn(send_and_check(c_w, r_r, n));
+    let two = tokio::spawn(send_and_check(r_w, c_r, n));
     one.await.unwrap();
     two.await.unwrap();
 }
 
 #[tokio::test]
-async fn read_cells_batches_in_order_up_to_max_then_eof() {
+async fn ten_thousand_cells_each_way() {
     let (c, r) = pair(0, 0).await;
-    let (_c_r, mut c_w) = c.split(LinkLimits::default());
-    let (mut r_r, _r_w) = r.split(LinkLimits::default());
-    let n = 3000u32;
-    let writer = tokio::spawn(async move {
-        for start in (0..n).step_by(500) {
-            let cells: Vec<Cell> = (start..start + 500).map(numbered_cell).collect();
-            c_w.write_cells(&cells).await.unwrap();
-        }
-        c_w.shutdown().await.unwrap();
-    });
-    let mut got = Vec::new();
-    let mut calls = 0;
-    loop {
-        let before = got.len();
-        let k = r_r.read_cells(&mut got, 50).await.unwrap();
-        assert_eq!(got.len() - before, k);
-        assert!(k <= 50, "batch of {k} > max");
-        if k == 0 {
-            break;
-        }
-        calls += 1;
-    }
-    writer.await.unwrap();
-    assert_eq!(got.len(), n as usize);
-    assert!(calls >= n as usize / 50, "{calls} calls");
-    for (i, cell) in got.iter().enumerate() {
-        match cell {
-            AnyCell::Fixed(c) => assert_eq!(c.payload, numbered_cell(i as u32).payload, "cell {i}"),
-            other => panic!("cell {i}: got {other:?}"),
-        }
-    }
+    both_ways(c, r, 10_000).await;
 }
 
 #[tokio::test]
-async fn read_cell_bytes_cuts_whole_cells_up_to_max_then_eof() {
+async fn read_cell_batch_cuts_whole_cells_in_order_up_to_max_then_eof() {
     let (c, r) = pair(0, 0).await;
     let (_c_r, mut c_w) = c.split(LinkLimits::default());
     let (mut r_r, _r_w) = r.split(LinkLimits::default());
@@ -335,26 +297,25 @@ async fn read_cell_bytes_cuts_whole_cells_up_to_max_then_eof() {
         }
         c_w.shutdown().await.unwrap();
     });
-    let mut wire = Vec::new();
-    let mut cells = 0;
-    loop {
-        let before = wire.len();
-        let k = r_r.read_cell_bytes(&mut wire, 50).await.unwrap();
-        assert!(k <= 50, "batch of {k} > max");
-        if k == 0 {
-            break;
-        }
-        // Whole cells only: the new bytes decode to exactly k cells.
-        let mut rest = &wire[before..];
+    // With a pool, as the node's reader uses it: batches of many cells are handed over.
+    let pool = BatchPool::new(2);
+    let (mut wire, mut cells, mut calls) = (Vec::new(), 0, 0);
+    while let Some((batch, k)) = r_r.read_cell_batch(50, Some(&pool)).await.unwrap() {
+        assert!((1..=50).contains(&k), "batch of {k}, max 50");
+        // Whole cells only: the batch decodes to exactly k cells.
+        let mut rest = &batch[..];
         for _ in 0..k {
             let (_, used) = chive_cell::decode_cell(rest).unwrap().unwrap();
             rest = &rest[used..];
         }
         assert!(rest.is_empty(), "{} bytes of a partial cell", rest.len());
+        wire.extend_from_slice(&batch);
         cells += k;
+        calls += 1;
     }
     writer.await.unwrap();
     assert_eq!(cells, n as usize + 6);
+    assert!(calls >= cells / 50, "{calls} calls");
     let mut rest = &wire[..];
     let mut fixed = 0u32;
     while let Some((cell, used)) = chive_cell::decode_cell(rest).unwrap() {
@@ -371,6 +332,9 @@ async fn read_cell_bytes_cuts_whole_cells_up_to_max_then_eof() {
         rest = &rest[used..];
     }
     assert_eq!((fixed, rest.len()), (n, 0));
+    // `max` 0 is an empty batch, not a read or an EOF.
+    let (empty, none) = r_r.read_cell_batch(0, None).await.unwrap().unwrap();
+    assert_eq!((empty.len(), none), (0, 0));
 }
 
 #[tokio::test]
@@ -392,12 +356,13 @@ async fn clean_shutdown_gives_eof() {
     assert!(r_r.read_cell().await.unwrap().is_none());
 }
 
-#[tokio::test]
-async fn cells_right_after_handshake_are_kept() {
-    // A hand-made initiator puts its handshake and three cells in one write: the responder's
-    // handshake reads them all in one go and must hand the extra cells to the reader.
-    let (r_cfg, _) = relay_cfg(0);
-    let (addr, mut rx) = serve(r_cfg).await;
+/// A hand-made initiator to `addr` puts its handshake and three cells in one write; the
+/// responder's link (from `rx`), after `check`, must read those three cells first.
+async fn cells_with_handshake_are_kept(
+    addr: SocketAddr,
+    rx: &mut mpsc::UnboundedReceiver<Result<Link, LinkError>>,
+    check: impl FnOnce(&Link),
+) {
     let (mut tls, exporter) = raw_tls(addr).await;
     let mut wire = handshake::our_cells(Role::Initiator, &client_cfg(0), &exporter).unwrap();
     for i in 1..=3 {
@@ -405,8 +370,8 @@ async fn cells_right_after_handshake_are_kept() {
     }
     tls.write_all(&wire).await.unwrap();
     tls.flush().await.unwrap();
-    let link = next(&mut rx).await.unwrap();
-    assert_eq!(link.peer_identity, None);
+    let link = next(rx).await.unwrap();
+    check(&link);
     let (mut r, _w) = link.split(LinkLimits::default());
     for i in 1..=3 {
         match r.read_cell().await.unwrap() {
@@ -414,6 +379,15 @@ async fn cells_right_after_handshake_are_kept() {
             other => panic!("got {other:?}"),
         }
     }
+}
+
+#[tokio::test]
+async fn cells_right_after_handshake_are_kept() {
+    // The responder's handshake reads them all in one go and must hand the extra cells to the
+    // reader.
+    let (r_cfg, _) = relay_cfg(0);
+    let (addr, mut rx) = serve(r_cfg).await;
+    cells_with_handshake_are_kept(addr, &mut rx, |link| assert_eq!(link.peer_identity, None)).await;
 }
 
 /// Hand-made initiators that misbehave; each must fail on the relay with the expected error.

@@ -459,11 +459,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
     );
     driver.switching.options = cfg.switch_options()?;
-    let metrics_file = cfg
-        .metrics_file
-        .as_ref()
-        .filter(|p| !p.as_os_str().is_empty())
-        .map(|p| cfg.data_directory.join(p));
+    let metrics_file = crate::common::metrics_path(&cfg.data_directory, cfg.metrics_file.as_ref());
     if metrics_file.is_some() || cfg.metrics_port.is_some() {
         driver.metrics = Metrics::start(metrics_file.as_deref(), cfg.metrics_port).await?;
     }

@@ -88,6 +88,13 @@ pub fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// Where `MetricsFile` (`file`) writes: a relative path lives in `data_dir`, so one setting
+/// serves many nodes; an empty one means none (so a lab default can be switched off).
+pub fn metrics_path(data_dir: &Path, file: Option<&PathBuf>) -> Option<PathBuf> {
+    file.filter(|p| !p.as_os_str().is_empty())
+        .map(|p| data_dir.join(p))
+}
+
 /// Write `PortsFile` (`file`; relative: inside `data_dir`): a JSON object from each listening
 /// option's name to the address its socket is bound to (the kernel's choice where the config
 /// said port 0). Written whole to `<file>.tmp` and renamed, so a reader never sees half of it.
@@ -123,6 +130,16 @@ pub fn write_ports_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metrics_file_is_relative_to_the_data_directory_and_empty_means_none() {
+        let dir = Path::new("/var/lib/chive");
+        let at = |f: &str| metrics_path(dir, Some(&PathBuf::from(f)));
+        assert_eq!(at("m.jsonl"), Some(dir.join("m.jsonl")));
+        assert_eq!(at("/tmp/m.jsonl"), Some(PathBuf::from("/tmp/m.jsonl")));
+        assert_eq!(at(""), None);
+        assert_eq!(metrics_path(dir, None), None);
+    }
 
     #[test]
     fn the_ports_file_lands_whole_under_the_data_directory() {

@@ -750,6 +750,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let tunables = cfg.tunables()?;
     let (scheduler, outbuf_cells) = tunables.effective(None).map_err(anyhow::Error::msg)?;
     let dos = tunables.dos_config(None).map_err(anyhow::Error::msg)?;
+    let metrics_file = crate::common::metrics_path(&cfg.data_directory, cfg.metrics_file.as_ref());
     let core = Core::new(
         CoreConfig {
             relay: Some(RelayKeys {
@@ -763,12 +764,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .max_mem_in_queues
                 .unwrap_or(chive_core::DEFAULT_MAX_MEM_IN_QUEUES),
             dos,
-            cell_sample_every: if cfg
-                .metrics_file
-                .as_ref()
-                .is_some_and(|p| !p.as_os_str().is_empty())
-                || cfg.metrics_port.is_some()
-            {
+            cell_sample_every: if metrics_file.is_some() || cfg.metrics_port.is_some() {
                 cfg.cell_sample_rate
             } else {
                 0
@@ -789,13 +785,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             liveness: cfg.link().liveness()?,
         },
     );
-    // A relative MetricsFile lives in the DataDirectory, so one setting serves many relays.
-    // An empty MetricsFile means none (so a lab default can be switched off).
-    let metrics_file = cfg
-        .metrics_file
-        .as_ref()
-        .filter(|p| !p.as_os_str().is_empty())
-        .map(|p| cfg.data_directory.join(p));
     driver.metrics = Metrics::start(metrics_file.as_deref(), cfg.metrics_port).await?;
     let mut ports = vec![("ORPort", or_addr)];
     ports.extend(Metrics::ports_entry(driver.metrics.as_ref()));

@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .. import analysis as an
 from .. import netns
@@ -35,6 +35,7 @@ __all__ = [
     "slot_series",
     "testbed",
     "throughput_figure",
+    "goodput_table",
     "variance_figure",
     "variance_table",
     "write_throughput",
@@ -174,8 +175,23 @@ def throughput_figure(name: str, title: str, runs, names, slot: float) -> an.Fig
                      note=f"mean over {len(runs)} run(s) in {slot:g} s slots; band: 90% CI")
 
 
-def variance_figure(name: str, title: str, var: Sequence[tuple[str, float]]) -> an.Figure:
-    """The report's Fig 9: each variant's towards-B variance in (kB/s)^2 (NaN drawn as 0)."""
+def goodput_table(title: str, flow_column: str, extra_column: str, summary: Mapping[str, Any],
+                  extra: Callable[[Mapping[str, Any]], Any], variants: Mapping[str, Any], note: str) -> an.Table:
+    """The paper-002 kinds' report table: a row per variant and flow of ``summary`` (goodput in
+    Mbit/s, ``extra(flow's summary)`` under ``extra_column``, variance in (kB/s)^2 or None for
+    NaN, and beside A->B the variant's ``paper`` finding)."""
+    rows = [[v, f, round(d["goodput_bps"] / 1e6, 2), extra(d),
+             round(d["variance"] / 64e6) if d["variance"] == d["variance"] else None,
+             variants[v].paper if f == "A->B" else ""]
+            for v, flows in summary["variants"].items() for f, d in flows.items()]
+    return an.Table(title=title, columns=["variant", flow_column, "Mbit/s", extra_column, "variance (kB/s)^2",
+                                          "paper"], rows=rows, note=note)
+
+
+def variance_figure(name: str, title: str, summary: Mapping[str, Any]) -> an.Figure:
+    """The report's Fig 9: each variant's towards-B variance (``summary["extra"]``) in (kB/s)^2
+    (NaN drawn as 0)."""
+    var = [(v, summary["extra"][v]["towards_b_variance"]) for v in summary["variants"]]
     return an.Figure(name=name, title=title, xlabel="variant #", ylabel="variance [(kB/s)^2]",
                      series=[an.Series(label="towards B", x=list(range(len(var))),
                                        y=[(x / 64e6) if x == x else 0.0 for _, x in var], style="points")],

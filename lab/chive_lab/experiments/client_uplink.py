@@ -46,7 +46,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from .. import analysis as an
 from .. import netns, stats
@@ -54,7 +54,6 @@ from ..errors import LabError
 from ..figures import save_plot
 from ..kinds import ExperimentKind, RepetitionContext
 from ..options import option
-from ..options import parse_options as parse_scenario_options
 from ..tor_netns import TorOverlay, check_tor_variants
 from . import bulk
 from . import netns_overlay as no
@@ -90,11 +89,6 @@ class VariantOptions:
     impl: str = option("chive", choices=("chive", "tor"), doc="tor: Debian's tor in every role")
     client: dict[str, Any] = option(default_factory=dict, doc="the client's link options (chive)")
     torrc: dict[str, Any] = option(default_factory=dict, doc="more torrc options of the tor client")
-
-
-def parse_options(raw: Mapping[str, Any]) -> Params:
-    """The scenario's keys of this kind as :class:`Params`; LabError names a bad one."""
-    return parse_scenario_options(Params, raw)
 
 
 @dataclass(frozen=True)

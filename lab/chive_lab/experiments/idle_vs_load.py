@@ -68,7 +68,7 @@ from ..rundir import collect_tor_step, copy_logs, run_status, stop_procs, write_
 from ..unlimit import lift_rate_limits
 from .overlay_analysis import analyze_runs
 
-__all__ = ["KIND", "LoadOptions", "Options", "analyze", "chive_vs_tor", "parse_options", "run_repetition"]
+__all__ = ["KIND", "LoadOptions", "Options", "analyze", "chive_vs_tor", "run_repetition"]
 
 CLASSES = ("web_idle", "web_load", "bulk", "goodput_3hop")
 # 10 GiB: chive httpd's largest /bytes body; a bulk download never ends within a phase.
@@ -117,14 +117,9 @@ class Options:
     load: LoadOptions = option(default_factory=LoadOptions)
 
 
-def parse_options(raw: Mapping[str, Any]) -> Options:
-    """Validate this kind's keys (``network``, ``load``); LabError names a bad one."""
-    return parse_scenario_options(Options, raw)
-
-
 def _options(scenario: sc.Scenario) -> Options:
     opts = scenario.options
-    return opts if isinstance(opts, Options) else parse_options({})
+    return opts if isinstance(opts, Options) else parse_scenario_options(Options, {})
 
 
 def _spec(net: sc.NetworkConfig, variant: sc.Variant, binary: Path, *, relays: int,

@@ -35,7 +35,6 @@ from .. import netns, stats
 from ..errors import LabError
 from ..kinds import ExperimentKind, RepetitionContext
 from ..options import option
-from ..options import parse_options as parse_scenario_options
 from . import bulk
 
 KIND_NAME = "paper002-tcp"
@@ -81,11 +80,6 @@ class VariantOptions:
     shape: bulk.ShapeOptions = field(default_factory=bulk.ShapeOptions)
     fig: str = option("-", doc="the paper figure it is compared with")
     paper: str = option("", doc="what the paper reports for it")
-
-
-def parse_options(raw: Mapping[str, Any]) -> Params:
-    """The scenario's keys of this kind as :class:`Params`; LabError names a bad one."""
-    return parse_scenario_options(Params, raw)
 
 
 def connections(mode: str, p: Params) -> list[Conn]:
@@ -278,16 +272,9 @@ def analyze(out_dir: Path, scenario: Any) -> an.Analysis:
     variants = bulk.declared(KIND, scenario)
     results = bulk.read_flows(bulk.repetition_dirs(out_dir, list(variants)))
     summary = analyze_raw(results, p, out_dir / "paper002", variants)
-    rows = []
-    for v, flows in summary["variants"].items():
-        for f, d in flows.items():
-            rows.append([v, f, round(d["goodput_bps"] / 1e6, 2),
-                         None if d.get("ratio_to_solo") is None else round(d["ratio_to_solo"], 2),
-                         round(d["variance"] / 64e6) if d["variance"] == d["variance"] else None,
-                         variants[v].paper if f == "A->B" else ""])
-    table = an.Table(title="Paper 002, plain TCP: goodput while both pairs are active",
-                     columns=["variant", "flow", "Mbit/s", "ratio to solo", "variance (kB/s)^2", "paper"],
-                     rows=rows, note=PAPER_VARIANCE)
+    table = bulk.goodput_table("Paper 002, plain TCP: goodput while both pairs are active", "flow", "ratio to solo",
+                               summary, lambda d: None if d.get("ratio_to_solo") is None
+                               else round(d["ratio_to_solo"], 2), variants, PAPER_VARIANCE)
     notes = ["This kind's own figures (multi-run mean + representative run per variant, variance): "
              "paper002/throughput_<variant>.png, paper002/variance.png, CSV beside each, and "
              "paper002/comparison.md."]
@@ -296,8 +283,8 @@ def analyze(out_dir: Path, scenario: Any) -> an.Analysis:
                                       f"{v}: throughput per flow (paper Fig {variants[v].fig})",
                                       runs, sorted(runs[0]), slot)
                for v, runs in results.items() if runs]
-    var = [(v, summary["extra"][v]["towards_b_variance"]) for v in summary["variants"]]
-    figures.append(bulk.variance_figure("paper002_variance", "variance of 1 s throughput towards B (Fig 9)", var))
+    figures.append(bulk.variance_figure("paper002_variance", "variance of 1 s throughput towards B (Fig 9)",
+                                        summary))
     return an.Analysis(summary=summary, figures=figures, tables=[table], notes=notes)
 
 

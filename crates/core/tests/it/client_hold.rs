@@ -123,15 +123,7 @@ fn gaming(cap: usize, cc: CcKind, warmup: usize, window: usize) -> (Sim, Outcome
         serve(&mut sim);
         // E's write rate is shared and work-conserving: the single client's share (half) if it
         // has that much waiting, the rest to the gamer.
-        let single_waiting = sim.nodes[E].channel_queued(e_to_single);
-        let s = if sim.nodes[E].channel_queued(e_to_gamer) > 0 {
-            single_waiting.min(CLIENT_RATE)
-        } else {
-            single_waiting.min(2 * CLIENT_RATE)
-        };
-        let g = 2 * CLIENT_RATE - s;
-        sim.links.get_mut(&(E, e_to_gamer)).unwrap().budget = g;
-        sim.links.get_mut(&(E, e_to_single)).unwrap().budget = s;
+        sim.share_rate(E, e_to_gamer, e_to_single, CLIENT_RATE);
         sim.step();
         for ((n, _), data) in sim.received.iter_mut() {
             if step >= warmup {

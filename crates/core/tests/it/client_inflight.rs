@@ -129,14 +129,7 @@ fn run(cap: usize, window: usize, circuits: usize, warmup: usize, steps: usize) 
             }
         }
         // E's write rate is shared and work-conserving, as in client_hold.rs.
-        let single_waiting = sim.nodes[E].channel_queued(e_to_single);
-        let s = if sim.nodes[E].channel_queued(e_to_gamer) > 0 {
-            single_waiting.min(CLIENT_RATE)
-        } else {
-            single_waiting.min(2 * CLIENT_RATE)
-        };
-        sim.links.get_mut(&(E, e_to_gamer)).unwrap().budget = 2 * CLIENT_RATE - s;
-        sim.links.get_mut(&(E, e_to_single)).unwrap().budget = s;
+        sim.share_rate(E, e_to_gamer, e_to_single, CLIENT_RATE);
         // A web fetch every 500 steps in the window, one at a time.
         if step >= warmup as u64 && step % 500 == 0 && web_fetch.is_none() {
             let s = sim.nodes[WEB]

@@ -212,6 +212,20 @@ impl Sim {
         }
     }
 
+    /// `node` writes `2 * rate` cells a step over channels `a` and `b` together, shared and
+    /// work-conserving: `b` its half if it has that much waiting, or up to all of it while `a`
+    /// has nothing waiting; `a` the rest (an entry's write rate shared by two clients).
+    pub fn share_rate(&mut self, node: usize, a: ChannelId, b: ChannelId, rate: usize) {
+        let b_waiting = self.nodes[node].channel_queued(b);
+        let b_share = if self.nodes[node].channel_queued(a) > 0 {
+            b_waiting.min(rate)
+        } else {
+            b_waiting.min(2 * rate)
+        };
+        self.links.get_mut(&(node, a)).unwrap().budget = 2 * rate - b_share;
+        self.links.get_mut(&(node, b)).unwrap().budget = b_share;
+    }
+
     /// `from`'s first channel to `to`.
     pub fn chan(&self, from: usize, to: usize) -> ChannelId {
         self.links

@@ -103,7 +103,6 @@ from .options import (
     flows,
     loop_stems,
     params_dict,
-    parse_options,
 )
 from .pooling import pool, read_result, read_result_with_evidence
 from .targets import (
@@ -141,7 +140,7 @@ __all__ = [
     "Flow", "Paper002Overlay", "Params", "Targets", "VariantOptions", "_place_nodes", "analyze", "analyze_raw",
     "busy_connections", "ceiling_share", "collect_flows", "compute_targets", "data_ceiling", "declared_targets",
     "declared_variants", "directions", "directions_of", "extra_channel_lines", "extra_channel_pairs",
-    "flows", "link_bytes", "link_queue_lines", "loop_stems", "params_dict", "parse_options", "pool",
+    "flows", "link_bytes", "link_queue_lines", "loop_stems", "params_dict", "pool",
     "read_result", "read_result_with_evidence", "run_evidence", "run_repetition_raw", "wire_shares",
 ]
 

@@ -172,15 +172,9 @@ def analyze(out_dir: Path, scenario: Any) -> an.Analysis:
                     for d in reps if (d / "evidence.json").is_file()}
                 for v, reps in dirs.items()}
     summary = analyze_raw(results, p, out_dir / "paper002_overlay", evidence, variants)
-    rows = []
-    for v, ds in summary["variants"].items():
-        for d, x in ds.items():
-            rows.append([v, d, round(x["goodput_bps"] / 1e6, 2), round(x["share_of_link"], 3),
-                         round(x["variance"] / 64e6) if x["variance"] == x["variance"] else None,
-                         variants[v].paper if d == "A->B" else ""])
-    table = an.Table(title="Paper 002, overlay: goodput per direction while both clients run",
-                     columns=["variant", "direction", "Mbit/s", "share of link", "variance (kB/s)^2", "paper"],
-                     rows=rows, note=PAPER_VARIANCE)
+    table = bulk.goodput_table("Paper 002, overlay: goodput per direction while both clients run", "direction",
+                               "share of link", summary, lambda x: round(x["share_of_link"], 3), variants,
+                               PAPER_VARIANCE)
     notes = ["This kind's own figures: paper002_overlay/throughput_<variant>.png, "
              "paper002_overlay/variance.png, CSV beside each, and paper002_overlay/comparison.md.",
              f"Targets: {json.dumps(summary['targets'])}"]
@@ -189,7 +183,6 @@ def analyze(out_dir: Path, scenario: Any) -> an.Analysis:
                                       f"overlay {v}: throughput per direction (cf. paper Fig {variants[v].fig})",
                                       runs, list(directions(p)), slot)
                for v, runs in results.items() if runs]
-    var = [(v, summary["extra"][v]["towards_b_variance"]) for v in summary["variants"]]
     figures.append(bulk.variance_figure("paper002_overlay_variance",
-                                        "variance of 1 s throughput towards B (cf. Fig 9)", var))
+                                        "variance of 1 s throughput towards B (cf. Fig 9)", summary))
     return an.Analysis(summary=summary, figures=figures, tables=[table], notes=notes)

@@ -4,11 +4,10 @@ transfer loops (flows) of a run; see the package documentation."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ...errors import LabError
 from ...options import option
-from ...options import parse_options as parse_scenario_options
 from .. import bulk
 
 KIND_NAME = "paper002-overlay"
@@ -96,11 +95,6 @@ class VariantOptions:
     relay: dict[str, Any] = option(default_factory=dict, doc="more relay options (chive)")
     shape: bulk.ShapeOptions = field(default_factory=bulk.ShapeOptions)
     host_cc: str | None = option(None, doc="the hosts' congestion control instead of the scenario's cc")
-
-
-def parse_options(raw: Mapping[str, Any]) -> Params:
-    """The scenario's keys of this kind as :class:`Params`; LabError names a bad one."""
-    return parse_scenario_options(Params, raw)
 
 
 @dataclass(frozen=True)
