@@ -412,8 +412,8 @@ fn now<F: Future>(f: F) -> Option<F::Output> {
 /// EOF. Properties are the caller's (`fuzz/targets/src/records.rs`).
 pub fn handover(script: HandoverScript) -> HandoverReport {
     let cfg = configs();
-    // The same script gets the same hellos and key shares, so an input replays exactly; another
-    // script gets other ones. DefaultHasher::new() has fixed keys.
+    // The same script gets the same hellos and key shares when replayed; another script gets
+    // other ones. DefaultHasher::new() has fixed keys.
     let mut seed = std::collections::hash_map::DefaultHasher::new();
     script.hash(&mut seed);
     provider::reseed(seed.finish());

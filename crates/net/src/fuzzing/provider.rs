@@ -8,10 +8,12 @@
 //!   handshake and every record still authenticates, but no scalar multiplication (about two
 //!   thirds of an execution went into ring's X25519 and P-256, session 20);
 //! - randomness (the hellos' randoms, the key shares) comes from a deterministic stream that
-//!   [`reseed`] restarts for each input, so a crashing input replays with the same bytes.
+//!   [`reseed`] restarts for each input, so a replayed input gets the same hellos and shares.
 //!
 //! Everything else is real: the cipher suites and record protection, the P-256 certificate and
 //! its CertificateVerify signature and check (chive's link config, `tls.rs`), the key schedule.
+//! ring draws the certificate's key (once per process) and the ECDSA nonce itself, so those
+//! bytes, and the signature's DER length, still differ between runs.
 //!
 //! UNSAFE FOR PRODUCTION, and unreachable there: this module exists only with the `fuzzing`
 //! feature, which only `chive-fuzz-targets` enables (never the chive binary), and only
