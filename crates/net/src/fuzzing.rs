@@ -11,6 +11,7 @@ use crate::{FeatureSet, LinkConfig, LinkError};
 pub use chive_crypto::IdentityKey;
 
 mod handover;
+mod provider;
 pub use handover::{handover, Change, HandoverReport, HandoverScript, PeerOp, ReadEnd};
 
 /// What a completed handshake settled (the fields `Link` would carry).

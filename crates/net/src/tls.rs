@@ -37,8 +37,8 @@ pub(crate) const LINK_SUITES: &[SupportedCipherSuite] = &[
 
 /// The ring provider with [`LINK_SUITES`], passed explicitly to every config builder: chive never
 /// relies on a process-wide default provider (another crate in the process could install a
-/// different one).
-fn provider() -> Arc<CryptoProvider> {
+/// different one). The `record_handover` fuzz target starts from it too (`fuzzing/provider.rs`).
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(CryptoProvider {
         cipher_suites: LINK_SUITES.to_vec(),
         ..rustls::crypto::ring::default_provider()
@@ -50,7 +50,9 @@ pub(crate) fn server_config() -> Result<Arc<ServerConfig>, LinkError> {
     server_config_with(provider())
 }
 
-fn server_config_with(provider: Arc<CryptoProvider>) -> Result<Arc<ServerConfig>, LinkError> {
+pub(crate) fn server_config_with(
+    provider: Arc<CryptoProvider>,
+) -> Result<Arc<ServerConfig>, LinkError> {
     // The names in the certificate are irrelevant (nobody checks them); a fixed bland one avoids
     // leaking anything about the relay.
     let certified = rcgen::generate_simple_self_signed(vec!["chive.invalid".to_string()])
@@ -79,7 +81,9 @@ pub(crate) fn client_config() -> Result<Arc<ClientConfig>, LinkError> {
     client_config_with(provider())
 }
 
-fn client_config_with(provider: Arc<CryptoProvider>) -> Result<Arc<ClientConfig>, LinkError> {
+pub(crate) fn client_config_with(
+    provider: Arc<CryptoProvider>,
+) -> Result<Arc<ClientConfig>, LinkError> {
     let verifier = Arc::new(AnyCertVerifier {
         algs: provider.signature_verification_algorithms,
     });

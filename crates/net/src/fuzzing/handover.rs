@@ -14,6 +14,7 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::hash::{Hash, Hasher};
 use std::io::{self, Read, Write};
 use std::pin::Pin;
 use std::rc::Rc;
@@ -22,11 +23,12 @@ use std::task::{Context, Poll, Waker};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
+use super::provider;
 use crate::record_stream;
 use crate::tls;
 
 /// One step of the peer's script, played after its handshake.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PeerOp {
     /// Send this many bytes of application data (at most 16 000: one record).
     Data(usize),
@@ -39,7 +41,7 @@ pub enum PeerOp {
 }
 
 /// A change to the peer's bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Change {
     /// XOR this byte in at this offset from the stream's start.
     At(usize, u8),
@@ -48,7 +50,7 @@ pub enum Change {
 }
 
 /// What the fuzzer chose.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Hash)]
 pub struct HandoverScript {
     /// Our side is the TLS server (the peer the client).
     pub we_are_server: bool,
@@ -126,15 +128,18 @@ struct Configs {
     server_half_rtt: Arc<rustls::ServerConfig>,
 }
 
-/// chive's link configs, made once (a server config generates a certificate).
+/// chive's link configs, made once (a server config generates a certificate), on both sides
+/// with the fuzzing provider (`provider.rs`: no X25519 arithmetic, deterministic randomness).
 fn configs() -> &'static Configs {
     static CONFIGS: OnceLock<Configs> = OnceLock::new();
     CONFIGS.get_or_init(|| {
-        let server = tls::server_config().expect("the link's server config");
+        let server =
+            tls::server_config_with(provider::provider()).expect("the link's server config");
         let mut half = (*server).clone();
         half.send_half_rtt_data = true;
         Configs {
-            client: tls::client_config().expect("the link's client config"),
+            client: tls::client_config_with(provider::provider())
+                .expect("the link's client config"),
             server,
             server_half_rtt: Arc::new(half),
         }
@@ -407,6 +412,11 @@ fn now<F: Future>(f: F) -> Option<F::Output> {
 /// EOF. Properties are the caller's (`fuzz/targets/src/records.rs`).
 pub fn handover(script: HandoverScript) -> HandoverReport {
     let cfg = configs();
+    // The same script gets the same hellos and key shares when replayed; another script gets
+    // other ones. DefaultHasher::new() has fixed keys.
+    let mut seed = std::collections::hash_map::DefaultHasher::new();
+    script.hash(&mut seed);
+    provider::reseed(seed.finish());
     let we_are_server = script.we_are_server;
     let our_reads = script.our_reads.clone();
     let our_writes = script.our_writes.clone();
