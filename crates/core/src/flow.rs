@@ -177,6 +177,10 @@ pub struct StreamWindow {
     received_unacked: u32,
     /// Of those, cells whose data the local side has fully written out.
     flushed_unacked: u32,
+    /// Most cells the peer may have sent and not had acknowledged: one stream window, or
+    /// one per leg for a stream of a linked set whose sender keeps a window per leg
+    /// (`crate::streamflow::LegWindows`).
+    receive_limit: u32,
 }
 
 impl Default for StreamWindow {
@@ -185,6 +189,7 @@ impl Default for StreamWindow {
             package: STREAM_WINDOW,
             received_unacked: 0,
             flushed_unacked: 0,
+            receive_limit: STREAM_WINDOW,
         }
     }
 }
@@ -209,9 +214,20 @@ impl StreamWindow {
         Ok(())
     }
 
+    /// Let the peer have `limit` cells unacknowledged (at least one stream window): a linked
+    /// set's exit, whose client keeps a stream window per leg.
+    pub fn set_receive_limit(&mut self, limit: u32) {
+        self.receive_limit = limit.max(STREAM_WINDOW);
+    }
+
+    /// Cells received and not yet acknowledged with a SENDME.
+    pub fn received_unacked(&self) -> u32 {
+        self.received_unacked
+    }
+
     /// A DATA cell arrived from the peer.
     pub fn on_data_received(&mut self) -> Result<(), FlowError> {
-        if self.received_unacked >= STREAM_WINDOW {
+        if self.received_unacked >= self.receive_limit {
             return Err(FlowError::WindowExceeded("stream"));
         }
         self.received_unacked += 1;
@@ -334,5 +350,22 @@ mod tests {
         assert!(!p.can_package());
         p.on_sendme().unwrap();
         assert!(p.can_package());
+    }
+
+    #[test]
+    fn a_wider_receive_limit_polices_at_that_limit() {
+        let mut s = StreamWindow::default();
+        s.set_receive_limit(2 * STREAM_WINDOW);
+        for _ in 0..2 * STREAM_WINDOW {
+            s.on_data_received().unwrap();
+        }
+        assert_eq!(s.received_unacked(), 2 * STREAM_WINDOW);
+        assert!(s.on_data_received().is_err());
+        let mut t = StreamWindow::default();
+        t.set_receive_limit(1);
+        for _ in 0..STREAM_WINDOW {
+            t.on_data_received().unwrap();
+        }
+        assert!(t.on_data_received().is_err(), "never below one window");
     }
 }

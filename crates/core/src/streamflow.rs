@@ -21,17 +21,29 @@
 //! is a side channel), and so is XON/XOFF on a windowed stream or a stream SENDME on an
 //! XON/XOFF one: both ends choose the mechanism from the same consensus `cc_alg`.
 //!
+//! A stream of a linked set (path switching, `crate::switching::path`) under fixed windows
+//! keeps, at its client, one stream window *per leg* ([`LegWindows`]): cells queued behind a
+//! congested entry then hold only that leg's window, and a switch sends its first cell on the
+//! other leg at once. The exit's stream SENDMEs are unchanged (one per 50 cells written out,
+//! in stream order); the client knows which leg it charged each cell to, so each SENDME
+//! credits the legs of the 50 oldest unacknowledged cells. The exit lets such a stream have
+//! one window per leg unacknowledged ([`StreamFlow::set_receive_limit`]).
+//!
 //! Not here: rate limiting by the XON's advisory rate (the sender records it in
 //! [`XonXoff::advised_kbps`] but does not pace by it); advisory XONs while the buffer is
 //! non-empty without an XOFF before (Tor sends them when the rate changes by
 //! `cc_xon_change_pct`).
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use chive_cell::RELAY_DATA_LEN;
 
 use crate::cc::CC_CWND_LIMIT;
-use crate::flow::{FlowError, StreamWindow, CIRCUIT_SENDME_INCREMENT};
+use crate::flow::{
+    FlowError, StreamWindow, CIRCUIT_SENDME_INCREMENT, STREAM_SENDME_INCREMENT, STREAM_WINDOW,
+};
+use crate::CircKey;
 
 /// Cells a receiving edge may hold for its application before it sends XOFF (Tor's
 /// `cc_xoff_client` / `cc_xoff_exit` default: 500 cells).
@@ -97,6 +109,68 @@ impl XonXoff {
     }
 }
 
+/// The sending side of a linked set's stream under fixed windows: one 500-cell stream window
+/// per leg. A cell is charged to the leg it is first sent on (a fallback's re-send of it on
+/// the old leg keeps that charge: the exit delivers it once, whichever copy comes first).
+/// The exit acknowledges in stream order (a SENDME per 50 cells written out, as for any
+/// windowed stream), so a SENDME frees the legs the 50 oldest unacknowledged cells were
+/// charged to, whichever leg brings it. Exactly once per cell, whatever the legs did.
+#[derive(Clone, Debug, Default)]
+pub struct LegWindows {
+    /// The cells sent and not yet acknowledged, oldest first, as runs of (leg, cells).
+    unacked: VecDeque<(CircKey, u32)>,
+}
+
+impl LegWindows {
+    /// Cells charged to `leg` and not yet acknowledged.
+    pub fn in_flight(&self, leg: CircKey) -> u32 {
+        self.unacked
+            .iter()
+            .filter(|(l, _)| *l == leg)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Cells not yet acknowledged, over every leg.
+    pub fn unacked(&self) -> u32 {
+        self.unacked.iter().map(|(_, n)| n).sum()
+    }
+
+    /// May another DATA cell go on `leg`?
+    pub fn can_package(&self, leg: CircKey) -> bool {
+        self.in_flight(leg) < STREAM_WINDOW
+    }
+
+    /// A DATA cell went on `leg`.
+    pub fn on_data_sent(&mut self, leg: CircKey) {
+        match self.unacked.back_mut() {
+            Some((l, n)) if *l == leg => *n += 1,
+            _ => self.unacked.push_back((leg, 1)),
+        }
+    }
+
+    /// A stream SENDME arrived: the 50 oldest cells are acknowledged. Fewer outstanding is
+    /// the peer acknowledging what was never sent.
+    pub fn on_sendme(&mut self) -> Result<(), FlowError> {
+        if self.unacked() < STREAM_SENDME_INCREMENT {
+            return Err(FlowError::UnexpectedSendme("stream (per leg)"));
+        }
+        let mut left = STREAM_SENDME_INCREMENT;
+        while left > 0 {
+            let Some((_, n)) = self.unacked.front_mut() else {
+                break;
+            };
+            let take = left.min(*n);
+            *n -= take;
+            left -= take;
+            if *n == 0 {
+                self.unacked.pop_front();
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The flow control of one stream (see the module docs).
 #[derive(Clone, Debug)]
 pub enum StreamFlow {
@@ -114,6 +188,22 @@ impl StreamFlow {
             StreamFlow::XonXoff(XonXoff::new(xoff_cells))
         } else {
             StreamFlow::Window(StreamWindow::default())
+        }
+    }
+
+    /// Let the peer have `limit` DATA cells unacknowledged (a linked set's exit: one window
+    /// per leg). No effect under XON/XOFF.
+    pub fn set_receive_limit(&mut self, limit: u32) {
+        if let StreamFlow::Window(w) = self {
+            w.set_receive_limit(limit);
+        }
+    }
+
+    /// Windowed streams: DATA cells received and not yet acknowledged.
+    pub fn received_unacked(&self) -> Option<u32> {
+        match self {
+            StreamFlow::Window(w) => Some(w.received_unacked()),
+            StreamFlow::XonXoff(_) => None,
         }
     }
 
@@ -224,6 +314,37 @@ impl StreamFlow {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn leg_windows_are_separate_and_sendmes_free_the_oldest_cells_legs() {
+        let (a, b) = (CircKey(1), CircKey(2));
+        let mut w = LegWindows::default();
+        for _ in 0..STREAM_WINDOW {
+            assert!(w.can_package(a));
+            w.on_data_sent(a);
+        }
+        assert!(!w.can_package(a), "A's window used up");
+        assert!(w.can_package(b), "B has its own");
+        for _ in 0..30 {
+            w.on_data_sent(b);
+        }
+        assert_eq!((w.in_flight(a), w.in_flight(b)), (500, 30));
+        // The first SENDMEs acknowledge A's cells (sent first), not B's.
+        w.on_sendme().unwrap();
+        assert_eq!((w.in_flight(a), w.in_flight(b)), (450, 30));
+        for _ in 0..9 {
+            w.on_sendme().unwrap();
+        }
+        assert_eq!((w.in_flight(a), w.in_flight(b)), (0, 30));
+        // 30 left: a SENDME for 50 is one for cells never sent.
+        assert!(w.on_sendme().is_err());
+        for _ in 0..20 {
+            w.on_data_sent(a);
+        }
+        // A run spanning legs: 30 of B then 20 of A.
+        w.on_sendme().unwrap();
+        assert_eq!((w.unacked(), w.in_flight(a), w.in_flight(b)), (0, 0, 0));
+    }
 
     #[test]
     fn window_mode_is_the_stream_window() {

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use chive_cell::{Begin, Connected, RelayCommand, Resolve, Resolved};
 
+use crate::streamflow::{LegWindows, StreamFlow};
 use crate::{CircKey, StreamHandle};
 
 use super::circuit::Role;
@@ -85,7 +86,16 @@ impl Core {
             .ok_or(CoreError::TooManyStreams)?;
         edge.next_stream_id = sid.wrapping_add(1);
         let flow = edge.stream_flow();
-        edge.streams.insert(sid, Stream::new(handle, state, flow));
+        let mut stream = Stream::new(handle, state, flow);
+        // On a linked set's home under fixed windows: a stream window per leg, so that cells
+        // queued behind one leg's congested entry do not hold a switch to the other.
+        if matches!(stream.flow, StreamFlow::Window(_)) && self.path_set_of(circ_key).is_some() {
+            stream.legs = Some(LegWindows::default());
+        }
+        let Some(edge) = self.circuits.get_mut(&circ_key).and_then(|c| c.edge_mut()) else {
+            return Err(CoreError::CircuitNotOpen);
+        };
+        edge.streams.insert(sid, stream);
         self.next_handle += 1;
         self.streams.insert(handle, (circ_key, sid));
         // Through send_edge: a linked set sequences BEGIN like every multiplexed cell.

@@ -167,6 +167,13 @@ struct ExitSet {
     /// and the buffer high ([`PathReceiver::withholds`]). One per 100 cells the leg brought
     /// meanwhile, so at most `max_buffered / 100 + 1` per leg before the set closes.
     withheld: Vec<(CircKey, Vec<[u8; 20]>)>,
+    /// DATA cells accepted and not yet delivered (held out of order), per stream id: with
+    /// what the stream has delivered and not acknowledged, bounded by one stream window per
+    /// leg (`path/exit.rs`, `path_exit_stream_bound`).
+    pending_data: HashMap<u16, u32>,
+    /// The most legs the set has had: the client may have a window's worth of cells charged
+    /// to each (also to a leg that closed since, re-sent on another).
+    peak_legs: usize,
 }
 
 /// The core's path-switching tables. See the module documentation.

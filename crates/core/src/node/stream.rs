@@ -8,8 +8,9 @@ use std::time::Instant;
 use chive_cell::{End, EndReason, RelayCommand, Sendme, Xoff, Xon, RELAY_DATA_LEN};
 use tracing::warn;
 
+use crate::flow::FlowError;
 use crate::flow::{CircuitWindow, CIRCUIT_WINDOW_MAX, CIRCUIT_WINDOW_MIN};
-use crate::streamflow::{StreamFlow, XOFF_CELLS};
+use crate::streamflow::{LegWindows, StreamFlow, XOFF_CELLS};
 use crate::{CircKey, StreamHandle};
 
 use super::circuit::Role;
@@ -34,6 +35,9 @@ pub(super) struct Stream {
     pub(super) state: StreamState,
     /// The stream window (fixed circuit windows) or XON/XOFF (congestion control).
     pub(super) flow: StreamFlow,
+    /// A client's stream on a linked set's home under fixed windows: its sending window per
+    /// leg, in place of `flow`'s (which still does the receiving side).
+    pub(super) legs: Option<LegWindows>,
     /// Bytes read from the local socket, not yet packaged.
     pub(super) pending: VecDeque<u8>,
     /// Read credit granted to the driver and not yet used.
@@ -48,9 +52,34 @@ impl Stream {
             handle,
             state,
             flow,
+            legs: None,
             pending: VecDeque::new(),
             credit: 0,
             local_eof: false,
+        }
+    }
+
+    /// May another DATA cell go on `leg` (the circuit it is sent on)?
+    pub(super) fn can_package_on(&self, leg: CircKey) -> bool {
+        match &self.legs {
+            Some(l) => l.can_package(leg),
+            None => self.flow.can_package(),
+        }
+    }
+
+    /// A DATA cell went on `leg`.
+    fn on_data_sent_on(&mut self, leg: CircKey) {
+        match &mut self.legs {
+            Some(l) => l.on_data_sent(leg),
+            None => self.flow.on_data_sent(),
+        }
+    }
+
+    /// A stream SENDME arrived (on any leg of a linked set).
+    fn on_stream_sendme(&mut self) -> Result<(), FlowError> {
+        match &mut self.legs {
+            Some(l) => l.on_sendme(),
+            None => self.flow.on_sendme(),
         }
     }
 }
@@ -110,6 +139,14 @@ impl Core {
             }) => edge.streams.len(),
             _ => 0,
         }
+    }
+
+    /// DATA cells of `stream` charged to leg `leg` and not yet acknowledged: streams of a
+    /// linked set's home under fixed windows (a window per leg); None for other streams.
+    pub fn stream_leg_in_flight(&self, stream: StreamHandle, leg: CircKey) -> Option<u32> {
+        let &(key, sid) = self.streams.get(&stream)?;
+        let s = self.circuits.get(&key)?.edge()?.streams.get(&sid)?;
+        s.legs.as_ref().map(|l| l.in_flight(leg))
     }
 
     /// Bytes read from a stream's local socket (at most the credit granted).
@@ -323,7 +360,7 @@ impl Core {
             let Some(s) = edge.streams.get_mut(&sid) else {
                 return;
             };
-            if let Err(e) = s.flow.on_sendme() {
+            if let Err(e) = s.on_stream_sendme() {
                 return self.kill(key, &e.to_string(), now);
             }
             self.package_stream(key, sid, now);
@@ -388,13 +425,15 @@ impl Core {
         loop {
             // A linked set's home packages on the leg its sender uses now (None: blocked
             // until a switch is confirmed or falls back).
-            let (circ_open, queued) = match self.path_package_leg(key) {
+            let leg = self.path_package_leg(key);
+            let (circ_open, queued) = match leg {
                 Some(leg) => self.circuits.get_mut(&leg).map_or((false, 0), |c| {
                     let queued = c.queue(c.edge_out_side()).len();
                     (c.edge().is_some_and(|e| e.window.can_package()), queued)
                 }),
                 None => (false, 0),
             };
+            let leg = leg.unwrap_or(key);
             let Some(circ) = self.circuits.get_mut(&key) else {
                 return;
             };
@@ -412,7 +451,7 @@ impl Core {
             }
             if s.state != StreamState::Open
                 || !circ_open
-                || !s.flow.can_package()
+                || !s.can_package_on(leg)
                 || queued >= QUEUE_HIGHWATER
             {
                 break;
@@ -422,7 +461,7 @@ impl Core {
             // byte (with a heap Vec per cell) and was a third of an exit relay's instructions.
             let mut chunk = [0u8; RELAY_DATA_LEN];
             take_front(&mut s.pending, &mut chunk[..n]);
-            s.flow.on_data_sent();
+            s.on_data_sent_on(leg);
             self.send_edge(key, RelayCommand::DATA, sid, &chunk[..n], now);
         }
         self.grant_credit(key, sid);

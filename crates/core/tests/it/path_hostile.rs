@@ -235,12 +235,22 @@ fn stalled_set(p: &mut Path) -> (Circ, Circ) {
     (a, b)
 }
 
-/// Send `n` DATA cells on `b`, carrying them to X and X's answers back every 50; returns how
-/// many circuit SENDMEs came back on `b`.
+/// Streams `data_on` spreads its cells over: each stream's own bound (one 500-cell stream
+/// window per leg, fixed windows) stays out of the way of the set's (`max_buffered`).
+const SPREAD: usize = 8;
+
+/// Send `n` DATA cells on `b`, round robin over streams 1..=SPREAD, carrying them to X and
+/// X's answers back every 50; returns how many circuit SENDMEs came back on `b`.
 fn data_on(p: &mut Path, b: &mut Circ, n: usize) -> usize {
+    spread_on(p, b, n, SPREAD)
+}
+
+/// [`data_on`] over streams 1..=`streams`.
+fn spread_on(p: &mut Path, b: &mut Circ, n: usize, streams: usize) -> usize {
     let mut sendmes = 0;
     for i in 0..n {
-        p.send(b, 1, RelayCommand::DATA, 1, &[7; 400], false);
+        let sid = 1 + (i % streams) as u16;
+        p.send(b, 1, RelayCommand::DATA, sid, &[7; 400], false);
         if i % 50 == 49 || i + 1 == n {
             p.r_to_x();
             p.x_to_r();
@@ -280,6 +290,28 @@ fn a_client_that_ignores_withheld_sendmes_loses_its_set_only() {
     assert_set_destroyed(&mut p, &a, &b, DestroyReason::PROTOCOL);
     assert_eq!(p.x.core.switch_stats().violations, 1);
     // The buffer was given back.
+    assert!(p.x.core.stats().mem_in_queues < 100 * CELL_MEM_COST);
+    assert_other_answers(&mut p, &mut other);
+}
+
+/// The per-stream bound under fixed windows: the client keeps one 500-cell stream window per
+/// leg, so one stream's cells held out of order plus those delivered and unacknowledged stay
+/// within 2 × 500 (two legs). B floods stream 1 while A's seq 2 never comes: 1000 cells are
+/// held (no violation, far below the set's bound), the 1001st closes the set with a logged
+/// protocol error, and another circuit through the same relays keeps answering.
+#[test]
+fn a_stream_flooded_past_its_legs_windows_closes_its_set_only() {
+    let mut p = path_exit();
+    let mut other = p.create2();
+    let (a, mut b) = stalled_set(&mut p);
+    spread_on(&mut p, &mut b, 1000, 1);
+    let x = p.x.core.switch_stats();
+    assert_eq!((x.violations, x.path_out_of_order_peak), (0, 1000), "{x:?}");
+    assert!(1000 < PathLimits::default().max_buffered(2));
+    p.send(&mut b, 1, RelayCommand::DATA, 1, &[7; 400], false);
+    p.r_to_x();
+    assert_set_destroyed(&mut p, &a, &b, DestroyReason::PROTOCOL);
+    assert_eq!(p.x.core.switch_stats().violations, 1);
     assert!(p.x.core.stats().mem_in_queues < 100 * CELL_MEM_COST);
     assert_other_answers(&mut p, &mut other);
 }

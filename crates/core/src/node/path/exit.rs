@@ -115,6 +115,7 @@ impl Core {
                     return self.kill(key, &format!("CONFLUX_LINK refused: {e}"), now);
                 }
                 set.legs.push(key);
+                set.peak_legs = set.peak_legs.max(set.legs.len());
                 id
             }
             None => {
@@ -130,6 +131,8 @@ impl Core {
                         legs: vec![key],
                         recv: PathReceiver::new(key, limits),
                         withheld: Vec::new(),
+                        pending_data: HashMap::new(),
+                        peak_legs: 1,
                     },
                 );
                 id
@@ -199,6 +202,9 @@ impl Core {
         if !accepted {
             return;
         }
+        if cmd == RelayCommand::DATA && !self.path_exit_stream_bound(id, sid, now) {
+            return;
+        }
         let home = set_home(&self.path, id);
         let mut delivered = false;
         while let Some((_, (cmd, sid, data))) = self
@@ -211,7 +217,13 @@ impl Core {
             match cmd {
                 RelayCommand::BEGIN => self.on_begin(home, sid, &data, now),
                 RelayCommand::RESOLVE => self.on_resolve(home, sid, &data, now),
-                RelayCommand::DATA => self.edge_data_stream(home, sid, &data, now),
+                RelayCommand::DATA => {
+                    let limit = self.path_exit_delivered(id, sid);
+                    if let Some(st) = self.stream_mut(home, sid) {
+                        st.flow.set_receive_limit(limit);
+                    }
+                    self.edge_data_stream(home, sid, &data, now)
+                }
                 RelayCommand::END => self.edge_end(home, sid, &data, now),
                 other => self.kill(home, &format!("{other} toward the exit"), now),
             }
@@ -222,6 +234,61 @@ impl Core {
         if after > before {
             self.check_mem_in_queues(now);
         }
+    }
+
+    /// Exit: a DATA cell of stream `sid` was accepted by set `id`'s receiver. Count it, and
+    /// check the stream's bound: its client keeps a 500-cell stream window per leg (fixed
+    /// windows; `crate::streamflow::LegWindows`), and every cell it charged and the exit has
+    /// not acknowledged is either held here out of order or delivered and unacknowledged,
+    /// so together they stay within one window per leg the set has had. More is a client
+    /// that ignored its windows: the set closes (logged), the exit's other circuits go on.
+    /// False if it closed. Streams under XON/XOFF (congestion control) have no stream window:
+    /// the set's own bound ([`PathLimits::max_buffered`]) covers them.
+    fn path_exit_stream_bound(&mut self, id: u64, sid: u16, now: Instant) -> bool {
+        let home = set_home(&self.path, id);
+        let windowed = self
+            .circuits
+            .get(&home)
+            .and_then(|c| c.edge())
+            .is_some_and(|e| e.window.policy().keeps_stream_window());
+        let delivered = self
+            .circuits
+            .get(&home)
+            .and_then(|c| c.edge())
+            .and_then(|e| e.streams.get(&sid))
+            .and_then(|st| st.flow.received_unacked())
+            .unwrap_or(0);
+        let Some(set) = self.path.exit.get_mut(&id) else {
+            return false;
+        };
+        let held = set.pending_data.entry(sid).or_insert(0);
+        *held += 1;
+        let held = *held;
+        let bound = stream_bound(set.peak_legs);
+        if windowed && u64::from(held) + u64::from(delivered) > u64::from(bound) {
+            let why = format!(
+                "stream {sid}: {held} cells held out of order and {delivered} delivered \
+                 unacknowledged, beyond one stream window per leg ({bound})"
+            );
+            self.path_exit_dissolve(id, Some(&why), now);
+            return false;
+        }
+        true
+    }
+
+    /// Exit: a DATA cell of stream `sid` leaves set `id`'s receiver in order. Returns the
+    /// receive limit of the stream's window: one window per leg the set has had.
+    fn path_exit_delivered(&mut self, id: u64, sid: u16) -> u32 {
+        let Some(set) = self.path.exit.get_mut(&id) else {
+            return crate::flow::STREAM_WINDOW;
+        };
+        if let Some(n) = set.pending_data.get_mut(&sid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                set.pending_data.remove(&sid);
+            }
+        }
+        stream_bound(set.peak_legs)
     }
 
     /// Exit: the circuit SENDME `digest` is due on leg `key` of set `id`: send it, or keep it
@@ -316,6 +383,13 @@ impl Core {
             );
         }
     }
+}
+
+/// The most DATA cells a set's stream may have unacknowledged at the exit: one stream window
+/// per leg (`legs` capped at [`crate::switching::path::MAX_LEGS`]).
+fn stream_bound(legs: usize) -> u32 {
+    let legs = legs.clamp(1, crate::switching::path::MAX_LEGS) as u32;
+    legs * crate::flow::STREAM_WINDOW
 }
 
 fn set_home(tables: &PathTables, id: u64) -> CircKey {

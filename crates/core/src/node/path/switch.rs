@@ -150,7 +150,7 @@ impl Core {
         let Some(first) = waiting.next() else {
             return Some(SwitchHold::NoData);
         };
-        if !first.flow.can_package() && waiting.all(|s| !s.flow.can_package()) {
+        if !first.can_package_on(to) && waiting.all(|s| !s.can_package_on(to)) {
             return Some(SwitchHold::StreamWindow);
         }
         if self
