@@ -284,14 +284,18 @@ fn a_client_that_ignores_withheld_sendmes_loses_its_set_only() {
     assert_eq!(x.path_sendmes_withheld, (bound / 100 - 9) as u64, "{x:?}");
     assert_eq!(x.violations, 0);
     assert!(p.x.core.stats().mem_in_queues >= bound * CELL_MEM_COST);
-    // One cell more than an honest client can cause.
-    p.send(&mut b, 1, RelayCommand::DATA, 1, &[7; 400], false);
+    one_cell_more_closes_the_set_only(&mut p, &a, &mut b, &mut other);
+}
+
+/// One cell more than an honest client can cause, on stream 1 of leg `b`: the set (`a`, `b`)
+/// is destroyed with a logged protocol error, its buffer given back, and `other` still answers.
+fn one_cell_more_closes_the_set_only(p: &mut Path, a: &Circ, b: &mut Circ, other: &mut Circ) {
+    p.send(b, 1, RelayCommand::DATA, 1, &[7; 400], false);
     p.r_to_x();
-    assert_set_destroyed(&mut p, &a, &b, DestroyReason::PROTOCOL);
+    assert_set_destroyed(p, a, b, DestroyReason::PROTOCOL);
     assert_eq!(p.x.core.switch_stats().violations, 1);
-    // The buffer was given back.
     assert!(p.x.core.stats().mem_in_queues < 100 * CELL_MEM_COST);
-    assert_other_answers(&mut p, &mut other);
+    assert_other_answers(p, other);
 }
 
 /// The per-stream bound under fixed windows: the client keeps one 500-cell stream window per
@@ -308,12 +312,7 @@ fn a_stream_flooded_past_its_legs_windows_closes_its_set_only() {
     let x = p.x.core.switch_stats();
     assert_eq!((x.violations, x.path_out_of_order_peak), (0, 1000), "{x:?}");
     assert!(1000 < PathLimits::default().max_buffered(2));
-    p.send(&mut b, 1, RelayCommand::DATA, 1, &[7; 400], false);
-    p.r_to_x();
-    assert_set_destroyed(&mut p, &a, &b, DestroyReason::PROTOCOL);
-    assert_eq!(p.x.core.switch_stats().violations, 1);
-    assert!(p.x.core.stats().mem_in_queues < 100 * CELL_MEM_COST);
-    assert_other_answers(&mut p, &mut other);
+    one_cell_more_closes_the_set_only(&mut p, &a, &mut b, &mut other);
 }
 
 /// An honest client's view of the same stall: once the gap fills (seq 2 arrives on A), the
