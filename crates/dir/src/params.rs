@@ -41,12 +41,7 @@ impl ParamSpec {
 
 /// `circwindow`: the initial circuit-level SENDME window, in cells (tor-spec: 1000,
 /// allowed 100..=1000).
-pub const CIRCWINDOW: ParamSpec = ParamSpec {
-    name: "circwindow",
-    default: 1000,
-    min: 100,
-    max: 1000,
-};
+pub const CIRCWINDOW: ParamSpec = ParamSpec::new("circwindow", 1000, 100, 1000);
 
 /// Every parameter this version knows, with its range. [`NetParams::check_known`]
 /// refuses values outside these ranges (the authority uses it on its config, so an
@@ -102,21 +97,12 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
 
 /// EWMA half-life in milliseconds (Tor's name); 0 or less turns EWMA off (round-robin).
 /// A relay's own `CircuitPriorityHalflife` (seconds) overrides it.
-pub const CIRCUIT_PRIORITY_HALFLIFE_MSEC: ParamSpec = ParamSpec {
-    name: "CircuitPriorityHalflifeMsec",
-    default: 30_000,
-    min: -1,
-    max: i32::MAX as i64,
-};
+pub const CIRCUIT_PRIORITY_HALFLIFE_MSEC: ParamSpec =
+    ParamSpec::new("CircuitPriorityHalflifeMsec", 30_000, -1, i32::MAX as i64);
 
 /// Cells a relay hands to a connection before they are written (the bounded output buffer,
 /// so that the scheduler decides late). A relay's own `OutbufCells` overrides it.
-pub const OUTBUF_CELLS: ParamSpec = ParamSpec {
-    name: "OutbufCells",
-    default: 64,
-    min: 1,
-    max: 10_000,
-};
+pub const OUTBUF_CELLS: ParamSpec = ParamSpec::new("OutbufCells", 64, 1, 10_000);
 
 /// `ChannelFairness`: 1 = under `CrossChannelPriority`, a rate-limited relay ranks each
 /// *client's* channel by its total recent cells (as one circuit) before EWMA picks among a
@@ -125,12 +111,7 @@ pub const OUTBUF_CELLS: ParamSpec = ParamSpec {
 /// every channel by its best circuit). Default 1 since session 17, with
 /// [`PER_CLIENT_QUEUE_CELLS`]: together they met both EWMA-gaming targets. A relay's own option
 /// overrides it.
-pub const CHANNEL_FAIRNESS: ParamSpec = ParamSpec {
-    name: "ChannelFairness",
-    default: 1,
-    min: 0,
-    max: 1,
-};
+pub const CHANNEL_FAIRNESS: ParamSpec = ParamSpec::new("ChannelFairness", 1, 0, 1);
 
 /// `PerClientQueueCells`: at an entry, once this many cells are queued toward one client's
 /// channel, the client's upstream cells on its circuits with cells queued there are held back
@@ -139,12 +120,8 @@ pub const CHANNEL_FAIRNESS: ParamSpec = ParamSpec {
 /// "EWMA gaming"). 0 = off. Default 2 000 cells (about 1 MB: two fixed circuit windows, four
 /// stream windows), so a one-circuit download never reaches it. A relay's own option overrides
 /// it.
-pub const PER_CLIENT_QUEUE_CELLS: ParamSpec = ParamSpec {
-    name: "PerClientQueueCells",
-    default: 2000,
-    min: 0,
-    max: 1_000_000,
-};
+pub const PER_CLIENT_QUEUE_CELLS: ParamSpec =
+    ParamSpec::new("PerClientQueueCells", 2000, 0, 1_000_000);
 
 /// `ClientCircuitWindow`: with [`PER_CLIENT_QUEUE_CELLS`] on, the cells an entry takes each
 /// circuit of a client to have in flight toward it after the client's latest relay cell on
@@ -155,12 +132,7 @@ pub const PER_CLIENT_QUEUE_CELLS: ParamSpec = ParamSpec {
 /// client with many busy circuits on a fast relay still crawls under it (the sniper e2e test
 /// could not open its streams, also after session 20 charged a whole window only to a
 /// circuit owing nothing). A relay's own option overrides it.
-pub const CLIENT_CIRCUIT_WINDOW: ParamSpec = ParamSpec {
-    name: "ClientCircuitWindow",
-    default: 0,
-    min: 0,
-    max: 100_000,
-};
+pub const CLIENT_CIRCUIT_WINDOW: ParamSpec = ParamSpec::new("ClientCircuitWindow", 0, 0, 100_000);
 
 // Congestion-triggered circuit switching (paper 003, issue 16). The fractions γ, α and β are
 // carried in thousandths because consensus parameters are integers (Tor does the same with its
@@ -169,98 +141,50 @@ pub const CLIENT_CIRCUIT_WINDOW: ParamSpec = ParamSpec {
 /// `CircuitSwitching`: 0 = off, 1 = connection (the entry moves a circuit to a new TCP connection
 /// to the same next hop), 2 = path (the client moves its stream to a spare circuit). A relay's
 /// own `CircuitSwitching` option overrides it. See [`SwitchingMode`].
-pub const CIRCUIT_SWITCHING: ParamSpec = ParamSpec {
-    name: "CircuitSwitching",
-    default: 0,
-    min: 0,
-    max: 2,
-};
+pub const CIRCUIT_SWITCHING: ParamSpec = ParamSpec::new("CircuitSwitching", 0, 0, 2);
 
 /// γ of the output-buffer EWMA, B_t = γ·B_{t−1} + (1−γ)·B_sample, in thousandths (paper: 0.7).
 /// 0 and 1000 are excluded: the paper requires 0 < γ < 1 (γ = 1 would never move).
-pub const SWITCH_GAMMA_MILLI: ParamSpec = ParamSpec {
-    name: "SwitchGammaMilli",
-    default: 700,
-    min: 1,
-    max: 999,
-};
+pub const SWITCH_GAMMA_MILLI: ParamSpec = ParamSpec::new("SwitchGammaMilli", 700, 1, 999);
 
 /// α in thousandths of the output buffer (paper: 0.1): below α·buffer the connection is
 /// underfull and the detector re-arms after a switch.
-pub const SWITCH_ALPHA_MILLI: ParamSpec = ParamSpec {
-    name: "SwitchAlphaMilli",
-    default: 100,
-    min: 0,
-    max: 1000,
-};
+pub const SWITCH_ALPHA_MILLI: ParamSpec = ParamSpec::new("SwitchAlphaMilli", 100, 0, 1000);
 
 /// β in thousandths of the output buffer (paper: 0.5): above β·buffer the connection is
 /// congested. A consensus with α > β is read with α lowered to β.
-pub const SWITCH_BETA_MILLI: ParamSpec = ParamSpec {
-    name: "SwitchBetaMilli",
-    default: 500,
-    min: 1,
-    max: 1000,
-};
+pub const SWITCH_BETA_MILLI: ParamSpec = ParamSpec::new("SwitchBetaMilli", 500, 1, 1000);
 
 /// `SwitchSampleInterval` in milliseconds: how often an entry samples each connection's
 /// output-buffer occupancy.
-pub const SWITCH_SAMPLE_INTERVAL_MSEC: ParamSpec = ParamSpec {
-    name: "SwitchSampleIntervalMsec",
-    default: 100,
-    min: 10,
-    max: 60_000,
-};
+pub const SWITCH_SAMPLE_INTERVAL_MSEC: ParamSpec =
+    ParamSpec::new("SwitchSampleIntervalMsec", 100, 10, 60_000);
 
 /// The output buffer α and β are fractions of, in bytes (paper: 32 KB per connection).
-pub const SWITCH_BUFFER_BYTES: ParamSpec = ParamSpec {
-    name: "SwitchBufferBytes",
-    default: 32_768,
-    min: 1024,
-    max: 16 << 20,
-};
+pub const SWITCH_BUFFER_BYTES: ParamSpec =
+    ParamSpec::new("SwitchBufferBytes", 32_768, 1024, 16 << 20);
 
 /// How long a switch may wait for its acknowledgement before it is abandoned (the circuit or
 /// stream stays on, or returns to, the old connection or circuit), in milliseconds.
-pub const SWITCH_TIMEOUT_MSEC: ParamSpec = ParamSpec {
-    name: "SwitchTimeoutMsec",
-    default: 2_000,
-    min: 100,
-    max: 120_000,
-};
+pub const SWITCH_TIMEOUT_MSEC: ParamSpec = ParamSpec::new("SwitchTimeoutMsec", 2_000, 100, 120_000);
 
 /// Path switching: a switch waits for its confirmation `max(SwitchTimeoutMsec, factor × the
 /// round trip measured on the client's linked circuits)`; 0 keeps the fixed timeout (default 3:
 /// the longest confirmation of session 14's kept run took 1.39 round trips; why a multiple:
 /// `chive_core::switching::confirm_timeout`).
-pub const SWITCH_TIMEOUT_RTT_FACTOR: ParamSpec = ParamSpec {
-    name: "SwitchTimeoutRttFactor",
-    default: 3,
-    min: 0,
-    max: 20,
-};
+pub const SWITCH_TIMEOUT_RTT_FACTOR: ParamSpec = ParamSpec::new("SwitchTimeoutRttFactor", 3, 0, 20);
 
 /// The share of a congested connection's load, in thousandths, a circuit must be able to account
 /// for before an entry moves it (connection mode) or warns its client (path mode): its EWMA cell
 /// count plus queued cells against the detector's occupancy estimate in cells plus every queued
 /// cell (default 250: a quarter; 0 = always move the heaviest, as the paper does). Why:
 /// `chive_core::switching::circuit_to_move`.
-pub const SWITCH_MIN_SHARE_MILLI: ParamSpec = ParamSpec {
-    name: "SwitchMinShareMilli",
-    default: 250,
-    min: 0,
-    max: 1000,
-};
+pub const SWITCH_MIN_SHARE_MILLI: ParamSpec = ParamSpec::new("SwitchMinShareMilli", 250, 0, 1000);
 
 /// Whether an entry's congestion detector counts the bytes queued on the path beyond the socket
 /// (TCP_INFO: in flight × (srtt − min_rtt) / srtt) in a connection's occupancy (1, the default)
 /// or only chive's outbuf and the kernel's unsent bytes (0). docs/protocol.md, "Detection".
-pub const SWITCH_NETWORK_QUEUE: ParamSpec = ParamSpec {
-    name: "SwitchNetworkQueue",
-    default: 1,
-    min: 0,
-    max: 1,
-};
+pub const SWITCH_NETWORK_QUEUE: ParamSpec = ParamSpec::new("SwitchNetworkQueue", 1, 0, 1);
 
 /// The `CircuitSwitching` setting: which of paper 003's two mechanisms a node uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
