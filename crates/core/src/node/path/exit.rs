@@ -245,16 +245,12 @@ impl Core {
     /// False if it closed. Streams under XON/XOFF (congestion control) have no stream window:
     /// the set's own bound ([`PathLimits::max_buffered`]) covers them.
     fn path_exit_stream_bound(&mut self, id: u64, sid: u16, now: Instant) -> bool {
-        let home = set_home(&self.path, id);
-        let windowed = self
+        let edge = self
             .circuits
-            .get(&home)
-            .and_then(|c| c.edge())
-            .is_some_and(|e| e.window.policy().keeps_stream_window());
-        let delivered = self
-            .circuits
-            .get(&home)
-            .and_then(|c| c.edge())
+            .get(&set_home(&self.path, id))
+            .and_then(|c| c.edge());
+        let windowed = edge.is_some_and(|e| e.window.policy().keeps_stream_window());
+        let delivered = edge
             .and_then(|e| e.streams.get(&sid))
             .and_then(|st| st.flow.received_unacked())
             .unwrap_or(0);
