@@ -93,6 +93,13 @@ class ExperimentKind:
             return None
         return opts.parse_options(self.Options, raw)
 
+    def options_of(self, scenario: Any) -> Any:
+        """The scenario's validated :attr:`Options`, or the defaults when it has none (a
+        result analysed without its scenario, tests)."""
+        if self.Options is not None and isinstance(getattr(scenario, "options", None), self.Options):
+            return scenario.options
+        return self.Options() if self.Options is not None else None
+
     def parse_variant(self, label: str, raw: Mapping[str, Any], path: str) -> Any:
         """One variant's keys (``raw``, label removed) as :attr:`VariantOptions`; a variant
         given only by its label takes its keys from the shipped scenarios of the kind."""

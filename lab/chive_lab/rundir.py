@@ -13,7 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .errors import LabError
 
@@ -103,6 +103,38 @@ def collect_tor_step(net_dir: Path, run_dir: Path, phase: str, when: str) -> dic
     except OSError:
         pass
     return snap
+
+
+@contextlib.contextmanager
+def backend_network(ctx: Any, spec: Any, net_dir: Path, impl: str, *, phase: str, up_log: Path, logs_dir: Path,
+                    down: dict[str, Any], key: str, before_stop: Callable[[], None] | None = None) -> Iterator[Any]:
+    """One network of a repetition on the scenario's backend (``ctx.backend``, loopback or netns):
+    started in ``net_dir`` from ``spec`` as ``impl`` (its progress appended to ``up_log``), its
+    ``NetworkInfo`` handed to the body; then always, also after a failed start, an error or
+    Ctrl-C: ``before_stop()`` (the body's own processes first), Tor's metrics before and after
+    the stop (``tor-metrics.json`` under ``phase``), the backend's stop report in ``down[key]``
+    and every node's log copied to ``logs_dir``."""
+    try:
+        with open(up_log, "a", encoding="utf-8") as uplog:
+            def up_progress(msg: str) -> None:
+                uplog.write(msg + "\n")
+                uplog.flush()
+            info = ctx.backend.start(spec, net_dir, impl=impl, progress=up_progress)
+        yield info
+    finally:
+        if before_stop is not None:
+            before_stop()
+        if impl == "tor":
+            collect_tor_step(net_dir, ctx.run_dir, phase, "before_stop")
+        try:
+            report = ctx.backend.stop(net_dir)
+            down[key] = {"ok": report.ok, "failed": dict(report.failed)}
+        except LabError as e:
+            down[key] = {"ok": False, "error": str(e)}
+        if impl == "tor":
+            collect_tor_step(net_dir, ctx.run_dir, phase, "after_stop")
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        copy_logs(net_dir, logs_dir)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from ..options import option
 from ..rundir import is_failed
 
 __all__ = [
+    "DelayTestbedParams",
     "ShapeOptions",
     "TestbedParams",
     "check_log_level",
@@ -93,6 +94,19 @@ class TestbedParams:
     def t(self, seconds: float) -> float:
         """A timeline point scaled."""
         return seconds * self.scale
+
+
+@dataclass(frozen=True)
+class DelayTestbedParams(TestbedParams):
+    """The testbed keys of the kinds whose hosts each sit behind one access link with a one-way
+    delay (:func:`testbed`; ``paper001-onion``, ``paper004-window``)."""
+
+    queue_at: str = option("host", choices=("host", "switch"))
+    delay_ms: float = option(15.0, lo=0.0, hi=500.0, doc="one-way delay of every access link")
+
+    def describe_links(self, hosts: Sequence[str]) -> str:
+        """The report's words for the testbed of ``hosts``."""
+        return f"{len(hosts)} hosts, {self.rate} links with {self.delay_ms:g} ms one-way delay each"
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,8 @@ from .. import analysis as an
 from .. import netns, stats
 from ..errors import LabError
 from ..figures import save_plot
-from ..kinds import ExperimentKind, RepetitionContext
+from ..kinds import RepetitionContext
 from ..options import option
-from ..tor_netns import TorOverlay, check_tor_variants
 from . import bulk
 from . import netns_overlay as no
 
@@ -114,7 +113,6 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     """Run one repetition of ``variant`` (declared as ``v``); return ``{"down"|"up"|<loop>:
     [bit/s per second]}`` and keep the perf records, socket samples and logs in ``out_dir``."""
     say = progress or (lambda _m: None)
-    out_dir.mkdir(parents=True, exist_ok=True)
     hosts = [netns.HostSpec("A", netns.LinkSpec(p.rate, queue_packets=p.queue_packets, queue_at=p.queue_at,
                                                  switch_port_packets=p.switch_port_packets),
                             cc=p.cc),
@@ -123,17 +121,15 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     end = p.t(END)
     tb = netns.Testbed(hosts, chive_bin=chive_bin, progress=say, widen_allowed_cc=True)
     t0 = 0.0
-    try:
-        tb.up()
-        tor = v.impl == "tor"
-        ov = (TorOverlay if tor else netns.Overlay)(tb, out_dir / "net", binary=chive_bin,
-                                                    log=p.log_level, progress=say)
+    with no.netns_repetition(out_dir, tb, v.impl, chive_bin=chive_bin, log_level=p.log_level,
+                             progress=say) as run:
+        ov = run.ov
         ov.add_authority("B", port=DIR_PORT)
         for nick, port in (("relayB1", ENTRY_PORT), ("relayB2", MIDDLE_PORT), ("relayB3", EXIT_PORT)):
             ov.add_relay("B", nick, port=port)
         # Tor has no .exit notation: its client pins the exit in its torrc.
         pins = {"EntryNodes": ["relayB1"], "MiddleNodes": ["relayB2"],
-                **({"ExitNodes": ["relayB3"]} if tor else {})}
+                **({"ExitNodes": ["relayB3"]} if run.tor else {})}
         ov.add_client("A", "clientA", port=SOCKS_PORT, extra={**pins, **v.client},
                       **({"torrc": dict(v.torrc)} if v.torrc else {}))
         ov.add_httpd("B", "httpd", port=HTTP_PORT)
@@ -149,17 +145,11 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
             perf.append(no.start_perf_loop(tb, ov, "clientA", url, (t0 + lp.start, t0 + lp.stop), end,
                                            lp.name, lp.name, p.transfer_bytes if lp.upload else None,
                                            out_dir / f"perf-{lp.name}"))
-        (out_dir / "run.json").write_text(json.dumps(
-            {"t0": t0, "variant": variant, "rep": rep, "params": p.__dict__, "impl": "tor" if tor else "chive",
-             **({"tor_version": ov.tools.version} if isinstance(ov, TorOverlay) else {})}, default=list))
+        run.write_run({"t0": t0, "variant": variant, "rep": rep, "params": p.__dict__,
+                       "impl": "tor" if run.tor else "chive"})
         say(f"client-uplink: {variant}: {end:g} s of transfers")
         no.wait_for_loops(perf, samplers, t0 + end)
-        if isinstance(ov, TorOverlay):
-            (out_dir / "tor.json").write_text(json.dumps(ov.evidence(), indent=1))
         (out_dir / "qdisc-A.txt").write_text(tb.qdisc_stats("A") + tb.qdisc_stats("sw", "vA"))
-        ov.stop()
-    finally:
-        tb.down()
     return collect(out_dir, ls, t0, math.ceil(end))
 
 
@@ -309,26 +299,19 @@ def analyze(out_dir: Path, scenario: Any) -> an.Analysis:
                               "client_uplink/download_ratio.png, CSV beside each, comparison.md."])
 
 
-class ClientUplink(ExperimentKind):
+class ClientUplink(no.NetnsKind):
     """See the module documentation."""
 
     name = KIND_NAME
     Options = Params
     VariantOptions = VariantOptions
 
-    def preflight(self, scenario: Any) -> None:
-        """Refuse the tor variants when tor is not installed."""
-        check_tor_variants(KIND_NAME, [v.label for v in scenario.variants],
-                           [v.label for v in scenario.variants if v.options.impl == "tor"])
+    def doing(self, scenario: Any, p: Params) -> str:
+        return f"{p.t(END):g} s of downloads, uploads from {p.t(UP_START):g} s"
 
-    def run_repetition(self, ctx: RepetitionContext) -> None:
-        p = bulk.repetition_options(ctx, "client-uplink", Params)
-        name = ctx.variant.label
-        ctx.status(f"{name}: {p.t(END):g} s of downloads, uploads from {p.t(UP_START):g} s")
-        run_dir = Path(ctx.run_dir)
-        series = run_repetition_raw(name, ctx.variant.options, ctx.rep, run_dir, p, chive_bin=ctx.binary,
-                                    progress=ctx.log)
-        bulk.save_flows(run_dir, series)
+    def repetition(self, ctx: RepetitionContext, p: Params, run_dir: Path) -> None:
+        bulk.save_flows(run_dir, run_repetition_raw(ctx.variant.label, ctx.variant.options, ctx.rep, run_dir, p,
+                                                    chive_bin=ctx.binary, progress=ctx.log))
         sock = client_socket(run_dir, _t0(run_dir), (p.t(BOTH_WINDOW[0]), p.t(BOTH_WINDOW[1])))
         (run_dir / "client_socket.json").write_text(json.dumps(sock))
 

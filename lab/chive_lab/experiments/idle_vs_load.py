@@ -64,7 +64,7 @@ from ..kinds import ExperimentKind
 from ..network import NetworkSpec
 from ..options import option
 from ..options import parse_options as parse_scenario_options
-from ..rundir import collect_tor_step, copy_logs, run_status, stop_procs, write_json
+from ..rundir import backend_network, run_status, stop_procs, write_json
 from ..unlimit import lift_rate_limits
 from .overlay_analysis import analyze_runs
 
@@ -191,28 +191,11 @@ class _Phases:
 
 def _with_network(ctx: Any, spec: NetworkSpec, net_dir: Path, impl: str, phase: str, meta: dict[str, Any], body):
     """Start a network, run ``body(info)``, then always stop it (Tor's metrics
-    collected before and after the stop) and copy its logs."""
+    collected before and after the stop) and copy its logs to ``logs-<phase>/``."""
     ctx.status(f"{phase}: starting the {impl} network")
-    try:
-        with open(ctx.run_dir / f"up-{phase}.log", "a", encoding="utf-8") as uplog:
-            def up_progress(msg: str) -> None:
-                uplog.write(msg + "\n")
-                uplog.flush()
-            info = ctx.backend.start(spec, net_dir, impl=impl, progress=up_progress)
+    with backend_network(ctx, spec, net_dir, impl, phase=phase, up_log=ctx.run_dir / f"up-{phase}.log",
+                         logs_dir=ctx.run_dir / f"logs-{phase}", down=meta["down"], key=phase) as info:
         body(info)
-    finally:
-        if impl == "tor":
-            collect_tor_step(net_dir, ctx.run_dir, phase, "before_stop")
-        try:
-            report = ctx.backend.stop(net_dir)
-            meta["down"][phase] = {"ok": report.ok, "failed": dict(report.failed)}
-        except LabError as e:
-            meta["down"][phase] = {"ok": False, "error": str(e)}
-        if impl == "tor":
-            collect_tor_step(net_dir, ctx.run_dir, phase, "after_stop")
-        target = ctx.run_dir / f"logs-{phase}"
-        target.mkdir(exist_ok=True)
-        copy_logs(net_dir, target)
 
 
 def run_repetition(ctx: Any) -> None:

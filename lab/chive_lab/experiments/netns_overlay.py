@@ -1,8 +1,14 @@
 """Running an overlay of chive (or tor) nodes on the netns testbed and reading what
-its transfer loops measured; shared by the ``paper002-overlay`` and
-``client-uplink`` kinds: verified ``chive perf`` loops, the ``ss`` samplers
-(:mod:`chive_lab.ss_sampler`) started inside the hosts, and the per-second
-series made from their records."""
+its transfer loops measured; shared by the netns overlay kinds (``client-uplink``,
+``paper001-onion``, ``paper002-overlay``, ``paper003-switching``, ``paper004-window``):
+
+* :class:`NetnsKind` — the kind side of one repetition (the netns check, the scenario's
+  options, the progress line, tor variants refused up front without tor);
+* :func:`netns_repetition` — the lifecycle of one repetition (testbed up, the variant's
+  overlay, ``run.json``, ``tor.json``, everything stopped also on errors), so a kind
+  supplies only its hosts, its placement and its traffic;
+* verified ``chive perf`` loops, the ``ss`` samplers (:mod:`chive_lab.ss_sampler`) started
+  inside the hosts, and the per-second series made from their records."""
 
 from __future__ import annotations
 
@@ -11,14 +17,93 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from .. import netns
 from ..errors import LabError
+from ..kinds import ExperimentKind, RepetitionContext
 from ..ss_sampler import WIRE_HEADER_BYTES
+from ..tor_netns import TorOverlay, check_tor_variants
+from . import bulk
 
-__all__ = ["link_queues", "perf_series", "rx_series", "start_perf_loop", "start_sampler", "wait_for_loops"]
+__all__ = ["NetnsKind", "NetnsRun", "link_queues", "netns_repetition", "perf_series", "rx_series",
+           "start_perf_loop", "start_sampler", "wait_for_loops"]
+
+
+class NetnsKind(ExperimentKind):
+    """An experiment kind whose repetitions run an overlay on the netns testbed, with
+    ``VariantOptions.impl`` choosing chive or Debian's tor. A kind supplies
+    :meth:`repetition` (typically a ``run_repetition_raw`` built on
+    :func:`netns_repetition`) and :meth:`doing` (the progress line)."""
+
+    #: Every node but tor's is the chive binary (relays, clients, web servers, perf loops).
+    needs_chive_binary = True
+
+    def preflight(self, scenario: Any) -> None:
+        """Refuse the tor variants when tor is not installed."""
+        check_tor_variants(self.name, [v.label for v in scenario.variants],
+                           [v.label for v in scenario.variants if v.options.impl == "tor"])
+
+    def run_repetition(self, ctx: RepetitionContext) -> None:
+        """LabError without the netns backend; else the scenario's options (defaults if it has
+        none), the progress line, and :meth:`repetition` into ``ctx.run_dir``."""
+        p = bulk.repetition_options(ctx, self.name, self.Options)
+        ctx.status(f"{ctx.variant.label}: {self.doing(ctx.scenario, p)}")
+        self.repetition(ctx, p, Path(ctx.run_dir))
+
+    def doing(self, scenario: Any, p: Any) -> str:
+        """What one repetition does, for the progress line."""
+        return "running"
+
+    def repetition(self, ctx: RepetitionContext, p: Any, run_dir: Path) -> None:
+        """One repetition of ``ctx.variant`` with the scenario's options ``p``."""
+        raise NotImplementedError
+
+
+class NetnsRun:
+    """A repetition's testbed and overlay while they are up (see :func:`netns_repetition`)."""
+
+    def __init__(self, tb: netns.Testbed, ov: netns.Overlay, out_dir: Path) -> None:
+        self.tb = tb
+        self.ov = ov
+        self.out_dir = out_dir
+
+    @property
+    def tor(self) -> bool:
+        """Whether the overlay is Debian's tor (every role but the web servers)."""
+        return isinstance(self.ov, TorOverlay)
+
+    def write_run(self, info: dict[str, Any]) -> None:
+        """``run.json``: ``info``, with the tor version on a tor overlay (lists for tuples)."""
+        if isinstance(self.ov, TorOverlay):
+            info["tor_version"] = self.ov.tools.version
+        (self.out_dir / "run.json").write_text(json.dumps(info, default=list))
+
+
+@contextmanager
+def netns_repetition(out_dir: Path, tb: netns.Testbed, impl: str, *, chive_bin: Path | None = None,
+                     log_level: str = "info",
+                     progress: Callable[[str], None] | None = None) -> Iterator[NetnsRun]:
+    """One repetition's lifecycle, the same for every netns overlay kind: ``out_dir`` created,
+    ``tb`` up, and an overlay of ``impl`` (chive's, or tor's in every role) on ``out_dir/net``
+    handed to the body, which places the nodes, starts them, writes ``run.json``
+    (:meth:`NetnsRun.write_run`) and runs its traffic. After a body that returned: ``tor.json``
+    (what tor's control ports say about the circuits and relays) on a tor overlay, then every
+    node stopped in order, so logs end cleanly. Always, also on errors and Ctrl-C: the testbed
+    down, which stops every process started in it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        tb.up()
+        cls = TorOverlay if impl == "tor" else netns.Overlay
+        ov = cls(tb, out_dir / "net", binary=chive_bin, log=log_level, progress=progress)
+        yield NetnsRun(tb, ov, out_dir)
+        if isinstance(ov, TorOverlay):
+            (out_dir / "tor.json").write_text(json.dumps(ov.evidence(), indent=1))
+        ov.stop()
+    finally:
+        tb.down()
 
 #: Upload connections receive at least this much; smaller ones are download requests.
 _UPLOAD_MIN_RX = 4096

@@ -23,7 +23,7 @@ from ..errors import LabError
 from ..kinds import ExperimentKind, RepetitionContext, client_seed
 from ..network import NetworkSpec
 from ..options import option
-from ..rundir import collect_tor_step, copy_logs, mmss, run_status, stop_procs, write_json
+from ..rundir import backend_network, mmss, run_status, stop_procs, write_json
 from .overlay_analysis import analyze_overlay
 
 __all__ = ["KIND", "OverlayKind", "OverlayOptions", "network_spec", "perf_argv", "perf_flags"]
@@ -196,84 +196,85 @@ def run_repetition(ctx: RepetitionContext) -> None:
     write_json(run_dir / "run.json", meta)
     procs: list[subprocess.Popen] = []
     files = []
-    try:
-        with run_status(meta):
-            spec = network_spec(s, ctx.variant, ctx.binary)
-            ctx.status("starting the network")
-            with open(run_dir / "up.log", "a", encoding="utf-8") as uplog:
-                def up_progress(msg: str) -> None:
-                    uplog.write(msg + "\n")
-                    uplog.flush()
-                info = ctx.backend.start(spec, net_dir, impl=impl, progress=up_progress)
-            flags = perf_flags(ctx.binary)
-            run_seconds = s.warmup + s.duration
-            tails = []
-            index = 0
-            commands = []
-            for client in s.clients:
-                for j in range(client.count):
-                    argv, warns = perf_argv(ctx.binary, client, socks=info.socks, http=info.http,
-                                            run_seconds=run_seconds, seed=client_seed(ctx.seed, ctx.rep, index),
-                                            flags=flags, socks_user=f"{client.cls}-{j}")
-                    for w in warns:
-                        if w not in meta["warnings"]:
-                            meta["warnings"].append(w)
-                    stem = f"{client.cls}-{j}"
-                    commands.append((stem, argv))
-                    index += 1
-            for w in meta["warnings"]:
-                ctx.log(f"warning: {w}")
-            meta["t0"] = time.time()
-            for stem, argv in commands:
-                out = open(clients_dir / f"{stem}.jsonl", "wb")
-                err = open(clients_dir / f"{stem}.stderr", "wb")
-                files += [out, err]
-                try:
-                    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                         cwd=run_dir, start_new_session=True, close_fds=True)
-                except OSError as e:
-                    raise LabError(f"cannot start chive perf: {e}") from e
-                procs.append(p)
-                meta["clients"].append({"name": stem, "pid": p.pid, "argv": argv})
-                tails.append(_Tail(clients_dir / f"{stem}.jsonl"))
-            meta["status"] = "running"
-            write_json(run_dir / "run.json", meta)
-            end = meta["t0"] + run_seconds
-            hard_end = end + s.drain
-            while True:
-                now = time.time()
-                for t in tails:
-                    t.poll()
-                done = sum(t.transfers for t in tails)
-                errs = sum(t.errors for t in tails)
-                phase = "warm-up" if now < meta["t0"] + s.warmup else ("measuring" if now < end else "draining")
-                ctx.status(f"{mmss(now - meta['t0'])}/{mmss(run_seconds + s.drain)} {phase} "
-                           f"transfers {done} errors {errs}")
-                if now >= hard_end or (now >= end and all(p.poll() is not None for p in procs)):
-                    break
-                if all(p.poll() is not None for p in procs):
-                    raise LabError(
-                        "every chive perf process exited early (see " + str(clients_dir) + "/*.stderr)"
-                    )
-                time.sleep(min(PROGRESS_EVERY_S, max(0.05, hard_end - now)))
-    finally:
+
+    def stop_clients() -> None:
+        """The perf clients first (in-flight transfers recorded as interrupted), then the network."""
         meta["t_end"] = time.time()
         codes = stop_procs(procs)
         for c in meta["clients"]:
             c["exit"] = codes.get(c["pid"])
         for f in files:
             f.close()
-        if impl == "tor":
-            collect_tor_step(net_dir, run_dir, "net", "before_stop")
-        try:
-            report = ctx.backend.stop(net_dir)
-            meta["down"] = {"ok": report.ok, "failed": dict(report.failed)}
-        except LabError as e:
-            meta["down"] = {"ok": False, "error": str(e)}
-        if impl == "tor":
-            collect_tor_step(net_dir, run_dir, "net", "after_stop")
-        copy_logs(net_dir, run_dir)
+
+    try:
+        with run_status(meta):
+            spec = network_spec(s, ctx.variant, ctx.binary)
+            ctx.status("starting the network")
+            with backend_network(ctx, spec, net_dir, impl, phase="net", up_log=run_dir / "up.log",
+                                 logs_dir=run_dir, down=meta, key="down", before_stop=stop_clients) as info:
+                _run_clients(ctx, info, run_dir, meta, procs, files)
+    finally:
+        if meta["t_end"] is None:  # the network never started
+            stop_clients()
         write_json(run_dir / "run.json", meta)
+
+
+def _run_clients(ctx: RepetitionContext, info: Any, run_dir: Path, meta: dict[str, Any],
+                 procs: list[subprocess.Popen], files: list) -> None:
+    """The scenario's perf clients on the started network, for warm-up + duration (+ drain)."""
+    s = ctx.scenario
+    clients_dir = run_dir / "clients"
+    flags = perf_flags(ctx.binary)
+    run_seconds = s.warmup + s.duration
+    tails = []
+    index = 0
+    commands = []
+    for client in s.clients:
+        for j in range(client.count):
+            argv, warns = perf_argv(ctx.binary, client, socks=info.socks, http=info.http,
+                                    run_seconds=run_seconds, seed=client_seed(ctx.seed, ctx.rep, index),
+                                    flags=flags, socks_user=f"{client.cls}-{j}")
+            for w in warns:
+                if w not in meta["warnings"]:
+                    meta["warnings"].append(w)
+            stem = f"{client.cls}-{j}"
+            commands.append((stem, argv))
+            index += 1
+    for w in meta["warnings"]:
+        ctx.log(f"warning: {w}")
+    meta["t0"] = time.time()
+    for stem, argv in commands:
+        out = open(clients_dir / f"{stem}.jsonl", "wb")
+        err = open(clients_dir / f"{stem}.stderr", "wb")
+        files += [out, err]
+        try:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                 cwd=run_dir, start_new_session=True, close_fds=True)
+        except OSError as e:
+            raise LabError(f"cannot start chive perf: {e}") from e
+        procs.append(p)
+        meta["clients"].append({"name": stem, "pid": p.pid, "argv": argv})
+        tails.append(_Tail(clients_dir / f"{stem}.jsonl"))
+    meta["status"] = "running"
+    write_json(run_dir / "run.json", meta)
+    end = meta["t0"] + run_seconds
+    hard_end = end + s.drain
+    while True:
+        now = time.time()
+        for t in tails:
+            t.poll()
+        done = sum(t.transfers for t in tails)
+        errs = sum(t.errors for t in tails)
+        phase = "warm-up" if now < meta["t0"] + s.warmup else ("measuring" if now < end else "draining")
+        ctx.status(f"{mmss(now - meta['t0'])}/{mmss(run_seconds + s.drain)} {phase} "
+                   f"transfers {done} errors {errs}")
+        if now >= hard_end or (now >= end and all(p.poll() is not None for p in procs)):
+            break
+        if all(p.poll() is not None for p in procs):
+            raise LabError(
+                "every chive perf process exited early (see " + str(clients_dir) + "/*.stderr)"
+            )
+        time.sleep(min(PROGRESS_EVERY_S, max(0.05, hard_end - now)))
 
 
 class OverlayKind(ExperimentKind):

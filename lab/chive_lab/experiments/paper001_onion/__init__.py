@@ -55,7 +55,6 @@ Analysis: :mod:`.analysis`.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 import time
@@ -65,11 +64,10 @@ from typing import Any
 
 from ... import netns
 from ...errors import LabError, RunFailed
-from ...kinds import ExperimentKind, RepetitionContext
+from ...kinds import RepetitionContext
 from ...network import default_binary
 from ...options import option
 from ...tor import MIN_BANDWIDTH_RATE, TOKEN_BUCKET_REFILL_MS
-from ...tor_netns import TorOverlay, check_tor_variants
 from .. import bulk
 from .. import netns_overlay as no
 
@@ -92,11 +90,9 @@ def _check_relay_rate(value: int, path: str) -> int:
 
 
 @dataclass(frozen=True)
-class Params(bulk.TestbedParams):
+class Params(bulk.DelayTestbedParams):
     """The scenario's keys of this kind (``scenario.options``)."""
 
-    queue_at: str = option("host", choices=("host", "switch"))
-    delay_ms: float = option(15.0, lo=0.0, hi=500.0, doc="one-way delay of every access link")
     other_relays: int = option(4, lo=3, hi=12, doc="relays on R (rendezvous, intro, HSDir, exits)")
     relay_rate: int = option(500000, lo=0, hi=10**10, check=_check_relay_rate,
                              doc="every relay's BandwidthRate = BandwidthBurst, bytes/s (0: none)")
@@ -179,12 +175,9 @@ def chive_service_missing(binary: Path) -> str | None:
     return None
 
 
-def _build(tb: netns.Testbed, out_dir: Path, v: VariantOptions, p: Params, chive_bin: Path | None,
-           say) -> Any:
-    """Place every node of the variant (not started)."""
+def _place(ov: Any, v: VariantOptions, p: Params) -> None:
+    """Place every node of the variant on ``ov`` (not started)."""
     tor = v.impl == "tor"
-    ov = (TorOverlay if tor else netns.Overlay)(tb, out_dir / "net", binary=chive_bin, log=p.log_level,
-                                                progress=say)
     ov.add_authority("W", port=DIR_PORT)
     hosts = {"entryc": "G", "entrys": "G", "middlec": "M", "middles": "M"}
     for i, nick in enumerate(relay_nicks(p)):
@@ -232,7 +225,6 @@ def _build(tb: netns.Testbed, out_dir: Path, v: VariantOptions, p: Params, chive
         ov.add_onion_service("S", "service", httpd="page", port=SOCKS_SERVICE, virtual_port=VIRTUAL_PORT,
                              extra={**v.client, "EntryNodes": [ENTRIES["service"]],
                                     "MiddleNodes": [MIDDLES["service"]]})
-    return ov
 
 
 def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path, p: Params, *,
@@ -242,7 +234,6 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     t0, fetch groups from t0 + ``warmup_s`` for ``measure_s``; records into ``out_dir``;
     returns run.json's dict."""
     say = progress or (lambda _m: None)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tb = bulk.testbed(p, HOSTS, delay_ms=p.delay_ms, chive_bin=chive_bin, progress=say)
     tor = v.impl == "tor"
     end = warmup_s + measure_s
@@ -250,56 +241,53 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
                             "schedulers": {} if tor else {n: v.relay_scheduler(n) for n in relay_nicks(p)},
                             "measure_s": measure_s, "warmup_s": warmup_s}
     stop = threading.Event()
-    try:
-        tb.up()
-        ov = _build(tb, out_dir, v, p, chive_bin, say)
-        ov.start(timeout=120)
-        onion = ov.onion_address("service")
-        info["onion"] = onion
-        t_probe = time.time()
+    with no.netns_repetition(out_dir, tb, v.impl, chive_bin=chive_bin, log_level=p.log_level,
+                             progress=say) as run:
         try:
-            ov.wait_onion("onion", f"http://{onion}:{VIRTUAL_PORT}/bytes/1024",
-                          time.monotonic() + p.service_timeout)
-        except LabError as e:
-            # This repetition failed (the service never answered); another may not.
-            raise RunFailed(f"onion service {onion} did not answer within {p.service_timeout:g} s: {e}",
-                            node="service", log_tail=ov._log_tail(ov.nodes["service"])) from e
-        info["service_ready_s"] = time.time() - t_probe
-        say(f"{KIND_NAME}: {variant}: {onion} answers after {info['service_ready_s']:.1f} s")
-        t0 = time.time() + 1.0
-        info["t0"] = t0
-        if tor:
-            info["tor_version"] = ov.tools.version
-        (out_dir / "run.json").write_text(json.dumps(info, default=list))
-        loops = []
-        exits = [other_nick(i) for i in range(p.other_relays)]
-        for side in ("client", "service"):
-            client = f"bulk{side[0]}"
-            for i in range(p.bulk_loops if client in ov.nodes else 0):
-                ex = exits[i % len(exits)]
-                url = ov.url("httpd", f"/bytes/{p.bulk_bytes}") if tor else \
-                    ov.url("httpd", f"/bytes/{p.bulk_bytes}", exit=ex)
-                loops.append(no.start_perf_loop(tb, ov, client, url, (t0, t0 + end), end, f"{client}{i}",
-                                                "bulk", None, out_dir / f"bulk-{side}-{i}"))
-        url = f"http://{onion}:{VIRTUAL_PORT}/bytes/{p.page_bytes}"
-        threads = [threading.Thread(target=_group_loop, name=f"onion-{i}", daemon=True,
-                                    args=(tb, ov, url, p, i, t0 + warmup_s, t0 + end, out_dir / onion_stem(i),
-                                          stop))
-                   for i in range(p.clients)]
-        for th in threads:
-            th.start()
-        say(f"{KIND_NAME}: {variant}: {end:g} s of bulk, fetch groups after {warmup_s:g} s")
-        for th in threads:
-            th.join(timeout=max(1.0, t0 + end + p.fetches * (p.fetch_timeout + p.pause_s) + 30 - time.time()))
-        if any(th.is_alive() for th in threads):
-            raise LabError("a fetch loop overran its deadline")
-        no.wait_for_loops(loops, [], t0 + end + 5)
-        if isinstance(ov, TorOverlay):
-            (out_dir / "tor.json").write_text(json.dumps(ov.evidence(), indent=1))
-        ov.stop()
-    finally:
-        stop.set()
-        tb.down()
+            ov = run.ov
+            _place(ov, v, p)
+            ov.start(timeout=120)
+            onion = ov.onion_address("service")
+            info["onion"] = onion
+            t_probe = time.time()
+            try:
+                ov.wait_onion("onion", f"http://{onion}:{VIRTUAL_PORT}/bytes/1024",
+                              time.monotonic() + p.service_timeout)
+            except LabError as e:
+                # This repetition failed (the service never answered); another may not.
+                raise RunFailed(f"onion service {onion} did not answer within {p.service_timeout:g} s: {e}",
+                                node="service", log_tail=ov._log_tail(ov.nodes["service"])) from e
+            info["service_ready_s"] = time.time() - t_probe
+            say(f"{KIND_NAME}: {variant}: {onion} answers after {info['service_ready_s']:.1f} s")
+            t0 = time.time() + 1.0
+            info["t0"] = t0
+            run.write_run(info)
+            loops = []
+            exits = [other_nick(i) for i in range(p.other_relays)]
+            for side in ("client", "service"):
+                client = f"bulk{side[0]}"
+                for i in range(p.bulk_loops if client in ov.nodes else 0):
+                    ex = exits[i % len(exits)]
+                    url = ov.url("httpd", f"/bytes/{p.bulk_bytes}") if tor else \
+                        ov.url("httpd", f"/bytes/{p.bulk_bytes}", exit=ex)
+                    loops.append(no.start_perf_loop(tb, ov, client, url, (t0, t0 + end), end, f"{client}{i}",
+                                                    "bulk", None, out_dir / f"bulk-{side}-{i}"))
+            url = f"http://{onion}:{VIRTUAL_PORT}/bytes/{p.page_bytes}"
+            threads = [threading.Thread(target=_group_loop, name=f"onion-{i}", daemon=True,
+                                        args=(tb, ov, url, p, i, t0 + warmup_s, t0 + end, out_dir / onion_stem(i),
+                                              stop))
+                       for i in range(p.clients)]
+            for th in threads:
+                th.start()
+            say(f"{KIND_NAME}: {variant}: {end:g} s of bulk, fetch groups after {warmup_s:g} s")
+            for th in threads:
+                th.join(timeout=max(1.0, t0 + end + p.fetches * (p.fetch_timeout + p.pause_s) + 30 - time.time()))
+            if any(th.is_alive() for th in threads):
+                raise LabError("a fetch loop overran its deadline")
+            no.wait_for_loops(loops, [], t0 + end + 5)
+        finally:
+            # Before the testbed goes down: no fetch loop starts another perf process.
+            stop.set()
     return info
 
 
@@ -330,19 +318,18 @@ def _group_loop(tb: netns.Testbed, ov: Any, url: str, p: Params, index: int, sta
             stop.wait(p.group_pause_s)
 
 
-class Paper001Onion(ExperimentKind):
+class Paper001Onion(no.NetnsKind):
     """See the module documentation."""
 
     name = KIND_NAME
     Options = Params
     VariantOptions = VariantOptions
-    needs_chive_binary = True
 
     def preflight(self, scenario: Any) -> None:
         """Refuse the tor variants without tor, the chive variants without chive's onion
         service (``HiddenServiceDir`` in ``chive client``), naming the variants that can run."""
+        super().preflight(scenario)
         labels = [v.label for v in scenario.variants]
-        check_tor_variants(KIND_NAME, labels, [v.label for v in scenario.variants if v.options.impl == "tor"])
         chive = [v.label for v in scenario.variants if v.options.impl == "chive"]
         why = chive_service_missing(default_binary()) if chive else None
         if why:
@@ -350,16 +337,16 @@ class Paper001Onion(ExperimentKind):
             raise LabError(f"{KIND_NAME}: variant(s) {', '.join(chive)} need chive's onion service: {why}"
                            + (f"; run the others with --variants {','.join(rest)}" if rest else ""))
 
-    def run_repetition(self, ctx: RepetitionContext) -> None:
-        p = bulk.repetition_options(ctx, KIND_NAME, Params)
-        sc = ctx.scenario
+    def doing(self, scenario: Any, p: Params) -> str:
+        return f"{scenario.warmup + scenario.duration:g} s of onion fetch groups"
+
+    def repetition(self, ctx: RepetitionContext, p: Params, run_dir: Path) -> None:
         if ctx.variant.options.impl == "chive":
             why = chive_service_missing(Path(ctx.binary))
             if why:
                 raise LabError(f"{KIND_NAME}: variant {ctx.variant.label} needs chive's onion service: {why}")
-        ctx.status(f"{ctx.variant.label}: {sc.warmup + sc.duration:g} s of onion fetch groups")
-        run_repetition_raw(ctx.variant.label, ctx.variant.options, ctx.rep, Path(ctx.run_dir), p,
-                           measure_s=sc.duration, warmup_s=sc.warmup, chive_bin=ctx.binary,
+        run_repetition_raw(ctx.variant.label, ctx.variant.options, ctx.rep, run_dir, p,
+                           measure_s=ctx.scenario.duration, warmup_s=ctx.scenario.warmup, chive_bin=ctx.binary,
                            progress=ctx.log)
 
     def analyze(self, out_dir: Path, scenario: Any):
@@ -368,8 +355,8 @@ class Paper001Onion(ExperimentKind):
         return analyze(Path(out_dir), scenario)
 
     def describe_run(self, scenario: Any) -> str | None:
-        p = scenario.options if isinstance(scenario.options, Params) else Params()
-        return (f"{len(HOSTS)} hosts, {p.rate} links with {p.delay_ms:g} ms one-way delay each; "
+        p = self.options_of(scenario)
+        return (f"{p.describe_links(HOSTS)}; "
                 f"{p.bulk_loops} bulk downloads through the clients' and {p.bulk_loops} through the "
                 f"service's entry and middle; {p.clients} loops of groups of {p.fetches} fetches of "
                 f"{p.page_bytes} bytes from the onion service for {scenario.duration:g} s after "

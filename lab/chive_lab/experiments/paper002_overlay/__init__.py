@@ -68,8 +68,8 @@ from typing import Any
 from ... import analysis as an
 from .. import bulk
 from ...errors import LabError
-from ...kinds import ExperimentKind, RepetitionContext
-from ...tor_netns import check_tor_variants
+from ...kinds import RepetitionContext
+from .. import netns_overlay as no
 from .analysis import PAPER_VARIANCE, analyze, analyze_raw, directions_of
 from .evidence import (
     BUSY_CONNECTION_BYTES,
@@ -145,7 +145,7 @@ __all__ = [
 ]
 
 
-class Paper002Overlay(ExperimentKind):
+class Paper002Overlay(no.NetnsKind):
     """See the package documentation."""
 
     name = KIND_NAME
@@ -154,22 +154,18 @@ class Paper002Overlay(ExperimentKind):
 
     def preflight(self, scenario: Any) -> None:
         """Refuse tor variants without tor or outside topology ``to-b``."""
-        chosen = [v.label for v in scenario.variants]
-        tor = [v.label for v in scenario.variants if v.options.impl == "tor"]
-        p = scenario.options if isinstance(scenario.options, Params) else Params()
-        if p.topology != "to-b" and tor:
+        p = self.options_of(scenario)
+        if p.topology != "to-b" and any(v.options.impl == "tor" for v in scenario.variants):
             raise LabError(f"{KIND_NAME}: tor variants need topology = \"to-b\" (through-b fixes paths with "
                            "chive's Guard flags)")
-        check_tor_variants(KIND_NAME, chosen, tor)
+        super().preflight(scenario)
 
-    def run_repetition(self, ctx: RepetitionContext) -> None:
-        p = bulk.repetition_options(ctx, "paper002-overlay", Params)
-        name = ctx.variant.label
-        ctx.status(f"{name}: {p.t(C_STOP):g} s of bulk transfers through relays A, B, C")
-        run_dir = Path(ctx.run_dir)
-        series = run_repetition_raw(name, ctx.variant.options, ctx.rep, run_dir, p, chive_bin=ctx.binary,
-                                    progress=ctx.log)
-        bulk.save_flows(run_dir, series)
+    def doing(self, scenario: Any, p: Params) -> str:
+        return f"{p.t(C_STOP):g} s of bulk transfers through relays A, B, C"
+
+    def repetition(self, ctx: RepetitionContext, p: Params, run_dir: Path) -> None:
+        bulk.save_flows(run_dir, run_repetition_raw(ctx.variant.label, ctx.variant.options, ctx.rep, run_dir, p,
+                                                    chive_bin=ctx.binary, progress=ctx.log))
         (run_dir / "evidence.json").write_text(json.dumps(run_evidence(run_dir), indent=1))
 
     def analyze(self, out_dir: Path, scenario: Any) -> an.Analysis:

@@ -15,7 +15,6 @@ from typing import Callable
 
 from ... import netns
 from ...errors import LabError
-from ...tor_netns import TorOverlay
 from .. import netns_overlay as no
 from .options import (
     DIRECTIONS,
@@ -96,7 +95,6 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     if impl == "tor" and p.topology != "to-b":
         raise LabError(f"variant {variant} (tor) needs topology to-b")
     say = progress or (lambda _m: None)
-    out_dir.mkdir(parents=True, exist_ok=True)
     link = netns.LinkSpec(p.rate, delay_ms=p.delay_ms, queue_packets=p.queue_packets, queue_at=p.queue_at,
                           switch_port_packets=p.switch_port_packets)
     # A variant may set the hosts' congestion control itself ("host_cc"): Tor cannot choose it
@@ -108,19 +106,15 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     end = max(f.stop for f in fl)
     tb = netns.Testbed(hosts, chive_bin=chive_bin, progress=say, widen_allowed_cc=True)
     t0 = 0.0
-    try:
-        tb.up()
+    with no.netns_repetition(out_dir, tb, impl, chive_bin=chive_bin, log_level=p.log_level,
+                             progress=say) as run:
         cc = {h.name: h.cc_effective for h in tb.hosts.values()}
         shape_cmds: list[str] = []
         if v.ackprio:
             for h in p.ackprio_hosts:
                 shape_cmds = tb.set_ack_priority(h, bulk_ceil=v.shape.bulk_ceil)
         (out_dir / "shape.txt").write_text("\n".join(shape_cmds) + "\n")
-        if impl == "tor":
-            ov: netns.Overlay = TorOverlay(tb, out_dir / "net", binary=chive_bin, log=p.log_level,
-                                           progress=say)
-        else:
-            ov = netns.Overlay(tb, out_dir / "net", binary=chive_bin, log=p.log_level, progress=say)
+        ov = run.ov
         ov.add_authority("X", port=DIR_PORT, all_guards=False)
         httpds = _place_nodes(ov, p, v.split, dict(v.relay), impl)
         ov.start(timeout=60)
@@ -129,26 +123,21 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
         samplers = []
         for name, (h, port) in httpds.items():  # uploads are counted where they arrive
             samplers.append(no.start_sampler(tb, h, ["ss-sample", "--port", str(port)], t0 + end + 5,
-                                          out_dir / f"rx-{name}.jsonl"))
+                                             out_dir / f"rx-{name}.jsonl"))
         for h in SHAPED_HOSTS:  # relay sockets' unsent bytes and RTT, once a second
             samplers.append(no.start_sampler(tb, h, ["link-sample", "--ports", f"{RELAY_PORT},{RELAY2_PORT}"],
-                                          t0 + end + 5, out_dir / f"links-{h}.jsonl"))
+                                             t0 + end + 5, out_dir / f"links-{h}.jsonl"))
         for f in fl:
             url = ov.url(f.httpd, "/upload" if f.upload else f"/bytes/{p.transfer_bytes}",
                          exit=f"relay{f.server}")
             for user in loop_stems(f, p.circuits):
                 perf.append(no.start_perf_loop(tb, ov, f"client{f.client}", url, (t0 + f.start, t0 + f.stop),
-                                            end, user, f.name, p.transfer_bytes if f.upload else None,
-                                            out_dir / f"perf-{user}"))
-        run_info = {"t0": t0, "variant": variant, "rep": rep, "cc": cc, "params": params_dict(p),
-                    "impl": impl}
-        if isinstance(ov, TorOverlay):
-            run_info["tor_version"] = ov.tools.version
-        (out_dir / "run.json").write_text(json.dumps(run_info, default=list))
+                                               end, user, f.name, p.transfer_bytes if f.upload else None,
+                                               out_dir / f"perf-{user}"))
+        run.write_run({"t0": t0, "variant": variant, "rep": rep, "cc": cc, "params": params_dict(p),
+                       "impl": impl})
         say(f"paper002-overlay: {variant}: {end:g} s of bulk transfers")
         no.wait_for_loops(perf, samplers, t0 + end)
-        if isinstance(ov, TorOverlay):
-            (out_dir / "tor.json").write_text(json.dumps(ov.evidence(), indent=1))
         links = {h: tb.sh(h, ["ss", "-tinH"], check=False).stdout for h in ("A", "B", "C")}
         (out_dir / "ss.txt").write_text("\n".join(f"## {h}\n{t}" for h, t in links.items()))
         (out_dir / "links.json").write_text(json.dumps(link_bytes(links, tb), indent=1))
@@ -157,9 +146,6 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
         for h in ("A", "B", "C"):
             (out_dir / f"qdisc-{h}.txt").write_text(tb.qdisc_stats(h) + tb.qdisc_stats("sw", f"v{h}")
                                                     + tb.qdisc_stats("sw", f"v{h}d"))
-        ov.stop()
-    finally:
-        tb.down()
     return collect_flows(out_dir, fl, t0, math.ceil(end), directions(p), p.circuits)
 
 

@@ -61,10 +61,10 @@ from typing import Any
 
 from ... import netns
 from ...errors import LabError
-from ...kinds import ExperimentKind, RepetitionContext
+from ...kinds import RepetitionContext
 from ...options import option
-from ...tor_netns import TorOverlay, check_tor_variants
 from .. import bulk
+from .. import netns_overlay as no
 
 KIND_NAME = "paper003-switching"
 CLIENT_HOSTS = ("C1", "C2", "C3", "C4")
@@ -229,7 +229,6 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     """One repetition of ``variant``: testbed, overlay, four simultaneous uploads with latency
     probes beside them; records into ``out_dir``; return run.json's dict."""
     say = progress or (lambda _m: None)
-    out_dir.mkdir(parents=True, exist_ok=True)
     hosts = [netns.HostSpec(h, netns.LinkSpec(None, delay_ms=d)) for h, d in zip(CLIENT_HOSTS, p.client_delays_ms)]
     if p.relay_limit == "link":
         hosts += [netns.HostSpec(h, netns.LinkSpec(p.rate_of(nick), queue_at="host",
@@ -247,10 +246,9 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
                             "switching": v.switching, "alpha": v.alpha, "beta": v.beta,
                             "conflux": v.conflux, "spare_path": v.spare_path,
                             "consensus": dict(v.params)}
-    try:
-        tb.up()
-        ov = (TorOverlay if tor else netns.Overlay)(tb, out_dir / "net", binary=chive_bin,
-                                                    log=p.log_level, progress=say)
+    with no.netns_repetition(out_dir, tb, v.impl, chive_bin=chive_bin, log_level=p.log_level,
+                             progress=say) as run:
+        ov = run.ov
         ov.add_authority(WEB_HOST, port=DIR_PORT, params=dict(v.params))
         for i, (nick, port) in enumerate(RELAYS.items()):
             host = relay_host(p, nick)
@@ -271,14 +269,12 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
                 ov.add_client(h, f"client{h}", port=SOCKS_PORT, extra={**client_pins(v), **client_options(v)})
         ov.add_httpd(WEB_HOST, "httpd", port=HTTP_PORT)
         ov.start(timeout=150 if tor else 90)
-        if tor:
-            info["tor_version"] = ov.tools.version
         exit_ = None if tor else EXIT
         up_url = ov.url("httpd", "/upload", exit=exit_)
         lat_url = ov.url("httpd", f"/bytes/{p.latency_bytes}", exit=exit_)
         t0 = time.time() + 1.0
         info["t0"] = t0
-        (out_dir / "run.json").write_text(json.dumps(info))
+        run.write_run(info)
         uploads, probes = [], []
         for h in CLIENT_HOSTS:
             c = f"client{h}"
@@ -308,26 +304,20 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
                 pr.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pr.kill()
-        if isinstance(ov, TorOverlay):
-            (out_dir / "tor.json").write_text(json.dumps(ov.evidence(), indent=1))
-        else:
+        if not tor:
             for i, nick in enumerate(RELAYS):
                 text = _scrape(tb, relay_host(p, nick), f"http://127.0.0.1:{METRICS_PORT0 + i}/metrics")
                 (out_dir / "net" / nick / "metrics.prom").write_text(text)
-        (out_dir / "run.json").write_text(json.dumps(info))
-        ov.stop()
-    finally:
-        tb.down()
+        run.write_run(info)
     return info
 
 
-class Paper003(ExperimentKind):
+class Paper003(no.NetnsKind):
     """See the module documentation."""
 
     name = KIND_NAME
     Options = Params
     VariantOptions = VariantOptions
-    needs_chive_binary = True
 
     def __init__(self) -> None:
         #: Binary path -> why it cannot run path switching (None: it can); asked once per binary.
@@ -345,24 +335,27 @@ class Paper003(ExperimentKind):
     def preflight(self, scenario: Any) -> None:
         """Refuse tor variants without tor; skip (with the reason) the path variants while the
         binary has no path switching."""
-        check_tor_variants(KIND_NAME, [v.label for v in scenario.variants],
-                           [v.label for v in scenario.variants if v.options.impl == "tor"])
+        super().preflight(scenario)
         path = [v.label for v in scenario.variants if v.options.switching == "path"]
         reason = self.path_reason() if path else None  # the default binary; --chive-bin is asked again
         if reason:
             print(f"chive-lab: {KIND_NAME}: skipping {', '.join(path)}: {reason}", file=sys.stderr)
 
     def run_repetition(self, ctx: RepetitionContext) -> None:
-        label = ctx.variant.label
-        run_dir = Path(ctx.run_dir)
+        """Skip (``skipped.json``) a path variant the binary cannot run, before the testbed."""
         reason = self.path_reason(ctx.binary) if ctx.variant.options.switching == "path" else None
         if reason:
-            (run_dir / "skipped.json").write_text(json.dumps({"variant": label, "reason": reason}))
-            ctx.log(f"{label}: skipped: {reason}")
+            (Path(ctx.run_dir) / "skipped.json").write_text(json.dumps({"variant": ctx.variant.label,
+                                                                       "reason": reason}))
+            ctx.log(f"{ctx.variant.label}: skipped: {reason}")
             return
-        p = bulk.repetition_options(ctx, KIND_NAME, Params)
-        ctx.status(f"{label}: 4 uploads of {p.upload_bytes} bytes")
-        run_repetition_raw(label, ctx.variant.options, ctx.rep, run_dir, p, chive_bin=ctx.binary,
+        super().run_repetition(ctx)
+
+    def doing(self, scenario: Any, p: Params) -> str:
+        return f"4 uploads of {p.upload_bytes} bytes"
+
+    def repetition(self, ctx: RepetitionContext, p: Params, run_dir: Path) -> None:
+        run_repetition_raw(ctx.variant.label, ctx.variant.options, ctx.rep, run_dir, p, chive_bin=ctx.binary,
                            progress=ctx.log)
 
     def analyze(self, out_dir: Path, scenario: Any):
@@ -381,7 +374,7 @@ class Paper003(ExperimentKind):
         return pool_results(sources, out, KIND_NAME, Params, variant_reps, analyze)
 
     def describe_run(self, scenario: Any) -> str | None:
-        p = scenario.options if isinstance(scenario.options, Params) else Params()
+        p = self.options_of(scenario)
         delays = "/".join(f"{d:g}" for d in p.client_delays_ms)
         limit = "access links" if p.relay_limit == "link" else "token buckets"
         return (f"4 clients ({delays} ms one-way on their access links) each upload {p.upload_bytes} bytes "

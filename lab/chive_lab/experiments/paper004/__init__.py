@@ -41,7 +41,6 @@ Analysis: :mod:`.analysis`; several results of one setup as one batch: :mod:`.po
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +48,8 @@ from typing import Any
 
 from ... import netns
 from ...errors import LabError
-from ...kinds import ExperimentKind, RepetitionContext
+from ...kinds import RepetitionContext
 from ...options import option
-from ...tor_netns import TorOverlay, check_tor_variants
 from .. import bulk
 from .. import netns_overlay as no
 
@@ -71,11 +69,9 @@ def _check_sizes(value: tuple[int, ...], path: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Params(bulk.TestbedParams):
+class Params(bulk.DelayTestbedParams):
     """The scenario's keys of this kind (``scenario.options``)."""
 
-    queue_at: str = option("host", choices=("host", "switch"))
-    delay_ms: float = option(15.0, lo=0.0, hi=500.0, doc="one-way delay of every access link")
     sizes: tuple[int, ...] = option((40960, 51200, 1048576), lo=1024, hi=64 * 1024 * 1024, check=_check_sizes)
     pause_s: float = option(1.0, lo=0.0, hi=600.0, doc="pause between the fetches of one loop")
     dirtiness: int = option(60, lo=10, hi=3600, doc="the torperf client's MaxCircuitDirtiness")
@@ -149,18 +145,15 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
     """One repetition of ``variant``: bring up the testbed and overlay, run the bulk loops and
     every (exit, size) torperf loop, keep the records in ``out_dir``; return run.json's dict."""
     say = progress or (lambda _m: None)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tb = bulk.testbed(p, HOSTS, delay_ms=p.delay_ms, chive_bin=chive_bin, progress=say)
-    tor = v.impl == "tor"
     end = warmup_s + measure_s
     info: dict[str, Any] = {"variant": variant, "rep": rep, "impl": v.impl, "params": p.__dict__,
                             "consensus": dict(v.params), "exits": {}, "measure_s": measure_s,
                             "warmup_s": warmup_s, "fresh_circuit": v.fresh_circuit,
                             "client": dict(v.client)}
-    try:
-        tb.up()
-        ov = (TorOverlay if tor else netns.Overlay)(tb, out_dir / "net", binary=chive_bin,
-                                                    log=p.log_level, progress=say)
+    with no.netns_repetition(out_dir, tb, v.impl, chive_bin=chive_bin, log_level=p.log_level,
+                             progress=say) as run:
+        ov, tor = run.ov, run.tor
         ov.add_authority("W", port=DIR_PORT, params=dict(v.params))
         ov.add_relay("G", "entry", port=ENTRY_PORT)
         ov.add_relay("M", "middle", port=MIDDLE_PORT)
@@ -186,9 +179,8 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
         t0 = time.time() + 1.0
         info["t0"] = t0
         if tor:
-            info["tor_version"] = ov.tools.version
             info["tor_consensus_params"] = ov.consensus_params
-        (out_dir / "run.json").write_text(json.dumps(info, default=list))
+        run.write_run(info)
         loops = []
         for i in range(p.bulk_loops):
             url = _url(ov, tor, f"/bytes/{p.bulk_bytes}", BULK_EXIT)
@@ -201,11 +193,6 @@ def run_repetition_raw(variant: str, v: VariantOptions, rep: int, out_dir: Path,
                                             out_dir / perf_stem(label, size), fresh=v.fresh_circuit))
         say(f"{KIND_NAME}: {variant}: {end:g} s of fetches")
         no.wait_for_loops(loops, [], t0 + end + p.fetch_timeout)
-        if isinstance(ov, TorOverlay):
-            (out_dir / "tor.json").write_text(json.dumps(ov.evidence(), indent=1))
-        ov.stop()
-    finally:
-        tb.down()
     return info
 
 
@@ -237,13 +224,12 @@ def _start_torperf(tb: netns.Testbed, ov: Any, url: str, start: float, stop: flo
         return tb.popen(ov.nodes["perf"].host, argv, stdout=fh, stderr=fe)
 
 
-class Paper004(ExperimentKind):
+class Paper004(no.NetnsKind):
     """See the module documentation."""
 
     name = KIND_NAME
     Options = Params
     VariantOptions = VariantOptions
-    needs_chive_binary = True
 
     def preflight(self, scenario: Any) -> None:
         """Refuse the tor variants when tor is not installed; series labels must be unique."""
@@ -253,15 +239,14 @@ class Paper004(ExperimentKind):
                 if label in seen:
                     raise LabError(f"series {label!r} is declared by variants {seen[label]!r} and {v.label!r}")
                 seen[label] = v.label
-        check_tor_variants(KIND_NAME, [v.label for v in scenario.variants],
-                           [v.label for v in scenario.variants if v.options.impl == "tor"])
+        super().preflight(scenario)
 
-    def run_repetition(self, ctx: RepetitionContext) -> None:
-        p = bulk.repetition_options(ctx, KIND_NAME, Params)
-        sc = ctx.scenario
-        ctx.status(f"{ctx.variant.label}: {sc.warmup + sc.duration:g} s of torperf fetches")
-        run_repetition_raw(ctx.variant.label, ctx.variant.options, ctx.rep, Path(ctx.run_dir), p,
-                           measure_s=sc.duration, warmup_s=sc.warmup, chive_bin=ctx.binary,
+    def doing(self, scenario: Any, p: Params) -> str:
+        return f"{scenario.warmup + scenario.duration:g} s of torperf fetches"
+
+    def repetition(self, ctx: RepetitionContext, p: Params, run_dir: Path) -> None:
+        run_repetition_raw(ctx.variant.label, ctx.variant.options, ctx.rep, run_dir, p,
+                           measure_s=ctx.scenario.duration, warmup_s=ctx.scenario.warmup, chive_bin=ctx.binary,
                            progress=ctx.log)
 
     def analyze(self, out_dir: Path, scenario: Any):
@@ -283,9 +268,8 @@ class Paper004(ExperimentKind):
         return onionperf_runs(Path(out_dir), scenario)
 
     def describe_run(self, scenario: Any) -> str | None:
-        p = scenario.options if isinstance(scenario.options, Params) else Params()
-        return (f"{len(HOSTS)} hosts, {p.rate} links with {p.delay_ms:g} ms one-way delay each "
-                f"({2 * p.delay_ms:g} ms per hop), {p.bulk_loops} background downloads; torperf loops "
+        p = self.options_of(scenario)
+        return (f"{p.describe_links(HOSTS)} ({2 * p.delay_ms:g} ms per hop), {p.bulk_loops} background downloads; torperf loops "
                 f"of {', '.join(str(s) for s in p.sizes)} bytes per exit for {scenario.duration:g} s "
                 f"after {scenario.warmup:g} s")
 
