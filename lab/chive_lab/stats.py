@@ -32,6 +32,8 @@ __all__ = [
     "ks_test",
     "mean",
     "mean_ci",
+    "median_ci",
+    "percentile",
     "quartiles",
     "representative",
     "slot_means",
@@ -165,6 +167,26 @@ def mean_ci(samples: Sequence[float], level: float = 0.95) -> tuple[float, float
     sem = float(arr.std(ddof=1)) / math.sqrt(arr.size)
     half = float(sps.t.ppf((1.0 + level) / 2.0, arr.size - 1)) * sem
     return m, m - half, m + half
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100, linear interpolation); None when empty."""
+    arr = _clean(values)
+    return float(np.percentile(arr, q)) if arr.size else None
+
+
+def median_ci(values: Iterable[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Distribution-free confidence interval of the median from order statistics (binomial,
+    normal approximation; ``level`` 0.95 or 0.90). None with fewer than 3 values."""
+    arr = np.sort(_clean(values))
+    n = arr.size
+    if n < 3:
+        return None
+    z = 1.959964 if level == 0.95 else 1.644854
+    half = z * math.sqrt(n) / 2.0
+    lo = max(0, int(math.floor(n / 2.0 - half)) - 1)
+    hi = min(n - 1, int(math.ceil(n / 2.0 + half)) - 1)
+    return float(arr[lo]), float(arr[hi])
 
 
 def binned_rate(

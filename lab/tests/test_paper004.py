@@ -165,9 +165,12 @@ def _pooled_ttlb(out: Path, variant: str, label: str, size: int) -> list[float]:
 
 
 def test_median_ci_and_missing_data():
-    assert p4a.median_ci([1.0, 2.0]) is None
-    lo, hi = p4a.median_ci(list(range(1, 101)))
+    assert stats.median_ci([1.0, 2.0]) is None
+    lo, hi = stats.median_ci(list(range(1, 101)))
     assert lo < 50.5 < hi and hi - lo < 25
+    # Missing and non-finite values are left out, as summarize does.
+    assert stats.median_ci([None, float("nan"), 1.0, 2.0]) is None
+    assert stats.percentile([1.0, None, 3.0], 50) == 2.0 and stats.percentile([], 95) is None
     # A series with no fetches still gets a row, no KDE (stats.kde needs two values).
     assert stats.kde([1.0], [0.0, 1.0]) is None
 

@@ -166,27 +166,10 @@ def relay_delays(out_dir: Path, scenario: Any,
                 shared += _cell_delays(net / nick / "metrics.jsonl", lo, hi)
             for i, label in enumerate(v.options.exits):
                 per_exit[label] += _cell_delays(net / exit_nick(i) / "metrics.jsonl", lo, hi)
-        out["entry_middle"][v.label] = stats.summarize(shared) | {"p95": _p95(shared)}
+        out["entry_middle"][v.label] = stats.summarize(shared) | {"p95": stats.percentile(shared, 95)}
         for label, vals in per_exit.items():
-            out["exit"][label] = stats.summarize(vals) | {"p95": _p95(vals)}
+            out["exit"][label] = stats.summarize(vals) | {"p95": stats.percentile(vals, 95)}
     return out
-
-
-def _p95(vals: Sequence[float]) -> float | None:
-    return float(np.percentile(vals, 95)) if len(vals) else None
-
-
-def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
-    """Distribution-free CI of the median from order statistics (binomial, normal approx.)."""
-    arr = np.sort(np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float))
-    n = arr.size
-    if n < 3:
-        return None
-    z = 1.959964 if level == 0.95 else 1.644854
-    half = z * math.sqrt(n) / 2.0
-    lo = max(0, int(math.floor(n / 2.0 - half)) - 1)
-    hi = min(n - 1, int(math.ceil(n / 2.0 + half)) - 1)
-    return float(arr[lo]), float(arr[hi])
 
 
 def values(series: Mapping[str, Any], size: int, name: str) -> list[list[float]]:
@@ -221,7 +204,7 @@ def summarize(series: dict[str, dict[str, Any]], p: Params,
             for m in MEASURES:
                 vals = _pooled(s, size, m)
                 e[m] = stats.summarize(vals)
-                ci = median_ci(vals)
+                ci = stats.median_ci(vals)
                 e[m]["p50_ci95"] = list(ci) if ci else None
             sizes[str(size)] = e
         keys = ("variant", "impl", "window", "cc_alg", "paper", "fresh_circuit")
