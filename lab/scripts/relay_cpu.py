@@ -307,7 +307,8 @@ def summarize(runs: dict[str, list[dict]], floor: dict | None) -> list[dict]:
     io_floor = io_floor_by_role(rows)
     for r in rows:
         f = floor.get("exit" if r["role"] == "exit" else r["role"]) if floor else None
-        r["floor_ns_per_byte"] = f if r["role"] in ("relay", "exit", "client") else None
+        # The forwarders of the IO floor do no crypto: no crypto floor for them.
+        r["floor_ns_per_byte"] = f if r["role"] in ("relay", "exit", "client") and r["impl"] != "io" else None
         r["x_floor"] = r["ns_per_byte"] / f if r["floor_ns_per_byte"] else None
         ref = tor_client if r["role"] == "client" else tor_relay if r["role"] in ("relay", "exit") else None
         r["x_tor"] = r["ns_per_byte"] / ref if ref else None

@@ -177,6 +177,7 @@ def test_own_work_is_cpu_minus_io_floor_minus_crypto_floor():
     assert by[("chive", "client")]["io_floor_ns_per_byte"] == pytest.approx(0.4)
     # The floor's own rows and the httpd have no own work; neither has a run without io.
     assert by[("io", "relay1")]["own_ns_per_byte"] is None
+    assert by[("io", "relay1")]["floor_ns_per_byte"] is None and by[("io", "relay1")]["x_floor"] is None
     assert by[("chive", "httpd")]["own_ns_per_byte"] is None
     assert all(r["own_ns_per_byte"] is None for r in rc.summarize({"chive": runs["chive"]}, None))
 
