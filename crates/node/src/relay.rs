@@ -866,12 +866,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     crate::client::spawn_consensus_fetcher(authority, authority_id, tx.clone());
     spawn_signal_handlers(args.config.clone(), tx, read_bucket, write_bucket);
-    // The driver runs as a task of its own, not as the runtime's `block_on` future: a wake-up
-    // of that future (every batch a link task hands over) makes tokio's current-thread
-    // scheduler poll the IO driver without blocking (`epoll_wait` with timeout 0) before it
-    // polls the future again, which was three quarters of a relay's `epoll_wait` calls
-    // (docs/performance.md, session 22). A spawned task's wake-up is a queue push.
-    crate::driver::run_driver(driver).await;
+    driver.run().await;
     info!("relay stopped");
     Ok(())
 }

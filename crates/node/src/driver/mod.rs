@@ -276,20 +276,6 @@ fn hex_peer(peer: Option<IdentityKey>) -> String {
     peer.map(|p| p.to_hex()).unwrap_or_else(|| "client".into())
 }
 
-/// Run `driver` until it stops, as a task of its own rather than inside the caller's future:
-/// on the current-thread runtime a wake-up of the `block_on` future costs a non-blocking poll of
-/// the IO driver (an `epoll_wait` syscall) before the future is polled again, and the driver is
-/// woken for every batch a link hands over; a spawned task's wake-up is a queue push. A panic
-/// in the driver is passed on.
-pub async fn run_driver(driver: Driver) {
-    if let Err(e) = tokio::spawn(driver.run()).await {
-        if e.is_panic() {
-            std::panic::resume_unwind(e.into_panic());
-        }
-        // Cancelled: the runtime is shutting down, as when the driver returns.
-    }
-}
-
 /// Owns the core and the IO tasks' handles.
 pub struct Driver {
     pub core: Core,
