@@ -17,12 +17,17 @@ criterion's human output): one cell's onion layer (chive-crypto `RelayHopCrypto`
 16 KiB, both the cipher alone (AES-128-GCM, the suite chive's links negotiate since session 14,
 via rustls's record encrypter/decrypter) and through rustls's connection API on an in-memory pair
 (which adds copies).
+The IO floor (`--impl io`, in the same run): the same download through plain TCP forwarders in
+place of the client and the relays (lab/chive_lab/iofloor.py, crates/tools/examples/tcpfwd.rs:
+read, write, no crypto, no cells); chive's rows then say `own ns/B`, their CPU per byte minus the
+IO floor of their role and minus the crypto floor: what chive's own work costs.
+
 Floor per relayed byte (ciphers only): guard and middle = TLS open + one layer + TLS seal; exit = originate
 (layer + digest) + TLS seal; client = TLS open + three layers. A cell carries 498 bytes of data in
 514 on the wire, so TLS costs scale by 514/498 and a cell's crypto is spread over 498 bytes.
 
     .venv/bin/python lab/scripts/relay_cpu.py [--bytes 500000000] [--runs 3] [--impl chive,tor]
-        [--circuits 100] [--out runs/relay-cpu] [--markdown] [--no-floor]
+        [--impl chive,io,tor] [--circuits 100] [--out runs/relay-cpu] [--markdown] [--no-floor]
 
 Writes DIR/results.json, DIR/results.csv, DIR/manifest.json (git revision, binaries, host).
 """
@@ -49,6 +54,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / ".venv" / "bin" / "chive-lab"
 CHIVE = Path(os.environ.get("CHIVE_BIN", ROOT / "target" / "release" / "chive"))
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+FWD = Path(os.environ.get("TCPFWD_BIN", TARGET / "release" / "examples" / "tcpfwd"))
+IMPLS = ("chive", "io", "tor")
 
 # A relay cell: 509 bytes of payload, of which 498 carry stream data; 514 bytes on the link.
 CELL_PAYLOAD = 509
@@ -297,13 +304,28 @@ def summarize(runs: dict[str, list[dict]], floor: dict | None) -> list[dict]:
     tor_relays = [r["ns_per_byte"] for r in rows if r["impl"] == "tor" and r["role"] in ("relay", "exit")]
     tor_relay = statistics.median(tor_relays) if tor_relays else None
     tor_client = next((r["ns_per_byte"] for r in rows if r["impl"] == "tor" and r["role"] == "client"), None)
+    io_floor = io_floor_by_role(rows)
     for r in rows:
         f = floor.get("exit" if r["role"] == "exit" else r["role"]) if floor else None
-        r["floor_ns_per_byte"] = f if r["role"] in ("relay", "exit", "client") else None
+        # The forwarders of the IO floor do no crypto: no crypto floor for them.
+        r["floor_ns_per_byte"] = f if r["role"] in ("relay", "exit", "client") and r["impl"] != "io" else None
         r["x_floor"] = r["ns_per_byte"] / f if r["floor_ns_per_byte"] else None
         ref = tor_client if r["role"] == "client" else tor_relay if r["role"] in ("relay", "exit") else None
         r["x_tor"] = r["ns_per_byte"] / ref if ref else None
+        io = io_floor.get(r["role"]) if r["impl"] != "io" else None
+        r["io_floor_ns_per_byte"] = io
+        r["own_ns_per_byte"] = (r["ns_per_byte"] - io - (f or 0.0)
+                                if io is not None and r["floor_ns_per_byte"] else None)
     return rows
+
+
+def io_floor_by_role(rows: list[dict]) -> dict[str, float]:
+    """The IO floor per role (relay, exit, client): the median of the `io` rows of that role."""
+    by_role: dict[str, list[float]] = {}
+    for r in rows:
+        if r["impl"] == "io" and r["role"] in ("relay", "exit", "client"):
+            by_role.setdefault(r["role"], []).append(r["ns_per_byte"])
+    return {role: statistics.median(v) for role, v in by_role.items()}
 
 
 def _fmt(v, spec):
@@ -313,7 +335,8 @@ def _fmt(v, spec):
 COLUMNS = [("impl", "impl", "s"), ("process", "process", "s"), ("role", "role", "s"),
            ("ns_per_byte", "ns/byte", ".2f"), ("net_ns_per_byte", "net of idle", ".2f"),
            ("idle_ms_per_s", "idle ms/s", ".1f"), ("floor_ns_per_byte", "floor ns/B", ".3f"),
-           ("x_floor", "x floor", ".1f"), ("x_tor", "x tor", ".2f"),
+           ("x_floor", "x floor", ".1f"), ("io_floor_ns_per_byte", "IO floor ns/B", ".2f"),
+           ("own_ns_per_byte", "own ns/B", ".2f"), ("x_tor", "x tor", ".2f"),
            ("goodput_MBps", "goodput MB/s", ".1f"), ("peak_rss_MiB", "peak RSS MiB", ".1f")]
 
 
@@ -374,11 +397,15 @@ def measured_pids(info: dict) -> dict[str, int]:
             if n.startswith("relay") or n in ("client", "httpd")}
 
 
-def curl(socks: str, url: str, timeout: float) -> tuple[int, float]:
-    """Download `url` through SOCKS, body discarded; (bytes, seconds) as curl reports them."""
+def curl(socks: str | None, url: str, timeout: float, rate: int | None = None) -> tuple[int, float]:
+    """Download `url` through SOCKS (directly without), body discarded, at most `rate` bytes/s
+    if given; (bytes, seconds) as curl reports them."""
+    proxy = ["--socks5-hostname", socks] if socks else []
+    if rate:
+        proxy += ["--limit-rate", str(rate)]
     res = subprocess.run(
-        ["curl", "--silent", "--show-error", "--fail", "--max-time", str(timeout),
-         "--socks5-hostname", socks, "-o", "/dev/null", "-w", "%{size_download} %{time_total}", url],
+        ["curl", "--silent", "--show-error", "--fail", "--max-time", str(timeout), *proxy,
+         "-o", "/dev/null", "-w", "%{size_download} %{time_total}", url],
         check=True, capture_output=True, text=True)
     got, secs = res.stdout.split()
     return int(got), float(secs)
@@ -401,7 +428,8 @@ def net_ns_per_byte(cpu_s: float, idle_rate: float, seconds: float, nbytes: int)
     return ns_per_byte(max(cpu_s - idle_rate * seconds, 0.0), nbytes)
 
 
-def one_download(info: dict, nbytes: int, hz: int, timeout: float, idle: dict[str, float]) -> dict:
+def one_download(info: dict, nbytes: int, hz: int, timeout: float, idle: dict[str, float],
+                 rate: int | None = None) -> dict:
     pids = measured_pids(info)
     http_port = int(info["http"].rsplit(":", 1)[1])
     before = {n: read_proc(p) for n, p in pids.items()}
@@ -420,7 +448,7 @@ def one_download(info: dict, nbytes: int, hz: int, timeout: float, idle: dict[st
     t = threading.Thread(target=find_exit, daemon=True)
     t.start()
     try:
-        got, secs = curl(info["socks"], f"{info['http']}/bytes/{nbytes}", timeout)
+        got, secs = curl(info["socks"], f"{info.get('entry', info['http'])}/bytes/{nbytes}", timeout, rate)
         after = {n: read_proc(p) for n, p in pids.items()}
     finally:
         done.set()
@@ -475,27 +503,48 @@ def memory_per_circuit(info: dict, k: int, settle: float) -> dict:
 
 def run_impl(impl: str, args, hz: int) -> tuple[list[dict], dict | None]:
     netdir = args.out / f"net-{impl}"
-    lab_down(netdir)
-    progress(f"{impl}: starting a 3-relay network in {netdir}")
-    info = lab_up(impl, netdir, args.sets)
+    if impl == "io":
+        from chive_lab.iofloor import IoChain
+
+        progress(f"io: starting a chain of 4 TCP forwarders ({FWD}) in front of an httpd")
+        chain = IoChain(CHIVE, FWD, netdir, args.io_read_size, args.io_write_size)
+        info, stop = chain.info, chain.close
+    else:
+        lab_down(netdir)
+        progress(f"{impl}: starting a 3-relay network in {netdir}")
+        info, stop = lab_up(impl, netdir, args.sets), lambda: lab_down(netdir)
     try:
-        curl(info["socks"], f"{info['http']}/bytes/1000000", args.timeout)  # warm-up
+        curl(info["socks"], f"{info.get('entry', info['http'])}/bytes/1000000", args.timeout)  # warm-up
         idle = idle_rates(info, args.idle_seconds, hz) if args.idle_seconds > 0 else {}
         if idle:
             progress(f"{impl} idle CPU (ms/s): " + ", ".join(f"{n} {1e3 * v:.1f}" for n, v in idle.items()))
         runs = []
         for i in range(args.runs):
-            r = one_download(info, args.bytes, hz, args.timeout, idle)
+            rate = args.io_limit_rate if impl == "io" else None
+            r = one_download(info, args.bytes, hz, args.timeout, idle, rate)
             relays = ", ".join(f"{n} {v['ns_per_byte']:.2f}" for n, v in r["procs"].items())
             progress(f"{impl} run {i + 1}/{args.runs}: {r['goodput_MBps']:.1f} MB/s; ns/byte: {relays}")
             runs.append(r)
         mem = None
-        if args.circuits > 0:
+        if args.circuits > 0 and impl != "io":
             progress(f"{impl}: memory with {args.circuits} circuits")
             mem = memory_per_circuit(info, args.circuits, args.settle)
         return runs, mem
     finally:
-        lab_down(netdir)
+        stop()
+
+
+def build_forwarder() -> bool:
+    """Build the IO floor's forwarder (an example of chive-tools) unless TCPFWD_BIN names one."""
+    if "TCPFWD_BIN" not in os.environ:
+        cmd = ["cargo", "build", "--release", "--quiet", "-p", "chive-tools", "--example", "tcpfwd"]
+        progress("io floor: " + " ".join(cmd))
+        if subprocess.run(cmd, cwd=ROOT, check=False).returncode != 0:
+            return False
+    if not FWD.exists():
+        print(f"relay-cpu: no forwarder at {FWD}", file=sys.stderr)
+        return False
+    return True
 
 
 def run_manifest(args) -> dict:
@@ -503,6 +552,8 @@ def run_manifest(args) -> dict:
 
     git = manifest.git_state()
     versions = {"chive": manifest.cmd_output([str(CHIVE), "--version"])}
+    if "io" in args.impl:
+        versions["tcpfwd"] = str(FWD)
     if "tor" in args.impl:
         tor = manifest.cmd_output(["tor", "--version"])
         versions["tor"] = tor.splitlines()[0] if tor else None
@@ -510,6 +561,8 @@ def run_manifest(args) -> dict:
             "git": {"revision": git["revision"], "dirty": git["dirty"]}, "binary": str(CHIVE),
             "versions": versions, "bytes": args.bytes, "runs": args.runs, "impl": args.impl,
             "circuits": args.circuits, "sets": args.sets,
+            "io_read_size": args.io_read_size, "io_write_size": args.io_write_size,
+            "io_limit_rate": args.io_limit_rate,
             "host": {"hostname": socket.gethostname(), "kernel": platform.release(),
                      "cores": os.cpu_count(), "load": os.getloadavg()},
             "start": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "end": None, "status": "running"}
@@ -519,7 +572,15 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bytes", type=int, default=500_000_000, help="bytes per download [500000000]")
     ap.add_argument("--runs", type=int, default=3, help="downloads per implementation [3]")
-    ap.add_argument("--impl", default="chive,tor", help="comma-separated: chive, tor [chive,tor]")
+    ap.add_argument("--impl", default="chive,io,tor",
+                    help="comma-separated: chive, io (the IO floor: plain TCP forwarders), tor [chive,io,tor]")
+    ap.add_argument("--io-read-size", type=int, default=None,
+                    help="the forwarders' largest read in bytes [tcpfwd's: the node's read batch]")
+    ap.add_argument("--io-write-size", type=int, default=None,
+                    help="the forwarders' largest write in bytes, 0 = a whole read [0]")
+    ap.add_argument("--io-limit-rate", type=int, default=None, metavar="BYTES_PER_S",
+                    help="download through the forwarders at most this fast (curl --limit-rate), e.g. "
+                         "at chive's goodput, where wake-ups bring smaller batches than at full speed")
     ap.add_argument("--circuits", type=int, default=100,
                     help="circuits for the memory measurement, 0 to skip [100]")
     ap.add_argument("--settle", type=float, default=2.0,
@@ -535,9 +596,9 @@ def parse_args(argv):
     ap.add_argument("--markdown", action="store_true", help="also print the table as markdown")
     args = ap.parse_args(argv)
     args.impl = [i for i in args.impl.split(",") if i]
-    bad = [i for i in args.impl if i not in ("chive", "tor")]
+    bad = [i for i in args.impl if i not in IMPLS]
     if bad or not args.impl:
-        ap.error(f"--impl takes chive and/or tor, not {','.join(bad) or 'nothing'}")
+        ap.error(f"--impl takes chive, io and/or tor, not {','.join(bad) or 'nothing'}")
     if args.bytes <= 0 or args.runs <= 0:
         ap.error("--bytes and --runs must be positive")
     if any("=" not in kv for kv in args.sets):
@@ -550,6 +611,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     if not LAB.exists() or not CHIVE.exists():
         print(f"relay-cpu: need {LAB} and {CHIVE}: run `make build` first", file=sys.stderr)
+        return 1
+    if "io" in args.impl and not build_forwarder():
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = run_manifest(args)

@@ -16,6 +16,8 @@ spec = importlib.util.spec_from_file_location("relay_cpu", SCRIPT)
 rc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(rc)
 
+from chive_lab import iofloor  # noqa: E402  (after the script, which puts lab/ on the path)
+
 
 def _stat(comm: str, utime: int, stime: int) -> str:
     # Fields 3.. of /proc/PID/stat: state, ppid, pgrp, session, tty, tpgid, flags, minflt,
@@ -161,9 +163,38 @@ def test_summary_ratios_to_floor_and_tor():
     assert all(r["x_tor"] is None and r["x_floor"] is None for r in rows)
 
 
+def test_own_work_is_cpu_minus_io_floor_minus_crypto_floor():
+    runs = {
+        "chive": [_run({"relay1": 4.0, "relay2": 8.0, "relay3": 6.0, "client": 10.0, "httpd": 0.1}, 80)],
+        "io": [_run({"relay1": 0.5, "relay2": 0.7, "relay3": 0.9, "client": 0.4, "httpd": 0.1}, 190)],
+    }
+    rows = rc.summarize(runs, rc.floor_from_estimates(EST))
+    by = {(r["impl"], r["process"]): r for r in rows}
+    # relay1 and relay2 are relays in both chains: the IO floor of a relay is their median.
+    assert by[("chive", "relay1")]["io_floor_ns_per_byte"] == pytest.approx(0.6)
+    assert by[("chive", "relay1")]["own_ns_per_byte"] == pytest.approx(4.0 - 0.6 - 4.0)
+    assert by[("chive", "relay3")]["own_ns_per_byte"] == pytest.approx(6.0 - 0.9 - 3.0)   # exit floor 3
+    assert by[("chive", "client")]["io_floor_ns_per_byte"] == pytest.approx(0.4)
+    # The floor's own rows and the httpd have no own work; neither has a run without io.
+    assert by[("io", "relay1")]["own_ns_per_byte"] is None
+    assert by[("io", "relay1")]["floor_ns_per_byte"] is None and by[("io", "relay1")]["x_floor"] is None
+    assert by[("chive", "httpd")]["own_ns_per_byte"] is None
+    assert all(r["own_ns_per_byte"] is None for r in rc.summarize({"chive": runs["chive"]}, None))
+
+
+def test_listening_line_of_httpd_and_forwarder():
+    assert iofloor.parse_listening('{"listening": "127.0.0.1:4242"}\n') == "127.0.0.1:4242"
+    for bad in ("", "listening on 1.2.3.4:5", '{"addr": "127.0.0.1:1"}', '{"listening": 7}'):
+        with pytest.raises(RuntimeError):
+            iofloor.parse_listening(bad)
+    assert iofloor.forwarder_cmd(Path("/f"), "127.0.0.1:1", 1000, 0) == [
+        "/f", "--to", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--read-size", "1000", "--write-size", "0"]
+
+
 def test_arguments_are_checked():
     with pytest.raises(SystemExit):
         rc.parse_args(["--impl", "arti"])
+    assert rc.parse_args([]).impl == ["chive", "io", "tor"]
     with pytest.raises(SystemExit):
         rc.parse_args(["--bytes", "0"])
     assert rc.parse_args(["--impl", "tor"]).impl == ["tor"]
@@ -192,6 +223,26 @@ def test_short_real_run(tmp_path, capsys):
     assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
     assert (out / "results.csv").read_text().startswith("impl,process,role,ns_per_byte")
     assert "| chive | relay1 |" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not rc.CHIVE.exists() or not rc.FWD.exists() or not rc.LAB.exists()
+                    or shutil.which("curl") is None,
+                    reason="needs target/release/chive, the tcpfwd example, chive-lab and curl")
+@pytest.mark.serial
+def test_short_real_io_floor_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("TCPFWD_BIN", str(rc.FWD))  # built already: no cargo run from a test
+    out = tmp_path / "out"
+    assert rc.main(["--impl", "io", "--bytes", "100000000", "--runs", "1", "--no-floor",
+                    "--idle-seconds", "0", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    rows = {r["process"]: r for r in res["rows"]}
+    assert set(rows) == {"relay1", "relay2", "relay3", "client", "httpd"}
+    # The forwarder next to the httpd is the exit. The bytes all arrived (main checks the
+    # length); at ~0.5 ns/B a forwarder spends ~50 ms on them, a few of /proc's 10 ms ticks,
+    # so only the chain's total is sure to be counted.
+    assert rows["relay3"]["role"] == "exit" and rows["relay1"]["role"] == "relay"
+    assert sum(rows[n]["ns_per_byte"] for n in ("relay1", "relay2", "relay3", "client")) > 0
+    assert res["memory"] == {}
 
 
 def test_openssl_speed_output():

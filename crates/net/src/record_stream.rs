@@ -383,6 +383,8 @@ fn finish<S>(h: Handshaken<S>, capture: &ExporterCapture) -> Result<Handed<S>, L
         read_closed: h.peer_closed,
         write_closed: false,
         failed: None,
+        #[cfg(test)]
+        moved: 0,
     };
     Ok((stream, exporter, bind))
 }
@@ -418,6 +420,10 @@ pub(crate) struct RecordStream<S = TcpStream> {
     write_closed: bool,
     /// A fatal record error: every later read fails with it.
     failed: Option<String>,
+    /// Bytes the direct path moved between `rbuf` and callers' buffers (tests: the short-read
+    /// copy must stay linear in the bytes received).
+    #[cfg(test)]
+    moved: usize,
 }
 
 impl<S> std::fmt::Debug for RecordStream<S> {
@@ -587,11 +593,65 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
             }
     }
 
+    /// Count bytes the direct path moves in user space (tests only).
+    #[inline]
+    fn count_moved(&mut self, _n: usize) {
+        #[cfg(test)]
+        {
+            self.moved += _n;
+        }
+    }
+
+    /// The kept start of a record plus `new` (the bytes a read just brought) still end before
+    /// that record does: its length when its header is whole (`Ok(Some)`), `Ok(None)` while
+    /// the header is not. `Err` when the bytes complete it or its header is bad (the opener
+    /// then takes them and refuses a bad header).
+    fn first_record_incomplete(&self, new: &[u8]) -> Result<Option<usize>, ()> {
+        let kept = &self.rbuf[self.rstart..self.rend];
+        let mut header = [0u8; 5];
+        let have = (kept.len() + new.len()).min(header.len());
+        for (i, b) in header[..have].iter_mut().enumerate() {
+            *b = if i < kept.len() {
+                kept[i]
+            } else {
+                new[i - kept.len()]
+            };
+        }
+        match checked_record_len(&header[..have]) {
+            Ok(None) => Ok(None),
+            Ok(Some(len)) if kept.len() + new.len() < len => Ok(Some(len)),
+            _ => Err(()),
+        }
+    }
+
+    /// Append `new` to the kept start of an unfinished record (of `len` bytes, if its header
+    /// is whole), so a record arriving in many short reads is moved once per byte, not once
+    /// per read. The buffer is sized for the record's start (at most `len - 1` bytes): one left
+    /// large by `poll_fill`, or holding bytes before `rstart`, is replaced first.
+    fn keep_more(&mut self, new: &[u8], len: Option<usize>) {
+        let kept = self.rend - self.rstart;
+        let want = len.map_or(5, |l| l - 1).max(kept + new.len());
+        if self.rstart > 0 || self.rbuf.capacity() > MAX_RECORD {
+            let mut fresh = Vec::with_capacity(want);
+            fresh.extend_from_slice(&self.rbuf[self.rstart..self.rend]);
+            self.count_moved(kept);
+            self.rbuf = fresh;
+        }
+        self.rbuf.truncate(kept);
+        self.rbuf.reserve_exact(want - kept);
+        self.rbuf.extend_from_slice(new);
+        self.count_moved(new.len());
+        self.rstart = 0;
+        self.rend = self.rbuf.len();
+    }
+
     /// Read records into `room` (after the start of a record kept from the last read) and open
     /// them there, each one's plaintext right after the last's: one copy fewer than opening in
     /// the receive buffer and copying out. The start of a record at the end is kept for the
-    /// next read. Returns how many plaintext bytes lead `room` (0 only at EOF); an error after
-    /// some plaintext is returned by the next read, after that plaintext.
+    /// next read; while reads keep ending inside that record (a peer's record in tiny pieces),
+    /// they are appended to it, and it is copied into `room` once, when whole. Returns how many
+    /// plaintext bytes lead `room` (0 only at EOF); an error after some plaintext is returned by
+    /// the next read, after that plaintext.
     fn poll_read_direct(
         &mut self,
         cx: &mut Context<'_>,
@@ -602,8 +662,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
             let mut rb = ReadBuf::new(&mut room[kept..]);
             ready!(Pin::new(&mut self.tcp).poll_read(cx, &mut rb))?;
             let n = rb.filled().len();
-            // Copied only once the read brought something (a pending read copies nothing).
-            room[..kept].copy_from_slice(&self.rbuf[self.rstart..self.rend]);
             if n == 0 {
                 if kept > 0 {
                     let why = "connection closed inside a TLS record".to_string();
@@ -612,6 +670,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
                 self.read_closed = true;
                 return Poll::Ready(Ok(0));
             }
+            if let Ok(len) = self.first_record_incomplete(&room[kept..kept + n]) {
+                // Still inside the first record: nothing to open yet. Before, the kept start
+                // went into `room` and everything back out on every such read, up to a record
+                // per read for a peer sending byte by byte (found by the `record_handover`
+                // fuzzer).
+                self.keep_more(&room[kept..kept + n], len);
+                continue;
+            }
+            // Copied only once the first record is whole (or its header bad).
+            room[..kept].copy_from_slice(&self.rbuf[self.rstart..self.rend]);
+            self.count_moved(kept);
             self.rstart = 0;
             self.rend = 0;
             let total = kept + n;
@@ -648,6 +717,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
                         self.rbuf.reserve_exact(rest.len());
                         self.rbuf.extend_from_slice(rest);
                         self.rend = rest.len();
+                        self.count_moved(self.rend);
                         break;
                     }
                     Err(e) => {
