@@ -55,11 +55,12 @@ build: deps
 # `make build`'s, and `make build` after `make test` would compile it again.
 # One cargo build makes the binary (what `make build` makes) and every test target together, so
 # cargo keeps both cores busy across what were two builds (the binary's last crates link one
-# after the other); `cargo test` then only runs them. Each step is timed (`[time]` lines); the
+# after the other); `cargo test` then only runs them. `--examples` builds the IO floor's
+# forwarder (chive-tools' tcpfwd), which a serial lab test runs. Each step is timed (`[time]` lines); the
 # pytest passes list their slowest tests.
 test: deps
 	$(PYTHON) .ci/check-features
-	time $(CARGO) build --release --workspace --lib --bins --tests
+	time $(CARGO) build --release --workspace --lib --bins --tests --examples
 	time $(CARGO) test --release --workspace
 	time $(VENV)/bin/pytest -q -n 2 -m "not serial" --durations=10 lab/tests
 	time $(VENV)/bin/pytest -q -m serial --durations=25 lab/tests
