@@ -443,6 +443,22 @@ impl<T: Clone> PathSender<T> {
         self.current
     }
 
+    /// The legs, in the order they were added.
+    pub fn legs(&self) -> impl Iterator<Item = CircKey> + '_ {
+        self.legs.iter().map(|(c, _)| *c)
+    }
+
+    /// The last number sent on `leg` (0: nothing yet; None: not a leg).
+    pub fn last_sent_on(&self, leg: CircKey) -> Option<u64> {
+        self.legs.iter().find(|(c, _)| *c == leg).map(|(_, n)| *n)
+    }
+
+    /// Whether [`PathSender::switch_to`] would refuse with [`SwitchError::Unconfirmed`]: a
+    /// switch went out (its SWITCH with a cell) and is not confirmed yet.
+    pub fn switch_announced(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| p.announced.is_some())
+    }
+
     /// Whether a switch waits for its confirmation.
     pub fn is_pending(&self) -> bool {
         self.pending.is_some()
