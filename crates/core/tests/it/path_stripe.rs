@@ -166,3 +166,25 @@ fn a_striped_leg_closing_with_nothing_on_it_loses_nothing() {
     net.assert_exact(&streams);
     assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(a));
 }
+
+/// Nothing comes back on B any more (its confirmations and SENDMEs are lost): each switch
+/// onto B times out and re-sends its kept cells on A, but B stays linked (a late confirmation
+/// is a slow leg while striping, not a dead one); once B's circuit window is used up the
+/// scheduler finds no room there, and the upload finishes on A, every byte once, in order.
+#[test]
+fn a_late_confirmation_while_striping_resends_and_keeps_the_leg() {
+    let mut net = Net::new();
+    stripe(&mut net);
+    let (a, b, s) = net.linked();
+    net.blackhole(M2, E2);
+    let streams = vec![(s, pattern(1_500_000, 27))];
+    net.transfer(&streams, 300_000, |_, _| {});
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    let c = net.nodes[CLIENT].switch_stats();
+    assert!(c.timed_out >= 1 && c.cells_resent >= 1, "{c:?}");
+    assert_eq!(c.cells_lost, 0, "{c:?}");
+    assert_eq!(net.nodes[CLIENT].path_set_of(a), Some(Some(b)));
+    assert!(net.nodes[X].switch_stats().path_duplicates >= 1);
+}
