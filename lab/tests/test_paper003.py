@@ -43,6 +43,9 @@ def test_scenario_declares_the_paper_testbed_and_variants():
     # The leg probe's settings side by side (client SwitchLegProbe: path keeps the default, 0).
     assert v["path"].client == {}
     assert v["path-ahead"].client == {"SwitchLegProbe": 2} and v["path-ahead"].spare_path
+    # Striping over both legs (conflux-style), beside the paper's whole-stream move.
+    st = v["path-stripe"]
+    assert st.client == {"SwitchLegUse": "stripe"} and st.spare_path and st.switching == "path"
     p1 = v["path-probe-at-report"]
     assert p1.client == {"SwitchLegProbe": 1} and p1.spare_path
     t = p.targets

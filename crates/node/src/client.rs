@@ -96,6 +96,10 @@ Config file options (TOML):
                                    at once: 1 = probe when a report comes (the move waits for the
                                    answer), 2 = probe it ahead, at most once a second while the
                                    upload runs (a report is decided at once by the last answer)
+  SwitchLegUse = \"whole\"          how the upload uses the linked circuits: \"whole\" = one at a
+                                   time, moved on the entry's congestion report (the paper);
+                                   \"stripe\" = every circuit with room at once, the lowest
+                                   round trip first (conflux-style; reports move nothing)
   MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among
                                    them one `switch` record per path switch, one `onion_join`
                                    record per onion connection (its set-up by step) and an
@@ -196,6 +200,10 @@ pub struct ClientConfig {
     /// estimate, 1 = a probe then, 2 = probes ahead while the upload runs; default 0).
     #[serde(rename = "SwitchLegProbe", default)]
     pub switch_leg_probe: Option<u8>,
+    /// Path switching: how the upload uses the linked legs ("whole": one at a time, moved on
+    /// a congestion report; "stripe": every leg with room at once; default "whole").
+    #[serde(rename = "SwitchLegUse", default)]
+    pub switch_leg_use: Option<String>,
     /// JSON-lines metrics file (relative: in the DataDirectory).
     #[serde(rename = "MetricsFile", default)]
     pub metrics_file: Option<PathBuf>,
@@ -302,8 +310,15 @@ impl ClientConfig {
         if self.switch_leg_probe.is_some_and(|v| v > 2) {
             anyhow::bail!("SwitchLegProbe: 0, 1 or 2");
         }
+        let leg_use = self
+            .switch_leg_use
+            .as_deref()
+            .map(chive_core::switching::LegUse::parse)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("SwitchLegUse: {e}"))?;
         Ok(crate::driver::SwitchOptions {
             mode,
+            leg_use,
             timeout_ms: self.switch_timeout_msec,
             timeout_rtt_factor: self.switch_timeout_rtt_factor,
             lighter_leg: self.switch_lighter_leg.map(|v| v == 1),

@@ -164,3 +164,19 @@ fn switch_leg_probe_is_checked_and_passed_on() {
         &[("SwitchLegProbe = 3", "SwitchLegProbe")],
     );
 }
+
+#[test]
+fn switch_leg_use_is_checked_and_passed_on() {
+    use chive_core::switching::LegUse;
+    assert_eq!(config("").switch_options().unwrap().leg_use, None);
+    for u in [LegUse::Whole, LegUse::Stripe] {
+        let o = config(&format!("SwitchLegUse = \"{}\"", u.label()))
+            .switch_options()
+            .unwrap();
+        assert_eq!(o.leg_use, Some(u));
+    }
+    assert_refused_naming(
+        |c| config(c).validate(),
+        &[("SwitchLegUse = \"both\"", "SwitchLegUse")],
+    );
+}

@@ -719,6 +719,11 @@ pub fn render(snap: &Snapshot) -> String {
             sw.congested_ignored,
         ),
         (
+            "chive_switch_stripe_moves_total",
+            "Path variant, client, SwitchLegUse stripe: moves of the upload to another leg by the leg scheduler.",
+            sw.stripe_moves,
+        ),
+        (
             "chive_switch_leg_probes_total",
             "Path variant, client: LEG_PROBEs sent on the other leg before acting on CONGESTED.",
             sw.leg_probes,

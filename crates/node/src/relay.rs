@@ -602,6 +602,7 @@ impl RelayConfig {
             // A client's choice (it picks the leg).
             lighter_leg: None,
             leg_probe: None,
+            leg_use: None,
         })
     }
 

@@ -52,6 +52,7 @@ use super::Core;
 
 mod exit;
 mod probe;
+mod stripe;
 mod switch;
 
 /// A multiplexed relay message: what the sender keeps for a fallback and the receiver
@@ -689,7 +690,12 @@ impl Core {
                 cells,
                 abandoned,
             } => {
-                if timed_out {
+                // Striping keeps a leg whose confirmation is late: under load that is a slow
+                // leg, not a dead one (a closed leg goes through `path_circuit_gone`), and the
+                // kept cells re-sent here arrive at the exit once whichever copy is first.
+                let keep =
+                    timed_out && self.path_striping() && self.circuits.contains_key(&abandoned);
+                if timed_out && !keep {
                     let until = now + self.sw.settings().leg_avoid;
                     if let Some(set) = self.path.client.get_mut(&home) {
                         set.avoid(abandoned, until, now);
@@ -716,14 +722,14 @@ impl Core {
                     }
                 }
                 if let Some(set) = self.path.client.get_mut(&home) {
-                    if set.spare == Some(abandoned) {
+                    if set.spare == Some(abandoned) && !keep {
                         set.spare = None;
                     }
                     if set.control == abandoned {
                         set.control = set.sender.current().unwrap_or(home);
                     }
                 }
-                if abandoned != home && self.circuits.contains_key(&abandoned) {
+                if abandoned != home && !keep && self.circuits.contains_key(&abandoned) {
                     self.close_circuit_inner(
                         abandoned,
                         DestroyReason::FINISHED,
@@ -790,6 +796,18 @@ impl Core {
             if set.probe.is_some_and(|p| p.leg == key) {
                 set.probe = None;
             }
+            let lost = self.path_stripe_leg_loses(home, key);
+            if lost > 0 {
+                self.sw.stats_mut().failed += 1;
+                return self.path_client_fail(
+                    home,
+                    &format!("a striped leg closed with {lost} of its cells unacknowledged"),
+                    now,
+                );
+            }
+            let Some(set) = self.path.client.get_mut(&home) else {
+                return;
+            };
             if let Some(fb) = set.sender.leg_closed(key) {
                 self.path_fallback(home, fb, false, now);
             }

@@ -404,6 +404,12 @@ impl Core {
 
     /// Package every stream of an edge circuit that has data waiting.
     pub(super) fn package_all(&mut self, key: CircKey, now: Instant) {
+        // A spare leg holds no streams: room on it (its queue drained) is room for its home's.
+        if self.path_is_spare(key) {
+            if let Some(home) = self.path_home_of(key) {
+                return self.package_all(home, now);
+            }
+        }
         let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) else {
             return;
         };
@@ -424,7 +430,8 @@ impl Core {
     fn package_stream(&mut self, key: CircKey, sid: u16, now: Instant) {
         loop {
             // A linked set's home packages on the leg its sender uses now (None: blocked
-            // until a switch is confirmed or falls back).
+            // until a switch is confirmed or falls back). Striping picks that leg per cell.
+            self.path_stripe_pick(key, sid, now);
             let leg = self.path_package_leg(key);
             let (circ_open, queued) = match leg {
                 Some(leg) => self.circuits.get_mut(&leg).map_or((false, 0), |c| {

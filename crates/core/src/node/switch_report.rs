@@ -100,6 +100,10 @@ pub struct SwitchSettings {
     /// time); a report within [`PROBE_FRESH`] of the other leg's last answer is decided by that
     /// answer. Without a fresh answer, a report probes as with `probe_legs` alone.
     pub probe_ahead: bool,
+    /// Path variant, client (`SwitchLegUse`): whether the upload uses one leg at a time and
+    /// moves whole on a congestion report (`whole`, the paper's design, default) or uses
+    /// every leg with room at once (`stripe`, conflux-style; [`crate::switching::legs`]).
+    pub leg_use: crate::switching::LegUse,
 }
 
 /// With [`SwitchSettings::probe_ahead`]: the least time between two probes of the other leg.
@@ -131,6 +135,7 @@ impl Default for SwitchSettings {
             lighter_leg_only: true,
             probe_legs: true,
             probe_ahead: false,
+            leg_use: crate::switching::LegUse::Whole,
         }
     }
 }
@@ -170,6 +175,9 @@ pub struct SwitchStats {
     pub congested_ignored: u64,
     /// Path variant, client: LEG_PROBEs sent on the other leg before acting on a CONGESTED.
     pub leg_probes: u64,
+    /// Path variant, client, `SwitchLegUse = stripe`: moves of the upload to another leg
+    /// the leg scheduler made (each a switch; confirmed ones count in `switches` too).
+    pub stripe_moves: u64,
     /// Path variant, client: probes not answered within 1.1 × the current leg's round trip
     /// (the report was not acted on; counted in `congested_ignored` too).
     pub leg_probes_late: u64,

@@ -9,6 +9,8 @@
 //!   circuits): the sender's switch with confirmation and timeout fallback (the timeout a
 //!   multiple of the legs' measured round trip, [`path::confirm_timeout`]), the receiver's
 //!   bounded out-of-order buffer with exactly-once, in-order delivery.
+//! - [`legs`]: how a client's upload uses its legs (`SwitchLegUse`: whole, the paper's; or
+//!   stripe, conflux-style over every leg with room), the [`legs::LegScheduler`] hook.
 //!
 //! The wire formats are in chive-cell (`SwitchConn`, `SwitchAck`, `SwitchMarker`,
 //! `ConfluxLink`, `ConfluxSwitch`, `SwitchConfirm`, `Congested`); the protocol is described in
@@ -17,6 +19,7 @@
 
 pub mod conn;
 pub mod detector;
+pub mod legs;
 pub mod path;
 
 pub use conn::{
@@ -27,6 +30,7 @@ pub use detector::{
     circuit_to_move, CongestionDetector, DetectorConfig, DetectorConfigError, Level, Occupancy,
     Sample, Trigger, TriggerReason, DEFAULT_MIN_SHARE,
 };
+pub use legs::{LegScheduler, LegUse, LegView, MinRtt};
 pub use path::{
     confirm_timeout, Arrival, ConfirmOutcome, Fallback, LegError, Outgoing, PathLimits,
     PathReceiver, PathSender, SendError, SeqViolation, SetRtt, SwitchError, SwitchMsg,

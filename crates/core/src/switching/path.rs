@@ -94,6 +94,16 @@ impl PathLimits {
             .saturating_add(self.unwindowed_slack)
     }
 
+    /// Most cells one leg's arrivals may hold out of order: `withhold_above + max_leg_window +
+    /// unwindowed_slack` (3256). A leg's held cells got their circuit SENDMEs only while the
+    /// whole buffer was below `withhold_above` (so fewer than that many of them), and once
+    /// its SENDMEs are withheld an honest sender adds at most one leg window (plus the
+    /// unwindowed BEGIN/END/RESOLVE) on it. Tighter than [`PathLimits::max_buffered`] as soon
+    /// as a set has two legs: one leg flooding trips it at 3257 cells, not 5257.
+    pub fn max_buffered_per_leg(&self) -> u64 {
+        self.max_buffered(1)
+    }
+
     /// How far beyond the next number to deliver a number may be: the buffer plus one window
     /// per leg still in flight (the cells that fill the gap).
     pub fn window(&self, legs: usize) -> u64 {
@@ -266,6 +276,15 @@ pub enum SeqViolation {
         /// Cells buffered.
         buffered: u64,
         /// [`PathLimits::max_buffered`] for the set's legs.
+        limit: u64,
+    },
+    /// More cells of one leg buffered out of order than an honest sender can put there
+    /// ([`PathLimits::max_buffered_per_leg`]).
+    #[error("{held} cells of one leg held out of order, more than the {limit} an honest sender can cause on one leg")]
+    LegBufferFull {
+        /// Cells of that leg buffered.
+        held: u64,
+        /// The per-leg limit.
         limit: u64,
     },
     /// Two SWITCHes on one leg without a multiplexed cell between them.
@@ -441,6 +460,22 @@ impl<T: Clone> PathSender<T> {
     /// The leg cells go on now.
     pub fn current(&self) -> Option<CircKey> {
         self.current
+    }
+
+    /// The legs, in the order they were added.
+    pub fn legs(&self) -> impl Iterator<Item = CircKey> + '_ {
+        self.legs.iter().map(|(c, _)| *c)
+    }
+
+    /// The last number sent on `leg` (0: nothing yet; None: not a leg).
+    pub fn last_sent_on(&self, leg: CircKey) -> Option<u64> {
+        self.legs.iter().find(|(c, _)| *c == leg).map(|(_, n)| *n)
+    }
+
+    /// Whether [`PathSender::switch_to`] would refuse with [`SwitchError::Unconfirmed`]: a
+    /// switch went out (its SWITCH with a cell) and is not confirmed yet.
+    pub fn switch_announced(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| p.announced.is_some())
     }
 
     /// Whether a switch waits for its confirmation.
@@ -664,7 +699,8 @@ pub struct PathReceiver<T> {
     legs: Vec<RecvLeg>,
     /// The next number to deliver.
     next: u64,
-    out_of_order: BTreeMap<u64, T>,
+    /// Buffered cells by number, each with the leg it came on.
+    out_of_order: BTreeMap<u64, (CircKey, T)>,
     ready: VecDeque<T>,
     /// Confirmations to send: (leg, number), at most one per leg (the newest).
     confirms: Vec<(CircKey, u64)>,
@@ -676,6 +712,8 @@ struct RecvLeg {
     circ: CircKey,
     last: u64,
     just_switched: bool,
+    /// Cells that came on this leg and are buffered out of order.
+    held: u64,
 }
 
 /// What happened to a received cell.
@@ -696,6 +734,7 @@ impl<T> PathReceiver<T> {
                 circ: first,
                 last: 0,
                 just_switched: false,
+                held: 0,
             }],
             next: 1,
             out_of_order: BTreeMap::new(),
@@ -717,6 +756,7 @@ impl<T> PathReceiver<T> {
             circ,
             last: 0,
             just_switched: false,
+            held: 0,
         });
         Ok(())
     }
@@ -770,7 +810,15 @@ impl<T> PathReceiver<T> {
 
     /// The cells buffered out of order (in number order).
     pub fn buffered_cells(&self) -> impl Iterator<Item = &T> {
-        self.out_of_order.values()
+        self.out_of_order.values().map(|(_, c)| c)
+    }
+
+    /// Cells that came on `circ` and are buffered out of order.
+    pub fn held_on(&self, circ: CircKey) -> u64 {
+        self.legs
+            .iter()
+            .find(|l| l.circ == circ)
+            .map_or(0, |l| l.held)
     }
 
     fn leg_mut(&mut self, circ: CircKey) -> Result<&mut RecvLeg, SeqViolation> {
@@ -828,8 +876,25 @@ impl<T> PathReceiver<T> {
                 limit,
             });
         }
-        self.out_of_order.insert(seq, cell);
-        while let Some(c) = self.out_of_order.remove(&self.next) {
+        if seq != self.next {
+            let per_leg = self.limits.max_buffered_per_leg();
+            let leg = self.leg_mut(circ)?;
+            if leg.held >= per_leg {
+                return Err(SeqViolation::LegBufferFull {
+                    held: leg.held + 1,
+                    limit: per_leg,
+                });
+            }
+            leg.held += 1;
+        }
+        self.out_of_order.insert(seq, (circ, cell));
+        while let Some((leg, c)) = self.out_of_order.remove(&self.next) {
+            // The cell that arrived in turn was never counted as held.
+            if self.next != seq {
+                if let Some(l) = self.legs.iter_mut().find(|l| l.circ == leg) {
+                    l.held = l.held.saturating_sub(1);
+                }
+            }
             self.ready.push_back(c);
             self.next += 1;
         }

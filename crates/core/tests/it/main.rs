@@ -24,6 +24,7 @@ mod oom;
 mod path_client;
 mod path_hostile;
 mod path_probe;
+mod path_stripe;
 mod path_switching;
 mod queue_limits;
 mod relay_early;

@@ -267,12 +267,15 @@ fn spread_on(p: &mut Path, b: &mut Circ, n: usize, streams: usize) -> usize {
 /// The exit's guarantee against a hostile sender (docs/protocol.md, "Limits at the receiver"):
 /// from 1000 buffered cells on, B's circuit SENDMEs are withheld (an honest client stops
 /// within one window); a client that ignores that and keeps sending reaches the bound an
-/// honest one cannot (1000 + 2 × 2000 + 256 cells) and its set is closed with a logged
-/// protocol error. Another circuit through the same relays keeps answering.
+/// honest one cannot cause on one leg (1000 + 2000 + 256 cells, `max_buffered_per_leg`: B is
+/// the only leg ahead, so it trips before the set's 1000 + 2 × 2000 + 256) and its set is
+/// closed with a logged protocol error. Another circuit through the same relays keeps
+/// answering.
 #[test]
 fn a_client_that_ignores_withheld_sendmes_loses_its_set_only() {
     let limits = PathLimits::default();
-    let bound = limits.max_buffered(2) as usize;
+    let bound = limits.max_buffered_per_leg() as usize;
+    assert!(bound < limits.max_buffered(2) as usize);
     let mut p = path_exit();
     let mut other = p.create2();
     let (a, mut b) = stalled_set(&mut p);

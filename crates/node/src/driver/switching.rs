@@ -58,6 +58,8 @@ pub struct SwitchOptions {
     /// its last estimate, 1 = probe it when a congestion report arrives, 2 = keep it probed
     /// ahead while the upload runs (a report is decided at once). `None`: 0.
     pub leg_probe: Option<u8>,
+    /// `SwitchLegUse` (a client option for the path variant): whole (default) or stripe.
+    pub leg_use: Option<chive_core::switching::LegUse>,
 }
 
 /// The driver's switching state.
@@ -135,6 +137,7 @@ impl Driver {
             // gained throughput over judging the other leg by its last estimate.
             probe_legs: o.leg_probe.unwrap_or(0) >= 1,
             probe_ahead: o.leg_probe.unwrap_or(0) == 2,
+            leg_use: o.leg_use.unwrap_or_default(),
             ..SwitchSettings::default()
         };
         if settings != self.core.switching() {
@@ -143,6 +146,7 @@ impl Driver {
                 timeout_ms = settings.timeout.as_millis() as u64,
                 timeout_rtt_factor = settings.timeout_rtt_factor,
                 min_share = settings.min_share(),
+                leg_use = settings.leg_use.label(),
                 "circuit switching settings"
             );
             self.core.set_switching(settings);

@@ -9,6 +9,12 @@ impl Core {
     /// Client: the entry of `key` reports its connection congested.
     pub(super) fn path_on_congested(&mut self, key: CircKey, now: Instant) {
         self.sw.stats_mut().congested_received += 1;
+        if self.path_striping() {
+            // Striping uses every leg with room already; a loaded entry shows in its leg's
+            // round trip and window (`switching::legs`).
+            debug!(?key, "CONGESTED while striping: nothing to move");
+            return;
+        }
         let Some(home) = self.path_home_of(key) else {
             debug!(?key, "CONGESTED on a circuit without a spare: ignored");
             return;

@@ -349,38 +349,89 @@ fn sendmes_are_withheld_on_the_leg_ahead_while_the_buffer_is_high() {
 
 /// A sender that ignores the withheld SENDMEs fills the buffer to
 /// `withhold_above + legs × max_leg_window + unwindowed_slack`; one more cell is a violation.
-/// The next number is never refused (it empties the buffer).
+/// (Spread over three legs ahead: one leg alone trips its own bound first, see below.) The
+/// next number is never refused (it empties the buffer).
 #[test]
 fn a_buffer_beyond_what_an_honest_sender_can_cause_is_a_violation() {
+    const D: CircKey = CircKey(4);
     let limits = PathLimits {
         withhold_above: 10,
         max_leg_window: 20,
         unwindowed_slack: 5,
         ..PathLimits::default()
     };
-    assert_eq!(limits.max_buffered(2), 55);
+    assert_eq!(limits.max_buffered(4), 95);
+    assert_eq!(limits.max_buffered_per_leg(), 35);
+    let fill = |rx: &mut PathReceiver<u64>| {
+        for leg in [B, C, D] {
+            rx.add_leg(leg).unwrap();
+        }
+        // B carries 2..=36, C 37..=71, D 72..=96 (25 of its 35): 95 buffered.
+        for (leg, from, to) in [(B, 2u64, 36u64), (C, 37, 71), (D, 72, 96)] {
+            rx.on_switch(leg, u32::try_from(from - 1).unwrap()).unwrap();
+            for seq in from..=to {
+                assert_eq!(rx.on_cell(leg, seq), Ok(Arrival::Accepted), "{seq}");
+            }
+        }
+    };
     let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
-    rx.add_leg(B).unwrap();
-    rx.on_switch(B, 1).unwrap();
-    for seq in 2..=56 {
-        assert_eq!(rx.on_cell(B, seq), Ok(Arrival::Accepted), "{seq}");
-    }
-    assert_eq!(rx.buffered(), 55);
+    fill(&mut rx);
+    assert_eq!(rx.buffered(), 95);
     assert_eq!(
-        rx.on_cell(B, 57),
+        rx.on_cell(D, 97),
         Err(SeqViolation::BufferFull {
-            buffered: 56,
-            limit: 55
+            buffered: 96,
+            limit: 95
         })
     );
     let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
+    fill(&mut rx);
+    assert_eq!(rx.on_cell(A, 1), Ok(Arrival::Accepted));
+    assert_eq!(std::iter::from_fn(|| rx.poll_deliver()).count(), 96);
+}
+
+/// One leg's cells held out of order are bounded on their own: they got circuit SENDMEs only
+/// while the whole buffer was below `withhold_above`, then one leg window more at most
+/// (`max_buffered_per_leg`, 35 here). The 36th held cell of that leg is a violation although
+/// the set's bound (55 for two legs) is far; once the gap fills the count starts again.
+#[test]
+fn one_legs_cells_held_beyond_its_bound_are_a_violation() {
+    let limits = PathLimits {
+        withhold_above: 10,
+        max_leg_window: 20,
+        unwindowed_slack: 5,
+        ..PathLimits::default()
+    };
+    let flood = |rx: &mut PathReceiver<u64>, from: u64| {
+        for seq in from..from + 35 {
+            assert_eq!(rx.on_cell(B, seq), Ok(Arrival::Accepted), "{seq}");
+        }
+    };
+    let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
     rx.add_leg(B).unwrap();
     rx.on_switch(B, 1).unwrap();
-    for seq in 2..=56 {
-        rx.on_cell(B, seq).unwrap();
-    }
+    flood(&mut rx, 2);
+    assert_eq!((rx.held_on(B), rx.held_on(A)), (35, 0));
+    assert_eq!(
+        rx.on_cell(B, 37),
+        Err(SeqViolation::LegBufferFull {
+            held: 36,
+            limit: 35
+        })
+    );
+    // Honest: the gap fills, B's count drops to 0, and B may run ahead again.
+    let mut rx: PathReceiver<u64> = PathReceiver::new(A, limits);
+    rx.add_leg(B).unwrap();
+    rx.on_switch(B, 1).unwrap();
+    flood(&mut rx, 2);
     assert_eq!(rx.on_cell(A, 1), Ok(Arrival::Accepted));
-    assert_eq!(std::iter::from_fn(|| rx.poll_deliver()).count(), 56);
+    assert_eq!(rx.held_on(B), 0);
+    rx.on_switch(A, 35).unwrap();
+    rx.on_cell(A, 37).unwrap();
+    // B jumps past 38 (still to come on A): 39.. are held again.
+    rx.on_switch(B, 2).unwrap();
+    flood(&mut rx, 39);
+    assert_eq!(rx.held_on(B), 35);
 }
 
 #[test]

@@ -1,0 +1,166 @@
+//! How a client's upload uses the legs of its linked set (`SwitchLegUse`): the policy hook.
+//!
+//! - `whole` ([`LegUse::Whole`], the paper's design): the upload stays on one leg and moves
+//!   whole to the other on the entry's congestion report (`node/path/switch.rs`).
+//! - `stripe` ([`LegUse::Stripe`], conflux's idea, proposal 329's MINRTT scheduler): the
+//!   upload uses both legs at once. Before each DATA cell is packaged the client asks a
+//!   [`LegScheduler`] which leg it goes on: a leg *has room* when its circuit window allows a
+//!   cell, its circuit queue is below the high-water mark and the stream's window on that leg
+//!   (`crate::streamflow::LegWindows`) is not used up. Moving to another leg is an ordinary
+//!   path switch (CONFLUX_SWITCH with the relative number, SWITCH_CONFIRM), so at most one
+//!   move is unconfirmed at a time; the exit restores order by sequence number as for any
+//!   switch. Congestion reports move nothing in this mode: a loaded entry shows in its leg's
+//!   round trip and in its window not refilling.
+//!
+//! The scheduler is pure (no time, no IO): the caller gathers one [`LegView`] per leg.
+
+use std::time::Duration;
+
+use crate::CircKey;
+
+/// `SwitchLegUse`: how the client's upload uses the legs of its linked set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LegUse {
+    /// One leg at a time; the entry's congestion report moves the upload whole (the paper).
+    #[default]
+    Whole,
+    /// Every leg with room, the lowest smoothed round trip first (conflux-style).
+    Stripe,
+}
+
+impl LegUse {
+    /// Parse the option ("whole", "stripe").
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "whole" => Ok(LegUse::Whole),
+            "stripe" => Ok(LegUse::Stripe),
+            other => Err(format!("{other:?} is not one of \"whole\", \"stripe\"")),
+        }
+    }
+
+    /// The option's spelling.
+    pub fn label(self) -> &'static str {
+        match self {
+            LegUse::Whole => "whole",
+            LegUse::Stripe => "stripe",
+        }
+    }
+}
+
+/// One leg as the scheduler sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LegView {
+    /// The leg.
+    pub leg: CircKey,
+    /// A cell of the stream being packaged may go on it now (circuit window, circuit queue,
+    /// the stream's window on this leg).
+    pub room: bool,
+    /// Its smoothed round trip (None: not measured yet).
+    pub srtt: Option<Duration>,
+}
+
+/// Picks the leg the next cell goes on. `current` is the leg the sender uses now; the answer
+/// is the leg to use (`current` itself to stay), or None when no leg has room (the cell
+/// waits, as it would on one leg with a closed window).
+pub trait LegScheduler {
+    /// The leg for the next cell.
+    fn pick(&self, current: CircKey, legs: &[LegView]) -> Option<CircKey>;
+}
+
+/// Conflux's MINRTT with a margin: among the legs with room, the lowest smoothed round trip;
+/// the current leg is kept while it has room and is not more than `margin_pct` % slower than
+/// that best one. The margin matters more here than in conflux: every move is a switch that
+/// waits for its confirmation before the next, so alternating on round-trip noise would
+/// spend the one move in flight on nothing. An unmeasured leg counts as the fastest (it is
+/// tried, and then measured).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MinRtt {
+    /// How much slower (in %) the current leg may be than the best one and still be kept.
+    pub margin_pct: u32,
+}
+
+impl Default for MinRtt {
+    fn default() -> Self {
+        // The 10 % the lighter-leg rule uses (`SetRtt::heavier`).
+        MinRtt { margin_pct: 10 }
+    }
+}
+
+impl LegScheduler for MinRtt {
+    fn pick(&self, current: CircKey, legs: &[LegView]) -> Option<CircKey> {
+        let rtt = |v: &LegView| v.srtt.unwrap_or(Duration::ZERO);
+        let best = legs
+            .iter()
+            .filter(|v| v.room)
+            .min_by_key(|v| (rtt(v), v.leg != current))?;
+        match legs.iter().find(|v| v.leg == current && v.room) {
+            Some(cur)
+                if rtt(cur).as_secs_f64() * 100.0
+                    <= rtt(best).as_secs_f64() * f64::from(100 + self.margin_pct) =>
+            {
+                Some(current)
+            }
+            _ => Some(best.leg),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(leg: u32, room: bool, ms: Option<u64>) -> LegView {
+        LegView {
+            leg: CircKey(leg.into()),
+            room,
+            srtt: ms.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn parse_and_label_round_trip() {
+        for u in [LegUse::Whole, LegUse::Stripe] {
+            assert_eq!(LegUse::parse(u.label()), Ok(u));
+        }
+        assert!(LegUse::parse("both").is_err());
+        assert_eq!(LegUse::default(), LegUse::Whole);
+    }
+
+    #[test]
+    fn the_current_leg_is_kept_while_it_has_room_and_is_not_much_slower() {
+        let s = MinRtt::default();
+        let a = CircKey(1);
+        assert_eq!(
+            s.pick(a, &[v(1, true, Some(105)), v(2, true, Some(100))]),
+            Some(a)
+        );
+        // 20 % slower than the other: move.
+        assert_eq!(
+            s.pick(a, &[v(1, true, Some(120)), v(2, true, Some(100))]),
+            Some(CircKey(2))
+        );
+    }
+
+    #[test]
+    fn a_full_leg_gives_way_to_one_with_room_whatever_the_round_trips() {
+        let s = MinRtt::default();
+        let a = CircKey(1);
+        assert_eq!(
+            s.pick(a, &[v(1, false, Some(10)), v(2, true, Some(900))]),
+            Some(CircKey(2))
+        );
+        assert_eq!(
+            s.pick(a, &[v(1, false, Some(10)), v(2, false, Some(9))]),
+            None
+        );
+    }
+
+    #[test]
+    fn an_unmeasured_leg_with_room_is_tried() {
+        let s = MinRtt::default();
+        assert_eq!(
+            s.pick(CircKey(1), &[v(1, true, Some(50)), v(2, true, None)]),
+            Some(CircKey(2))
+        );
+    }
+}

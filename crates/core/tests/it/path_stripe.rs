@@ -1,0 +1,190 @@
+//! `SwitchLegUse = stripe` through real cores (the network of `path_switching.rs`: home A =
+//! E1, M1, X with the slow E1 -> M1 connection, spare B = E2, M2, X): the client's upload
+//! goes on both legs at once, each cell on the leg with room and the lowest smoothed round
+//! trip; the exit restores order. A striped leg that dies with cells of the stream on it ends
+//! the stream cleanly (no silent stall).
+
+use chive_core::switching::LegUse;
+use chive_core::{CircKey, Event, StreamHandle, SwitchSettings};
+
+use crate::path_switching::{Net, PathSwitching, CLIENT, E1, E2, M1, M2, X};
+use crate::sim::pattern;
+
+fn stripe(net: &mut Net) {
+    let s = net.nodes[CLIENT].switching();
+    net.nodes[CLIENT].set_switching(SwitchSettings {
+        leg_use: LegUse::Stripe,
+        ..s
+    });
+}
+
+/// Upload `streams`; returns the most cells of stream `s` unacknowledged on A and on B at
+/// one step (the step where both were highest together by their minimum).
+fn upload_watching(
+    net: &mut Net,
+    streams: &[(StreamHandle, Vec<u8>)],
+    s: StreamHandle,
+    a: CircKey,
+    b: CircKey,
+) -> (u32, u32) {
+    let mut both = (0, 0);
+    net.transfer(streams, 300_000, |_, net| {
+        let c = &net.nodes[CLIENT];
+        let on = (
+            c.stream_leg_in_flight(s, a).unwrap_or(0),
+            c.stream_leg_in_flight(s, b).unwrap_or(0),
+        );
+        if on.0.min(on.1) > both.0.min(both.1) {
+            both = on;
+        }
+    });
+    net.run(20_000);
+    both
+}
+
+/// B as narrow as A (2 cells a step from its entry, A's 30-step delay aside): a leg's stream
+/// window fills, and the upload needs the other leg too.
+fn narrow_b(net: &mut Net) {
+    net.set_budgets(&[(E2, M2, 2)]);
+}
+
+#[test]
+fn striping_keeps_both_legs_loaded_and_the_bytes_arrive_in_order() {
+    let mut net = Net::new();
+    stripe(&mut net);
+    let (a, b, s) = net.linked();
+    narrow_b(&mut net);
+    let streams = vec![(s, pattern(3_000_000, 21))];
+    let both = upload_watching(&mut net, &streams, s, a, b);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    // Both legs carried the stream at the same time, each with a good part of its window.
+    assert!(
+        both.0 >= 100 && both.1 >= 100,
+        "legs not used together: {both:?}"
+    );
+    let c = net.nodes[CLIENT].switch_stats();
+    let x = net.nodes[X].switch_stats();
+    assert!(c.stripe_moves >= 2, "{c:?}");
+    assert!(c.switches >= 2, "{c:?}");
+    assert_eq!((c.timed_out, c.failed, c.cells_lost), (0, 0, 0), "{c:?}");
+    assert_eq!((x.violations, x.path_duplicates), (0, 0), "{x:?}");
+    assert!(x.path_out_of_order > 0, "no reordering exercised: {x:?}");
+}
+
+/// The same network with the paper's whole-stream move and no congestion report: the
+/// upload never leaves A (what striping changes).
+#[test]
+fn without_striping_the_upload_stays_on_one_leg() {
+    let mut net = Net::new();
+    let (a, b, s) = net.linked();
+    narrow_b(&mut net);
+    let streams = vec![(s, pattern(1_000_000, 22))];
+    let both = upload_watching(&mut net, &streams, s, a, b);
+    net.assert_exact(&streams);
+    assert_eq!(both.0.min(both.1), 0, "{both:?}");
+    assert_eq!(net.nodes[CLIENT].switch_stats().stripe_moves, 0);
+}
+
+/// Congestion control on (Vegas, XON/XOFF streams: no per-leg stream window): striping by the
+/// legs' congestion windows alone still delivers every byte once, in order.
+#[test]
+fn striping_with_congestion_control_is_exact() {
+    let mut net = Net::vegas();
+    stripe(&mut net);
+    let (_a, _b, s) = net.linked();
+    let streams = vec![(s, pattern(2_000_000, 23))];
+    net.transfer(&streams, 300_000, |_, _| {});
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    let c = net.nodes[CLIENT].switch_stats();
+    assert!(c.stripe_moves >= 2, "{c:?}");
+    assert_eq!(net.nodes[X].switch_stats().violations, 0);
+}
+
+/// A congestion report moves nothing while striping (the scheduler already uses both legs).
+#[test]
+fn a_congestion_report_while_striping_moves_nothing() {
+    let mut net = Net::new();
+    stripe(&mut net);
+    let (_a, _b, s) = net.linked();
+    let streams = vec![(s, pattern(1_000_000, 24))];
+    net.transfer(&streams, 300_000, |i, net| {
+        if i == 400 {
+            let c = net.chan(E1, M1);
+            net.nodes[E1].congested(c, 0.0, net.now);
+        }
+    });
+    net.run(20_000);
+    net.assert_exact(&streams);
+    let c = net.nodes[CLIENT].switch_stats();
+    assert_eq!((c.congested_received, c.triggered), (1, 0), "{c:?}");
+}
+
+/// The spare dies while cells of the stream are on it: the client cannot know which of them
+/// arrived and keeps no copy, so the stream ends cleanly (the application sees it close) and
+/// the set with it; nothing waits for a gap forever.
+#[test]
+fn a_striped_leg_dying_mid_upload_ends_the_stream_cleanly() {
+    let mut net = Net::new();
+    stripe(&mut net);
+    let (a, b, s) = net.linked();
+    narrow_b(&mut net);
+    let streams = vec![(s, pattern(3_000_000, 25))];
+    let mut on_b = None;
+    net.transfer(&streams, 20_000, |_, net| {
+        let c = &net.nodes[CLIENT];
+        if on_b.is_none() && c.stream_leg_in_flight(s, b).unwrap_or(0) >= 50 {
+            on_b = c.stream_leg_in_flight(s, b);
+            net.nodes[CLIENT].close_circuit(b, net.now);
+        }
+    });
+    net.run(20_000);
+    assert!(on_b.is_some(), "B never carried the stream");
+    assert!(
+        net.events.iter().any(|(n, e)| *n == CLIENT
+            && matches!(e, Event::StreamClosed { stream, .. } if *stream == s)),
+        "no StreamClosed for the stream"
+    );
+    assert_eq!(net.nodes[CLIENT].path_set_of(a), None);
+    assert_eq!(net.nodes[CLIENT].stats().circuits, 0);
+    assert!(net.nodes[CLIENT].switch_stats().failed >= 1);
+}
+
+/// A spare that closes before any cell of the stream was charged to it loses nothing: the
+/// upload goes on on A alone, byte-exact.
+#[test]
+fn a_striped_leg_closing_with_nothing_on_it_loses_nothing() {
+    let mut net = Net::new();
+    stripe(&mut net);
+    let (a, b, s) = net.linked();
+    net.nodes[CLIENT].close_circuit(b, net.now);
+    let streams = vec![(s, pattern(500_000, 26))];
+    net.transfer(&streams, 300_000, |_, _| {});
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.nodes[CLIENT].path_current_leg(a), Some(a));
+}
+
+/// Nothing comes back on B any more (its confirmations and SENDMEs are lost): each switch
+/// onto B times out and re-sends its kept cells on A, but B stays linked (a late confirmation
+/// is a slow leg while striping, not a dead one); once B's circuit window is used up the
+/// scheduler finds no room there, and the upload finishes on A, every byte once, in order.
+#[test]
+fn a_late_confirmation_while_striping_resends_and_keeps_the_leg() {
+    let mut net = Net::new();
+    stripe(&mut net);
+    let (a, b, s) = net.linked();
+    net.blackhole(M2, E2);
+    let streams = vec![(s, pattern(1_500_000, 27))];
+    net.transfer(&streams, 300_000, |_, _| {});
+    net.run(20_000);
+    net.assert_exact(&streams);
+    assert_eq!(net.killed(), 0);
+    let c = net.nodes[CLIENT].switch_stats();
+    assert!(c.timed_out >= 1 && c.cells_resent >= 1, "{c:?}");
+    assert_eq!(c.cells_lost, 0, "{c:?}");
+    assert_eq!(net.nodes[CLIENT].path_set_of(a), Some(Some(b)));
+    assert!(net.nodes[X].switch_stats().path_duplicates >= 1);
+}
