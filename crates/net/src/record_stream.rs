@@ -610,12 +610,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
         let kept = &self.rbuf[self.rstart..self.rend];
         let mut header = [0u8; 5];
         let have = (kept.len() + new.len()).min(header.len());
-        for (i, b) in header[..have].iter_mut().enumerate() {
-            *b = if i < kept.len() {
-                kept[i]
-            } else {
-                new[i - kept.len()]
-            };
+        for (h, b) in header.iter_mut().zip(kept.iter().chain(new)) {
+            *h = *b;
         }
         match checked_record_len(&header[..have]) {
             Ok(None) => Ok(None),

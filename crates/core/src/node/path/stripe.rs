@@ -8,6 +8,7 @@
 //! never sees filled would be a silent stall.
 
 use super::*;
+use crate::switching::path::MAX_LEGS;
 use crate::switching::{LegScheduler, LegUse, LegView, MinRtt};
 
 use super::super::queue::QUEUE_HIGHWATER;
@@ -42,22 +43,27 @@ impl Core {
         else {
             return;
         };
-        let views: Vec<LegView> = set
-            .sender
-            .legs()
-            .map(|leg| {
-                let room = self.circuits.get(&leg).is_some_and(|c| {
-                    c.edge().is_some_and(|e| e.window.can_package())
-                        && c.queue_len(c.edge_out_side()) < QUEUE_HIGHWATER
-                }) && stream.can_package_on(leg);
-                LegView {
-                    leg,
-                    room,
-                    srtt: set.rtt.smoothed(leg),
-                }
-            })
-            .collect();
-        let Some(to) = MinRtt::default().pick(current, &views) else {
+        // Asked before every DATA cell: the views go on the stack (a set has at most
+        // MAX_LEGS legs), not in a fresh Vec per cell.
+        let mut views = [LegView {
+            leg: current,
+            room: false,
+            srtt: None,
+        }; MAX_LEGS];
+        let mut n = 0;
+        for (slot, leg) in views.iter_mut().zip(set.sender.legs()) {
+            let room = self.circuits.get(&leg).is_some_and(|c| {
+                c.edge().is_some_and(|e| e.window.can_package())
+                    && c.queue_len(c.edge_out_side()) < QUEUE_HIGHWATER
+            }) && stream.can_package_on(leg);
+            *slot = LegView {
+                leg,
+                room,
+                srtt: set.rtt.smoothed(leg),
+            };
+            n += 1;
+        }
+        let Some(to) = MinRtt::default().pick(current, &views[..n]) else {
             return;
         };
         if to == current {
