@@ -226,6 +226,9 @@ def test_ack_priority_data_class_borrows_only_with_bulk_ceil(tmp_path):
     goodput = (1448 / 1514) * 10  # Mbit/s of payload per 10 Mbit/s on the wire
     cap = [capped["rx"][str(s)] * 8 / 1e6 for s in (1, 2, 3)]
     more = [borrowing["rx"][str(s)] * 8 / 1e6 for s in (1, 2, 3)]
-    # 0.9 x 9.56 = 8.61 Mbit/s of payload at most; 0.95 x 9.56 = 9.08 with borrowing.
-    assert all(x <= 0.915 * goodput for x in cap), cap
+    # 0.9 x 9.56 = 8.61 Mbit/s of payload at most; 0.95 x 9.56 = 9.08 with borrowing. The cap is
+    # judged on the three seconds together: a receiver descheduled at a second's end reads the
+    # backlog in the next one (8.77 in one second, 8.60 in the next, at load 10), which moves
+    # bytes between seconds but not past the shaper.
+    assert sum(cap) / len(cap) <= 0.915 * goodput, cap
     assert sorted(more)[1] >= 0.935 * goodput, (cap, more)
