@@ -383,8 +383,11 @@ fn finish<S>(h: Handshaken<S>, capture: &ExporterCapture) -> Result<Handed<S>, L
         read_closed: h.peer_closed,
         write_closed: false,
         failed: None,
+        framed_out: false,
         #[cfg(test)]
         moved: 0,
+        #[cfg(test)]
+        sealed_copied: 0,
     };
     Ok((stream, exporter, bind))
 }
@@ -424,6 +427,20 @@ pub(crate) struct RecordStream<S = TcpStream> {
     /// copy must stay linear in the bytes received).
     #[cfg(test)]
     moved: usize,
+    /// A framed batch ([`RecordStream::poll_write_framed`]) is sealed and not yet all written:
+    /// nothing else may reach the socket before its end.
+    framed_out: bool,
+    /// Plaintext bytes `poll_write` copied into `wbuf` to seal them (tests: a framed batch is
+    /// sealed where it lies).
+    #[cfg(test)]
+    sealed_copied: usize,
+}
+
+/// Where a framed batch's write stands ([`RecordStream::poll_write_framed`]).
+#[derive(Debug, Default)]
+pub(crate) struct FramedWrite {
+    sealed: bool,
+    pos: usize,
 }
 
 impl<S> std::fmt::Debug for RecordStream<S> {
@@ -463,6 +480,45 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
         Poll::Ready(Ok(()))
     }
 
+    /// Write a batch the caller encoded with room for the records around its plaintext
+    /// (`plain` bytes per record, the last one shorter: [`RecordSealer::seal_framed`]), sealing
+    /// it where it lies: no copy into the send buffer. What was sealed before (a KeyUpdate,
+    /// a variable-length cell) goes first. `st` starts as `FramedWrite::default()` and is kept
+    /// between polls; the batch's bytes must not change between them.
+    pub(crate) fn poll_write_framed(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+        plain: usize,
+        st: &mut FramedWrite,
+    ) -> Poll<io::Result<()>> {
+        if !st.sealed {
+            if self.write_closed {
+                return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+            }
+            ready!(self.poll_drain(cx))?;
+            if self.sealer.needs_key_update() {
+                self.send_key_update(false)
+                    .map_err(|why| io::Error::other(format!("KeyUpdate: {why}")))?;
+                ready!(self.poll_drain(cx))?;
+            }
+            self.sealer
+                .seal_framed(buf, plain)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            st.sealed = true;
+            self.framed_out = true;
+        }
+        while st.pos < buf.len() {
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &buf[st.pos..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            st.pos += n;
+        }
+        self.framed_out = false;
+        Poll::Ready(Ok(()))
+    }
+
     /// Send a KeyUpdate under the current key and switch to the next one.
     fn send_key_update(&mut self, update_requested: bool) -> Result<(), String> {
         self.sealer
@@ -478,7 +534,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
         if let (Some(desc), false) = (alert, self.write_closed) {
             if self.sealer.seal_alert(desc, &mut self.wbuf).is_ok() {
                 self.write_closed = true;
-                let _ = self.poll_drain(cx);
+                // Mid-way through a framed batch the alert waits for the batch's end (the
+                // writer's flush or shutdown sends it): written now, it would cut a record.
+                if !self.framed_out {
+                    let _ = self.poll_drain(cx);
+                }
             }
         }
         self.failed = Some(why.clone());
@@ -788,6 +848,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RecordStream<S> {
                 .map_err(|why| io::Error::other(format!("KeyUpdate: {why}")))?;
         }
         let n = data.len().min(WRITE_CHUNK);
+        #[cfg(test)]
+        {
+            this.sealed_copied += n;
+        }
         this.sealer
             .seal_app_data(&data[..n], &mut this.wbuf)
             .map_err(|e| io::Error::other(e.to_string()))?;
