@@ -10,8 +10,9 @@
 //! Copies of a relayed byte: in, kernel → the caller's buffer (the link's `CellBuf`: the `read`
 //! syscall), where each record is opened with its plaintext moved right after the last one's
 //! (ring decrypts to the shifted place; only the start of a record left at the end of a read is
-//! copied aside for the next); out, the caller's bytes into the send buffer, sealed in place, →
-//! kernel. Reads with less than `DIRECT_MIN` of room go through the receive buffer (one more
+//! copied aside for the next); out, a framed batch of cells ([`RecordStream::poll_write_framed`],
+//! what a link's writer sends) is sealed where the caller encoded it, → kernel, and other bytes
+//! (`poll_write`) are copied into the send buffer and sealed there. Reads with less than `DIRECT_MIN` of room go through the receive buffer (one more
 //! copy), as do the bytes left over from the handshake. rustls's path has two more on the way in
 //! (`BufReader` → deframer → `received_plaintext` → caller) and a new `Vec` per record on the
 //! way out (docs/performance.md, session 16).
