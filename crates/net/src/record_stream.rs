@@ -614,7 +614,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
     }
 
     /// The peer's KeyUpdate was opened: switch the opener to its next key and, if it asked,
-    /// seal ours (it goes out now if the socket takes it, else with the next write).
+    /// seal ours (it goes out now if the socket takes it and no framed batch is half-written,
+    /// else with the next write or flush).
     fn follow_key_update(
         &mut self,
         cx: &mut Context<'_>,
@@ -634,7 +635,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
             let why = format!("KeyUpdate: {why}");
             return Err(self.fail(cx, why, Some(alert::INTERNAL_ERROR)));
         }
-        if update_requested {
+        // Mid-way through a framed batch the answer waits for the batch's end (the writer's
+        // flush, or the next batch, drains it): its records are sealed before it, and written
+        // now it would cut one of them.
+        if update_requested && !self.framed_out {
             let _ = self.poll_drain(cx);
         }
         Ok(())
