@@ -30,6 +30,20 @@ pub use link::{
     LinkLimits, LinkListener, LinkReader, LinkWriter,
 };
 
+/// A framed batch ([`LinkWriter::write_framed`]) leaves this many bytes of room before each
+/// record's cells: the TLS record header the writer fills in.
+pub const RECORD_HEAD: usize = record::HEADER_LEN;
+/// ... and this many after them: the record's inner content type and its AEAD tag (16 bytes in
+/// all three TLS 1.3 suites chive offers).
+pub const RECORD_TAIL: usize = 1 + record::TAG_LEN;
+/// Whole cells per record of a framed batch: as many as fit in a record's 2^14 bytes.
+pub const CELLS_PER_RECORD: usize = record::MAX_PLAINTEXT / chive_cell::CELL_LEN;
+
+/// Bytes of a framed batch of `cells` cells: the cells plus the room around each record's.
+pub const fn framed_len(cells: usize) -> usize {
+    cells * chive_cell::CELL_LEN + cells.div_ceil(CELLS_PER_RECORD) * (RECORD_HEAD + RECORD_TAIL)
+}
+
 /// Link protocol versions this implementation speaks, in increasing order.
 pub const LINK_VERSIONS: &[u16] = &[1];
 

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use chive_cell::{AnyCell, Cell, VarCell, CELL_LEN};
 use chive_crypto::IdentityKey;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 
@@ -89,6 +89,61 @@ impl AsyncWrite for Stream {
     }
 }
 
+/// One half of a split [`Stream`]. Both halves share the stream behind a mutex locked for one
+/// poll at a time, as `tokio::io::split` does (the reader and the writer are separate tasks; on
+/// a current-thread runtime the lock is never contended); unlike tokio's halves, the writer
+/// can reach the own record layer to seal a framed batch where it lies
+/// ([`LinkWriter::write_framed`]).
+struct Half(Arc<std::sync::Mutex<Stream>>);
+
+impl Half {
+    fn pair(stream: Stream) -> (Half, Half) {
+        let shared = Arc::new(std::sync::Mutex::new(stream));
+        (Half(shared.clone()), Half(shared))
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Stream) -> R) -> R {
+        // Poisoned only by a panic in a poll, which ends the task; the other half then sees
+        // the stream as that poll left it, like any failed I/O.
+        let mut stream = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut stream)
+    }
+}
+
+impl AsyncRead for Half {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.with(|s| std::pin::Pin::new(s).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Half {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.with(|s| std::pin::Pin::new(s).poll_write(cx, data))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.with(|s| std::pin::Pin::new(s).poll_flush(cx))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.with(|s| std::pin::Pin::new(s).poll_shutdown(cx))
+    }
+}
+
 /// An established, authenticated link to a peer.
 pub struct Link {
     /// The peer's proven relay identity; `None` if the peer is an anonymous client.
@@ -157,7 +212,7 @@ impl Link {
 
     /// Split into independent reader and writer halves (usable from different tasks).
     pub fn split(self, limits: LinkLimits) -> (LinkReader, LinkWriter) {
-        let (rd, wr) = tokio::io::split(self.stream);
+        let (rd, wr) = Half::pair(self.stream);
         (
             LinkReader {
                 rd,
@@ -177,7 +232,7 @@ impl Link {
 
 /// The reading half of a [`Link`].
 pub struct LinkReader {
-    rd: ReadHalf<Stream>,
+    rd: Half,
     buf: CellBuf,
     bucket: Option<Arc<TokenBucket>>,
 }
@@ -252,7 +307,7 @@ impl std::fmt::Debug for LinkReader {
 
 /// The writing half of a [`Link`].
 pub struct LinkWriter {
-    wr: WriteHalf<Stream>,
+    wr: Half,
     /// Reused encoding buffer for [`LinkWriter::write_cells`] and variable-length cells.
     out: Vec<u8>,
     bucket: Option<Arc<TokenBucket>>,
@@ -315,6 +370,58 @@ impl LinkWriter {
         write_all_flush(&mut self.wr, None, wire).await
     }
 
+    /// Write a batch of `cells` cells encoded with room for the records around them
+    /// ([`crate::framed_len`]: [`crate::RECORD_HEAD`] bytes before and [`crate::RECORD_TAIL`]
+    /// after every [`crate::CELLS_PER_RECORD`] cells), and flush. With the own record layer
+    /// the records are sealed in that room, where the cells lie: no copy into a record buffer.
+    /// Under rustls the cells are written without the room. `paid`: the batch's tokens are
+    /// taken ([`LinkWriter::pay_for_cells`]); otherwise the bucket, if any, is charged first.
+    ///
+    /// Not cancel-safe, like [`LinkWriter::write_cells`].
+    pub async fn write_framed(
+        &mut self,
+        framed: &mut [u8],
+        cells: usize,
+        paid: bool,
+    ) -> Result<(), LinkError> {
+        if framed.len() != crate::framed_len(cells) {
+            return Err(LinkError::Protocol(format!(
+                "framed batch of {} bytes for {cells} cells",
+                framed.len()
+            )));
+        }
+        if let Some(bucket) = self.bucket.as_ref().filter(|_| !paid) {
+            // As `write_wire` charges: the cells' bytes, in `PACED_WRITE_CHUNK` slices.
+            for chunk in (0..cells * CELL_LEN).step_by(PACED_WRITE_CHUNK) {
+                bucket
+                    .consume(PACED_WRITE_CHUNK.min(cells * CELL_LEN - chunk))
+                    .await;
+            }
+        }
+        let plain = crate::CELLS_PER_RECORD * CELL_LEN;
+        let mut st = record_stream::FramedWrite::default();
+        let own = std::future::poll_fn(|cx| {
+            self.wr.with(|s| match s {
+                Stream::Own(r) => r
+                    .poll_write_framed(cx, framed, plain, &mut st)
+                    .map(|r| r.map(|()| true)),
+                Stream::Rustls(_) => std::task::Poll::Ready(Ok(false)),
+            })
+        })
+        .await?;
+        if !own {
+            let (head, tail) = (crate::RECORD_HEAD, crate::RECORD_TAIL);
+            for record in framed.chunks(head + plain + tail) {
+                let end = record.len().saturating_sub(tail);
+                self.wr
+                    .write_all(record.get(head..end).unwrap_or_default())
+                    .await?;
+            }
+        }
+        self.wr.flush().await?;
+        Ok(())
+    }
+
     /// Write one variable-length cell and flush.
     pub async fn write_var_cell(&mut self, cell: &VarCell) -> Result<(), LinkError> {
         self.out.clear();
@@ -347,7 +454,7 @@ impl LinkWriter {
 /// Write `data` to TLS (in [`PACED_WRITE_CHUNK`] slices, each charged to `bucket` first, if
 /// any) and flush.
 async fn write_all_flush(
-    wr: &mut WriteHalf<Stream>,
+    wr: &mut Half,
     bucket: Option<&Arc<TokenBucket>>,
     data: &[u8],
 ) -> Result<(), LinkError> {

@@ -271,25 +271,58 @@ impl RecordSealer {
         Ok(())
     }
 
+    /// Seal, where they lie, application-data records laid out back to back in `buf` by the
+    /// writer's caller ([`crate::RECORD_HEAD`] bytes of room, the plaintext, then
+    /// [`crate::RECORD_TAIL`] bytes of room): every record's plaintext is `plain` bytes but the
+    /// last one's, which is what is left. So a batch encoded with gaps is sealed without the
+    /// copy into a record buffer that [`RecordSealer::seal_app_data`] makes. Fails if `plain`
+    /// is over [`MAX_PLAINTEXT`] or the end of `buf` cannot hold a record.
+    pub fn seal_framed(&mut self, buf: &mut [u8], plain: usize) -> Result<(), RecordError> {
+        if plain == 0 || plain > MAX_PLAINTEXT {
+            return Err(RecordError::Unsupported("framed record size"));
+        }
+        let mut rest = buf;
+        while !rest.is_empty() {
+            let p = plain.min(rest.len().saturating_sub(RECORD_OVERHEAD));
+            if p == 0 {
+                return Err(RecordError::Unsupported("framed batch layout"));
+            }
+            let (record, tail) = rest.split_at_mut(p + RECORD_OVERHEAD);
+            self.seal_in_place(CONTENT_APPLICATION_DATA, record)?;
+            rest = tail;
+        }
+        Ok(())
+    }
+
     fn seal(&mut self, ty: u8, payload: &[u8], out: &mut Vec<u8>) -> Result<(), RecordError> {
-        debug_assert!(payload.len() <= MAX_PLAINTEXT);
+        let start = out.len();
+        out.resize(start + HEADER_LEN, 0);
+        out.extend_from_slice(payload);
+        out.resize(out.len() + 1 + TAG_LEN, 0);
+        self.seal_in_place(ty, &mut out[start..])
+    }
+
+    /// Seal the one record `record` (header room, payload, room for the content type and the
+    /// tag) in place.
+    fn seal_in_place(&mut self, ty: u8, record: &mut [u8]) -> Result<(), RecordError> {
+        let payload_len = record.len().saturating_sub(RECORD_OVERHEAD);
+        debug_assert!(payload_len <= MAX_PLAINTEXT);
         if self.key.seq >= self.key.limit {
             return Err(RecordError::KeyExhausted(self.key.seq));
         }
-        let start = out.len();
-        let len = (payload.len() + 1 + TAG_LEN) as u16;
-        out.push(CONTENT_APPLICATION_DATA);
-        out.extend_from_slice(&LEGACY_VERSION);
-        out.extend_from_slice(&len.to_be_bytes());
-        out.extend_from_slice(payload);
-        out.push(ty);
-        let (header, body) = out[start..].split_at_mut(HEADER_LEN);
+        let len = (payload_len + 1 + TAG_LEN) as u16;
+        let (header, body) = record.split_at_mut(HEADER_LEN);
+        header[0] = CONTENT_APPLICATION_DATA;
+        header[1..3].copy_from_slice(&LEGACY_VERSION);
+        header[3..5].copy_from_slice(&len.to_be_bytes());
+        let (inner, tag_room) = body.split_at_mut(payload_len + 1);
+        inner[payload_len] = ty;
         let tag = self
             .key
             .key
-            .seal_in_place_separate_tag(self.key.nonce(), Aad::from(&*header), body)
+            .seal_in_place_separate_tag(self.key.nonce(), Aad::from(&*header), inner)
             .map_err(|_| RecordError::Unsupported("seal failed"))?;
-        out.extend_from_slice(tag.as_ref());
+        tag_room.copy_from_slice(tag.as_ref());
         self.key.seq += 1;
         Ok(())
     }

@@ -10,8 +10,9 @@
 //! Copies of a relayed byte: in, kernel → the caller's buffer (the link's `CellBuf`: the `read`
 //! syscall), where each record is opened with its plaintext moved right after the last one's
 //! (ring decrypts to the shifted place; only the start of a record left at the end of a read is
-//! copied aside for the next); out, the caller's bytes into the send buffer, sealed in place, →
-//! kernel. Reads with less than `DIRECT_MIN` of room go through the receive buffer (one more
+//! copied aside for the next); out, a framed batch of cells ([`RecordStream::poll_write_framed`],
+//! what a link's writer sends) is sealed where the caller encoded it, → kernel, and other bytes
+//! (`poll_write`) are copied into the send buffer and sealed there. Reads with less than `DIRECT_MIN` of room go through the receive buffer (one more
 //! copy), as do the bytes left over from the handshake. rustls's path has two more on the way in
 //! (`BufReader` → deframer → `received_plaintext` → caller) and a new `Vec` per record on the
 //! way out (docs/performance.md, session 16).
@@ -383,8 +384,11 @@ fn finish<S>(h: Handshaken<S>, capture: &ExporterCapture) -> Result<Handed<S>, L
         read_closed: h.peer_closed,
         write_closed: false,
         failed: None,
+        framed_out: false,
         #[cfg(test)]
         moved: 0,
+        #[cfg(test)]
+        sealed_copied: 0,
     };
     Ok((stream, exporter, bind))
 }
@@ -424,6 +428,20 @@ pub(crate) struct RecordStream<S = TcpStream> {
     /// copy must stay linear in the bytes received).
     #[cfg(test)]
     moved: usize,
+    /// A framed batch ([`RecordStream::poll_write_framed`]) is sealed and not yet all written:
+    /// nothing else may reach the socket before its end.
+    framed_out: bool,
+    /// Plaintext bytes `poll_write` copied into `wbuf` to seal them (tests: a framed batch is
+    /// sealed where it lies).
+    #[cfg(test)]
+    sealed_copied: usize,
+}
+
+/// Where a framed batch's write stands ([`RecordStream::poll_write_framed`]).
+#[derive(Debug, Default)]
+pub(crate) struct FramedWrite {
+    sealed: bool,
+    pos: usize,
 }
 
 impl<S> std::fmt::Debug for RecordStream<S> {
@@ -463,6 +481,45 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
         Poll::Ready(Ok(()))
     }
 
+    /// Write a batch the caller encoded with room for the records around its plaintext
+    /// (`plain` bytes per record, the last one shorter: [`RecordSealer::seal_framed`]), sealing
+    /// it where it lies: no copy into the send buffer. What was sealed before (a KeyUpdate,
+    /// a variable-length cell) goes first. `st` starts as `FramedWrite::default()` and is kept
+    /// between polls; the batch's bytes must not change between them.
+    pub(crate) fn poll_write_framed(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+        plain: usize,
+        st: &mut FramedWrite,
+    ) -> Poll<io::Result<()>> {
+        if !st.sealed {
+            if self.write_closed {
+                return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+            }
+            ready!(self.poll_drain(cx))?;
+            if self.sealer.needs_key_update() {
+                self.send_key_update(false)
+                    .map_err(|why| io::Error::other(format!("KeyUpdate: {why}")))?;
+                ready!(self.poll_drain(cx))?;
+            }
+            self.sealer
+                .seal_framed(buf, plain)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            st.sealed = true;
+            self.framed_out = true;
+        }
+        while st.pos < buf.len() {
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &buf[st.pos..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            st.pos += n;
+        }
+        self.framed_out = false;
+        Poll::Ready(Ok(()))
+    }
+
     /// Send a KeyUpdate under the current key and switch to the next one.
     fn send_key_update(&mut self, update_requested: bool) -> Result<(), String> {
         self.sealer
@@ -478,7 +535,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
         if let (Some(desc), false) = (alert, self.write_closed) {
             if self.sealer.seal_alert(desc, &mut self.wbuf).is_ok() {
                 self.write_closed = true;
-                let _ = self.poll_drain(cx);
+                // Mid-way through a framed batch the alert waits for the batch's end (the
+                // writer's flush or shutdown sends it): written now, it would cut a record.
+                if !self.framed_out {
+                    let _ = self.poll_drain(cx);
+                }
             }
         }
         self.failed = Some(why.clone());
@@ -553,7 +614,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
     }
 
     /// The peer's KeyUpdate was opened: switch the opener to its next key and, if it asked,
-    /// seal ours (it goes out now if the socket takes it, else with the next write).
+    /// seal ours (it goes out now if the socket takes it and no framed batch is half-written,
+    /// else with the next write or flush).
     fn follow_key_update(
         &mut self,
         cx: &mut Context<'_>,
@@ -573,7 +635,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
             let why = format!("KeyUpdate: {why}");
             return Err(self.fail(cx, why, Some(alert::INTERNAL_ERROR)));
         }
-        if update_requested {
+        // Mid-way through a framed batch the answer waits for the batch's end (the writer's
+        // flush, or the next batch, drains it): its records are sealed before it, and written
+        // now it would cut one of them.
+        if update_requested && !self.framed_out {
             let _ = self.poll_drain(cx);
         }
         Ok(())
@@ -788,6 +853,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RecordStream<S> {
                 .map_err(|why| io::Error::other(format!("KeyUpdate: {why}")))?;
         }
         let n = data.len().min(WRITE_CHUNK);
+        #[cfg(test)]
+        {
+            this.sealed_copied += n;
+        }
         this.sealer
             .seal_app_data(&data[..n], &mut this.wbuf)
             .map_err(|e| io::Error::other(e.to_string()))?;

@@ -368,3 +368,133 @@ fn the_exporter_matches_rfc_8446_derivation_for_each_suite() {
         assert_ne!(a, [0; 32]);
     }
 }
+
+/// Framed batches (`poll_write_framed`) reach a rustls peer intact and in order with what
+/// was sealed before them (a KeyUpdate of ours, a normal write), and are sealed where they
+/// lie: `poll_write` copied only the normal writes' bytes into the send buffer.
+#[tokio::test]
+async fn framed_batches_are_sealed_in_place_in_order_with_other_records() {
+    let (c, s) = tcp_pair().await;
+    let connector = TlsConnector::from(tls::client_config().unwrap());
+    let per = crate::CELLS_PER_RECORD;
+    let batches = [1, per, per + 1, 128, 3 * per + 5];
+    let mut want = Vec::new();
+    let mut framed_batches = Vec::new();
+    for (i, &cells) in batches.iter().enumerate() {
+        let plain = data(cells * chive_cell::CELL_LEN, i as u8);
+        let mut framed = Vec::new();
+        for record in plain.chunks(per * chive_cell::CELL_LEN) {
+            framed.resize(framed.len() + crate::RECORD_HEAD, 0);
+            framed.extend_from_slice(record);
+            framed.resize(framed.len() + crate::RECORD_TAIL, 0);
+        }
+        want.extend_from_slice(&plain);
+        want.extend_from_slice(&[i as u8; 10]);
+        framed_batches.push(framed);
+    }
+    let total = want.len();
+    let client = tokio::spawn(async move {
+        let mut tls = connector
+            .connect(tls::server_name("127.0.0.1:1".parse().unwrap()), c)
+            .await
+            .unwrap();
+        let mut got = vec![0u8; total];
+        tls.read_exact(&mut got).await.unwrap();
+        got
+    });
+    let cfg = tls::server_config().unwrap();
+    let (mut stream, _, _) = accept(s, &cfg).await.unwrap();
+    for (i, mut framed) in framed_batches.into_iter().enumerate() {
+        if i % 2 == 1 {
+            // Waits in the send buffer: it must leave before the batch.
+            stream.send_key_update(false).unwrap();
+        }
+        let mut st = FramedWrite::default();
+        let plain = per * chive_cell::CELL_LEN;
+        std::future::poll_fn(|cx| stream.poll_write_framed(cx, &mut framed, plain, &mut st))
+            .await
+            .unwrap();
+        stream.write_all(&[i as u8; 10]).await.unwrap();
+    }
+    stream.flush().await.unwrap();
+    assert_eq!(client.await.unwrap(), want);
+    assert_eq!(stream.sealed_copied, 10 * batches.len());
+    // Memory per busy connection: the send buffer held only the small records, never a
+    // batch (sealed by copy, it grows to the batch's size and is kept).
+    assert!(stream.wbuf.capacity() < 1024, "{}", stream.wbuf.capacity());
+}
+
+/// A peer's KeyUpdate asking for ours, read while a framed batch is half-written (the socket
+/// full), must not put our answering KeyUpdate between the batch's records: the answer is
+/// sealed after the batch's records and leaves after the batch, so the peer reads everything.
+#[tokio::test]
+async fn a_key_update_answered_mid_framed_batch_waits_for_the_batch_end() {
+    let (c, s) = tcp_pair().await;
+    let connector = TlsConnector::from(tls::client_config().unwrap());
+    let per = crate::CELLS_PER_RECORD;
+    let cell = chive_cell::CELL_LEN;
+    // Larger than both sockets' buffers, so the write stops part-way while the peer waits.
+    let cells = 40_000;
+    let plain = data(cells * cell, 7);
+    let mut framed = Vec::new();
+    for record in plain.chunks(per * cell) {
+        framed.resize(framed.len() + crate::RECORD_HEAD, 0);
+        framed.extend_from_slice(record);
+        framed.resize(framed.len() + crate::RECORD_TAIL, 0);
+    }
+    let mut want = plain.clone();
+    want.extend_from_slice(b"after");
+    let total = want.len();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let (read_tx, read_rx) = tokio::sync::oneshot::channel::<()>();
+    let client = tokio::spawn(async move {
+        let mut tls = connector
+            .connect(tls::server_name("127.0.0.1:1".parse().unwrap()), c)
+            .await
+            .unwrap();
+        tls.write_all(&data(1000, 1)).await.unwrap();
+        // rustls's KeyUpdate asks for the peer's in return.
+        tls.get_mut().1.refresh_traffic_keys().unwrap();
+        tls.write_all(&data(1000, 2)).await.unwrap();
+        tls.flush().await.unwrap();
+        // Read part of what was written: room in the socket, so an answer written too early
+        // would reach the wire mid-batch.
+        let mut got = vec![0u8; total];
+        let early = 2_000_000;
+        tls.read_exact(&mut got[..early]).await.unwrap();
+        read_tx.send(()).unwrap();
+        go_rx.await.unwrap();
+        tls.read_exact(&mut got[early..]).await.map(|_| got)
+    });
+    let cfg = tls::server_config().unwrap();
+    let (mut stream, _, _) = accept(s, &cfg).await.unwrap();
+    let mut st = FramedWrite::default();
+    let plain_len = per * cell;
+    let first = std::future::poll_fn(|cx| {
+        Poll::Ready(stream.poll_write_framed(cx, &mut framed, plain_len, &mut st))
+    })
+    .await;
+    assert!(
+        first.is_pending(),
+        "the batch must stop part-way for this test"
+    );
+    read_rx.await.unwrap();
+    // Let the kernel move what the peer made room for and tell the runtime the socket is
+    // writable again.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut got = vec![0u8; 2000];
+    stream.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got[..1000], &data(1000, 1)[..]);
+    assert_eq!(&got[1000..], &data(1000, 2)[..]);
+    go_tx.send(()).unwrap();
+    std::future::poll_fn(|cx| stream.poll_write_framed(cx, &mut framed, plain_len, &mut st))
+        .await
+        .unwrap();
+    stream.write_all(b"after").await.unwrap();
+    stream.flush().await.unwrap();
+    let got = client
+        .await
+        .unwrap()
+        .expect("the peer reads the batch and what follows");
+    assert!(got == want, "bytes differ");
+}

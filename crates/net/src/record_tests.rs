@@ -580,3 +580,64 @@ fn open_into_packs_the_plaintext_of_consecutive_records_with_a_keyupdate_between
         );
     }
 }
+
+/// A batch laid out as the send path frames it (`crate::framed_len`): `cells` 514-byte cells
+/// of `seed`'s data with the room for a record around every `CELLS_PER_RECORD` of them; and
+/// the cells' bytes back to back.
+fn framed_batch(cells: usize, seed: u8) -> (Vec<u8>, Vec<u8>) {
+    let plain = data(cells * chive_cell::CELL_LEN, seed);
+    let mut framed = Vec::new();
+    for record in plain.chunks(crate::CELLS_PER_RECORD * chive_cell::CELL_LEN) {
+        framed.resize(framed.len() + crate::RECORD_HEAD, 0xee);
+        framed.extend_from_slice(record);
+        framed.resize(framed.len() + crate::RECORD_TAIL, 0xee);
+    }
+    assert_eq!(framed.len(), crate::framed_len(cells));
+    (framed, plain)
+}
+
+/// Framed batches sealed where they lie are records rustls reads: one per
+/// `CELLS_PER_RECORD` cells (the last one shorter), in order with records sealed the usual way.
+#[test]
+fn framed_batches_sealed_in_place_are_read_by_rustls() {
+    for we_are_client in [true, false] {
+        let mut p = pair(we_are_client);
+        let (mut sent, mut got, mut wire) = (Vec::new(), Vec::new(), Vec::new());
+        let mut records = 0;
+        let per = crate::CELLS_PER_RECORD;
+        for (i, cells) in [1, per - 1, per, per + 1, 2 * per, 3 * per + 7, 128]
+            .into_iter()
+            .enumerate()
+        {
+            let (mut framed, plain) = framed_batch(cells, i as u8);
+            p.sealer
+                .seal_framed(&mut framed, per * chive_cell::CELL_LEN)
+                .unwrap();
+            records += cells.div_ceil(per) as u64;
+            wire.extend_from_slice(&framed);
+            sent.extend_from_slice(&plain);
+            // A record sealed by copy between framed ones.
+            p.sealer.seal_app_data(&[i as u8; 3], &mut wire).unwrap();
+            records += 1;
+            sent.extend_from_slice(&[i as u8; 3]);
+        }
+        deliver(&mut p.peer, &wire, &mut got);
+        assert_eq!(got, sent);
+        assert_eq!(p.sealer.seq(), records);
+    }
+}
+
+/// A framed batch whose end cannot hold a record, or a record size over the limit, is refused
+/// before anything of that record is sealed.
+#[test]
+fn framed_layouts_that_do_not_fit_are_refused() {
+    let mut p = pair(true);
+    let mut short = vec![0u8; RECORD_OVERHEAD];
+    assert!(p.sealer.seal_framed(&mut short, 514).is_err());
+    let mut one = vec![0u8; RECORD_OVERHEAD + 1];
+    assert!(p.sealer.seal_framed(&mut one, MAX_PLAINTEXT + 1).is_err());
+    assert!(p.sealer.seal_framed(&mut one, 0).is_err());
+    assert_eq!(p.sealer.seq(), 0);
+    p.sealer.seal_framed(&mut one, 514).unwrap();
+    assert_eq!(p.sealer.seq(), 1);
+}

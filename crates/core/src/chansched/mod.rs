@@ -37,6 +37,8 @@
 mod direct;
 #[cfg(test)]
 mod fair_tests;
+#[cfg(test)]
+mod framing_tests;
 pub mod latency;
 #[cfg(test)]
 mod latency_tests;
@@ -48,7 +50,7 @@ mod tests;
 use std::time::{Duration, Instant};
 
 pub use direct::Direct;
-pub use output::{SendCtx, SendStats, Transmit};
+pub use output::{SendCtx, SendStats, Transmit, WireFraming};
 pub use shared::SharedRate;
 
 use crate::{CellSample, ChannelId, Core};
@@ -320,6 +322,12 @@ impl SendPath {
                 self.channel_ready(chan, src, now);
             }
         }
+    }
+
+    /// Leave `framing`'s room around the cells of every later batch (`None`: cells back to
+    /// back, the default), so that the writers' record layer can seal them in place.
+    pub fn set_framing(&mut self, framing: Option<WireFraming>) {
+        self.accounts.framing = framing;
     }
 
     /// A channel came up on connection `chan` (its first connection has its id).

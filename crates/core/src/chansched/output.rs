@@ -25,6 +25,94 @@ pub struct Transmit {
     pub cells: usize,
     /// How the batch may draw on the write bucket.
     pub class: BatchClass,
+    /// The room left around the cells in `bytes` for the writer's records, if any
+    /// ([`SendPath::set_framing`](super::SendPath::set_framing)).
+    pub framing: Option<WireFraming>,
+}
+
+/// Room a connection's writer wants around the cells of a batch, so that its record layer can
+/// seal the batch where it lies instead of copying it into a record buffer: `head` bytes
+/// before and `tail` bytes after every run of `cells_per_record` cells (the last run may be
+/// shorter). The send path leaves the room as zeros and knows nothing of what goes there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireFraming {
+    /// Bytes before each record's cells.
+    pub head: usize,
+    /// Bytes after them.
+    pub tail: usize,
+    /// Cells per record (at least 1).
+    pub cells_per_record: usize,
+}
+
+impl WireFraming {
+    /// Bytes of a framed batch of `cells` cells.
+    pub fn framed_len(&self, cells: usize) -> usize {
+        cells * CELL_LEN + cells.div_ceil(self.cells_per_record.max(1)) * (self.head + self.tail)
+    }
+}
+
+/// A batch being filled: the cells' bytes, with the room of `framing` around each record's.
+struct BatchOut {
+    bytes: Vec<u8>,
+    framing: Option<WireFraming>,
+    /// Cells in the record being filled (0: none open).
+    in_record: usize,
+}
+
+impl BatchOut {
+    fn new(framing: Option<WireFraming>, cells: usize) -> Self {
+        let len = match framing {
+            Some(f) => f.framed_len(cells),
+            None => cells * CELL_LEN,
+        };
+        BatchOut {
+            bytes: Vec::with_capacity(len),
+            framing,
+            in_record: 0,
+        }
+    }
+
+    /// Take up to `max` of `chan`'s cells from `src` (fewer if that would pass the end of
+    /// the open record); how many came.
+    fn take(
+        &mut self,
+        src: &mut dyn CellSource,
+        chan: ChannelId,
+        max: usize,
+        now: Instant,
+    ) -> usize {
+        let Some(f) = self.framing else {
+            return src.poll_transmit(chan, max, now, &mut self.bytes);
+        };
+        let per = f.cells_per_record.max(1);
+        let opened = self.in_record == 0;
+        if opened {
+            self.bytes.resize(self.bytes.len() + f.head, 0);
+        }
+        let n = src.poll_transmit(chan, max.min(per - self.in_record), now, &mut self.bytes);
+        if n == 0 && opened {
+            self.bytes.truncate(self.bytes.len() - f.head);
+            return 0;
+        }
+        self.in_record += n;
+        if self.in_record == per {
+            self.close();
+        }
+        n
+    }
+
+    /// End the open record, if any.
+    fn close(&mut self) {
+        if let (Some(f), true) = (self.framing, self.in_record > 0) {
+            self.bytes.resize(self.bytes.len() + f.tail, 0);
+            self.in_record = 0;
+        }
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.close();
+        self.bytes
+    }
 }
 
 /// Counters of the send path, since start.
@@ -82,6 +170,8 @@ pub(super) struct OutputAccounts {
     chans: LocalMap<ChannelId, ChanOutput>,
     pub(super) transmits: VecDeque<Transmit>,
     pub(super) stats: SendStats,
+    /// Room to leave around the cells of every batch ([`super::SendPath::set_framing`]).
+    pub(super) framing: Option<WireFraming>,
 }
 
 impl OutputAccounts {
@@ -294,20 +384,34 @@ impl<'a> SendCtx<'a> {
         }
         ch.blocked = false;
         let room = room.min(limit);
-        let mut bytes = Vec::with_capacity(room.min(64) * CELL_LEN);
+        let framing = self.accounts.framing;
+        let mut out = BatchOut::new(framing, room.min(64));
         let n = match class {
             BatchClass::Quiet { below } => {
                 let mut n = 0;
                 while n < room
                     && src.channel_priority(chan, now).is_some_and(|p| p < below)
-                    && src.poll_transmit(chan, 1, now, &mut bytes) == 1
+                    && out.take(src, chan, 1, now) == 1
                 {
                     n += 1;
                 }
                 n
             }
-            _ => src.poll_transmit(chan, room, now, &mut bytes),
+            _ => {
+                let mut n = 0;
+                while n < room {
+                    let k = out.take(src, chan, room - n, now);
+                    n += k;
+                    // Without framing one call takes all it can; with it, a call stops at the
+                    // end of a record, and a call that took nothing means no more cells.
+                    if k == 0 || framing.is_none() {
+                        break;
+                    }
+                }
+                n
+            }
         };
+        let bytes = out.finish();
         if n == 0 {
             return 0;
         }
@@ -329,6 +433,7 @@ impl<'a> SendCtx<'a> {
             bytes,
             cells: n,
             class,
+            framing,
         });
         n
     }

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use chive_core::chansched::{ChannelSchedulerKind, SendConfig};
+use chive_core::chansched::{ChannelSchedulerKind, SendConfig, WireFraming};
 use chive_dir::ExitPolicy;
-use chive_net::{LinkConfig, LinkLimits};
+use chive_net::{LinkConfig, LinkLimits, RecordLayer};
 
 use super::{Liveness, Tunables};
 
@@ -24,6 +24,17 @@ pub(super) fn send_config(cfg: &DriverConfig, params: Option<&chive_dir::NetPara
         quiet_reserve: bucket.map_or(0, |b| b.reserve()),
         channel_fair_halflife: cfg.tunables.channel_fair_halflife(params),
     }
+}
+
+/// The room the send path leaves around each record's cells: with the own record layer the
+/// writers seal batches where they lie ([`chive_net::LinkWriter::write_framed`]); under rustls,
+/// which copies what it is given into its own records anyway, the cells go back to back.
+pub(super) fn record_framing(link: &LinkConfig) -> Option<WireFraming> {
+    (link.record_layer == RecordLayer::Own).then_some(WireFraming {
+        head: chive_net::RECORD_HEAD,
+        tail: chive_net::RECORD_TAIL,
+        cells_per_record: chive_net::CELLS_PER_RECORD,
+    })
 }
 
 /// Driver settings.

@@ -55,8 +55,8 @@ use chive_core::split::{Conn, SplitChannel, SplitConfig};
 
 use crate::client::ClientState;
 
-use config::send_config;
 pub use config::DriverConfig;
+use config::{record_framing, send_config};
 pub use switching::SwitchOptions;
 pub use tasks::WriteMsg;
 use tasks::{exit_connect, EXIT_CONNECT_TIMEOUT};
@@ -327,7 +327,8 @@ impl Driver {
     /// A driver around `core`.
     pub fn new(core: Core, cfg: DriverConfig) -> Self {
         let (tx, rx) = mpsc::channel(INPUT_QUEUE);
-        let send = SendPath::new(send_config(&cfg, None));
+        let mut send = SendPath::new(send_config(&cfg, None));
+        send.set_framing(record_framing(&cfg.link));
         let heartbeat = Heartbeat::new(cfg.tunables.heartbeat(), Instant::now());
         Driver {
             heartbeat,
@@ -821,6 +822,7 @@ impl Driver {
             bytes,
             cells,
             class,
+            framing,
         }) = self.send.poll_transmit()
         {
             let Some(io) = self.chans.get_mut(&chan) else {
@@ -851,6 +853,7 @@ impl Driver {
                 cells,
                 class,
                 sent_at,
+                framed: framing.is_some(),
             };
             if c.h.writer.send(msg).is_err() {
                 // The writer is gone; its LinkDown is on the way.

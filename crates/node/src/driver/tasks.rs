@@ -111,6 +111,22 @@ impl Liveness {
     }
 }
 
+/// Write one batch of cells: framed ones sealed where they lie, others as they are. `paid`:
+/// the batch's write-bucket tokens are taken.
+async fn write_batch(
+    writer: &mut LinkWriter,
+    bytes: &mut [u8],
+    cells: usize,
+    framed: bool,
+    paid: bool,
+) -> Result<(), chive_net::LinkError> {
+    match (framed, paid) {
+        (true, _) => writer.write_framed(bytes, cells, paid).await,
+        (false, true) => writer.write_paid_wire(bytes).await,
+        (false, false) => writer.write_wire(bytes).await,
+    }
+}
+
 /// Commands for a stream's writer task.
 pub enum StreamCmd {
     Write(Vec<u8>),
@@ -160,11 +176,14 @@ pub enum WriteMsg {
     /// connection (it cannot leave before them); a [`BatchClass::Bulk`] one may not.
     /// `sent_at`: when the driver handed it over (the writer measures how long it took to
     /// wake for it).
+    /// `framed`: `bytes` has the room for the records around the cells
+    /// ([`chive_net::LinkWriter::write_framed`]).
     Cells {
         bytes: Vec<u8>,
         cells: usize,
         class: BatchClass,
         sent_at: Instant,
+        framed: bool,
     },
     /// A variable-length link cell (HANDOFF), not acknowledged.
     Var(VarCell),
@@ -342,10 +361,11 @@ pub(super) fn spawn_conn(
             };
             let (result, n) = match msg {
                 WriteMsg::Cells {
-                    bytes,
+                    mut bytes,
                     cells,
                     class,
                     sent_at,
+                    framed,
                 } if writer.is_paced() => {
                     let since = waiting_since.map_or(sent_at, |w| sent_at.max(w));
                     let wake_lag = Instant::now().saturating_duration_since(since);
@@ -372,23 +392,24 @@ pub(super) fn spawn_conn(
                     if tx.send(paid).await.is_err() {
                         return;
                     }
-                    let w = writer.write_paid_wire(&bytes);
+                    let w = write_batch(&mut writer, &mut bytes, cells, framed, true);
                     (
                         bounded(&mut idle, liveness.idle_timeout, "write progress", w).await,
                         Some(cells),
                     )
                 }
                 WriteMsg::Cells {
-                    bytes,
+                    mut bytes,
                     cells,
                     class,
+                    framed,
                     ..
                 } => {
                     if let BatchClass::Quiet { .. } = class {
                         // Unpaced: nothing to pay, but keep the count exact.
                         signal.queued.fetch_sub(1, Ordering::Relaxed);
                     }
-                    let w = writer.write_wire(&bytes);
+                    let w = write_batch(&mut writer, &mut bytes, cells, framed, false);
                     (
                         bounded(&mut idle, liveness.idle_timeout, "write progress", w).await,
                         Some(cells),
