@@ -100,6 +100,10 @@ Config file options (TOML):
                                    time, moved on the entry's congestion report (the paper);
                                    \"stripe\" = every circuit with room at once, the lowest
                                    round trip first (conflux-style; reports move nothing)
+  SwitchStripeLegCells = 0         with SwitchLegUse \"stripe\": the most cells of an upload sent
+                                   on one circuit and not yet acknowledged (0 = no cap beyond
+                                   the 500-cell stream window; else 50..500): short queues on
+                                   both paths, so other traffic through them waits less
   MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among
                                    them one `switch` record per path switch, one `onion_join`
                                    record per onion connection (its set-up by step) and an
@@ -204,6 +208,10 @@ pub struct ClientConfig {
     /// a congestion report; "stripe": every leg with room at once; default "whole").
     #[serde(rename = "SwitchLegUse", default)]
     pub switch_leg_use: Option<String>,
+    /// Path switching, stripe: the most unacknowledged cells of a stream per leg (0 = no
+    /// cap; else 50..=500; default 0).
+    #[serde(rename = "SwitchStripeLegCells", default)]
+    pub switch_stripe_leg_cells: Option<u32>,
     /// JSON-lines metrics file (relative: in the DataDirectory).
     #[serde(rename = "MetricsFile", default)]
     pub metrics_file: Option<PathBuf>,
@@ -316,9 +324,16 @@ impl ClientConfig {
             .map(chive_core::switching::LegUse::parse)
             .transpose()
             .map_err(|e| anyhow::anyhow!("SwitchLegUse: {e}"))?;
+        if self
+            .switch_stripe_leg_cells
+            .is_some_and(|n| n != 0 && !(chive_core::switching::MIN_LEG_CELLS..=500).contains(&n))
+        {
+            anyhow::bail!("SwitchStripeLegCells: 0 or 50..500");
+        }
         Ok(crate::driver::SwitchOptions {
             mode,
             leg_use,
+            stripe_leg_cells: self.switch_stripe_leg_cells,
             timeout_ms: self.switch_timeout_msec,
             timeout_rtt_factor: self.switch_timeout_rtt_factor,
             lighter_leg: self.switch_lighter_leg.map(|v| v == 1),

@@ -180,3 +180,21 @@ fn switch_leg_use_is_checked_and_passed_on() {
         &[("SwitchLegUse = \"both\"", "SwitchLegUse")],
     );
 }
+
+#[test]
+fn switch_stripe_leg_cells_is_checked_and_passed_on() {
+    assert_eq!(config("").switch_options().unwrap().stripe_leg_cells, None);
+    for n in [0, 50, 120, 500] {
+        let o = config(&format!("SwitchStripeLegCells = {n}"))
+            .switch_options()
+            .unwrap();
+        assert_eq!(o.stripe_leg_cells, Some(n));
+    }
+    assert_refused_naming(
+        |c| config(c).validate(),
+        &[
+            ("SwitchStripeLegCells = 49", "SwitchStripeLegCells"),
+            ("SwitchStripeLegCells = 501", "SwitchStripeLegCells"),
+        ],
+    );
+}

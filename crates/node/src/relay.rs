@@ -603,6 +603,7 @@ impl RelayConfig {
             lighter_leg: None,
             leg_probe: None,
             leg_use: None,
+            stripe_leg_cells: None,
         })
     }
 

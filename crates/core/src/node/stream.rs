@@ -431,7 +431,7 @@ impl Core {
         loop {
             // A linked set's home packages on the leg its sender uses now (None: blocked
             // until a switch is confirmed or falls back). Striping picks that leg per cell.
-            self.path_stripe_pick(key, sid, now);
+            let stripe_room = self.path_stripe_pick(key, sid, now);
             let leg = self.path_package_leg(key);
             let (circ_open, queued) = match leg {
                 Some(leg) => self.circuits.get_mut(&leg).map_or((false, 0), |c| {
@@ -458,6 +458,7 @@ impl Core {
             }
             if s.state != StreamState::Open
                 || !circ_open
+                || !stripe_room
                 || !s.can_package_on(leg)
                 || queued >= QUEUE_HIGHWATER
             {

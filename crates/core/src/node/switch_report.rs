@@ -104,6 +104,10 @@ pub struct SwitchSettings {
     /// moves whole on a congestion report (`whole`, the paper's design, default) or uses
     /// every leg with room at once (`stripe`, conflux-style; [`crate::switching::legs`]).
     pub leg_use: crate::switching::LegUse,
+    /// Path variant, client, `stripe` (`SwitchStripeLegCells`): the most cells of a stream
+    /// unacknowledged on one leg (0: no cap beyond the 500-cell per-leg stream window);
+    /// [`crate::switching::MinRtt::leg_cells`].
+    pub stripe_leg_cells: u32,
 }
 
 /// With [`SwitchSettings::probe_ahead`]: the least time between two probes of the other leg.
@@ -136,6 +140,7 @@ impl Default for SwitchSettings {
             probe_legs: true,
             probe_ahead: false,
             leg_use: crate::switching::LegUse::Whole,
+            stripe_leg_cells: 0,
         }
     }
 }

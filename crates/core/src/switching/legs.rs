@@ -13,6 +13,16 @@
 //!   round trip and in its window not refilling.
 //!
 //! The scheduler is pure (no time, no IO): the caller gathers one [`LegView`] per leg.
+//!
+//! **Per-leg cap** (`SwitchStripeLegCells`, [`MinRtt::leg_cells`]): under fixed windows each
+//! leg may otherwise hold the stream's whole 500-cell window, and with every client striping
+//! both paths' queues (the entry's socket towards its middle, where the paper's latency probe
+//! waits) hold every client's windows: throughput up, latency barely down (session 22). A cap
+//! on the stream's unacknowledged cells per leg bounds what one client can park in each path's
+//! queue, as conflux bounds each leg by its congestion window (tor's `circuit_ready_to_send`:
+//! inflight < cwnd); here the bound is a fixed cell count because fixed windows have no cwnd.
+//! The cap gates packaging too ([`LegScheduler::has_room`]), not only the choice of leg: a
+//! client whose legs are all at their cap waits for a stream SENDME.
 
 use std::time::Duration;
 
@@ -57,6 +67,9 @@ pub struct LegView {
     pub room: bool,
     /// Its smoothed round trip (None: not measured yet).
     pub srtt: Option<Duration>,
+    /// The stream's cells charged to this leg and not yet acknowledged by a stream SENDME
+    /// (None: the stream keeps no per-leg count, as under XON/XOFF).
+    pub in_flight: Option<u32>,
 }
 
 /// Picks the leg the next cell goes on. `current` is the leg the sender uses now; the answer
@@ -65,6 +78,12 @@ pub struct LegView {
 pub trait LegScheduler {
     /// The leg for the next cell.
     fn pick(&self, current: CircKey, legs: &[LegView]) -> Option<CircKey>;
+
+    /// May the next cell go on this leg at all? Asked for the leg in use while a move is
+    /// unconfirmed too (no pick then), so a policy's own bound holds on every cell.
+    fn has_room(&self, v: &LegView) -> bool {
+        v.room
+    }
 }
 
 /// Conflux's MINRTT with a margin: among the legs with room, the lowest smoothed round trip;
@@ -77,23 +96,53 @@ pub trait LegScheduler {
 pub struct MinRtt {
     /// How much slower (in %) the current leg may be than the best one and still be kept.
     pub margin_pct: u32,
+    /// The most cells of the stream unacknowledged on one leg (`SwitchStripeLegCells`);
+    /// 0: no cap beyond the stream's per-leg window (500). See the module docs.
+    pub leg_cells: u32,
 }
+
+/// The least per-leg cap taken: the exit acknowledges the stream 50 cells at a time
+/// (`STREAM_SENDME_INCREMENT`) counted over both legs, so two legs at a cap of 50 always hold
+/// at least one SENDME's worth, and the stream cannot wait on an acknowledgement that needs
+/// cells it may not send.
+pub const MIN_LEG_CELLS: u32 = crate::flow::STREAM_SENDME_INCREMENT;
 
 impl Default for MinRtt {
     fn default() -> Self {
         // The 10 % the lighter-leg rule uses (`SetRtt::heavier`).
-        MinRtt { margin_pct: 10 }
+        MinRtt {
+            margin_pct: 10,
+            leg_cells: 0,
+        }
+    }
+}
+
+impl MinRtt {
+    /// MINRTT with the per-leg cap `leg_cells` (0: none; else at least [`MIN_LEG_CELLS`]).
+    pub fn with_leg_cells(leg_cells: u32) -> Self {
+        MinRtt {
+            leg_cells: if leg_cells == 0 {
+                0
+            } else {
+                leg_cells.max(MIN_LEG_CELLS)
+            },
+            ..MinRtt::default()
+        }
     }
 }
 
 impl LegScheduler for MinRtt {
+    fn has_room(&self, v: &LegView) -> bool {
+        v.room && (self.leg_cells == 0 || v.in_flight.is_none_or(|n| n < self.leg_cells))
+    }
+
     fn pick(&self, current: CircKey, legs: &[LegView]) -> Option<CircKey> {
         let rtt = |v: &LegView| v.srtt.unwrap_or(Duration::ZERO);
         let best = legs
             .iter()
-            .filter(|v| v.room)
+            .filter(|v| self.has_room(v))
             .min_by_key(|v| (rtt(v), v.leg != current))?;
-        match legs.iter().find(|v| v.leg == current && v.room) {
+        match legs.iter().find(|v| v.leg == current && self.has_room(v)) {
             Some(cur)
                 if rtt(cur).as_secs_f64() * 100.0
                     <= rtt(best).as_secs_f64() * f64::from(100 + self.margin_pct) =>
@@ -114,6 +163,7 @@ mod tests {
             leg: CircKey(leg.into()),
             room,
             srtt: ms.map(Duration::from_millis),
+            in_flight: Some(0),
         }
     }
 
@@ -162,5 +212,34 @@ mod tests {
             s.pick(CircKey(1), &[v(1, true, Some(50)), v(2, true, None)]),
             Some(CircKey(2))
         );
+    }
+
+    #[test]
+    fn a_leg_at_its_cap_has_no_room_and_the_cap_has_a_floor() {
+        let s = MinRtt::with_leg_cells(100);
+        let a = CircKey(1);
+        let at = |leg, n, ms| LegView {
+            in_flight: Some(n),
+            ..v(leg, true, Some(ms))
+        };
+        // The faster leg is at its cap: the slower one takes the cell.
+        assert_eq!(
+            s.pick(a, &[at(1, 100, 50), at(2, 99, 200)]),
+            Some(CircKey(2))
+        );
+        // Both at the cap: the cell waits, though windows and queues would allow it.
+        assert_eq!(s.pick(a, &[at(1, 100, 50), at(2, 100, 200)]), None);
+        assert!(!s.has_room(&at(1, 100, 50)));
+        // Without a cap (or with no per-leg count) the same legs have room.
+        assert_eq!(
+            MinRtt::default().pick(a, &[at(1, 100, 50), at(2, 100, 200)]),
+            Some(a)
+        );
+        assert!(s.has_room(&LegView {
+            in_flight: None,
+            ..at(1, 100, 50)
+        }));
+        assert_eq!(MinRtt::with_leg_cells(10).leg_cells, MIN_LEG_CELLS);
+        assert_eq!(MinRtt::with_leg_cells(0).leg_cells, 0);
     }
 }

@@ -11,11 +11,41 @@ use crate::path_switching::{Net, PathSwitching, CLIENT, E1, E2, M1, M2, X};
 use crate::sim::pattern;
 
 fn stripe(net: &mut Net) {
+    stripe_capped(net, 0);
+}
+
+/// Stripe with `SwitchStripeLegCells = cap` (0: none).
+fn stripe_capped(net: &mut Net, cap: u32) {
     let s = net.nodes[CLIENT].switching();
     net.nodes[CLIENT].set_switching(SwitchSettings {
         leg_use: LegUse::Stripe,
+        stripe_leg_cells: cap,
         ..s
     });
+}
+
+/// Upload `streams`; returns the most cells of stream `s` unacknowledged on A and on B, each
+/// at any step (the per-leg peaks), and the most on both legs together at one step.
+fn upload_peaks(
+    net: &mut Net,
+    streams: &[(StreamHandle, Vec<u8>)],
+    s: StreamHandle,
+    a: CircKey,
+    b: CircKey,
+) -> (u32, u32, u32) {
+    let mut peak = (0, 0, 0);
+    net.transfer(streams, 300_000, |_, net| {
+        let c = &net.nodes[CLIENT];
+        let on_a = c.stream_leg_in_flight(s, a).unwrap_or(0);
+        let on_b = c.stream_leg_in_flight(s, b).unwrap_or(0);
+        peak = (
+            peak.0.max(on_a),
+            peak.1.max(on_b),
+            peak.2.max(on_a.min(on_b)),
+        );
+    });
+    net.run(20_000);
+    peak
 }
 
 /// Upload `streams`; returns the most cells of stream `s` unacknowledged on A and on B at
@@ -70,6 +100,37 @@ fn striping_keeps_both_legs_loaded_and_the_bytes_arrive_in_order() {
     assert_eq!((c.timed_out, c.failed, c.cells_lost), (0, 0, 0), "{c:?}");
     assert_eq!((x.violations, x.path_duplicates), (0, 0), "{x:?}");
     assert!(x.path_out_of_order > 0, "no reordering exercised: {x:?}");
+}
+
+/// `SwitchStripeLegCells = 80`: no leg ever holds more than 80 of the stream's cells
+/// unacknowledged, both legs still carry it at once, and every byte arrives once, in order.
+/// Without the cap the same upload parks far more on each leg (the first test's >= 100, and
+/// up to the 500-cell window), which is what queues at the entries.
+#[test]
+fn a_per_leg_cap_bounds_each_legs_share_and_keeps_both_legs_in_use() {
+    let mut capped = Net::new();
+    stripe_capped(&mut capped, 80);
+    let (a, b, s) = capped.linked();
+    narrow_b(&mut capped);
+    let streams = vec![(s, pattern(2_000_000, 27))];
+    let (pa, pb, both) = upload_peaks(&mut capped, &streams, s, a, b);
+    capped.assert_exact(&streams);
+    assert_eq!(capped.killed(), 0);
+    assert!(pa <= 80 && pb <= 80, "cap exceeded: A {pa}, B {pb}");
+    assert!(both >= 40, "legs not used together: {both}");
+    let c = capped.nodes[CLIENT].switch_stats();
+    assert_eq!((c.timed_out, c.failed, c.cells_lost), (0, 0, 0), "{c:?}");
+    assert_eq!(capped.nodes[X].switch_stats().violations, 0);
+
+    // The same upload uncapped: some leg goes past 80 (the cap is what bounds it above).
+    let mut open = Net::new();
+    stripe(&mut open);
+    let (a, b, s) = open.linked();
+    narrow_b(&mut open);
+    let streams = vec![(s, pattern(2_000_000, 27))];
+    let (pa, pb, _) = upload_peaks(&mut open, &streams, s, a, b);
+    open.assert_exact(&streams);
+    assert!(pa.max(pb) > 80, "uncapped peaks A {pa}, B {pb}");
 }
 
 /// The same network with the paper's whole-stream move and no congestion report: the

@@ -60,6 +60,9 @@ pub struct SwitchOptions {
     pub leg_probe: Option<u8>,
     /// `SwitchLegUse` (a client option for the path variant): whole (default) or stripe.
     pub leg_use: Option<chive_core::switching::LegUse>,
+    /// `SwitchStripeLegCells` (a client option, with `SwitchLegUse = stripe`): the most cells
+    /// of a stream unacknowledged on one leg; 0 = no cap. `None`: 0.
+    pub stripe_leg_cells: Option<u32>,
 }
 
 /// The driver's switching state.
@@ -138,6 +141,7 @@ impl Driver {
             probe_legs: o.leg_probe.unwrap_or(0) >= 1,
             probe_ahead: o.leg_probe.unwrap_or(0) == 2,
             leg_use: o.leg_use.unwrap_or_default(),
+            stripe_leg_cells: o.stripe_leg_cells.unwrap_or(0),
             ..SwitchSettings::default()
         };
         if settings != self.core.switching() {
@@ -147,6 +151,7 @@ impl Driver {
                 timeout_rtt_factor = settings.timeout_rtt_factor,
                 min_share = settings.min_share(),
                 leg_use = settings.leg_use.label(),
+                stripe_leg_cells = settings.stripe_leg_cells,
                 "circuit switching settings"
             );
             self.core.set_switching(settings);

@@ -20,62 +20,78 @@ impl Core {
     }
 
     /// Client, stripe mode, before packaging a DATA cell of stream `sid` on `home`: move the
-    /// set's sender to the leg the scheduler picks (no-op outside a set, in whole mode, while
-    /// a switch is unconfirmed or cells wait behind one).
-    pub(in crate::node) fn path_stripe_pick(&mut self, home: CircKey, sid: u16, now: Instant) {
+    /// set's sender to the leg the scheduler picks (no move outside a set, in whole mode,
+    /// while a switch is unconfirmed or cells wait behind one). False: the scheduler's own
+    /// bound (`SwitchStripeLegCells`) leaves no leg for the cell, which waits for a stream
+    /// SENDME, as at a closed window.
+    pub(in crate::node) fn path_stripe_pick(
+        &mut self,
+        home: CircKey,
+        sid: u16,
+        now: Instant,
+    ) -> bool {
         if !self.path_striping() {
-            return;
+            return true;
         }
         let Some(set) = self.path.client.get(&home) else {
-            return;
+            return true;
         };
         let Some(current) = set.sender.current() else {
-            return;
+            return true;
         };
-        if set.spare.is_none() || set.sender.switch_announced() || !set.deferred.is_empty() {
-            return;
-        }
         let Some(stream) = self
             .circuits
             .get(&home)
             .and_then(|c| c.edge())
             .and_then(|e| e.streams.get(&sid))
         else {
-            return;
+            return true;
         };
+        let sched = MinRtt::with_leg_cells(self.sw.settings().stripe_leg_cells);
+        let view = |leg: CircKey| LegView {
+            leg,
+            room: self.circuits.get(&leg).is_some_and(|c| {
+                c.edge().is_some_and(|e| e.window.can_package())
+                    && c.queue_len(c.edge_out_side()) < QUEUE_HIGHWATER
+            }) && stream.can_package_on(leg),
+            srtt: set.rtt.smoothed(leg),
+            in_flight: stream.legs.as_ref().map(|l| l.in_flight(leg)),
+        };
+        if set.spare.is_none() || set.sender.switch_announced() || !set.deferred.is_empty() {
+            // No move now: the cell goes on the leg in use, within the scheduler's bound.
+            // (Windows and queue are the packaging loop's own checks.)
+            let v = view(current);
+            return sched.has_room(&LegView { room: true, ..v });
+        }
         // Asked before every DATA cell: the views go on the stack (a set has at most
         // MAX_LEGS legs), not in a fresh Vec per cell.
         let mut views = [LegView {
             leg: current,
             room: false,
             srtt: None,
+            in_flight: None,
         }; MAX_LEGS];
         let mut n = 0;
         for (slot, leg) in views.iter_mut().zip(set.sender.legs()) {
-            let room = self.circuits.get(&leg).is_some_and(|c| {
-                c.edge().is_some_and(|e| e.window.can_package())
-                    && c.queue_len(c.edge_out_side()) < QUEUE_HIGHWATER
-            }) && stream.can_package_on(leg);
-            *slot = LegView {
-                leg,
-                room,
-                srtt: set.rtt.smoothed(leg),
-            };
+            *slot = view(leg);
             n += 1;
         }
-        let Some(to) = MinRtt::default().pick(current, &views[..n]) else {
-            return;
+        let Some(to) = sched.pick(current, &views[..n]) else {
+            // No leg with room. Blocked only by the scheduler's bound: a window or the queue
+            // closing is the packaging loop's to see (and the cell waits there anyway).
+            let cur = views[..n].iter().find(|v| v.leg == current);
+            return cur.is_none_or(|v| sched.has_room(&LegView { room: true, ..*v }));
         };
         if to == current {
-            return;
+            return true;
         }
         let from = self.first_chan(current).unwrap_or(ChannelId(0));
         let to_chan = self.first_chan(to);
         let Some(set) = self.path.client.get_mut(&home) else {
-            return;
+            return true;
         };
         if set.sender.switch_to(to, now).is_err() {
-            return;
+            return true;
         }
         set.switch = Some(PendingRecord {
             triggered: now,
@@ -87,6 +103,7 @@ impl Core {
         });
         self.sw.stats_mut().stripe_moves += 1;
         debug!(?home, from = ?current, ?to, "striping: next cells on the other leg");
+        true
     }
 
     /// Client, stripe mode: spare `leg` of `home` is closing. Nonzero if cells of `home`'s
