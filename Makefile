@@ -68,12 +68,14 @@ test: deps
 demo: build
 	bash lab/scripts/demo.sh
 
+# The criterion benches live in crates/benches (chive-benches), so that `make test` does not compile
+# criterion; tls_record runs inside relay_cpu.py (the IO floor).
 # CPU per relayed byte (docs/performance.md): chive and tor 0.4.9 in one run, with the crypto floor.
 RELAY_CPU_BYTES ?= 200000000
 bench: build
-	$(CARGO) bench -p chive-crypto
-	$(CARGO) bench -p chive-core --bench sched
-	$(CARGO) bench -p chive-core --bench forward
+	$(CARGO) bench -p chive-benches --bench crypto
+	$(CARGO) bench -p chive-benches --bench sched
+	$(CARGO) bench -p chive-benches --bench forward
 	bash lab/scripts/bench_goodput.sh
 	$(VENV)/bin/python lab/scripts/relay_cpu.py --bytes $(RELAY_CPU_BYTES) --runs 2 --markdown
 

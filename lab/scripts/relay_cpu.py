@@ -63,24 +63,25 @@ CELL_DATA = 498
 CELL_WIRE = 514
 TLS_RECORD = 16 * 1024
 
-# The criterion benches the floor is made of: (package, bench target, filter, estimates paths).
+# The criterion benches the floor is made of: (package, bench target, filter, estimates paths);
+# all of them are chive-benches' (crates/benches), which builds the benches of the other crates.
 FLOOR_BENCHES = {
-    "onion_layer": ("chive-crypto", "crypto", "relay_cell/relay_encrypt_backward"),
-    "onion_originate": ("chive-crypto", "crypto", "relay_cell/relay_originate_backward"),
-    "client_3hop": ("chive-crypto", "crypto", "relay_cell/client_3hop_decrypt_from_exit"),
+    "onion_layer": ("chive-benches", "crypto", "relay_cell/relay_encrypt_backward"),
+    "onion_originate": ("chive-benches", "crypto", "relay_cell/relay_originate_backward"),
+    "client_3hop": ("chive-benches", "crypto", "relay_cell/client_3hop_decrypt_from_exit"),
     # The cipher alone (ring's AES-128-GCM, the suite chive's links negotiate, through rustls's
     # record encrypter/decrypter).
-    "aead_seal": ("chive-net", "tls_record", "tls_record/aead_seal_16k/aes128gcm"),
-    "aead_open": ("chive-net", "tls_record", "tls_record/aead_open_16k/aes128gcm"),
+    "aead_seal": ("chive-benches", "tls_record", "tls_record/aead_seal_16k/aes128gcm"),
+    "aead_open": ("chive-benches", "tls_record", "tls_record/aead_open_16k/aes128gcm"),
     # rustls's connection API, with its buffering copies (what the relays call).
-    "rustls_seal": ("chive-net", "tls_record", "tls_record/seal_16k/aes128gcm"),
-    "rustls_seal_open": ("chive-net", "tls_record", "tls_record/seal_open_16k/aes128gcm"),
+    "rustls_seal": ("chive-benches", "tls_record", "tls_record/seal_16k/aes128gcm"),
+    "rustls_seal_open": ("chive-benches", "tls_record", "tls_record/seal_open_16k/aes128gcm"),
     # AES-256-GCM, what the links negotiated before session 14, for comparison.
-    "rustls256_seal_open": ("chive-net", "tls_record", "tls_record/seal_open_16k/aes256gcm"),
+    "rustls256_seal_open": ("chive-benches", "tls_record", "tls_record/seal_open_16k/aes256gcm"),
     # tor1's running SHA-1 at an edge (part of `onion_originate` and `client_3hop`): one cell's
     # digest (extend by 509 bytes, finalize a clone) and the compression function's own speed.
-    "sha1_cell": ("chive-crypto", "crypto", "sha1_floor/running_digest_cell"),
-    "sha1_8k": ("chive-crypto", "crypto", "sha1_floor/blocks_8k"),
+    "sha1_cell": ("chive-benches", "crypto", "sha1_floor/running_digest_cell"),
+    "sha1_8k": ("chive-benches", "crypto", "sha1_floor/blocks_8k"),
 }
 
 # SHA-1 blocks in an 8 KiB update (`sha1_8k`).

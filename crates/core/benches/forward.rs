@@ -42,7 +42,7 @@
 //! the rest is AES (~25–30%), map lookups, copying 514-byte cells in and out of the queues
 //! (grows with N: cache misses on 20 MB of queued cells at 10 000) and this harness (~5–10%).
 //!
-//! Run: `cargo bench -p chive-core --bench forward`
+//! Run: `cargo bench -p chive-benches --bench forward`
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};

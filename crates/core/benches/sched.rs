@@ -12,7 +12,7 @@
 //! paper's cached-time fix), so EWMA's scale value is computed once per batch.
 //! The scheduler is used through `Box<dyn CircuitScheduler>`, as the core holds it.
 //!
-//! Run: `cargo bench -p chive-core --bench sched`
+//! Run: `cargo bench -p chive-benches --bench sched`
 
 use std::collections::VecDeque;
 use std::hint::black_box;

@@ -1,6 +1,6 @@
 //! Per-cell cost of tor1 relay crypto and the cost of one ntor handshake.
 //!
-//! Run with `cargo bench -p chive-crypto`. Times are the bench thread's CPU time (cpu_time.rs).
+//! Run with `cargo bench -p chive-benches --bench crypto`. Times are the bench thread's CPU time (cpu_time.rs).
 
 use std::hint::black_box;
 

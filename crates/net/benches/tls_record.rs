@@ -7,7 +7,7 @@
 //! negotiate (TLS13_AES_128_GCM_SHA256, `chive_net`'s `LINK_SUITES`) and for AES-256-GCM (what
 //! they negotiated before session 14, the ring provider's first choice).
 //!
-//! Run with `cargo bench -p chive-net --bench tls_record`; `lab/scripts/relay_cpu.py` reads
+//! Run with `cargo bench -p chive-benches --bench tls_record`; `lab/scripts/relay_cpu.py` reads
 //! criterion's `target/criterion/tls_record/*/new/estimates.json`.
 
 use std::hint::black_box;

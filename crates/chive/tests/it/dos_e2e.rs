@@ -665,15 +665,23 @@ fn create2_flood_from_one_address_is_refused_and_others_build() {
         md <= 2.0 * reference + 0.01,
         "honest CREATE2 median {md:.4} s during the flood vs {mi:.4} s idle, {mc:.4} s to relay2"
     );
-    // The DoS heartbeat (HeartbeatPeriod = 2 s) counted the refusals: wait for a beat after
-    // the flood, then the largest "since start" count must be the metrics' refusals.
-    std::thread::sleep(Duration::from_secs(3));
-    let log = net.log("relay1");
-    let since_start: Vec<u64> = log
-        .lines()
-        .filter_map(|l| l.split("since start: ").nth(1))
-        .filter_map(|rest| rest.split(" CREATE2 refused").next()?.parse().ok())
-        .collect();
+    // The DoS heartbeat (HeartbeatPeriod = 2 s) counted the refusals: the largest "since
+    // start" count of a beat after the flood must be the metrics' refusals. Polled rather
+    // than a fixed 3 s sleep (one period and a margin): the beat usually comes sooner, and
+    // 10 s leave a loaded machine room; without such a beat the assertion below fails.
+    let since_start_counts = || -> Vec<u64> {
+        net.log("relay1")
+            .lines()
+            .filter_map(|l| l.split("since start: ").nth(1))
+            .filter_map(|rest| rest.split(" CREATE2 refused").next()?.parse().ok())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut since_start = since_start_counts();
+    while since_start.iter().max().copied().unwrap_or(0) < refused && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        since_start = since_start_counts();
+    }
     eprintln!("flood: heartbeat since-start CREATE2 refused counts: {since_start:?}");
     assert!(
         since_start.iter().max().copied().unwrap_or(0) >= refused,
