@@ -494,15 +494,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
         st: &mut FramedWrite,
     ) -> Poll<io::Result<()>> {
         if !st.sealed {
-            if self.write_closed {
-                return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
-            }
+            ready!(self.poll_ready_to_seal(cx))?;
+            // The batch goes straight to the socket: what was sealed before it goes first.
             ready!(self.poll_drain(cx))?;
-            if self.sealer.needs_key_update() {
-                self.send_key_update(false)
-                    .map_err(|why| io::Error::other(format!("KeyUpdate: {why}")))?;
-                ready!(self.poll_drain(cx))?;
-            }
             self.sealer
                 .seal_framed(buf, plain)
                 .map_err(|e| io::Error::other(e.to_string()))?;
@@ -517,6 +511,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
             st.pos += n;
         }
         self.framed_out = false;
+        Poll::Ready(Ok(()))
+    }
+
+    /// Before sealing application data: refused once the write side is closed; what waits in
+    /// the send buffer written; a KeyUpdate sealed if the key is due for one (it waits in the
+    /// send buffer, ahead of what is sealed next).
+    fn poll_ready_to_seal(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.write_closed {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        ready!(self.poll_drain(cx))?;
+        if self.sealer.needs_key_update() {
+            self.send_key_update(false)
+                .map_err(|why| io::Error::other(format!("KeyUpdate: {why}")))?;
+        }
         Poll::Ready(Ok(()))
     }
 
@@ -843,15 +852,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RecordStream<S> {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if this.write_closed {
-            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
-        }
-        // The send buffer holds at most one chunk: drain it before accepting more.
-        ready!(this.poll_drain(cx))?;
-        if this.sealer.needs_key_update() {
-            this.send_key_update(false)
-                .map_err(|why| io::Error::other(format!("KeyUpdate: {why}")))?;
-        }
+        // The send buffer holds at most one chunk: drained before accepting more.
+        ready!(this.poll_ready_to_seal(cx))?;
         let n = data.len().min(WRITE_CHUNK);
         #[cfg(test)]
         {

@@ -21,7 +21,7 @@
 //! on the stream's unacknowledged cells per leg bounds what one client can park in each path's
 //! queue, as conflux bounds each leg by its congestion window (tor's `circuit_ready_to_send`:
 //! inflight < cwnd); here the bound is a fixed cell count because fixed windows have no cwnd.
-//! The cap gates packaging too ([`LegScheduler::has_room`]), not only the choice of leg: a
+//! The cap gates packaging too ([`LegScheduler::within_bound`]), not only the choice of leg: a
 //! client whose legs are all at their cap waits for a stream SENDME.
 
 use std::time::Duration;
@@ -79,10 +79,11 @@ pub trait LegScheduler {
     /// The leg for the next cell.
     fn pick(&self, current: CircKey, legs: &[LegView]) -> Option<CircKey>;
 
-    /// May the next cell go on this leg at all? Asked for the leg in use while a move is
-    /// unconfirmed too (no pick then), so a policy's own bound holds on every cell.
-    fn has_room(&self, v: &LegView) -> bool {
-        v.room
+    /// Is the leg within the policy's own bound (beside its windows and queue, which
+    /// [`LegView::room`] says)? Asked for the leg in use while a move is unconfirmed too (no
+    /// pick then), so the bound holds on every cell. Default: no bound of its own.
+    fn within_bound(&self, _v: &LegView) -> bool {
+        true
     }
 }
 
@@ -132,17 +133,20 @@ impl MinRtt {
 }
 
 impl LegScheduler for MinRtt {
-    fn has_room(&self, v: &LegView) -> bool {
-        v.room && (self.leg_cells == 0 || v.in_flight.is_none_or(|n| n < self.leg_cells))
+    fn within_bound(&self, v: &LegView) -> bool {
+        self.leg_cells == 0 || v.in_flight.is_none_or(|n| n < self.leg_cells)
     }
 
     fn pick(&self, current: CircKey, legs: &[LegView]) -> Option<CircKey> {
         let rtt = |v: &LegView| v.srtt.unwrap_or(Duration::ZERO);
         let best = legs
             .iter()
-            .filter(|v| self.has_room(v))
+            .filter(|v| v.room && self.within_bound(v))
             .min_by_key(|v| (rtt(v), v.leg != current))?;
-        match legs.iter().find(|v| v.leg == current && self.has_room(v)) {
+        match legs
+            .iter()
+            .find(|v| v.leg == current && v.room && self.within_bound(v))
+        {
             Some(cur)
                 if rtt(cur).as_secs_f64() * 100.0
                     <= rtt(best).as_secs_f64() * f64::from(100 + self.margin_pct) =>
@@ -229,13 +233,13 @@ mod tests {
         );
         // Both at the cap: the cell waits, though windows and queues would allow it.
         assert_eq!(s.pick(a, &[at(1, 100, 50), at(2, 100, 200)]), None);
-        assert!(!s.has_room(&at(1, 100, 50)));
+        assert!(!s.within_bound(&at(1, 100, 50)));
         // Without a cap (or with no per-leg count) the same legs have room.
         assert_eq!(
             MinRtt::default().pick(a, &[at(1, 100, 50), at(2, 100, 200)]),
             Some(a)
         );
-        assert!(s.has_room(&LegView {
+        assert!(s.within_bound(&LegView {
             in_flight: None,
             ..at(1, 100, 50)
         }));

@@ -60,8 +60,7 @@ impl Core {
         if set.spare.is_none() || set.sender.switch_announced() || !set.deferred.is_empty() {
             // No move now: the cell goes on the leg in use, within the scheduler's bound.
             // (Windows and queue are the packaging loop's own checks.)
-            let v = view(current);
-            return sched.has_room(&LegView { room: true, ..v });
+            return sched.within_bound(&view(current));
         }
         // Asked before every DATA cell: the views go on the stack (a set has at most
         // MAX_LEGS legs), not in a fresh Vec per cell.
@@ -80,7 +79,7 @@ impl Core {
             // No leg with room. Blocked only by the scheduler's bound: a window or the queue
             // closing is the packaging loop's to see (and the cell waits there anyway).
             let cur = views[..n].iter().find(|v| v.leg == current);
-            return cur.is_none_or(|v| sched.has_room(&LegView { room: true, ..*v }));
+            return cur.is_none_or(|v| sched.within_bound(v));
         };
         if to == current {
             return true;
