@@ -4,7 +4,7 @@
 //! handshake is done its traffic secrets are extracted (`dangerous_into_kernel_connection`, the
 //! API rustls offers for kTLS) and records are sealed and opened here, in place, in buffers the
 //! caller owns: no deframer buffer, no per-record `Vec`, no plaintext queue between TLS and the
-//! cell framer (docs/performance.md, "Design: an own record layer after the rustls handshake").
+//! cell framer (docs/performance.md, "The own record layer").
 //!
 //! - [`RecordSealer`]: application data, a KeyUpdate or an alert into TLS 1.3 records appended to
 //!   a `Vec<u8>` (header, payload, inner content type, no padding, sealed in place, tag).

@@ -15,7 +15,7 @@
 //! (`poll_write`) are copied into the send buffer and sealed there. Reads with less than `DIRECT_MIN` of room go through the receive buffer (one more
 //! copy), as do the bytes left over from the handshake. rustls's path has two more on the way in
 //! (`BufReader` → deframer → `received_plaintext` → caller) and a new `Vec` per record on the
-//! way out (docs/performance.md, session 16).
+//! way out (docs/performance-history.md, session 16).
 //!
 //! The exporter the link handshake binds to: rustls's unbuffered connections have no
 //! `export_keying_material`, so the handshake logs its exporter secret to a per-connection

@@ -83,7 +83,8 @@ pub struct SwitchSettings {
     /// [`crate::switching::SetRtt::heavier`]), as conflux's scheduler prefers the lower-RTT
     /// leg. With bulk uploads every entry reports congestion once the load is
     /// split, so without it clients moved on whichever report came first, not towards the
-    /// lighter entry, and back again once `leg_avoid` ran out (docs/netns.md, "Paper 003").
+    /// lighter entry, and back again once `leg_avoid` ran out (docs/paper003-lab.md, "Never onto
+    /// a heavier leg").
     pub lighter_leg_only: bool,
     /// Path variant, client (`SwitchLegProbe` 1 or 2; the core's default on, the client's option
     /// defaults to 0 since session 20; only with `lighter_leg_only`): on a

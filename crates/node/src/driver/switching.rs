@@ -135,8 +135,8 @@ impl Driver {
                 (f.clamp(0.0, 1.0) * 1000.0).round() as u32
             }),
             lighter_leg_only: o.lighter_leg.unwrap_or(true),
-            // Default 0 (session 20, full-size lab runs, docs/netns.md): neither probing at the
-            // report (+0.9 s of switch time) nor probing ahead (+0.1 s, twice the switches)
+            // Default 0 (session 20, full-size lab runs, docs/paper003-lab.md): neither probing
+            // at the report (+0.9 s of switch time) nor probing ahead (+0.1 s, twice the switches)
             // gained throughput over judging the other leg by its last estimate.
             probe_legs: o.leg_probe.unwrap_or(0) >= 1,
             probe_ahead: o.leg_probe.unwrap_or(0) == 2,
