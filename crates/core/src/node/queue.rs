@@ -108,8 +108,12 @@ impl CellSink for Vec<u8> {
 }
 
 /// One direction of a circuit's cells waiting for their channel, oldest first: a ring of
-/// [`QueuedCell`] slots (`slots.len()` is the capacity; `len` of them from `head` on, wrapping,
-/// hold cells). It grows by doubling like `VecDeque`, and its slots are reused in place.
+/// [`QueuedCell`] slots (`slots.capacity()` is the ring's size; `len` of them from `head` on,
+/// wrapping, hold cells). It grows by doubling like `VecDeque`, and its slots are reused in
+/// place. Slots are initialized as the ring's first lap reaches them (`slots.len()` grows to the
+/// capacity), never ahead: buffer room no cell has used is not touched, so it costs no resident
+/// memory (as with `VecDeque`). Until the first lap ends the cells cannot wrap, so they lie in
+/// `slots[head..head + len]` below `slots.len()`.
 #[derive(Default)]
 pub(super) struct CellQueue {
     slots: Vec<QueuedCell>,
@@ -169,11 +173,19 @@ impl CellQueue {
     /// Append a cell slot stamped `now` (not sampled) and return its wire bytes to be written in
     /// place; they hold whatever the slot held before.
     pub(super) fn push_slot(&mut self, now: Instant) -> &mut [u8; CELL_LEN] {
-        if self.len() == self.slots.len() {
-            self.grow(now);
+        if self.len() == self.slots.capacity() {
+            self.grow();
         }
-        let cap = self.slots.len();
+        let cap = self.slots.capacity();
         let at = (self.head as usize + self.len()) % cap;
+        if at == self.slots.len() {
+            // The first lap: this slot is new.
+            self.slots.push(QueuedCell {
+                wire: [0; CELL_LEN],
+                queued: now,
+                sampled: false,
+            });
+        }
         self.len += 1;
         let slot = &mut self.slots[at];
         slot.queued = now;
@@ -184,7 +196,7 @@ impl CellQueue {
     /// The newest cell's slot.
     fn last(&mut self) -> Option<&mut QueuedCell> {
         let n = self.len().checked_sub(1)?;
-        let cap = self.slots.len();
+        let cap = self.slots.capacity();
         self.slots.get_mut((self.head as usize + n) % cap)
     }
 
@@ -202,33 +214,28 @@ impl CellQueue {
             return;
         }
         self.len -= 1;
-        if self.len == 0 && self.slots.len() <= QUEUE_KEEP_CELLS {
+        if self.len == 0 && self.slots.capacity() <= QUEUE_KEEP_CELLS {
             self.release();
         }
     }
 
-    /// Double the ring (at least [`QUEUE_MIN_CELLS`]), its cells first and in order. New slots
-    /// are filled with a blank cell stamped `now` (overwritten before they are read).
-    fn grow(&mut self, now: Instant) {
-        let new_cap = (2 * self.slots.len()).max(QUEUE_MIN_CELLS);
-        self.set_capacity(new_cap, now);
+    /// Double the ring (at least [`QUEUE_MIN_CELLS`]), its cells first and in order.
+    fn grow(&mut self) {
+        let new_cap = (2 * self.slots.capacity()).max(QUEUE_MIN_CELLS);
+        self.set_capacity(new_cap);
     }
 
-    /// Re-lay the ring with its cells from index 0 and exactly `cap` (≥ `len`) slots.
-    fn set_capacity(&mut self, cap: usize, now: Instant) {
+    /// Re-lay the ring with its cells from index 0 in a buffer of `cap` (≥ `len`) slots. The
+    /// cells lie in `slots[..slots.len()]` (wrapping only once every slot is initialized), so
+    /// rotating them there puts them first.
+    fn set_capacity(&mut self, cap: usize) {
         self.slots.rotate_left(self.head as usize);
         self.head = 0;
-        if cap > self.slots.len() {
+        self.slots.truncate(self.len());
+        if cap > self.slots.capacity() {
             self.slots.reserve_exact(cap - self.slots.len());
-            let blank = QueuedCell {
-                wire: [0; CELL_LEN],
-                queued: now,
-                sampled: false,
-            };
-            self.slots.resize(cap, blank);
         } else {
-            self.slots.truncate(cap);
-            self.slots.shrink_to_fit();
+            self.slots.shrink_to(cap);
         }
     }
 
@@ -242,7 +249,7 @@ impl CellQueue {
         let q = &self.slots[head];
         out.put_wire(&q.wire);
         let taken = (CellCommand(q.wire[4]), q.sampled.then_some(q.queued));
-        self.head = ((head + 1) % self.slots.len()) as u32;
+        self.head = ((head + 1) % self.slots.capacity()) as u32;
         self.len -= 1;
         Some(taken)
     }
@@ -261,7 +268,7 @@ impl CellQueue {
 
     /// Cells the queue's buffer has room for (what it costs against `MaxMemInQueues`).
     pub(super) fn capacity(&self) -> usize {
-        self.slots.len()
+        self.slots.capacity()
     }
 
     /// Free the buffer (the queue must be empty or be cleared).
@@ -276,20 +283,19 @@ impl CellQueue {
     /// cells of capacity given back. Costs a copy of the queued cells; the OOM handler calls
     /// it, not the send path.
     pub(super) fn compact(&mut self) -> usize {
-        let before = self.slots.len();
+        let before = self.slots.capacity();
         if self.len == 0 {
             self.release();
         } else if before > 2 * self.len() {
-            let now = self.slots[self.head as usize].queued;
-            self.set_capacity(self.len(), now);
+            self.set_capacity(self.len());
         }
-        before - self.slots.len()
+        before - self.slots.capacity()
     }
 
     /// Called when a pop left the queue empty at `now`: release a small buffer now; for a
     /// grown one, note the time and return whether the queue must be listed for the sweep.
     fn emptied_at(&mut self, now: Instant) -> bool {
-        if self.slots.len() <= QUEUE_KEEP_CELLS {
+        if self.slots.capacity() <= QUEUE_KEEP_CELLS {
             // The caller reads the capacity before and after: the release is counted.
             self.release();
             return false;
@@ -341,7 +347,7 @@ impl CellQueue {
     /// Give every queued cell a new circuit id (its circuit moved to another connection:
     /// cells carry their id from when they were queued).
     pub(super) fn set_circ_id(&mut self, id: CircId) {
-        let cap = self.slots.len();
+        let cap = self.slots.capacity();
         for i in 0..self.len() {
             self.slots[(self.head as usize + i) % cap].wire[..4].copy_from_slice(&id.to_be_bytes());
         }
@@ -633,6 +639,48 @@ mod tests {
         q.clear();
         assert_eq!((q.len(), q.oldest()), (0, None));
         assert!(CELL_MEM_COST >= std::mem::size_of::<Cell>() + std::mem::size_of::<Instant>());
+    }
+
+    /// The ring keeps its cells in order through wrapping, growth while wrapped, compaction
+    /// and a new circuit id, and initializes a slot only when a cell first reaches it (room no
+    /// cell used stays untouched: no resident memory for it).
+    #[test]
+    fn the_ring_keeps_order_and_touches_only_used_slots() {
+        let t0 = Instant::now();
+        let cell = |i: u8| Cell::new(7, CellCommand::RELAY, &[i; 20]).unwrap();
+        let mut q = CellQueue::default();
+        for i in 0..5 {
+            q.push(cell(i), t0, false);
+        }
+        assert_eq!(q.capacity(), 8);
+        assert_eq!(q.slots.len(), 5, "three slots never used, never written");
+        let mut next_out = 0u8;
+        let mut next_in = 5u8;
+        // Cycle so the cells wrap around the end, then grow while wrapped.
+        for _ in 0..6 {
+            assert_eq!(q.pop().unwrap().0.payload[0], next_out);
+            next_out += 1;
+            q.push(cell(next_in), t0, false);
+            next_in += 1;
+        }
+        assert_eq!((q.len(), q.capacity(), q.slots.len()), (5, 8, 8));
+        for _ in 0..10 {
+            q.push(cell(next_in), t0, false);
+            next_in += 1;
+        }
+        assert_eq!((q.len(), q.capacity()), (15, 16));
+        q.set_circ_id(9);
+        for _ in 0..12 {
+            let (c, _) = q.pop().unwrap();
+            assert_eq!((c.payload[0], c.circ_id), (next_out, 9));
+            next_out += 1;
+        }
+        assert_eq!(q.compact(), 13, "shrunk to its 3 cells");
+        while let Some((c, _)) = q.pop() {
+            assert_eq!(c.payload[0], next_out);
+            next_out += 1;
+        }
+        assert_eq!(next_out, next_in);
     }
 
     /// An emptied queue holds no buffer if it never grew; a grown one keeps its buffer until
