@@ -683,6 +683,33 @@ mod tests {
         assert_eq!(next_out, next_in);
     }
 
+    /// The ring's buffer grows as `VecDeque`'s did for the same pushes and pops (4, then
+    /// doubling), so a queue holds no more heap than before for the same cells.
+    #[test]
+    fn the_ring_grows_as_vecdeque_did() {
+        let t0 = Instant::now();
+        let cell = || Cell::new(1, CellCommand::RELAY, &[]).unwrap();
+        let mut q = CellQueue::default();
+        let mut d: std::collections::VecDeque<QueuedCell> = std::collections::VecDeque::new();
+        let mut x = 12345u32;
+        for _ in 0..5000 {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            // Pushes slightly more often than pops: the queues grow to a few hundred cells.
+            if (x >> 16) % 100 < 53 {
+                q.push(cell(), t0, false);
+                d.push_back(QueuedCell {
+                    wire: [0; CELL_LEN],
+                    queued: t0,
+                    sampled: false,
+                });
+            } else {
+                assert_eq!(q.pop().is_some(), d.pop_front().is_some());
+            }
+            assert_eq!((q.len(), q.capacity()), (d.len(), d.capacity()));
+        }
+        assert!(q.capacity() >= 128, "grew to {}", q.capacity());
+    }
+
     /// An emptied queue holds no buffer if it never grew; a grown one keeps its buffer until
     /// the sweep finds it empty for QUEUE_RELEASE_AFTER, and keeps it if it filled again.
     #[test]
