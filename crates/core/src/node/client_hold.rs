@@ -250,11 +250,13 @@ impl Core {
     /// or if it comes from a client whose queue here (plus what its circuits owe) is past the
     /// cap, on a circuit with cells queued toward it (any of its circuits when
     /// `client_circuit_window` is on). A client's cell passed on makes its circuit owe a window.
+    /// The cell came with id `circ_id`; `cell` builds it, called only if it is held.
     pub(super) fn hold_upstream(
         &mut self,
         chan: ChannelId,
         key: CircKey,
-        cell: &Cell,
+        circ_id: chive_cell::CircId,
+        cell: impl FnOnce() -> Cell,
         now: Instant,
     ) -> bool {
         let cap = self.cfg.client_queue_cap;
@@ -272,7 +274,7 @@ impl Core {
             let Some(circ) = self.circuits.get(&key) else {
                 return false;
             };
-            let from_client = circ.prev == Some((chan, cell.circ_id)) && !circ.is_origin();
+            let from_client = circ.prev == Some((chan, circ_id)) && !circ.is_origin();
             if !from_client {
                 return false;
             }
@@ -306,7 +308,7 @@ impl Core {
         }
         let cap_before = h.cells.capacity();
         h.cells.push_back(HeldCell {
-            cell: cell.clone(),
+            cell: cell(),
             at: now,
         });
         self.hold.buffer_cells += h.cells.capacity() - cap_before;

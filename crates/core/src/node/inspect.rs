@@ -28,6 +28,9 @@ pub struct CoreStats {
     pub cells_transmitted: u64,
     /// Cells received since start.
     pub cells_received: u64,
+    /// Of those, relay cells passed on from their wire bytes ([`crate::Core::handle_cell_wire`]):
+    /// copied straight into their circuit queue's slot, their onion layer applied there.
+    pub cells_in_place: u64,
     /// Circuits closed for a protocol violation or resource limit (OOM kills included).
     pub circuits_killed: u64,
     /// Bytes counted against `MaxMemInQueues` now: queued cells and driver-reported buffers.

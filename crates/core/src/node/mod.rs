@@ -27,7 +27,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use chive_cell::{Cell, CellCommand, CircId, DestroyReason, VarCell};
+use chive_cell::{Cell, CellCommand, CircId, DestroyReason, VarCell, CELL_LEN};
 use chive_crypto::IdentityKey;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -274,6 +274,35 @@ impl Core {
     pub fn handle_var_cell(&mut self, chan: ChannelId, cell: VarCell, _now: Instant) {
         if cell.command != CellCommand::VPADDING {
             debug!(?chan, command = %cell.command, "ignoring variable cell after handshake");
+        }
+    }
+
+    /// A fixed cell arrived on `chan`, as its 514 wire bytes (`wire`): a relay cell this relay
+    /// passes on is copied once, from the read buffer into its slot in the circuit queue it
+    /// leaves by, and its onion layer is applied there; the slot's bytes are what the send
+    /// path copies into the outgoing batch. Every other cell is decoded into `scratch` (a
+    /// reused buffer) and takes [`Core::handle_cell_mut`]'s path. A variable-length command
+    /// byte is the caller's error: the cell is dropped.
+    pub fn handle_cell_wire(
+        &mut self,
+        chan: ChannelId,
+        wire: &[u8; CELL_LEN],
+        scratch: &mut Cell,
+        now: Instant,
+    ) {
+        let relay = matches!(
+            CellCommand(wire[4]),
+            CellCommand::RELAY | CellCommand::RELAY_EARLY
+        );
+        if relay
+            && self.sw.ends.is_empty()
+            && self.channels.contains_key(&chan)
+            && self.relay_wire(chan, wire, now)
+        {
+            return;
+        }
+        if scratch.decode_from(wire).is_ok() {
+            self.handle_cell_mut(chan, scratch, now);
         }
     }
 

@@ -13,10 +13,9 @@
 //! `CoreStats::queue_buffer_cells`, and the OOM handler first gives back idle and oversized
 //! buffers ([`Core::compact_queues`]) before it kills anything.
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
-use chive_cell::Cell;
+use chive_cell::{Cell, CellCommand, CircId, CELL_LEN, PAYLOAD_LEN};
 
 use crate::{ChannelId, CircKey};
 
@@ -38,11 +37,13 @@ const QUEUE_KEEP_CELLS: usize = 4;
 /// How long an emptied queue keeps a grown buffer before [`Core::handle_timeout`] frees it.
 pub(super) const QUEUE_RELEASE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A cell waiting in a circuit queue, with when it was queued: the OOM handler kills the
-/// circuits whose oldest cell is oldest (`node/oom.rs`), and sampled cells report their
-/// queueing delay.
+/// A slot of a circuit queue: a cell in its 514-byte wire form, with when it was queued (the
+/// OOM handler kills the circuits whose oldest cell is oldest, `node/oom.rs`, and sampled cells
+/// report their queueing delay). Slots are written in place and reused: a cell is copied once
+/// into its slot and once out of it (into the batch the connection's writer seals).
+#[derive(Clone)]
 pub(super) struct QueuedCell {
-    cell: Cell,
+    wire: [u8; CELL_LEN],
     queued: Instant,
     /// Whether this cell is one of the instrumentation samples (`cell_sample_every`).
     sampled: bool,
@@ -52,12 +53,17 @@ pub(super) struct QueuedCell {
 /// queue stores them (Tor charges `packed_cell_mem_cost()`, the same idea).
 pub const CELL_MEM_COST: usize = std::mem::size_of::<QueuedCell>();
 
+/// The smallest buffer a queue allocates, in cells (what `VecDeque` allocated first).
+const QUEUE_MIN_CELLS: usize = 4;
+
 /// Where [`Core::poll_transmit`] puts the cells it takes: decoded cells (`Vec<Cell>`) or their
-/// wire bytes (`Vec<u8>`, [`Core::poll_transmit_wire`]). A cell is handed over by reference
-/// from its queue, so encoding it is its only copy.
+/// wire bytes (`Vec<u8>`, [`Core::poll_transmit_wire`]). A queued cell is handed over as the
+/// wire bytes its slot holds, so putting it in a wire batch is one 514-byte copy.
 pub(super) trait CellSink {
-    /// Append `cell`.
+    /// Append `cell` (a link-level cell, not from a circuit queue).
     fn put(&mut self, cell: &Cell);
+    /// Append the cell whose wire form is `wire`.
+    fn put_wire(&mut self, wire: &[u8; CELL_LEN]);
     /// Cells appended so far (a sampled cell's index in its batch).
     fn cells(&self) -> usize;
 }
@@ -67,9 +73,23 @@ impl CellSink for Vec<Cell> {
         self.push(cell.clone());
     }
 
+    fn put_wire(&mut self, wire: &[u8; CELL_LEN]) {
+        self.push(wire_to_cell(wire));
+    }
+
     fn cells(&self) -> usize {
         self.len()
     }
+}
+
+/// The cell whose wire form is `wire` (written by [`QueueCell::write_to`], or a fixed cell read
+/// from a link: any command byte is kept as it is).
+pub(super) fn wire_to_cell(wire: &[u8; CELL_LEN]) -> Cell {
+    let (head, payload) = wire.split_at(5);
+    let mut p = [0u8; PAYLOAD_LEN];
+    p.copy_from_slice(payload);
+    let id = CircId::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    Cell::from_payload(id, CellCommand(head[4]), p)
 }
 
 impl CellSink for Vec<u8> {
@@ -77,69 +97,164 @@ impl CellSink for Vec<u8> {
         cell.encode_into(self);
     }
 
+    fn put_wire(&mut self, wire: &[u8; CELL_LEN]) {
+        self.extend_from_slice(wire);
+    }
+
     fn cells(&self) -> usize {
         // Only fixed cells leave through the send path.
-        self.len() / chive_cell::CELL_LEN
+        self.len() / CELL_LEN
     }
 }
 
-/// One direction of a circuit's cells waiting for their channel, oldest first.
+/// One direction of a circuit's cells waiting for their channel, oldest first: a ring of
+/// [`QueuedCell`] slots (`slots.capacity()` is the ring's size; `len` of them from `head` on,
+/// wrapping, hold cells). It grows by doubling like `VecDeque`, and its slots are reused in
+/// place. Slots are initialized as the ring's first lap reaches them (`slots.len()` grows to the
+/// capacity), never ahead: buffer room no cell has used is not touched, so it costs no resident
+/// memory (as with `VecDeque`). Until the first lap ends the cells cannot wrap, so they lie in
+/// `slots[head..head + len]` below `slots.len()`.
 #[derive(Default)]
 pub(super) struct CellQueue {
-    cells: VecDeque<QueuedCell>,
+    slots: Vec<QueuedCell>,
+    /// The oldest cell's slot and the number of cells (`u32`: a queue is killed long before
+    /// that many, `max_circuit_queue`), so the queue is no larger than the `VecDeque` it was.
+    head: u32,
+    len: u32,
     /// When the queue last became empty while holding a grown buffer (`None` otherwise).
     emptied: Option<Instant>,
     /// Whether the queue is on `Core::emptied_queues` (at most once).
     listed: bool,
 }
 
-/// A cell as [`Core::enqueue`] takes it: owned (moved into the queue) or borrowed (copied
-/// into the queue: a relayed cell comes by reference from the driver's decoding buffer, so this
-/// copy is its only one between decoding and encoding).
+/// A cell as [`Core::enqueue`] takes it: owned or borrowed (a relayed cell comes by reference
+/// from the driver's decoding buffer). Either way it is written straight into its queue slot:
+/// no `Cell` value is built on the way.
 pub(super) trait QueueCell {
-    /// Append this cell to `cells`.
-    fn push_to(self, cells: &mut VecDeque<QueuedCell>, queued: Instant, sampled: bool);
+    /// Write this cell's wire form into `wire`.
+    fn write_to(self, wire: &mut [u8; CELL_LEN]);
 }
 
-impl QueueCell for Cell {
-    fn push_to(self, cells: &mut VecDeque<QueuedCell>, queued: Instant, sampled: bool) {
-        cells.push_back(QueuedCell {
-            cell: self,
-            queued,
-            sampled,
-        });
+/// A fixed cell as read from a link (`wire`), queued under the circuit id it leaves with.
+pub(super) struct WireCell<'a> {
+    pub(super) wire: &'a [u8; CELL_LEN],
+    pub(super) circ_id: CircId,
+}
+
+impl QueueCell for WireCell<'_> {
+    fn write_to(self, wire: &mut [u8; CELL_LEN]) {
+        *wire = *self.wire;
+        wire[..4].copy_from_slice(&self.circ_id.to_be_bytes());
     }
 }
 
 impl QueueCell for &Cell {
-    fn push_to(self, cells: &mut VecDeque<QueuedCell>, queued: Instant, sampled: bool) {
-        cells.push_back(QueuedCell {
-            cell: self.clone(),
-            queued,
-            sampled,
-        });
+    fn write_to(self, wire: &mut [u8; CELL_LEN]) {
+        let (head, payload) = wire.split_at_mut(5);
+        head[..4].copy_from_slice(&self.circ_id.to_be_bytes());
+        head[4] = self.command.0;
+        payload.copy_from_slice(&self.payload);
+    }
+}
+
+impl QueueCell for Cell {
+    fn write_to(self, wire: &mut [u8; CELL_LEN]) {
+        (&self).write_to(wire)
     }
 }
 
 impl CellQueue {
-    pub(super) fn push(&mut self, cell: impl QueueCell, now: Instant, sampled: bool) {
-        cell.push_to(&mut self.cells, now, sampled);
+    #[cfg(test)]
+    fn push(&mut self, cell: impl QueueCell, now: Instant, sampled: bool) {
+        cell.write_to(self.push_slot(now));
+        self.set_last_sampled(sampled);
     }
 
-    /// Hand the next cell to `out` where it lies (no move out of the queue first), drop it from
-    /// the queue; its command, and its enqueue time if it was sampled.
-    fn pop_into(
-        &mut self,
-        out: &mut impl CellSink,
-    ) -> Option<(chive_cell::CellCommand, Option<Instant>)> {
-        let q = self.cells.front()?;
-        out.put(&q.cell);
-        let taken = (q.cell.command, q.sampled.then_some(q.queued));
-        self.cells.pop_front();
+    /// Append a cell slot stamped `now` (not sampled) and return its wire bytes to be written in
+    /// place; they hold whatever the slot held before.
+    pub(super) fn push_slot(&mut self, now: Instant) -> &mut [u8; CELL_LEN] {
+        if self.len() == self.slots.capacity() {
+            self.grow();
+        }
+        let cap = self.slots.capacity();
+        let at = (self.head as usize + self.len()) % cap;
+        if at == self.slots.len() {
+            // The first lap: this slot is new.
+            self.slots.push(QueuedCell {
+                wire: [0; CELL_LEN],
+                queued: now,
+                sampled: false,
+            });
+        }
+        self.len += 1;
+        let slot = &mut self.slots[at];
+        slot.queued = now;
+        slot.sampled = false;
+        &mut slot.wire
+    }
+
+    /// The newest cell's slot.
+    fn last(&mut self) -> Option<&mut QueuedCell> {
+        let n = self.len().checked_sub(1)?;
+        let cap = self.slots.capacity();
+        self.slots.get_mut((self.head as usize + n) % cap)
+    }
+
+    /// Mark the newest cell as an instrumentation sample (or not).
+    pub(super) fn set_last_sampled(&mut self, sampled: bool) {
+        if let Some(q) = self.last() {
+            q.sampled = sampled;
+        }
+    }
+
+    /// Take back the newest cell's slot (written, then not to be queued). A queue left empty
+    /// with the smallest buffer frees it, as a pop would.
+    pub(super) fn unpush(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        self.len -= 1;
+        if self.len == 0 && self.slots.capacity() <= QUEUE_KEEP_CELLS {
+            self.release();
+        }
+    }
+
+    /// Double the ring (at least [`QUEUE_MIN_CELLS`]), its cells first and in order.
+    fn grow(&mut self) {
+        let new_cap = (2 * self.slots.capacity()).max(QUEUE_MIN_CELLS);
+        self.set_capacity(new_cap);
+    }
+
+    /// Re-lay the ring with its cells from index 0 in a buffer of `cap` (≥ `len`) slots. The
+    /// cells lie in `slots[..slots.len()]` (wrapping only once every slot is initialized), so
+    /// rotating them there puts them first.
+    fn set_capacity(&mut self, cap: usize) {
+        self.slots.rotate_left(self.head as usize);
+        self.head = 0;
+        self.slots.truncate(self.len());
+        if cap > self.slots.capacity() {
+            self.slots.reserve_exact(cap - self.slots.len());
+        } else {
+            self.slots.shrink_to(cap);
+        }
+    }
+
+    /// Hand the next cell's wire bytes to `out` where they lie, drop it from the queue; its
+    /// command, and its enqueue time if it was sampled.
+    fn pop_into(&mut self, out: &mut impl CellSink) -> Option<(CellCommand, Option<Instant>)> {
+        if self.len == 0 {
+            return None;
+        }
+        let head = self.head as usize;
+        let q = &self.slots[head];
+        out.put_wire(&q.wire);
+        let taken = (CellCommand(q.wire[4]), q.sampled.then_some(q.queued));
+        self.head = ((head + 1) % self.slots.capacity()) as u32;
+        self.len -= 1;
         Some(taken)
     }
 
-    /// The next cell, moved out, and its enqueue time if it was sampled.
+    /// The next cell, decoded, and its enqueue time if it was sampled.
     #[cfg(test)]
     fn pop(&mut self) -> Option<(Cell, Option<Instant>)> {
         let mut out = Vec::with_capacity(1);
@@ -148,12 +263,19 @@ impl CellQueue {
     }
 
     pub(super) fn len(&self) -> usize {
-        self.cells.len()
+        self.len as usize
     }
 
     /// Cells the queue's buffer has room for (what it costs against `MaxMemInQueues`).
     pub(super) fn capacity(&self) -> usize {
-        self.cells.capacity()
+        self.slots.capacity()
+    }
+
+    /// Free the buffer (the queue must be empty or be cleared).
+    fn release(&mut self) {
+        self.slots = Vec::new();
+        self.head = 0;
+        self.len = 0;
     }
 
     /// Give back buffer room the queue does not use: an empty queue frees its buffer, a
@@ -161,21 +283,21 @@ impl CellQueue {
     /// cells of capacity given back. Costs a copy of the queued cells; the OOM handler calls
     /// it, not the send path.
     pub(super) fn compact(&mut self) -> usize {
-        let before = self.cells.capacity();
-        if self.cells.is_empty() {
-            self.cells = VecDeque::new();
-        } else if before > 2 * self.cells.len() {
-            self.cells.shrink_to_fit();
+        let before = self.slots.capacity();
+        if self.len == 0 {
+            self.release();
+        } else if before > 2 * self.len() {
+            self.set_capacity(self.len());
         }
-        before - self.cells.capacity()
+        before - self.slots.capacity()
     }
 
     /// Called when a pop left the queue empty at `now`: release a small buffer now; for a
     /// grown one, note the time and return whether the queue must be listed for the sweep.
     fn emptied_at(&mut self, now: Instant) -> bool {
-        if self.cells.capacity() <= QUEUE_KEEP_CELLS {
+        if self.slots.capacity() <= QUEUE_KEEP_CELLS {
             // The caller reads the capacity before and after: the release is counted.
-            self.cells = VecDeque::new();
+            self.release();
             return false;
         }
         self.emptied = Some(now);
@@ -186,10 +308,10 @@ impl CellQueue {
     /// QUEUE_RELEASE_AFTER`; otherwise the time to look again (still listed), if any.
     fn sweep(&mut self, now: Instant) -> Option<Instant> {
         match self.emptied {
-            Some(t) if self.cells.is_empty() => {
+            Some(t) if self.len == 0 => {
                 let due = t + QUEUE_RELEASE_AFTER;
                 if due <= now {
-                    self.cells = VecDeque::new();
+                    self.release();
                     self.emptied = None;
                     self.listed = false;
                     None
@@ -209,24 +331,25 @@ impl CellQueue {
     /// Heap bytes of this queue's buffer.
     #[cfg(test)]
     fn buffer_bytes(&self) -> usize {
-        self.cells.capacity() * std::mem::size_of::<QueuedCell>()
+        self.slots.capacity() * std::mem::size_of::<QueuedCell>()
     }
 
     /// When the oldest cell still queued was queued.
     pub(super) fn oldest(&self) -> Option<Instant> {
-        self.cells.front().map(|q| q.queued)
+        (self.len > 0).then(|| self.slots[self.head as usize].queued)
     }
 
     pub(super) fn clear(&mut self) {
-        self.cells = VecDeque::new();
+        self.release();
         self.emptied = None;
     }
 
     /// Give every queued cell a new circuit id (its circuit moved to another connection:
     /// cells carry their id from when they were queued).
-    pub(super) fn set_circ_id(&mut self, id: chive_cell::CircId) {
-        for q in &mut self.cells {
-            q.cell.circ_id = id;
+    pub(super) fn set_circ_id(&mut self, id: CircId) {
+        let cap = self.slots.capacity();
+        for i in 0..self.len() {
+            self.slots[(self.head as usize + i) % cap].wire[..4].copy_from_slice(&id.to_be_bytes());
         }
     }
 }
@@ -368,12 +491,37 @@ impl Core {
 
     /// Put a cell on a circuit's queue toward `side` and wake its channel.
     pub(super) fn enqueue(&mut self, key: CircKey, side: Side, cell: impl QueueCell, now: Instant) {
-        let Some(circ) = self.circuits.get_mut(&key) else {
-            return;
+        self.enqueue_with(key, side, now, |_, slot| {
+            cell.write_to(slot);
+            None::<()>
+        });
+    }
+
+    /// [`Core::enqueue`] with the cell written in place by `fill`, which gets the circuit's
+    /// role (its crypto) and the slot's wire bytes: a relayed cell is copied into its slot and
+    /// its onion layer applied there. If `fill` returns `Some`, the cell is not queued (its slot
+    /// is taken back) and that is returned. `fill` is not called when the circuit has no
+    /// endpoint on `side`.
+    pub(super) fn enqueue_with<R>(
+        &mut self,
+        key: CircKey,
+        side: Side,
+        now: Instant,
+        fill: impl FnOnce(&mut super::circuit::Role, &mut [u8; CELL_LEN]) -> Option<R>,
+    ) -> Option<R> {
+        let circ = self.circuits.get_mut(&key)?;
+        let (chan, _) = circ.endpoint(side)?;
+        let (queue, role) = match side {
+            Side::Prev => (&mut circ.q_prev, &mut circ.role),
+            Side::Next => (&mut circ.q_next, &mut circ.role),
         };
-        let Some((chan, _)) = circ.endpoint(side) else {
-            return;
-        };
+        let cap = queue.capacity();
+        if let Some(taken) = fill(role, queue.push_slot(now)) {
+            queue.unpush();
+            self.stats.queue_buffer_cells += queue.capacity();
+            self.stats.queue_buffer_cells -= cap;
+            return Some(taken);
+        }
         let sampled = match self.cfg.cell_sample_every {
             0 => false,
             every => {
@@ -381,18 +529,17 @@ impl Core {
                 self.sample_counter.is_multiple_of(every)
             }
         };
-        let queue = circ.queue(side);
-        let cap = queue.capacity();
-        queue.push(cell, now, sampled);
+        queue.set_last_sampled(sampled);
         let len = queue.len();
         self.stats.queued_cells += 1;
         self.stats.queue_buffer_cells += queue.capacity() - cap;
         if len > self.cfg.max_circuit_queue {
-            return self.kill(
+            self.kill(
                 key,
                 "circuit queue limit exceeded (peer ignores flow control)",
                 now,
             );
+            return None;
         }
         if let Some(ch) = self.channels.get_mut(&chan) {
             ch.queued += 1;
@@ -405,6 +552,7 @@ impl Core {
         }
         self.mark_ready(chan);
         self.check_mem_in_queues(now);
+        None
     }
 
     /// When the sweep of emptied queues next has work ([`QUEUE_RELEASE_AFTER`] after the
@@ -491,6 +639,75 @@ mod tests {
         q.clear();
         assert_eq!((q.len(), q.oldest()), (0, None));
         assert!(CELL_MEM_COST >= std::mem::size_of::<Cell>() + std::mem::size_of::<Instant>());
+    }
+
+    /// The ring keeps its cells in order through wrapping, growth while wrapped, compaction
+    /// and a new circuit id, and initializes a slot only when a cell first reaches it (room no
+    /// cell used stays untouched: no resident memory for it).
+    #[test]
+    fn the_ring_keeps_order_and_touches_only_used_slots() {
+        let t0 = Instant::now();
+        let cell = |i: u8| Cell::new(7, CellCommand::RELAY, &[i; 20]).unwrap();
+        let mut q = CellQueue::default();
+        for i in 0..5 {
+            q.push(cell(i), t0, false);
+        }
+        assert_eq!(q.capacity(), 8);
+        assert_eq!(q.slots.len(), 5, "three slots never used, never written");
+        let mut next_out = 0u8;
+        let mut next_in = 5u8;
+        // Cycle so the cells wrap around the end, then grow while wrapped.
+        for _ in 0..6 {
+            assert_eq!(q.pop().unwrap().0.payload[0], next_out);
+            next_out += 1;
+            q.push(cell(next_in), t0, false);
+            next_in += 1;
+        }
+        assert_eq!((q.len(), q.capacity(), q.slots.len()), (5, 8, 8));
+        for _ in 0..10 {
+            q.push(cell(next_in), t0, false);
+            next_in += 1;
+        }
+        assert_eq!((q.len(), q.capacity()), (15, 16));
+        q.set_circ_id(9);
+        for _ in 0..12 {
+            let (c, _) = q.pop().unwrap();
+            assert_eq!((c.payload[0], c.circ_id), (next_out, 9));
+            next_out += 1;
+        }
+        assert_eq!(q.compact(), 13, "shrunk to its 3 cells");
+        while let Some((c, _)) = q.pop() {
+            assert_eq!(c.payload[0], next_out);
+            next_out += 1;
+        }
+        assert_eq!(next_out, next_in);
+    }
+
+    /// The ring's buffer grows as `VecDeque`'s did for the same pushes and pops (4, then
+    /// doubling), so a queue holds no more heap than before for the same cells.
+    #[test]
+    fn the_ring_grows_as_vecdeque_did() {
+        let t0 = Instant::now();
+        let cell = || Cell::new(1, CellCommand::RELAY, &[]).unwrap();
+        let mut q = CellQueue::default();
+        let mut d: std::collections::VecDeque<QueuedCell> = std::collections::VecDeque::new();
+        let mut x = 12345u32;
+        for _ in 0..5000 {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            // Pushes slightly more often than pops: the queues grow to a few hundred cells.
+            if (x >> 16) % 100 < 53 {
+                q.push(cell(), t0, false);
+                d.push_back(QueuedCell {
+                    wire: [0; CELL_LEN],
+                    queued: t0,
+                    sampled: false,
+                });
+            } else {
+                assert_eq!(q.pop().is_some(), d.pop_front().is_some());
+            }
+            assert_eq!((q.len(), q.capacity()), (d.len(), d.capacity()));
+        }
+        assert!(q.capacity() >= 128, "grew to {}", q.capacity());
     }
 
     /// An emptied queue holds no buffer if it never grew; a grown one keeps its buffer until

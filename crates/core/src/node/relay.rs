@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use chive_cell::{
-    parse_relay, relay_payload, Cell, CellCommand, DestroyReason, Extend2, Extended2, RelayCommand,
-    PAYLOAD_LEN,
+    parse_relay, relay_payload, Cell, CellCommand, CircId, DestroyReason, Extend2, Extended2,
+    RelayCommand, CELL_LEN, PAYLOAD_LEN,
 };
 use tracing::debug;
 
@@ -14,6 +14,7 @@ use crate::{ChannelId, CircKey};
 
 use super::circuit::{Role, Side};
 use super::event::Event;
+use super::queue::{wire_to_cell, QueueCell, WireCell};
 use super::Core;
 
 /// RELAY_EARLY cells allowed per circuit (tor-spec).
@@ -31,10 +32,85 @@ impl Core {
             return;
         };
         // A client past its queue cap: its cell waits at this entry (`client_hold.rs`).
-        if self.hold_upstream(chan, key, cell, now) {
+        if self.hold_upstream(chan, key, cell.circ_id, || cell.clone(), now) {
             return;
         }
         self.relay_in(chan, key, cell, now);
+    }
+
+    /// A relay cell a relay passes on, from its wire bytes as read (`wire`, a RELAY or
+    /// RELAY_EARLY cell): copied once, into its slot in the circuit queue it leaves by, and its
+    /// onion layer applied there (no decoded `Cell` on the way). Returns false, having done
+    /// nothing, for the cells [`Core::on_relay`] must see decoded: unknown circuits, the
+    /// client's, the last hop's forward cells (recognized there), inbound RELAY_EARLY.
+    pub(super) fn relay_wire(
+        &mut self,
+        chan: ChannelId,
+        wire: &[u8; CELL_LEN],
+        now: Instant,
+    ) -> bool {
+        let circ_id = CircId::from_be_bytes([wire[0], wire[1], wire[2], wire[3]]);
+        let early = wire[4] == CellCommand::RELAY_EARLY.0;
+        let Some(key) = self.lookup(chan, circ_id) else {
+            return false;
+        };
+        let Some(circ) = self.circuits.get(&key) else {
+            return false;
+        };
+        if circ.is_origin() {
+            return false;
+        }
+        // The direction is the end the cell's id names (see `relay_in`).
+        let from_prev = circ.prev == Some((chan, circ_id));
+        let side = if from_prev { Side::Next } else { Side::Prev };
+        let Some((_, out_id)) = circ.endpoint(side) else {
+            return false;
+        };
+        if early && !from_prev {
+            return false;
+        }
+        self.stats.cells_received += 1;
+        let decoded = || wire_to_cell(wire);
+        if self.hold_upstream(chan, key, circ_id, decoded, now) {
+            return true;
+        }
+        let Some(circ) = self.circuits.get_mut(&key) else {
+            return true;
+        };
+        circ.sw.recv[usize::from(!from_prev)] += 1;
+        if early {
+            circ.relay_early_seen += 1;
+            if circ.relay_early_seen > MAX_RELAY_EARLY {
+                self.kill(key, "too many RELAY_EARLY cells", now);
+                return true;
+            }
+        }
+        self.stats.cells_in_place += 1;
+        let fill = |role: &mut Role, slot: &mut [u8; CELL_LEN]| {
+            WireCell {
+                wire,
+                circ_id: out_id,
+            }
+            .write_to(slot);
+            let Role::Relay { crypto, .. } = role else {
+                return None;
+            };
+            let (_, payload) = slot.split_first_chunk_mut::<5>()?;
+            let payload: &mut [u8; PAYLOAD_LEN] = payload.try_into().ok()?;
+            if !from_prev {
+                crypto.encrypt_backward(payload);
+                return None;
+            }
+            // Recognized here (this hop's own cell, e.g. a path command): not passed on.
+            crypto
+                .decrypt_forward(payload)
+                .then(|| (*payload, crypto.last_forward_digest()))
+        };
+        if let Some((payload, digest)) = self.enqueue_with(key, side, now, fill) {
+            self.stats.cells_in_place -= 1;
+            self.relay_cell_for_us(key, &payload, digest, early, now);
+        }
+        true
     }
 
     /// A relay cell of circuit `key` from `chan`, taken in (now, or let go after being held).

@@ -237,6 +237,22 @@ impl Path {
         self.r.core.handle_cell(R_CLIENT, cell, self.now);
     }
 
+    /// [`Path::send`] with the cell handed to R as its wire bytes, as the node's driver does.
+    pub fn send_wire(
+        &mut self,
+        circ: &mut Circ,
+        hop: usize,
+        cmd: RelayCommand,
+        sid: u16,
+        body: &[u8],
+    ) {
+        let cell = relay_cell(circ, hop, cmd, sid, body, false);
+        let mut scratch = blank_cell();
+        self.r
+            .core
+            .handle_cell_wire(R_CLIENT, &wire_of(&cell), &mut scratch, self.now);
+    }
+
     /// Every cell R has for the client.
     pub fn cells_for_client(&mut self) -> Vec<Cell> {
         drain(&mut self.r.core, R_CLIENT, self.now)
@@ -305,12 +321,26 @@ impl Path {
 fn carry(from: &mut Core, out: ChannelId, to: &mut Core, inp: ChannelId, now: Instant) -> usize {
     let cells = drain(from, out, now);
     let n = cells.len();
-    // By reference, as the driver hands cells over (`handle_cell_mut`); the tests that call
+    // As the driver hands cells over: their wire bytes (`handle_cell_wire`: a relayed cell is
+    // copied into its queue slot, others decoded into `scratch`); the tests that call
     // `handle_cell` directly keep the by-value entry covered.
-    for mut cell in cells {
-        to.handle_cell_mut(inp, &mut cell, now);
+    let mut scratch = blank_cell();
+    for cell in cells {
+        to.handle_cell_wire(inp, &wire_of(&cell), &mut scratch, now);
     }
     n
+}
+
+/// `cell`'s 514 wire bytes.
+pub fn wire_of(cell: &Cell) -> [u8; CELL_LEN] {
+    let mut wire = Vec::with_capacity(CELL_LEN);
+    cell.encode_into(&mut wire);
+    wire.try_into().expect("a fixed cell is CELL_LEN bytes")
+}
+
+/// A cell to decode into (`handle_cell_wire`'s scratch).
+pub fn blank_cell() -> Cell {
+    Cell::new(0, CellCommand::PADDING, &[]).expect("an empty PADDING cell")
 }
 
 /// A test playing a relay (identity `hop`, onion key `ntor`) answers a client core's CREATE2

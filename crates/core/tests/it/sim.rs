@@ -18,6 +18,8 @@
 // Each test file uses part of this module.
 #![allow(dead_code)]
 
+use crate::common;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -289,8 +291,12 @@ impl Sim {
                 busy = true;
             }
             while link.pipe.front().is_some_and(|(t, _)| *t <= self.step_no) {
-                let mut cell = link.pipe.pop_front().unwrap().1;
-                self.nodes[link.peer].handle_cell_mut(link.pchan, &mut cell, self.now);
+                let cell = link.pipe.pop_front().unwrap().1;
+                // As the node's driver hands cells over: their wire bytes, so relayed cells take
+                // the in-place path (`handle_cell_wire`).
+                let wire = common::wire_of(&cell);
+                let mut scratch = common::blank_cell();
+                self.nodes[link.peer].handle_cell_wire(link.pchan, &wire, &mut scratch, self.now);
             }
         }
         self.step_no += 1;

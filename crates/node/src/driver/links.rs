@@ -114,18 +114,16 @@ impl Driver {
     pub(super) fn on_cells(&mut self, conn: ChannelId, bytes: &[u8], now: Instant) {
         let mut rest = bytes;
         while !rest.is_empty() {
-            // A fixed cell (every cell a relay passes on): decoded into the reused
-            // `cell_scratch` and handed on by reference, so it is copied once more, into its
-            // circuit queue, instead of being moved through the calls by value.
+            // A fixed cell (every cell a relay passes on): handed to the core as its wire
+            // bytes, which a relay copies once, into its circuit queue (`handle_cell_wire`).
             if let Some((cell, tail)) = rest
                 .split_first_chunk::<CELL_LEN>()
                 .filter(|(c, _)| !CellCommand(c[4]).is_variable())
             {
-                if self.cell_scratch.decode_from(cell).is_err() {
+                rest = tail;
+                if !self.on_fixed_cell(conn, cell, now) {
                     return self.conn_down(conn, "undecodable cell bytes", now);
                 }
-                rest = tail;
-                self.on_fixed_cell(conn, now);
                 continue;
             }
             match decode_cell(rest) {
@@ -147,23 +145,30 @@ impl Driver {
         }
     }
 
-    /// `on_cell` for the fixed cell in `cell_scratch`: by reference to the core in the common
-    /// case (`receive_direct`'s), otherwise copied into `on_cell`'s path.
-    fn on_fixed_cell(&mut self, conn: ChannelId, now: Instant) {
-        if self.cell_scratch.command == CellCommand::PADDING {
-            return;
+    /// `on_cell` for the fixed cell `wire`: its wire bytes to the core in the common case
+    /// (`receive_direct`'s), otherwise decoded (into the reused `cell_scratch`) into
+    /// `on_cell`'s path. False if it does not decode (the connection is then closed).
+    fn on_fixed_cell(&mut self, conn: ChannelId, wire: &[u8; CELL_LEN], now: Instant) -> bool {
+        if CellCommand(wire[4]) == CellCommand::PADDING {
+            return true;
         }
         let Some((chan, which)) = self.locate(conn) else {
-            return;
+            return true;
         };
         let Some(io) = self.chans.get_mut(&chan) else {
-            return;
+            return true;
         };
         // The same test as `on_cell`'s fast path (after the channel is open).
         if io.split.is_open() && io.held_cells == 0 && io.split.receive_direct_fixed(which) {
-            return self.core.handle_cell_mut(chan, &mut self.cell_scratch, now);
+            self.core
+                .handle_cell_wire(chan, wire, &mut self.cell_scratch, now);
+            return true;
+        }
+        if self.cell_scratch.decode_from(wire).is_err() {
+            return false;
         }
         self.on_cell(conn, AnyCell::Fixed(self.cell_scratch.clone()), now);
+        true
     }
 
     pub(super) fn on_cell(&mut self, conn: ChannelId, cell: AnyCell, now: Instant) {
