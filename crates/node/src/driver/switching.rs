@@ -63,6 +63,9 @@ pub struct SwitchOptions {
     /// `SwitchStripeLegCells` (a client option, with `SwitchLegUse = stripe`): the most cells
     /// of a stream unacknowledged on one leg; 0 = no cap. `None`: 0.
     pub stripe_leg_cells: Option<u32>,
+    /// `SwitchStripeMoves` (a client option, with `SwitchLegUse = stripe`): moves between
+    /// legs that may wait for their confirmations at once. `None`: 1.
+    pub stripe_moves: Option<u32>,
 }
 
 /// The driver's switching state.
@@ -142,6 +145,7 @@ impl Driver {
             probe_ahead: o.leg_probe.unwrap_or(0) == 2,
             leg_use: o.leg_use.unwrap_or_default(),
             stripe_leg_cells: o.stripe_leg_cells.unwrap_or(0),
+            stripe_moves: o.stripe_moves.unwrap_or(1),
             ..SwitchSettings::default()
         };
         if settings != self.core.switching() {
@@ -152,6 +156,7 @@ impl Driver {
                 min_share = settings.min_share(),
                 leg_use = settings.leg_use.label(),
                 stripe_leg_cells = settings.stripe_leg_cells,
+                stripe_moves = settings.stripe_moves,
                 "circuit switching settings"
             );
             self.core.set_switching(settings);
