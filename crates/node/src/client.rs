@@ -107,6 +107,8 @@ Config file options (TOML):
   SwitchStripeMoves = 1            with SwitchLegUse \"stripe\": how many moves between circuits
                                    may wait for their confirmations at once (1..16); more keeps
                                    a circuit at its cap from waiting on the other's round trip
+                                   (SwitchLegUse, SwitchStripeLegCells and SwitchStripeMoves
+                                   default to the consensus parameters of the same names)
   MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among
                                    them one `switch` record per path switch, one `onion_join`
                                    record per onion connection (its set-up by step) and an
@@ -216,7 +218,7 @@ pub struct ClientConfig {
     #[serde(rename = "SwitchStripeLegCells", default)]
     pub switch_stripe_leg_cells: Option<u32>,
     /// Path switching, stripe: moves between legs that may be unconfirmed at once (1..=16;
-    /// default 1).
+    /// default: the consensus's `SwitchStripeMoves`, 1).
     #[serde(rename = "SwitchStripeMoves", default)]
     pub switch_stripe_moves: Option<u32>,
     /// JSON-lines metrics file (relative: in the DataDirectory).
