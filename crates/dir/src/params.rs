@@ -63,6 +63,9 @@ pub const KNOWN_PARAMS: &[ParamSpec] = &[
     SWITCH_TIMEOUT_RTT_FACTOR,
     SWITCH_MIN_SHARE_MILLI,
     SWITCH_NETWORK_QUEUE,
+    SWITCH_LEG_USE,
+    SWITCH_STRIPE_LEG_CELLS,
+    SWITCH_STRIPE_MOVES,
     // The DoS defences (crate::dos_params).
     dos::DOS_CC_ENABLED,
     dos::DOS_CC_MIN_CONNECTIONS,
@@ -186,6 +189,22 @@ pub const SWITCH_MIN_SHARE_MILLI: ParamSpec = ParamSpec::new("SwitchMinShareMill
 /// or only chive's outbuf and the kernel's unsent bytes (0). docs/protocol.md, "Detection".
 pub const SWITCH_NETWORK_QUEUE: ParamSpec = ParamSpec::new("SwitchNetworkQueue", 1, 0, 1);
 
+/// Path switching, client: how an upload uses its linked circuits (`SwitchLegUse`): 0 = whole
+/// (one at a time, moved on the entry's congestion report: the paper's), 1 = stripe (every
+/// circuit with room at once, conflux-style). The client's own `SwitchLegUse` overrides it.
+pub const SWITCH_LEG_USE: ParamSpec = ParamSpec::new("SwitchLegUse", 0, 0, 1);
+
+/// Path switching, client, stripe (`SwitchStripeLegCells`): the most cells of an upload
+/// unacknowledged on one circuit; 0 = no cap beyond the 500-cell stream window; 1..49 are
+/// read as 50 (two capped legs must hold one stream SENDME's worth:
+/// `chive_core::switching::MIN_LEG_CELLS`). The client's own option overrides it.
+pub const SWITCH_STRIPE_LEG_CELLS: ParamSpec = ParamSpec::new("SwitchStripeLegCells", 0, 0, 500);
+
+/// Path switching, client, stripe (`SwitchStripeMoves`): how many moves between circuits may
+/// wait for their confirmations at once (`chive_core::switching::MAX_STRIPE_MOVES`). The
+/// client's own option overrides it.
+pub const SWITCH_STRIPE_MOVES: ParamSpec = ParamSpec::new("SwitchStripeMoves", 1, 1, 16);
+
 /// The `CircuitSwitching` setting: which of paper 003's two mechanisms a node uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum SwitchingMode {
@@ -255,6 +274,12 @@ pub struct SwitchingParams {
     pub min_share_milli: u32,
     /// The detector counts the bytes queued on the path beyond the socket.
     pub network_queue: bool,
+    /// `SwitchLegUse`: the client stripes its uploads over its linked circuits.
+    pub leg_stripe: bool,
+    /// `SwitchStripeLegCells` (0: no cap).
+    pub stripe_leg_cells: u32,
+    /// `SwitchStripeMoves`.
+    pub stripe_moves: u32,
 }
 
 /// Network parameters: name to integer. Unknown names are kept and passed on (a newer
@@ -366,6 +391,9 @@ impl NetParams {
             timeout_rtt_factor: get(&SWITCH_TIMEOUT_RTT_FACTOR),
             min_share_milli: get(&SWITCH_MIN_SHARE_MILLI),
             network_queue: get(&SWITCH_NETWORK_QUEUE) != 0,
+            leg_stripe: get(&SWITCH_LEG_USE) != 0,
+            stripe_leg_cells: get(&SWITCH_STRIPE_LEG_CELLS),
+            stripe_moves: get(&SWITCH_STRIPE_MOVES),
         }
     }
 
@@ -468,6 +496,9 @@ mod tests {
                 timeout_rtt_factor: 3,
                 min_share_milli: 250,
                 network_queue: true,
+                leg_stripe: false,
+                stripe_leg_cells: 0,
+                stripe_moves: 1,
             }
         );
         let p = params(&[
@@ -480,6 +511,9 @@ mod tests {
             ("SwitchTimeoutMsec", 0),
             ("SwitchTimeoutRttFactor", 99),
             ("SwitchMinShareMilli", 1001),
+            ("SwitchLegUse", 7),
+            ("SwitchStripeLegCells", 9000),
+            ("SwitchStripeMoves", 0),
         ]);
         let s = p.switching();
         assert_eq!(s.mode, SwitchingMode::Path);
@@ -491,6 +525,13 @@ mod tests {
         assert_eq!(s.timeout_ms, 100);
         assert_eq!(s.timeout_rtt_factor, 20);
         assert_eq!(s.min_share_milli, 1000);
+        assert!(s.leg_stripe);
+        assert_eq!((s.stripe_leg_cells, s.stripe_moves), (500, 1));
+        let s = params(&[("SwitchStripeLegCells", 250), ("SwitchStripeMoves", 99)]).switching();
+        assert_eq!(
+            (s.leg_stripe, s.stripe_leg_cells, s.stripe_moves),
+            (false, 250, 16)
+        );
         assert_eq!(
             params(&[("CircuitSwitching", 9)]).switching().mode,
             SwitchingMode::Path
@@ -517,6 +558,9 @@ mod tests {
             ("SwitchBufferBytes", 1023),
             ("SwitchTimeoutMsec", 120_001),
             ("SwitchTimeoutRttFactor", -1),
+            ("SwitchLegUse", 2),
+            ("SwitchStripeLegCells", 501),
+            ("SwitchStripeMoves", 17),
         ] {
             let err = params(&[(name, bad)]).check_known().unwrap_err();
             assert!(err.to_string().contains(name), "{err}");

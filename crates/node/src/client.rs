@@ -104,6 +104,11 @@ Config file options (TOML):
                                    on one circuit and not yet acknowledged (0 = no cap beyond
                                    the 500-cell stream window; else 50..500): short queues on
                                    both paths, so other traffic through them waits less
+  SwitchStripeMoves = 1            with SwitchLegUse \"stripe\": how many moves between circuits
+                                   may wait for their confirmations at once (1..16); more keeps
+                                   a circuit at its cap from waiting on the other's round trip
+                                   (SwitchLegUse, SwitchStripeLegCells and SwitchStripeMoves
+                                   default to the consensus parameters of the same names)
   MetricsFile = \"metrics.jsonl\"    JSON-lines metrics (relative: in the DataDirectory), among
                                    them one `switch` record per path switch, one `onion_join`
                                    record per onion connection (its set-up by step) and an
@@ -212,6 +217,10 @@ pub struct ClientConfig {
     /// cap; else 50..=500; default 0).
     #[serde(rename = "SwitchStripeLegCells", default)]
     pub switch_stripe_leg_cells: Option<u32>,
+    /// Path switching, stripe: moves between legs that may be unconfirmed at once (1..=16;
+    /// default: the consensus's `SwitchStripeMoves`, 1).
+    #[serde(rename = "SwitchStripeMoves", default)]
+    pub switch_stripe_moves: Option<u32>,
     /// JSON-lines metrics file (relative: in the DataDirectory).
     #[serde(rename = "MetricsFile", default)]
     pub metrics_file: Option<PathBuf>,
@@ -330,10 +339,20 @@ impl ClientConfig {
         {
             anyhow::bail!("SwitchStripeLegCells: 0 or 50..500");
         }
+        if self
+            .switch_stripe_moves
+            .is_some_and(|n| !(1..=chive_core::switching::MAX_STRIPE_MOVES).contains(&n))
+        {
+            anyhow::bail!(
+                "SwitchStripeMoves: 1..{}",
+                chive_core::switching::MAX_STRIPE_MOVES
+            );
+        }
         Ok(crate::driver::SwitchOptions {
             mode,
             leg_use,
             stripe_leg_cells: self.switch_stripe_leg_cells,
+            stripe_moves: self.switch_stripe_moves,
             timeout_ms: self.switch_timeout_msec,
             timeout_rtt_factor: self.switch_timeout_rtt_factor,
             lighter_leg: self.switch_lighter_leg.map(|v| v == 1),

@@ -198,3 +198,21 @@ fn switch_stripe_leg_cells_is_checked_and_passed_on() {
         ],
     );
 }
+
+#[test]
+fn switch_stripe_moves_is_checked_and_passed_on() {
+    assert_eq!(config("").switch_options().unwrap().stripe_moves, None);
+    for n in [1, 4, 16] {
+        let o = config(&format!("SwitchStripeMoves = {n}"))
+            .switch_options()
+            .unwrap();
+        assert_eq!(o.stripe_moves, Some(n));
+    }
+    assert_refused_naming(
+        |c| config(c).validate(),
+        &[
+            ("SwitchStripeMoves = 0", "SwitchStripeMoves"),
+            ("SwitchStripeMoves = 17", "SwitchStripeMoves"),
+        ],
+    );
+}

@@ -604,6 +604,7 @@ impl RelayConfig {
             leg_probe: None,
             leg_use: None,
             stripe_leg_cells: None,
+            stripe_moves: None,
         })
     }
 

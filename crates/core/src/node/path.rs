@@ -124,6 +124,9 @@ struct ClientSet {
     probe_answer: Option<(CircKey, Instant)>,
     /// When the last probe went out (with `probe_ahead`, at most one per `PROBE_AHEAD_EVERY`).
     probe_sent: Option<Instant>,
+    /// When each leg last gave a round-trip sample (a circuit SENDME, a confirmation): a
+    /// released switch past its deadline on a leg heard from since is late, not lost.
+    heard: Vec<(CircKey, Instant)>,
 }
 
 impl ClientSet {
@@ -197,8 +200,14 @@ pub(super) struct PathTables {
 
 impl Core {
     fn path_limits(&self) -> PathLimits {
+        let s = self.sw.settings();
         PathLimits {
-            confirm_timeout: self.sw.settings().timeout,
+            confirm_timeout: s.timeout,
+            max_moves: if self.path_striping() {
+                s.stripe_moves.max(1) as usize
+            } else {
+                1
+            },
             ..PathLimits::default()
         }
     }
@@ -245,6 +254,7 @@ impl Core {
                 probe_id: 0,
                 probe_answer: None,
                 probe_sent: None,
+                heard: Vec::new(),
             },
         );
         self.send_link(circ, nonce, now);
@@ -439,7 +449,13 @@ impl Core {
     /// SWITCH_CONFIRM). If `key` is a leg of a set, the set's confirmation timeout follows:
     /// `max(SwitchTimeoutMsec, factor × estimate)`, for the switch waiting now too.
     /// `loaded`: measured while the leg carried data (not a LINK → LINKED).
-    pub(super) fn path_rtt_sample(&mut self, key: CircKey, rtt: std::time::Duration, loaded: bool) {
+    pub(super) fn path_rtt_sample(
+        &mut self,
+        key: CircKey,
+        rtt: std::time::Duration,
+        loaded: bool,
+        now: Instant,
+    ) {
         let Some(home) = self.path_home_of(key) else {
             return;
         };
@@ -447,6 +463,8 @@ impl Core {
         let Some(set) = self.path.client.get_mut(&home) else {
             return;
         };
+        set.heard.retain(|(l, _)| *l != key);
+        set.heard.push((key, now));
         if loaded {
             set.rtt.sample(key, rtt);
         } else {
@@ -518,7 +536,7 @@ impl Core {
             .position(|(c, _)| *c == key)
             .map(|i| set.link_sent.swap_remove(i).1);
         if let Some(sent) = sent {
-            self.path_rtt_sample(key, now.saturating_duration_since(sent), false);
+            self.path_rtt_sample(key, now.saturating_duration_since(sent), false, now);
         }
         let Some(set) = home.and_then(|h| self.path.client.get_mut(&h)) else {
             return;
@@ -581,7 +599,7 @@ impl Core {
                 });
                 debug!(?home, leg = ?key, ?wait, ?timeout, "path switch confirmed");
                 if let Some(wait) = wait {
-                    self.path_rtt_sample(key, wait, true);
+                    self.path_rtt_sample(key, wait, true, now);
                 }
                 if let Some(set) = self.path.client.get_mut(&home) {
                     set.control = key;
@@ -591,6 +609,18 @@ impl Core {
                 self.send_to_exit(key, RelayCommand::SWITCH_CONFIRM, 0, &body, now);
                 self.path_resume(home, now);
             }
+            Ok(ConfirmOutcome::Released {
+                triggered_at,
+                announced_at,
+                from,
+            }) => self.path_stripe_released_confirmed(
+                home,
+                key,
+                seq,
+                (triggered_at, announced_at, from),
+                timeout,
+                now,
+            ),
             Ok(ConfirmOutcome::Stale) => {
                 info!(?home, leg = ?key, seq, "confirmation of a switch already given up (late)");
             }
@@ -622,6 +652,13 @@ impl Core {
                 }
             }
             self.path_probe_timeout(home, now);
+            let Some(set) = self.path.client.get_mut(&home) else {
+                continue;
+            };
+            let expired = set.sender.expire_released(now);
+            if !expired.is_empty() {
+                self.path_stripe_released_expired(home, expired, now);
+            }
             let Some(set) = self.path.client.get_mut(&home) else {
                 continue;
             };

@@ -349,7 +349,7 @@ impl Core {
                 Ok(rtt) => rtt,
                 Err(e) => return self.kill(key, &e.to_string(), now),
             };
-            self.path_rtt_sample(key, rtt, true);
+            self.path_rtt_sample(key, rtt, true, now);
             self.path_probe_ahead(key, now);
             self.package_all(key, now);
             // A linked spare's window opened: its home's streams may go on it.

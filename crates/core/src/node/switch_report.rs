@@ -109,6 +109,11 @@ pub struct SwitchSettings {
     /// unacknowledged on one leg (0: no cap beyond the 500-cell per-leg stream window);
     /// [`crate::switching::MinRtt::leg_cells`].
     pub stripe_leg_cells: u32,
+    /// Path variant, client, `stripe` (`SwitchStripeMoves`): how many moves between legs may
+    /// wait for their confirmation at once (1: each waits for the previous one's; more: a
+    /// move superseded before its confirmation is released, [`crate::switching::PathLimits`]
+    /// `max_moves`).
+    pub stripe_moves: u32,
 }
 
 /// With [`SwitchSettings::probe_ahead`]: the least time between two probes of the other leg.
@@ -142,6 +147,7 @@ impl Default for SwitchSettings {
             probe_ahead: false,
             leg_use: crate::switching::LegUse::Whole,
             stripe_leg_cells: 0,
+            stripe_moves: 1,
         }
     }
 }

@@ -102,6 +102,13 @@ pub struct MinRtt {
     pub leg_cells: u32,
 }
 
+/// The most moves between legs that may wait for their confirmations at once
+/// (`SwitchStripeMoves`; [`crate::switching::PathLimits::max_moves`]). Each unconfirmed move
+/// is a slot in the sender and, at the exit, one confirmation per leg: a few cover the
+/// confirmation round trip of a loaded entry at the lab's rates; more only lengthens what
+/// a silent leg can take before its move's deadline ends the streams.
+pub const MAX_STRIPE_MOVES: u32 = 16;
+
 /// The least per-leg cap taken: the exit acknowledges the stream 50 cells at a time
 /// (`STREAM_SENDME_INCREMENT`) counted over both legs, so two legs at a cap of 50 always hold
 /// at least one SENDME's worth, and the stream cannot wait on an acknowledgement that needs

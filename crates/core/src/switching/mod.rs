@@ -30,9 +30,9 @@ pub use detector::{
     circuit_to_move, CongestionDetector, DetectorConfig, DetectorConfigError, Level, Occupancy,
     Sample, Trigger, TriggerReason, DEFAULT_MIN_SHARE,
 };
-pub use legs::{LegScheduler, LegUse, LegView, MinRtt, MIN_LEG_CELLS};
+pub use legs::{LegScheduler, LegUse, LegView, MinRtt, MAX_STRIPE_MOVES, MIN_LEG_CELLS};
 pub use path::{
     confirm_timeout, Arrival, ConfirmOutcome, Fallback, LegError, Outgoing, PathLimits,
-    PathReceiver, PathSender, SendError, SeqViolation, SetRtt, SwitchError, SwitchMsg,
+    PathReceiver, PathSender, Released, SendError, SeqViolation, SetRtt, SwitchError, SwitchMsg,
     MAX_RTT_CONFIRM_TIMEOUT, PROBE_MIN_WAIT,
 };

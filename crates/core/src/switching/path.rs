@@ -33,6 +33,9 @@ use std::time::{Duration, Instant};
 
 use crate::CircKey;
 
+mod rtt;
+pub use rtt::{confirm_timeout, SetRtt, MAX_RTT_CONFIRM_TIMEOUT, PROBE_MIN_WAIT};
+
 /// Most legs a linked set may have (the paper uses two: the circuit and one spare).
 pub const MAX_LEGS: usize = 4;
 
@@ -69,6 +72,11 @@ pub struct PathLimits {
     /// client's core sets it from the set's measured round trip ([`confirm_timeout`]); a
     /// change applies to a switch already waiting too.
     pub confirm_timeout: Duration,
+    /// Switches that may be announced and unconfirmed at once (at least 1, the default).
+    /// Striping sets more (`SwitchStripeMoves`): a switch superseded by a later one before
+    /// its confirmation is *released* (its kept cells dropped; [`PathSender::switch_to`]),
+    /// so each leg's share is not held up by the other leg's confirmation round trip.
+    pub max_moves: usize,
 }
 
 impl Default for PathLimits {
@@ -79,6 +87,7 @@ impl Default for PathLimits {
             unwindowed_slack: 256,
             max_unconfirmed: 1000,
             confirm_timeout: Duration::from_secs(2),
+            max_moves: 1,
         }
     }
 }
@@ -109,146 +118,6 @@ impl PathLimits {
     pub fn window(&self, legs: usize) -> u64 {
         self.max_buffered(legs)
             .saturating_add((legs as u64).saturating_mul(self.max_leg_window))
-    }
-}
-
-/// Longest confirmation timeout the round trip can make (a leg that does not answer in a
-/// minute is gone in practice); a larger `SwitchTimeoutMsec` floor still wins.
-pub const MAX_RTT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The confirmation timeout of a path switch: `max(floor, factor × rtt)` (Tor-style: a fixed
-/// floor, and a multiple of the measured round trip above it), the multiple capped at
-/// [`MAX_RTT_CONFIRM_TIMEOUT`]. `rtt` None (nothing measured yet) or `factor` 0 gives the
-/// floor. The timeout only has to tell a late confirmation from a leg that dropped it (a leg
-/// that closes is noticed at once): under load the SWITCH waits behind the entry's backlog,
-/// so a fixed 2 s timed out switches whose confirmation was on its way.
-pub fn confirm_timeout(floor: Duration, factor: u32, rtt: Option<Duration>) -> Duration {
-    match rtt {
-        Some(rtt) if factor > 0 => {
-            floor.max(rtt.saturating_mul(factor).min(MAX_RTT_CONFIRM_TIMEOUT))
-        }
-        _ => floor,
-    }
-}
-
-/// The shortest a client waits for a probe's answer before it takes the other leg as heavier
-/// (a round trip through three relays on loopback is a few ms; 20 ms keeps a scheduling hiccup
-/// from deciding).
-pub const PROBE_MIN_WAIT: Duration = Duration::from_millis(20);
-
-/// Round trips measured on the legs of a linked set (client side): LINK → LINKED, SWITCH →
-/// SWITCH_CONFIRM, and circuit SENDMEs (each acknowledged cell's round trip). Per leg a
-/// smoothed value (gain 1/8, as TCP's SRTT) and the latest sample; [`SetRtt::estimate`] is
-/// the larger of the two over every leg. Every leg, not only the one switched to: a spare
-/// that has been idle since its LINK carries an idle network's round trip, while the leg
-/// being left shows what the backlog costs now, and the SWITCH meets the same kind of backlog
-/// at the other entry.
-#[derive(Clone, Debug, Default)]
-pub struct SetRtt {
-    /// (leg, smoothed, latest).
-    legs: Vec<(CircKey, Duration, Duration)>,
-    /// Legs measured by more than their LINK: a circuit SENDME, a switch's confirmation or a
-    /// probe (a LINK → LINKED round trip is the idle network's).
-    loaded: Vec<CircKey>,
-}
-
-impl SetRtt {
-    /// A round trip measured on `leg` while it carried data (a circuit SENDME, SWITCH →
-    /// SWITCH_CONFIRM).
-    pub fn sample(&mut self, leg: CircKey, rtt: Duration) {
-        self.link_sample(leg, rtt);
-        if !self.loaded.contains(&leg) && self.loaded.len() < MAX_LEGS * 2 {
-            self.loaded.push(leg);
-        }
-    }
-
-    /// A LINK → LINKED round trip on `leg` (the network idle for this leg).
-    pub fn link_sample(&mut self, leg: CircKey, rtt: Duration) {
-        if let Some(e) = self.legs.iter_mut().find(|(c, _, _)| *c == leg) {
-            e.1 = (e.1 * 7 + rtt) / 8;
-            e.2 = rtt;
-        } else if self.legs.len() < MAX_LEGS * 2 {
-            self.legs.push((leg, rtt, rtt));
-        }
-    }
-
-    /// A probe's round trip on `leg`, which carried no data lately: it replaces the leg's
-    /// estimate (smoothed and latest), since the samples from when the leg last carried data,
-    /// or from its LINK, describe another load.
-    pub fn probed(&mut self, leg: CircKey, rtt: Duration) {
-        self.sample(leg, rtt);
-        if let Some(e) = self.legs.iter_mut().find(|(c, _, _)| *c == leg) {
-            e.1 = rtt;
-            e.2 = rtt;
-        }
-    }
-
-    /// The round trip `leg` costs now, as far as measured: the larger of its smoothed value and
-    /// its latest sample (a congestion report says the load is rising, and the smoothed value
-    /// lags).
-    pub fn now(&self, leg: CircKey) -> Option<Duration> {
-        self.legs
-            .iter()
-            .find(|(c, _, _)| *c == leg)
-            .map(|e| e.1.max(e.2))
-    }
-
-    /// `leg` is gone: forget it.
-    pub fn leg_closed(&mut self, leg: CircKey) {
-        self.legs.retain(|(c, _, _)| *c != leg);
-        self.loaded.retain(|c| *c != leg);
-    }
-
-    /// The smoothed round trip of `leg`.
-    pub fn smoothed(&self, leg: CircKey) -> Option<Duration> {
-        self.legs.iter().find(|(c, _, _)| *c == leg).map(|e| e.1)
-    }
-
-    /// Whether leg `to` measures heavier than leg `from`: its smoothed round trip is more
-    /// than 10 % above `from`'s. Unmeasured legs are not heavier. The caller has a congestion
-    /// report for `from` (the evidence that `from` is loaded now), so a tie does not keep it
-    /// there: in the lab the first reports came before any SENDME, with both legs measured
-    /// only at their LINK, idle and equal. The samples of a leg not in use are those from when
-    /// it last carried data (or its LINK): a leg left because it was loaded keeps that load in
-    /// its estimate, so the client does not go back while the leg it is on measures lighter.
-    pub fn heavier(&self, to: CircKey, from: CircKey) -> bool {
-        match (self.smoothed(to), self.smoothed(from)) {
-            (Some(t), Some(f)) => t.as_secs_f64() > f.as_secs_f64() * 1.1,
-            _ => false,
-        }
-    }
-
-    /// How long a probe on the other leg may take and still show it lighter than `from`:
-    /// 1.1 × `from`'s [`SetRtt::now`], at least [`PROBE_MIN_WAIT`] and at most
-    /// [`MAX_RTT_CONFIRM_TIMEOUT`]. None while `from` has no measurement but its LINK's: that
-    /// is the idle network's round trip, while the congestion report says `from` is loaded
-    /// now (in the lab the first reports came before any SENDME, and a probe compared with
-    /// the LINK's 30 ms never answered in time).
-    pub fn probe_wait(&self, from: CircKey) -> Option<Duration> {
-        if !self.loaded.contains(&from) {
-            return None;
-        }
-        let f = self.now(from)?;
-        Some(
-            f.mul_f64(1.1)
-                .clamp(PROBE_MIN_WAIT, MAX_RTT_CONFIRM_TIMEOUT),
-        )
-    }
-
-    /// Whether `to` measures heavier than `from` now ([`SetRtt::now`] of each, the 10 %
-    /// margin of [`SetRtt::heavier`]): the comparison a probe's answer decides (`to` just
-    /// probed, `from` carrying the upload). Unmeasured legs are not heavier.
-    pub fn heavier_now(&self, to: CircKey, from: CircKey) -> bool {
-        match (self.now(to), self.now(from)) {
-            (Some(t), Some(f)) => t.as_secs_f64() > f.as_secs_f64() * 1.1,
-            _ => false,
-        }
-    }
-
-    /// The round trip a switch's confirmation should be given: the largest smoothed or
-    /// latest sample over the set's legs (None before any sample).
-    pub fn estimate(&self) -> Option<Duration> {
-        self.legs.iter().map(|(_, s, l)| (*s).max(*l)).max()
     }
 }
 
@@ -373,6 +242,16 @@ pub enum ConfirmOutcome {
         /// When [`PathSender::switch_to`] was called (the trigger), for the switch-time metric.
         triggered_at: Instant,
     },
+    /// A released switch (superseded before its confirmation, `max_moves` > 1) is
+    /// confirmed: nothing was kept for it; only the metrics and the slot change.
+    Released {
+        /// When [`PathSender::switch_to`] was called for it.
+        triggered_at: Instant,
+        /// When its SWITCH went out.
+        announced_at: Instant,
+        /// The leg it left.
+        from: CircKey,
+    },
     /// For a switch already confirmed or abandoned (a fallback raced with it): ignored.
     Stale,
 }
@@ -411,6 +290,21 @@ struct Pending<T> {
     kept: VecDeque<(u64, T)>,
 }
 
+/// A switch announced and then superseded by a later one before its confirmation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    /// The leg switched to (its confirmation comes there).
+    pub to: CircKey,
+    /// The leg it left.
+    pub from: CircKey,
+    /// The new leg's counter after its SWITCH (what the confirmation names).
+    pub base: u64,
+    /// When [`PathSender::switch_to`] was called.
+    pub triggered_at: Instant,
+    /// When its SWITCH went out (its deadline is that plus the timeout).
+    pub announced_at: Instant,
+}
+
 /// The sending end of a linked set (the client for uploads; the exit for downloads). `T` is
 /// whatever the caller needs to send a cell again (e.g. the relay message).
 ///
@@ -429,6 +323,8 @@ pub struct PathSender<T> {
     /// Highest number sent on any leg.
     sent: u64,
     pending: Option<Pending<T>>,
+    /// Switches superseded before their confirmation, oldest first (fewer than `max_moves`).
+    released: VecDeque<Released>,
 }
 
 impl<T: Clone> PathSender<T> {
@@ -442,6 +338,7 @@ impl<T: Clone> PathSender<T> {
             announce: false,
             sent: 0,
             pending: None,
+            released: VecDeque::new(),
         }
     }
 
@@ -478,6 +375,17 @@ impl<T: Clone> PathSender<T> {
         self.pending.as_ref().is_some_and(|p| p.announced.is_some())
     }
 
+    /// Whether [`PathSender::switch_to`] may move now: no announced switch waits, or fewer
+    /// than `max_moves` do (the latest would be released).
+    pub fn may_switch(&self) -> bool {
+        !self.switch_announced() || self.released.len() + 1 < self.limits.max_moves.max(1)
+    }
+
+    /// Switches released and not confirmed yet.
+    pub fn released(&self) -> usize {
+        self.released.len()
+    }
+
     /// Whether a switch waits for its confirmation.
     pub fn is_pending(&self) -> bool {
         self.pending.is_some()
@@ -498,7 +406,26 @@ impl<T: Clone> PathSender<T> {
     /// When [`PathSender::handle_timeout`] must run next.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.announced_at()
+            .into_iter()
+            .chain(self.released.iter().map(|r| r.announced_at))
+            .min()
             .map(|at| at + self.limits.confirm_timeout)
+    }
+
+    /// Time passed: the released switches unconfirmed past their deadline, oldest first,
+    /// which stop counting against `max_moves`. Nothing was kept for them: the caller decides
+    /// whether their leg is slow (it still acknowledges cells) or gone.
+    pub fn expire_released(&mut self, now: Instant) -> Vec<Released> {
+        let timeout = self.limits.confirm_timeout;
+        let mut out = Vec::new();
+        self.released.retain(|r| {
+            let due = now >= r.announced_at + timeout;
+            if due {
+                out.push(*r);
+            }
+            !due
+        });
+        out
     }
 
     /// When the pending switch's SWITCH went out, if it did.
@@ -564,18 +491,42 @@ impl<T: Clone> PathSender<T> {
 
     /// Move to `to` (the entry reported congestion). The SWITCH goes out with the next cell.
     /// A switch not announced yet (no cell since) may be redirected; an announced one must be
-    /// confirmed or fall back first.
+    /// confirmed or fall back first, unless `max_moves` allows more: then it is released
+    /// (its kept cells dropped, its confirmation still awaited for the slot) and the new
+    /// switch falls back, if it must, to the leg the released one went to, which carried
+    /// every number before the new switch's first.
     pub fn switch_to(&mut self, to: CircKey, now: Instant) -> Result<(), SwitchError> {
+        let announced = self.switch_announced();
+        if announced && !self.may_switch() {
+            return Err(SwitchError::Unconfirmed);
+        }
         let from = match &self.pending {
-            Some(p) if p.announced.is_some() => return Err(SwitchError::Unconfirmed),
-            Some(p) => p.from,
-            None => self.current.ok_or(SwitchError::NotALeg)?,
+            Some(p) if p.announced.is_none() => p.from,
+            _ => self.current.ok_or(SwitchError::NotALeg)?,
         };
         if !self.legs.iter().any(|(c, _)| *c == to) {
             return Err(SwitchError::NotALeg);
         }
         if Some(to) == self.current {
             return Err(SwitchError::AlreadyCurrent);
+        }
+        if announced {
+            if let Some(Pending {
+                to: rto,
+                from: rfrom,
+                triggered_at,
+                announced: Some((base, at)),
+                ..
+            }) = self.pending.take()
+            {
+                self.released.push_back(Released {
+                    to: rto,
+                    from: rfrom,
+                    base,
+                    triggered_at,
+                    announced_at: at,
+                });
+            }
         }
         self.current = Some(to);
         if to == from {
@@ -613,13 +564,30 @@ impl<T: Clone> PathSender<T> {
                 self.pending = None;
                 Ok(ConfirmOutcome::Confirmed { triggered_at })
             }
-            _ => Ok(ConfirmOutcome::Stale),
+            _ => {
+                let i = self
+                    .released
+                    .iter()
+                    .position(|r| r.to == leg && r.base == seq);
+                match i.and_then(|i| self.released.remove(i)) {
+                    Some(r) => Ok(ConfirmOutcome::Released {
+                        triggered_at: r.triggered_at,
+                        announced_at: r.announced_at,
+                        from: r.from,
+                    }),
+                    None => Ok(ConfirmOutcome::Stale),
+                }
+            }
         }
     }
 
-    /// Time passed: a switch unconfirmed past its deadline falls back.
+    /// Time passed: the pending switch unconfirmed past its deadline falls back.
     pub fn handle_timeout(&mut self, now: Instant) -> Option<Fallback<T>> {
-        match self.next_deadline() {
+        // The pending switch's own deadline (released ones: `expire_released`).
+        match self
+            .announced_at()
+            .map(|at| at + self.limits.confirm_timeout)
+        {
             Some(deadline) if now >= deadline => self.fall_back(),
             _ => None,
         }
@@ -631,6 +599,9 @@ impl<T: Clone> PathSender<T> {
         if !self.legs.iter().any(|(c, _)| *c == circ) {
             return None;
         }
+        // A released switch onto it can no longer be confirmed (the caller judges the cells
+        // charged to that leg, as for any closing leg).
+        self.released.retain(|r| r.to != circ);
         let outcome = match &self.pending {
             Some(p) if p.to == circ => self.fall_back(),
             Some(p) if p.from == circ && p.announced.is_none() => {

@@ -63,6 +63,9 @@ pub struct SwitchOptions {
     /// `SwitchStripeLegCells` (a client option, with `SwitchLegUse = stripe`): the most cells
     /// of a stream unacknowledged on one leg; 0 = no cap. `None`: 0.
     pub stripe_leg_cells: Option<u32>,
+    /// `SwitchStripeMoves` (a client option, with `SwitchLegUse = stripe`): moves between
+    /// legs that may wait for their confirmations at once. `None`: 1.
+    pub stripe_moves: Option<u32>,
 }
 
 /// The driver's switching state.
@@ -100,6 +103,26 @@ impl SwitchIo {
     }
 }
 
+/// How the client stripes (`SwitchLegUse`, `SwitchStripeLegCells`, `SwitchStripeMoves`): each
+/// client option over its consensus parameter.
+fn stripe_settings(
+    o: &SwitchOptions,
+    p: &chive_dir::SwitchingParams,
+) -> (chive_core::switching::LegUse, u32, u32) {
+    use chive_core::switching::{LegUse, MAX_STRIPE_MOVES};
+    let leg_use = o.leg_use.unwrap_or(if p.leg_stripe {
+        LegUse::Stripe
+    } else {
+        LegUse::Whole
+    });
+    let cells = o.stripe_leg_cells.unwrap_or(p.stripe_leg_cells);
+    let moves = o
+        .stripe_moves
+        .unwrap_or(p.stripe_moves)
+        .clamp(1, MAX_STRIPE_MOVES);
+    (leg_use, cells, moves)
+}
+
 impl Driver {
     /// Options over consensus parameters: the core's mode and timeout, the detectors' settings.
     pub(crate) fn apply_switching(&mut self) {
@@ -127,6 +150,7 @@ impl Driver {
             interval,
             u64::from(o.buffer_bytes.unwrap_or(p.buffer_bytes)),
         );
+        let (leg_use, stripe_leg_cells, stripe_moves) = stripe_settings(&o, &p);
         let settings = SwitchSettings {
             mode,
             timeout: Duration::from_millis(u64::from(o.timeout_ms.unwrap_or(p.timeout_ms))),
@@ -140,8 +164,9 @@ impl Driver {
             // gained throughput over judging the other leg by its last estimate.
             probe_legs: o.leg_probe.unwrap_or(0) >= 1,
             probe_ahead: o.leg_probe.unwrap_or(0) == 2,
-            leg_use: o.leg_use.unwrap_or_default(),
-            stripe_leg_cells: o.stripe_leg_cells.unwrap_or(0),
+            leg_use,
+            stripe_leg_cells,
+            stripe_moves,
             ..SwitchSettings::default()
         };
         if settings != self.core.switching() {
@@ -152,6 +177,7 @@ impl Driver {
                 min_share = settings.min_share(),
                 leg_use = settings.leg_use.label(),
                 stripe_leg_cells = settings.stripe_leg_cells,
+                stripe_moves = settings.stripe_moves,
                 "circuit switching settings"
             );
             self.core.set_switching(settings);
@@ -285,5 +311,30 @@ impl Driver {
             m.switch_record(&r);
         }
         m.switch_stats(self.core.switch_stats());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chive_core::switching::LegUse;
+
+    #[test]
+    fn stripe_options_override_the_consensus() {
+        let none = SwitchOptions::default();
+        let d = chive_dir::NetParams::new().switching();
+        assert_eq!(stripe_settings(&none, &d), (LegUse::Whole, 0, 1));
+        let mut p = d;
+        p.leg_stripe = true;
+        p.stripe_leg_cells = 120;
+        p.stripe_moves = 4;
+        assert_eq!(stripe_settings(&none, &p), (LegUse::Stripe, 120, 4));
+        let o = SwitchOptions {
+            leg_use: Some(LegUse::Whole),
+            stripe_leg_cells: Some(0),
+            stripe_moves: Some(2),
+            ..SwitchOptions::default()
+        };
+        assert_eq!(stripe_settings(&o, &p), (LegUse::Whole, 0, 2));
     }
 }

@@ -1,8 +1,17 @@
 //! The client's upload over every leg at once (`SwitchLegUse = stripe`,
 //! [`crate::switching::legs`]): before each DATA cell of a set's stream is packaged, the
 //! [`MinRtt`] scheduler picks the leg; a different leg is an ordinary path switch (lazy
-//! CONFLUX_SWITCH with the next cell, SWITCH_CONFIRM, fallback on timeout), one unconfirmed
-//! at a time. A spare leg that closes while cells charged to it are unacknowledged ends the
+//! CONFLUX_SWITCH with the next cell, SWITCH_CONFIRM, fallback on timeout), by default one
+//! unconfirmed at a time. With `SwitchStripeMoves` = n > 1 up to n moves wait for their
+//! confirmations at once: a move superseded before its confirmation is *released* (the
+//! client stops keeping its cells; [`crate::switching::PathSender::switch_to`]). Why: the
+//! confirmation crosses the same loaded entry as the data, so with one move at a time a leg
+//! at its `SwitchStripeLegCells` cap stalls the stream for a confirmation round trip while
+//! the other leg has room. A released move is covered as a leg is once its move is
+//! confirmed: a leg that closes with cells charged to it ends the set's streams (below),
+//! and a released move still unconfirmed at its deadline on a leg that has given no round
+//! trip since its SWITCH went out (nothing comes back: the cells may be lost) ends them
+//! too; one whose leg still answers is late, not lost, and only frees its slot. A spare leg that closes while cells charged to it are unacknowledged ends the
 //! set's streams cleanly (their applications see the connection close): those cells may be
 //! lost in it, the client keeps no copy once a switch is confirmed, and a gap the exit
 //! never sees filled would be a silent stall.
@@ -57,7 +66,7 @@ impl Core {
             srtt: set.rtt.smoothed(leg),
             in_flight: stream.legs.as_ref().map(|l| l.in_flight(leg)),
         };
-        if set.spare.is_none() || set.sender.switch_announced() || !set.deferred.is_empty() {
+        if set.spare.is_none() || !set.sender.may_switch() || !set.deferred.is_empty() {
             // No move now: the cell goes on the leg in use, within the scheduler's bound.
             // (Windows and queue are the packaging loop's own checks.)
             return sched.within_bound(&view(current));
@@ -133,5 +142,80 @@ impl Core {
             .and_then(|s| s.sender.last_sent_on(leg))
             .is_some_and(|n| n > 0);
         u32::from(carried)
+    }
+
+    /// Client: the confirmation of a released move (`SwitchStripeMoves` > 1) onto `leg`
+    /// arrived: record the switch (`rel` = trigger, SWITCH sent, leg left) and package again
+    /// (a move slot is free). No echo to the exit and no change of the control leg: the exit
+    /// may have confirmed a later switch on this leg since, and only the latest of a leg is
+    /// echoed ([`Core::path_on_confirm`]'s rule).
+    pub(in crate::node) fn path_stripe_released_confirmed(
+        &mut self,
+        home: CircKey,
+        leg: CircKey,
+        seq: u64,
+        rel: (Instant, Instant, CircKey),
+        timeout: std::time::Duration,
+        now: Instant,
+    ) {
+        let (triggered, announced, from) = rel;
+        let wait = now.saturating_duration_since(announced);
+        self.sw.stats_mut().switches += 1;
+        self.sw.stats_mut().completed += 1;
+        self.sw.push_record(SwitchRecord {
+            circ: home,
+            from: self.first_chan(from).unwrap_or(ChannelId(0)),
+            to: self.first_chan(leg),
+            triggered,
+            ended: announced,
+            last_old: None,
+            outcome: SwitchOutcome::Switched,
+            mode: SwitchMode::Path,
+            confirm_wait: Some(wait),
+            confirm_timeout: Some(timeout),
+            held_by: None,
+        });
+        debug!(?home, ?leg, seq, ?wait, "released stripe move confirmed");
+        self.path_rtt_sample(leg, wait, true, now);
+        self.path_resume(home, now);
+    }
+
+    /// Client: released moves of `home` passed their deadline unconfirmed. A leg heard from
+    /// (a round trip sample) since the move's SWITCH went out is slow, not gone: the move
+    /// only frees its slot. Otherwise nothing came back on that leg: the cells sent there
+    /// since may be lost and the client kept no copy, so the set's streams end cleanly
+    /// rather than wait for a gap the exit would never see filled.
+    pub(in crate::node) fn path_stripe_released_expired(
+        &mut self,
+        home: CircKey,
+        expired: Vec<crate::switching::Released>,
+        now: Instant,
+    ) {
+        let Some(set) = self.path.client.get(&home) else {
+            return;
+        };
+        let silent = expired.iter().find(|r| {
+            !set.heard
+                .iter()
+                .any(|(l, at)| *l == r.to && *at > r.announced_at)
+        });
+        self.sw.stats_mut().timed_out += expired.len() as u64;
+        if let Some(r) = silent.copied() {
+            self.sw.stats_mut().failed += 1;
+            return self.path_client_fail(
+                home,
+                &format!(
+                    "a released stripe move onto {:?} went unconfirmed and the leg silent",
+                    r.to
+                ),
+                now,
+            );
+        }
+        debug!(
+            ?home,
+            n = expired.len(),
+            "released stripe moves late; legs still answer"
+        );
+        self.path_resume(home, now);
     }
 }

@@ -787,3 +787,125 @@ fn a_probe_replaces_the_stale_estimate_and_sets_the_wait() {
     fast.sample(A, ms(1));
     assert_eq!(fast.probe_wait(A), Some(PROBE_MIN_WAIT));
 }
+
+/// `max_moves` = 3 (striping's `SwitchStripeMoves`): the sender moves A → B → A → B without
+/// waiting for a confirmation, each earlier move released; a fourth move waits (the bound);
+/// whatever order the legs deliver in, the receiver puts every number out once, in order,
+/// and each confirmation is matched to its move.
+#[test]
+fn released_moves_alternate_legs_without_waiting_and_stay_in_order() {
+    let limits = PathLimits {
+        max_moves: 3,
+        ..PathLimits::default()
+    };
+    let mut net = Net::new(limits);
+    net.send(10);
+    for to in [B, A, B] {
+        assert!(net.tx.may_switch());
+        net.tx.switch_to(to, net.now).unwrap();
+        net.send(10);
+    }
+    assert_eq!(net.tx.released(), 2);
+    assert!(!net.tx.may_switch());
+    assert_eq!(
+        net.tx.switch_to(A, net.now),
+        Err(SwitchError::Unconfirmed),
+        "a fourth unconfirmed move is beyond the bound"
+    );
+    // With one move at a time the second move already waits.
+    let mut one = Net::new(PathLimits::default());
+    one.send(1);
+    one.tx.switch_to(B, one.now).unwrap();
+    one.send(1);
+    assert_eq!(one.tx.switch_to(A, one.now), Err(SwitchError::Unconfirmed));
+
+    // B (cells 11..=20 and 31..=40) arrives before A: held, then released in order.
+    let mut confirms = net.deliver(B, 100);
+    assert!(net.out.is_empty());
+    confirms.extend(net.deliver(A, 100));
+    net.expect_out(40);
+    assert_eq!(confirms, vec![(B, 10), (B, 30), (A, 20)]);
+    let outcomes: Vec<_> = confirms
+        .iter()
+        .map(|&(leg, seq)| net.tx.on_confirm(leg, seq).unwrap())
+        .collect();
+    assert!(matches!(
+        outcomes[0],
+        ConfirmOutcome::Released { from: A, .. }
+    ));
+    assert!(matches!(outcomes[1], ConfirmOutcome::Confirmed { .. }));
+    assert!(matches!(
+        outcomes[2],
+        ConfirmOutcome::Released { from: B, .. }
+    ));
+    assert_eq!(net.tx.released(), 0);
+    assert!(!net.tx.is_pending());
+    assert!(net.tx.may_switch());
+    // A confirmation replayed: nothing left to match.
+    assert_eq!(net.tx.on_confirm(B, 10), Ok(ConfirmOutcome::Stale));
+}
+
+/// A released move unconfirmed at its deadline leaves the sender (its slot frees; the caller
+/// judges its leg); the latest move still falls back with its kept cells onto the leg the
+/// released move went to, which carried every number before them, and the receiver delivers
+/// each number once, in order.
+#[test]
+fn a_released_move_expires_and_the_latest_still_falls_back_exactly() {
+    let limits = PathLimits {
+        max_moves: 2,
+        ..PathLimits::default()
+    };
+    let mut net = Net::new(limits);
+    net.send(5);
+    net.tx.switch_to(B, net.now).unwrap();
+    net.send(5);
+    let b_announced = net.now;
+    net.now += Duration::from_millis(500);
+    net.tx.switch_to(A, net.now).unwrap();
+    net.send(5);
+    assert!(!net.tx.may_switch());
+    assert_eq!(
+        net.tx.next_deadline(),
+        Some(b_announced + limits.confirm_timeout),
+        "the released move's deadline comes first"
+    );
+    net.now = b_announced + limits.confirm_timeout;
+    assert!(
+        net.tx.handle_timeout(net.now).is_none(),
+        "the latest is not due"
+    );
+    let gone = net.tx.expire_released(net.now);
+    assert_eq!(gone.len(), 1);
+    assert_eq!((gone[0].to, gone[0].from, gone[0].base), (B, A, 5));
+    assert!(net.tx.may_switch());
+    // The latest move (onto A, cells 11..=15) falls back to B.
+    net.now += Duration::from_millis(500);
+    let fb = net.tx.handle_timeout(net.now).unwrap();
+    assert_eq!(net.resend(fb), A);
+    assert_eq!(net.tx.current(), Some(B));
+    net.deliver(A, 100);
+    net.deliver(B, 100);
+    net.expect_out(15);
+    assert_eq!(net.rx.duplicates(), 5, "the resent copies arrived second");
+}
+
+/// A closing leg takes its released moves with it (they can no longer be confirmed).
+#[test]
+fn a_closing_leg_drops_its_released_moves() {
+    let limits = PathLimits {
+        max_moves: 2,
+        ..PathLimits::default()
+    };
+    let mut net = Net::new(limits);
+    net.send(1);
+    net.tx.switch_to(B, net.now).unwrap();
+    net.send(1);
+    net.tx.switch_to(A, net.now).unwrap();
+    net.send(1);
+    assert_eq!(net.tx.released(), 1);
+    assert!(
+        net.tx.leg_closed(B).is_none(),
+        "A, the latest move's leg, goes on"
+    );
+    assert_eq!(net.tx.released(), 0);
+}
