@@ -57,7 +57,6 @@ mod oom;
 mod path;
 mod queue;
 mod relay;
-mod slots;
 mod stream;
 mod switch;
 mod switch_report;

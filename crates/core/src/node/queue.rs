@@ -13,6 +13,7 @@
 //! `CoreStats::queue_buffer_cells`, and the OOM handler first gives back idle and oversized
 //! buffers ([`Core::compact_queues`]) before it kills anything.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use chive_cell::Cell;
@@ -21,8 +22,6 @@ use crate::{ChannelId, CircKey};
 
 use super::circuit::{queue_id, queue_of, Side};
 use super::inspect::{CellSample, MAX_PENDING_SAMPLES};
-pub(super) use super::slots::QueueCell;
-use super::slots::{QueuedCell, SlotRing};
 use super::Core;
 
 /// Stop packaging edge data into a circuit queue above this many cells (Tor's high-water mark).
@@ -33,11 +32,21 @@ const QUEUE_LOWWATER: usize = 64;
 
 /// An emptied queue whose buffer holds more than this many cells keeps it for
 /// [`QUEUE_RELEASE_AFTER`]; a smaller one is released at once (reallocating it costs one
-/// allocation and no copy: a ring's first allocation holds 4 cells, as a `VecDeque`'s).
+/// allocation and no copy: `VecDeque`'s first allocation holds 4 cells).
 const QUEUE_KEEP_CELLS: usize = 4;
 
 /// How long an emptied queue keeps a grown buffer before [`Core::handle_timeout`] frees it.
 pub(super) const QUEUE_RELEASE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A cell waiting in a circuit queue, with when it was queued: the OOM handler kills the
+/// circuits whose oldest cell is oldest (`node/oom.rs`), and sampled cells report their
+/// queueing delay.
+pub(super) struct QueuedCell {
+    cell: Cell,
+    queued: Instant,
+    /// Whether this cell is one of the instrumentation samples (`cell_sample_every`).
+    sampled: bool,
+}
 
 /// What one queued cell costs against `MaxMemInQueues`: the cell and its enqueue time as the
 /// queue stores them (Tor charges `packed_cell_mem_cost()`, the same idea).
@@ -77,18 +86,44 @@ impl CellSink for Vec<u8> {
 /// One direction of a circuit's cells waiting for their channel, oldest first.
 #[derive(Default)]
 pub(super) struct CellQueue {
-    /// The cells, in slots that are written over (a relayed cell is copied once, into its
-    /// slot: `slots.rs`).
-    cells: SlotRing,
+    cells: VecDeque<QueuedCell>,
     /// When the queue last became empty while holding a grown buffer (`None` otherwise).
     emptied: Option<Instant>,
     /// Whether the queue is on `Core::emptied_queues` (at most once).
     listed: bool,
 }
 
+/// A cell as [`Core::enqueue`] takes it: owned (moved into the queue) or borrowed (copied
+/// into the queue: a relayed cell comes by reference from the driver's decoding buffer, so this
+/// copy is its only one between decoding and encoding).
+pub(super) trait QueueCell {
+    /// Append this cell to `cells`.
+    fn push_to(self, cells: &mut VecDeque<QueuedCell>, queued: Instant, sampled: bool);
+}
+
+impl QueueCell for Cell {
+    fn push_to(self, cells: &mut VecDeque<QueuedCell>, queued: Instant, sampled: bool) {
+        cells.push_back(QueuedCell {
+            cell: self,
+            queued,
+            sampled,
+        });
+    }
+}
+
+impl QueueCell for &Cell {
+    fn push_to(self, cells: &mut VecDeque<QueuedCell>, queued: Instant, sampled: bool) {
+        cells.push_back(QueuedCell {
+            cell: self.clone(),
+            queued,
+            sampled,
+        });
+    }
+}
+
 impl CellQueue {
     pub(super) fn push(&mut self, cell: impl QueueCell, now: Instant, sampled: bool) {
-        self.cells.push(cell, now, sampled);
+        cell.push_to(&mut self.cells, now, sampled);
     }
 
     /// Hand the next cell to `out` where it lies (no move out of the queue first), drop it from
@@ -128,9 +163,9 @@ impl CellQueue {
     pub(super) fn compact(&mut self) -> usize {
         let before = self.cells.capacity();
         if self.cells.is_empty() {
-            self.cells.release();
+            self.cells = VecDeque::new();
         } else if before > 2 * self.cells.len() {
-            self.cells.shrink();
+            self.cells.shrink_to_fit();
         }
         before - self.cells.capacity()
     }
@@ -140,7 +175,7 @@ impl CellQueue {
     fn emptied_at(&mut self, now: Instant) -> bool {
         if self.cells.capacity() <= QUEUE_KEEP_CELLS {
             // The caller reads the capacity before and after: the release is counted.
-            self.cells.release();
+            self.cells = VecDeque::new();
             return false;
         }
         self.emptied = Some(now);
@@ -154,7 +189,7 @@ impl CellQueue {
             Some(t) if self.cells.is_empty() => {
                 let due = t + QUEUE_RELEASE_AFTER;
                 if due <= now {
-                    self.cells.release();
+                    self.cells = VecDeque::new();
                     self.emptied = None;
                     self.listed = false;
                     None
@@ -183,14 +218,16 @@ impl CellQueue {
     }
 
     pub(super) fn clear(&mut self) {
-        self.cells.release();
+        self.cells = VecDeque::new();
         self.emptied = None;
     }
 
     /// Give every queued cell a new circuit id (its circuit moved to another connection:
     /// cells carry their id from when they were queued).
     pub(super) fn set_circ_id(&mut self, id: chive_cell::CircId) {
-        self.cells.for_each_mut(|q| q.cell.circ_id = id);
+        for q in &mut self.cells {
+            q.cell.circ_id = id;
+        }
     }
 }
 
