@@ -579,7 +579,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     });
     spawn_consensus_fetcher(cfg.authority, authority_id, tx.clone());
     stop_on_signal(tx);
-    driver.run().await;
+    // A task of its own, not the `block_on` future (no IO poll per hand-over; see run_driver).
+    crate::driver::run_driver(driver).await;
     info!("client stopped");
     Ok(())
 }

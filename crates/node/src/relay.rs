@@ -869,7 +869,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     crate::client::spawn_consensus_fetcher(authority, authority_id, tx.clone());
     spawn_signal_handlers(args.config.clone(), tx, read_bucket, write_bucket);
-    driver.run().await;
+    // A task of its own, not the `block_on` future (no IO poll per hand-over; see run_driver).
+    crate::driver::run_driver(driver).await;
     info!("relay stopped");
     Ok(())
 }

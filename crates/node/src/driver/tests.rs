@@ -109,3 +109,31 @@ async fn the_loop_ticks_and_stops_on_shutdown() {
         .expect("driver stopped")
         .unwrap();
 }
+
+/// The spawned driver keeps the `block_on` future's turn: a task queued after the driver's
+/// wake-up still runs before the driver goes on, so one turn takes what every reader woken by
+/// the same IO poll handed over. Without the step the driver runs first.
+#[tokio::test]
+async fn the_driver_goes_on_after_the_tasks_already_queued() {
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (wake, woken) = tokio::sync::oneshot::channel::<()>();
+    let driver = {
+        let order = order.clone();
+        tokio::spawn(async move {
+            let _ = woken.await;
+            super::BackOfQueue(false).await;
+            order.lock().unwrap().push("driver");
+        })
+    };
+    // Let the driver park on its input first, as it does between hand-overs.
+    tokio::task::yield_now().await;
+    // A reader hands over (the driver is queued), then another reader is woken.
+    wake.send(()).unwrap();
+    let reader = {
+        let order = order.clone();
+        tokio::spawn(async move { order.lock().unwrap().push("reader") })
+    };
+    driver.await.unwrap();
+    reader.await.unwrap();
+    assert_eq!(*order.lock().unwrap(), ["reader", "driver"]);
+}
