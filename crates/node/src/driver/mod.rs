@@ -347,7 +347,9 @@ pub struct Driver {
     batch_pool: Arc<chive_net::BatchPool>,
     /// Reused by `on_cell` for the cells the split state releases.
     recv_scratch: Vec<AnyCell>,
-    /// The fixed cell `on_cells` decodes into and hands to the core by reference.
+    /// Scratch for the fixed cells the core must see decoded (`Core::handle_cell_wire`'s
+    /// fallback: unknown circuits, the client's, the last hop's, switching); relayed cells go
+    /// from the read batch into their queue slot without it.
     cell_scratch: Cell,
     /// Cells read from connections the core asked not to read (`Core::read_paused`: a
     /// client's held cells reached their bound), in order, each batch with its share of the

@@ -11,7 +11,8 @@
 //! confirmed: a leg that closes with cells charged to it ends the set's streams (below),
 //! and a released move still unconfirmed at its deadline on a leg that has given no round
 //! trip since its SWITCH went out (nothing comes back: the cells may be lost) ends them
-//! too; one whose leg still answers is late, not lost, and only frees its slot. A spare leg that closes while cells charged to it are unacknowledged ends the
+//! too; one whose leg still answers is late, not lost, and only frees its slot. A spare leg
+//! that closes while cells charged to it are unacknowledged ends the
 //! set's streams cleanly (their applications see the connection close): those cells may be
 //! lost in it, the client keeps no copy once a switch is confirmed, and a gap the exit
 //! never sees filled would be a silent stall.
