@@ -16,7 +16,7 @@ use chive_cell::{
     parse_relay, relay_payload, Cell, CellCommand, CircExt, CircId, Create2, Created2, Destroy,
     DestroyReason, Extend2, Extended2, LinkSpec, RelayCommand, CELL_LEN,
 };
-use chive_core::{ChannelId, Core, CoreConfig, Event, HopSpec, RelayKeys};
+use chive_core::{ChannelId, Core, CoreConfig, Event, HopSpec, RelayKeys, StreamHandle};
 use chive_crypto::ntor::{self, KeyMaterial, NtorClientState, NtorSecretKey, NTOR_HTYPE};
 use chive_crypto::ntor_v3::{self, CIRCUIT_VERIFICATION, NTOR_V3_HTYPE};
 use chive_crypto::relay::{ClientCircuitCrypto, ClientHopCrypto};
@@ -272,6 +272,30 @@ impl Path {
 
     /// Send X (hop 1 of `circ`) a BEGIN to 127.0.0.1:80 on stream `sid` and carry R's cells to
     /// X; returns how many R sent.
+    /// A two-hop circuit through R to X with stream 1 connected at X; X's handle for it.
+    pub fn circuit_with_stream(&mut self) -> (Circ, StreamHandle) {
+        let mut circ = self.create2();
+        self.send_begin_to_x(&mut circ, 1, false);
+        let stream = loop {
+            match self.x.core.poll_event() {
+                Some(Event::ExitConnect { stream, .. }) => break stream,
+                Some(_) => {}
+                None => panic!("X opened no stream"),
+            }
+        };
+        let now = self.now;
+        self.x
+            .core
+            .exit_connected(stream, ([127, 0, 0, 1], 80).into(), now);
+        self.x_to_r();
+        let msgs = self.read(&mut circ);
+        assert!(
+            msgs.iter().any(|m| m.cmd == RelayCommand::CONNECTED),
+            "no CONNECTED: {msgs:?}"
+        );
+        (circ, stream)
+    }
+
     pub fn send_begin_to_x(&mut self, circ: &mut Circ, sid: u16, early: bool) -> usize {
         self.send(circ, 1, RelayCommand::BEGIN, sid, b"127.0.0.1:80\0", early);
         self.r_to_x()

@@ -12,11 +12,10 @@
 
 use std::time::Duration;
 
-use chive_cell::RelayCommand;
-use chive_core::{Core, CoreConfig, Event};
+use chive_core::{Core, CoreConfig};
 
 use crate::alloc_count::live_bytes;
-use crate::common::{Circ, Path};
+use crate::common::Path;
 
 /// Circuits per measurement: enough that a map's growth slack averages out.
 const N: usize = 96;
@@ -33,37 +32,14 @@ fn drain_events(p: &mut Path) {
     while p.x.core.poll_event().is_some() {}
 }
 
-/// A two-hop circuit through R to X with one connected stream at X.
-fn circuit_with_stream(p: &mut Path) -> Circ {
-    let mut circ = p.create2();
-    p.send_begin_to_x(&mut circ, 1, false);
-    let stream = loop {
-        match p.x.core.poll_event() {
-            Some(Event::ExitConnect { stream, .. }) => break stream,
-            Some(_) => {}
-            None => panic!("X opened no stream"),
-        }
-    };
-    let now = p.now;
-    p.x.core
-        .exit_connected(stream, ([127, 0, 0, 1], 80).into(), now);
-    p.x_to_r();
-    let msgs = p.read(&mut circ);
-    assert!(
-        msgs.iter().any(|m| m.cmd == RelayCommand::CONNECTED),
-        "no CONNECTED: {msgs:?}"
-    );
-    circ
-}
-
 /// (R's heap, X's heap) with `n` circuits (each with a stream); `burst` DROP cells per circuit
 /// queued at R toward X and then carried (so each queue held cells and drained).
 fn heaps(n: usize, burst: usize) -> (usize, usize) {
     let mut p = Path::new(CoreConfig::default());
     // One circuit first, so per-channel structures exist in both measurements.
-    let mut circs = vec![circuit_with_stream(&mut p)];
+    let mut circs = vec![p.circuit_with_stream().0];
     for _ in 0..n {
-        circs.push(circuit_with_stream(&mut p));
+        circs.push(p.circuit_with_stream().0);
     }
     if burst > 0 {
         for c in circs.iter_mut() {

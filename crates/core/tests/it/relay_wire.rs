@@ -5,30 +5,10 @@
 //! paths, one queue order), the in-place count is exactly the cells passed on, and a cell
 //! recognized at the relay takes its slot back instead of being passed on.
 
-use crate::common::{self, Circ, Path};
+use crate::common::{self, Path};
 
 use chive_cell::{Cell, CellCommand, RelayCommand};
-use chive_core::{CoreConfig, Event, StreamHandle};
-
-/// A circuit through R to X with stream 1 connected at X; X's handle for it.
-fn circuit_with_stream(p: &mut Path) -> (Circ, StreamHandle) {
-    let mut circ = p.create2();
-    p.send_begin_to_x(&mut circ, 1, false);
-    let stream = loop {
-        match p.x.core.poll_event() {
-            Some(Event::ExitConnect { stream, .. }) => break stream,
-            Some(_) => {}
-            None => panic!("X opened no stream"),
-        }
-    };
-    let now = p.now;
-    p.x.core
-        .exit_connected(stream, ([127, 0, 0, 1], 80).into(), now);
-    p.x_to_r();
-    let msgs = p.read(&mut circ);
-    assert!(msgs.iter().any(|m| m.cmd == RelayCommand::CONNECTED));
-    (circ, stream)
-}
+use chive_core::{CoreConfig, Event};
 
 /// What X's exit writes to its stream's socket, in order.
 fn written_at_x(p: &mut Path) -> Vec<Vec<u8>> {
@@ -44,7 +24,7 @@ fn written_at_x(p: &mut Path) -> Vec<Vec<u8>> {
 #[test]
 fn cells_passed_on_in_place_arrive_as_sent_both_ways() {
     let mut p = Path::new(CoreConfig::default());
-    let (mut circ, stream) = circuit_with_stream(&mut p);
+    let (mut circ, stream) = p.circuit_with_stream();
     let before = p.r.core.stats().cells_in_place;
 
     // Forward: client -> R (by value and by wire bytes, interleaved) -> X.
@@ -87,7 +67,7 @@ fn cells_passed_on_in_place_arrive_as_sent_both_ways() {
 #[test]
 fn a_cell_recognized_at_the_relay_takes_its_slot_back() {
     let mut p = Path::new(CoreConfig::default());
-    let (mut circ, _) = circuit_with_stream(&mut p);
+    let (mut circ, _) = p.circuit_with_stream();
     let before = p.r.core.stats();
     // Addressed to R (hop 0): recognized there, not passed on to X.
     p.send_wire(&mut circ, 0, RelayCommand::DROP, 0, b"for R");
@@ -109,7 +89,7 @@ fn a_cell_recognized_at_the_relay_takes_its_slot_back() {
 #[test]
 fn cells_for_unknown_circuits_take_the_decoded_path() {
     let mut p = Path::new(CoreConfig::default());
-    let (circ, _) = circuit_with_stream(&mut p);
+    let (circ, _) = p.circuit_with_stream();
     let before = p.r.core.stats();
     // An unknown circuit id: dropped, as by `handle_cell`.
     let cell = Cell::new(circ.id ^ 0x1234, CellCommand::RELAY, b"lost").unwrap();
