@@ -28,6 +28,7 @@ mod config;
 mod guard;
 mod links;
 mod switching;
+mod task;
 mod tasks;
 #[cfg(test)]
 mod tests;
@@ -58,6 +59,8 @@ use crate::client::ClientState;
 pub use config::DriverConfig;
 use config::{record_framing, send_config};
 pub use switching::SwitchOptions;
+pub use task::run_driver;
+use task::BackOfQueue;
 pub use tasks::WriteMsg;
 use tasks::{exit_connect, EXIT_CONNECT_TIMEOUT};
 pub use tasks::{
@@ -274,48 +277,6 @@ impl ChanIo {
 /// A peer identity for the log, in full hex (tests and operators match it against others).
 fn hex_peer(peer: Option<IdentityKey>) -> String {
     peer.map(|p| p.to_hex()).unwrap_or_else(|| "client".into())
-}
-
-/// Run `driver` until it stops, as a task of its own rather than as the runtime's `block_on`
-/// future: on the current-thread runtime every wake-up of that future (every batch a link task
-/// hands over) made tokio poll the IO driver without blocking (an `epoll_wait` with timeout 0,
-/// `park_yield`) before polling it, three quarters of a relay's `epoll_wait` calls
-/// (docs/performance.md, session 22). A spawned task's wake-up is a run-queue push. A panic in
-/// the driver is passed on.
-pub async fn run_driver(driver: Driver) {
-    if let Err(e) = tokio::spawn(driver.run()).await {
-        if e.is_panic() {
-            std::panic::resume_unwind(e.into_panic());
-        }
-        // Cancelled: the runtime is shutting down, as when the driver returns.
-    }
-}
-
-/// Pending once, after putting its task at the back of the run queue: the tasks that were
-/// already queued (link readers woken by the same IO poll, writers woken by the last flush)
-/// run before the driver goes on. As the `block_on` future the driver was polled only once
-/// the run queue was empty, so one turn took every batch those readers handed over; this
-/// keeps most of that batching for the spawned driver, which would otherwise take the first
-/// reader's batch alone at its first place in the queue. (Session 22 measured the plainly
-/// spawned driver's loaded 50 KiB fetch ~25 % slower; session 24's alternating runs found no
-/// difference for it or for this one: docs/performance.md.) Unlike `tokio::task::yield_now`,
-/// whose wake-up is deferred until the IO driver has been polled (an `epoll_wait` per yield),
-/// the wake-up here is an immediate run-queue push.
-struct BackOfQueue(bool);
-
-impl std::future::Future for BackOfQueue {
-    type Output = ();
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if std::mem::replace(&mut self.0, true) {
-            return std::task::Poll::Ready(());
-        }
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    }
 }
 
 /// Owns the core and the IO tasks' handles.

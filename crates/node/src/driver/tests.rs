@@ -121,7 +121,7 @@ async fn the_driver_goes_on_after_the_tasks_already_queued() {
         let order = order.clone();
         tokio::spawn(async move {
             let _ = woken.await;
-            super::BackOfQueue(false).await;
+            super::task::BackOfQueue(false).await;
             order.lock().unwrap().push("driver");
         })
     };
