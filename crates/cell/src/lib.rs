@@ -194,6 +194,27 @@ impl Cell {
         out.extend_from_slice(&self.payload);
     }
 
+    /// The cell whose 514-byte wire form is `wire`, its command byte kept as it is (the caller
+    /// holds a fixed cell: [`Cell::decode`] is the checked parse of untrusted bytes).
+    pub fn from_wire(wire: &[u8; CELL_LEN]) -> Cell {
+        let (head, body) = wire.split_at(FIXED_HEADER_LEN);
+        let mut payload = [0u8; PAYLOAD_LEN];
+        payload.copy_from_slice(body);
+        Cell {
+            circ_id: wire_circ_id(wire),
+            command: CellCommand(head[4]),
+            payload,
+        }
+    }
+
+    /// Write this cell's 514-byte wire form over `wire` (what [`Cell::encode_into`] appends).
+    pub fn write_wire(&self, wire: &mut [u8; CELL_LEN]) {
+        let (head, body) = wire.split_at_mut(FIXED_HEADER_LEN);
+        head[..4].copy_from_slice(&self.circ_id.to_be_bytes());
+        head[4] = self.command.0;
+        body.copy_from_slice(&self.payload);
+    }
+
     /// Parse a fixed cell from exactly 514 bytes.
     pub fn decode(buf: &[u8]) -> Result<Cell, CellError> {
         let (circ_id, command) = Self::decode_header(buf)?;
@@ -232,6 +253,16 @@ impl Cell {
             command,
         ))
     }
+}
+
+/// The circuit id of the fixed cell whose wire form is `wire`.
+pub fn wire_circ_id(wire: &[u8; CELL_LEN]) -> CircId {
+    CircId::from_be_bytes([wire[0], wire[1], wire[2], wire[3]])
+}
+
+/// Give the fixed cell whose wire form is `wire` the circuit id `id`.
+pub fn set_wire_circ_id(wire: &mut [u8; CELL_LEN], id: CircId) {
+    wire[..4].copy_from_slice(&id.to_be_bytes());
 }
 
 impl std::fmt::Debug for Cell {

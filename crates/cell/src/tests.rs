@@ -26,6 +26,27 @@ fn variable_commands() {
     assert_eq!(CellCommand(200).to_string(), "CMD(200)");
 }
 
+/// The in-place wire form agrees with `encode_into` / `decode`, and the circuit-id helpers
+/// touch only the first four bytes.
+#[test]
+fn wire_form_in_place_matches_encode_and_decode() {
+    let cell = Cell::new(0x0102_0304, CellCommand::RELAY_EARLY, b"in place").unwrap();
+    let mut encoded = Vec::new();
+    cell.encode_into(&mut encoded);
+    let mut wire = [0xAAu8; CELL_LEN];
+    cell.write_wire(&mut wire);
+    assert_eq!(&wire[..], &encoded[..]);
+    let (a, b) = (Cell::from_wire(&wire), Cell::decode(&encoded).unwrap());
+    assert_eq!(
+        (a.circ_id, a.command, a.payload),
+        (b.circ_id, b.command, b.payload)
+    );
+    assert_eq!(wire_circ_id(&wire), 0x0102_0304);
+    set_wire_circ_id(&mut wire, 9);
+    assert_eq!(wire_circ_id(&wire), 9);
+    assert_eq!(&wire[4..], &encoded[4..]);
+}
+
 #[test]
 fn fixed_cell_layout() {
     let c = Cell::new(0x0102_0304, CellCommand::RELAY, b"abc").unwrap();

@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use chive_cell::{Cell, CellCommand, CircId, CELL_LEN, PAYLOAD_LEN};
+use chive_cell::{set_wire_circ_id, Cell, CellCommand, CircId, CELL_LEN};
 
 use crate::{ChannelId, CircKey};
 
@@ -74,22 +74,12 @@ impl CellSink for Vec<Cell> {
     }
 
     fn put_wire(&mut self, wire: &[u8; CELL_LEN]) {
-        self.push(wire_to_cell(wire));
+        self.push(Cell::from_wire(wire));
     }
 
     fn cells(&self) -> usize {
         self.len()
     }
-}
-
-/// The cell whose wire form is `wire` (written by [`QueueCell::write_to`], or a fixed cell read
-/// from a link: any command byte is kept as it is).
-pub(super) fn wire_to_cell(wire: &[u8; CELL_LEN]) -> Cell {
-    let (head, payload) = wire.split_at(5);
-    let mut p = [0u8; PAYLOAD_LEN];
-    p.copy_from_slice(payload);
-    let id = CircId::from_be_bytes([head[0], head[1], head[2], head[3]]);
-    Cell::from_payload(id, CellCommand(head[4]), p)
 }
 
 impl CellSink for Vec<u8> {
@@ -144,16 +134,13 @@ pub(super) struct WireCell<'a> {
 impl QueueCell for WireCell<'_> {
     fn write_to(self, wire: &mut [u8; CELL_LEN]) {
         *wire = *self.wire;
-        wire[..4].copy_from_slice(&self.circ_id.to_be_bytes());
+        set_wire_circ_id(wire, self.circ_id);
     }
 }
 
 impl QueueCell for &Cell {
     fn write_to(self, wire: &mut [u8; CELL_LEN]) {
-        let (head, payload) = wire.split_at_mut(5);
-        head[..4].copy_from_slice(&self.circ_id.to_be_bytes());
-        head[4] = self.command.0;
-        payload.copy_from_slice(&self.payload);
+        self.write_wire(wire);
     }
 }
 
@@ -349,7 +336,7 @@ impl CellQueue {
     pub(super) fn set_circ_id(&mut self, id: CircId) {
         let cap = self.slots.capacity();
         for i in 0..self.len() {
-            self.slots[(self.head as usize + i) % cap].wire[..4].copy_from_slice(&id.to_be_bytes());
+            set_wire_circ_id(&mut self.slots[(self.head as usize + i) % cap].wire, id);
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use chive_cell::{
-    parse_relay, relay_payload, Cell, CellCommand, CircId, DestroyReason, Extend2, Extended2,
+    parse_relay, relay_payload, wire_circ_id, Cell, CellCommand, DestroyReason, Extend2, Extended2,
     RelayCommand, CELL_LEN, PAYLOAD_LEN,
 };
 use tracing::debug;
@@ -14,7 +14,7 @@ use crate::{ChannelId, CircKey};
 
 use super::circuit::{Role, Side};
 use super::event::Event;
-use super::queue::{wire_to_cell, QueueCell, WireCell};
+use super::queue::{QueueCell, WireCell};
 use super::Core;
 
 /// RELAY_EARLY cells allowed per circuit (tor-spec).
@@ -49,7 +49,7 @@ impl Core {
         wire: &[u8; CELL_LEN],
         now: Instant,
     ) -> bool {
-        let circ_id = CircId::from_be_bytes([wire[0], wire[1], wire[2], wire[3]]);
+        let circ_id = wire_circ_id(wire);
         let early = wire[4] == CellCommand::RELAY_EARLY.0;
         let Some(key) = self.lookup(chan, circ_id) else {
             return false;
@@ -70,7 +70,7 @@ impl Core {
             return false;
         }
         self.stats.cells_received += 1;
-        let decoded = || wire_to_cell(wire);
+        let decoded = || Cell::from_wire(wire);
         if self.hold_upstream(chan, key, circ_id, decoded, now) {
             return true;
         }

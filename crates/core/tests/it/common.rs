@@ -270,8 +270,6 @@ impl Path {
         carry(&mut self.x.core, X_FROM_R, &mut self.r.core, R_TO_X, now)
     }
 
-    /// Send X (hop 1 of `circ`) a BEGIN to 127.0.0.1:80 on stream `sid` and carry R's cells to
-    /// X; returns how many R sent.
     /// A two-hop circuit through R to X with stream 1 connected at X; X's handle for it.
     pub fn circuit_with_stream(&mut self) -> (Circ, StreamHandle) {
         let mut circ = self.create2();
@@ -296,6 +294,8 @@ impl Path {
         (circ, stream)
     }
 
+    /// Send X (hop 1 of `circ`) a BEGIN to 127.0.0.1:80 on stream `sid` and carry R's cells to
+    /// X; returns how many R sent.
     pub fn send_begin_to_x(&mut self, circ: &mut Circ, sid: u16, early: bool) -> usize {
         self.send(circ, 1, RelayCommand::BEGIN, sid, b"127.0.0.1:80\0", early);
         self.r_to_x()
@@ -357,9 +357,9 @@ fn carry(from: &mut Core, out: ChannelId, to: &mut Core, inp: ChannelId, now: In
 
 /// `cell`'s 514 wire bytes.
 pub fn wire_of(cell: &Cell) -> [u8; CELL_LEN] {
-    let mut wire = Vec::with_capacity(CELL_LEN);
-    cell.encode_into(&mut wire);
-    wire.try_into().expect("a fixed cell is CELL_LEN bytes")
+    let mut wire = [0; CELL_LEN];
+    cell.write_wire(&mut wire);
+    wire
 }
 
 /// A cell to decode into (`handle_cell_wire`'s scratch).
