@@ -609,18 +609,9 @@ impl Core {
                 self.send_to_exit(key, RelayCommand::SWITCH_CONFIRM, 0, &body, now);
                 self.path_resume(home, now);
             }
-            Ok(ConfirmOutcome::Released {
-                triggered_at,
-                announced_at,
-                from,
-            }) => self.path_stripe_released_confirmed(
-                home,
-                key,
-                seq,
-                (triggered_at, announced_at, from),
-                timeout,
-                now,
-            ),
+            Ok(ConfirmOutcome::Released(released)) => {
+                self.path_stripe_released_confirmed(home, released, seq, timeout, now)
+            }
             Ok(ConfirmOutcome::Stale) => {
                 info!(?home, leg = ?key, seq, "confirmation of a switch already given up (late)");
             }
@@ -829,6 +820,7 @@ impl Core {
                 set.control = home;
             }
             set.rtt.leg_closed(key);
+            set.heard.retain(|(c, _)| *c != key);
             set.link_sent.retain(|(c, _)| *c != key);
             if set.probe.is_some_and(|p| p.leg == key) {
                 set.probe = None;

@@ -244,14 +244,7 @@ pub enum ConfirmOutcome {
     },
     /// A released switch (superseded before its confirmation, `max_moves` > 1) is
     /// confirmed: nothing was kept for it; only the metrics and the slot change.
-    Released {
-        /// When [`PathSender::switch_to`] was called for it.
-        triggered_at: Instant,
-        /// When its SWITCH went out.
-        announced_at: Instant,
-        /// The leg it left.
-        from: CircKey,
-    },
+    Released(Released),
     /// For a switch already confirmed or abandoned (a fallback raced with it): ignored.
     Stale,
 }
@@ -569,14 +562,8 @@ impl<T: Clone> PathSender<T> {
                     .released
                     .iter()
                     .position(|r| r.to == leg && r.base == seq);
-                match i.and_then(|i| self.released.remove(i)) {
-                    Some(r) => Ok(ConfirmOutcome::Released {
-                        triggered_at: r.triggered_at,
-                        announced_at: r.announced_at,
-                        from: r.from,
-                    }),
-                    None => Ok(ConfirmOutcome::Stale),
-                }
+                Ok(i.and_then(|i| self.released.remove(i))
+                    .map_or(ConfirmOutcome::Stale, ConfirmOutcome::Released))
             }
         }
     }

@@ -145,30 +145,29 @@ impl Core {
         u32::from(carried)
     }
 
-    /// Client: the confirmation of a released move (`SwitchStripeMoves` > 1) onto `leg`
-    /// arrived: record the switch (`rel` = trigger, SWITCH sent, leg left) and package again
-    /// (a move slot is free). No echo to the exit and no change of the control leg: the exit
-    /// may have confirmed a later switch on this leg since, and only the latest of a leg is
-    /// echoed ([`Core::path_on_confirm`]'s rule).
+    /// Client: the confirmation of a released move (`SwitchStripeMoves` > 1, `released.to` the
+    /// leg it came on) arrived: record the switch (trigger, SWITCH sent, leg left) and package
+    /// again (a move slot is free). No echo to the exit and no change of the control leg: the
+    /// exit may have confirmed a later switch on this leg since, and only the latest of a leg
+    /// is echoed ([`Core::path_on_confirm`]'s rule).
     pub(in crate::node) fn path_stripe_released_confirmed(
         &mut self,
         home: CircKey,
-        leg: CircKey,
+        released: crate::switching::Released,
         seq: u64,
-        rel: (Instant, Instant, CircKey),
         timeout: std::time::Duration,
         now: Instant,
     ) {
-        let (triggered, announced, from) = rel;
-        let wait = now.saturating_duration_since(announced);
+        let leg = released.to;
+        let wait = now.saturating_duration_since(released.announced_at);
         self.sw.stats_mut().switches += 1;
         self.sw.stats_mut().completed += 1;
         self.sw.push_record(SwitchRecord {
             circ: home,
-            from: self.first_chan(from).unwrap_or(ChannelId(0)),
+            from: self.first_chan(released.from).unwrap_or(ChannelId(0)),
             to: self.first_chan(leg),
-            triggered,
-            ended: announced,
+            triggered: released.triggered_at,
+            ended: released.announced_at,
             last_old: None,
             outcome: SwitchOutcome::Switched,
             mode: SwitchMode::Path,

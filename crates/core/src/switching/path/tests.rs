@@ -831,12 +831,12 @@ fn released_moves_alternate_legs_without_waiting_and_stay_in_order() {
         .collect();
     assert!(matches!(
         outcomes[0],
-        ConfirmOutcome::Released { from: A, .. }
+        ConfirmOutcome::Released(Released { from: A, .. })
     ));
     assert!(matches!(outcomes[1], ConfirmOutcome::Confirmed { .. }));
     assert!(matches!(
         outcomes[2],
-        ConfirmOutcome::Released { from: B, .. }
+        ConfirmOutcome::Released(Released { from: B, .. })
     ));
     assert_eq!(net.tx.released(), 0);
     assert!(!net.tx.is_pending());
