@@ -217,28 +217,67 @@ fn ctr_ni(
     }
 }
 
-/// `2 * R` counter blocks from `c` on, two per YMM register (block `2i` in the low lane).
+/// `2 * R` counter blocks from `c` on, two per YMM register (block `2i` in the low lane): as
+/// `counter_blocks!`, with the adds and byte swaps done two blocks at a time.
 macro_rules! counter_pairs {
     ($r:expr, $c:expr) => {{
         let c: u128 = $c;
-        let lo: [__m128i; $r * 2] = counter_blocks!($r * 2, c);
         let mut x = [_mm256_setzero_si256(); $r];
-        for (i, y) in x.iter_mut().enumerate() {
-            *y = _mm256_set_m128i(lo[2 * i + 1], lo[2 * i]);
+        if (c as u64).checked_add(2 * $r as u64 - 1).is_some() {
+            let base = _mm256_broadcastsi128_si256(_mm_set_epi64x((c >> 64) as i64, c as i64));
+            let swap = _mm256_broadcastsi128_si256(_mm_set_epi8(
+                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+            ));
+            for (i, y) in x.iter_mut().enumerate() {
+                let step = _mm256_set_epi64x(0, 2 * i as i64 + 1, 0, 2 * i as i64);
+                *y = _mm256_shuffle_epi8(_mm256_add_epi64(base, step), swap);
+            }
+        } else {
+            let b: [__m128i; $r * 2] = counter_blocks!($r * 2, c);
+            for (y, b) in x.iter_mut().zip(b.chunks_exact(2)) {
+                *y = _mm256_set_m128i(b[1], b[0]);
+            }
         }
         x
     }};
 }
 
-/// The blocks of an array of YMM registers as XMM values, in order (low lane first).
-macro_rules! split_pairs {
-    ($r:expr, $x:expr) => {{
-        let mut out = [_mm_setzero_si128(); 2 * $r];
-        for (o, y) in out.chunks_exact_mut(2).zip($x) {
-            o[0] = _mm256_castsi256_si128(y);
-            o[1] = _mm256_extracti128_si256::<1>(y);
+/// XOR 32 bytes of keystream into `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn xor_pair(p: &mut [[u8; 16]; 2], ks: __m256i) {
+    let p: *mut [[u8; 16]; 2] = p;
+    // SAFETY: `p` points to 32 bytes we borrow exclusively; `loadu`/`storeu` have no
+    // alignment requirement; this function runs with AVX2.
+    unsafe {
+        let d = _mm256_loadu_si256(p.cast());
+        _mm256_storeu_si256(p.cast(), _mm256_xor_si256(d, ks));
+    }
+}
+
+/// As [`finish`], from keystream in YMM registers: whole pairs of blocks 32 bytes at a time.
+macro_rules! finish_pairs {
+    ($x:ident, $blocks:ident, $tail:ident, $rest:ident) => {{
+        let (pairs, single) = $blocks.as_chunks_mut::<2>();
+        for (p, y) in pairs.iter_mut().zip($x) {
+            xor_pair(p, y);
         }
-        out
+        if single.is_empty() && $tail.is_empty() {
+            0
+        } else {
+            // Blocks are left, so the group has a register past the whole pairs.
+            let y = $x[pairs.len()];
+            let lo = _mm256_castsi256_si128(y);
+            let hi = _mm256_extracti128_si256::<1>(y);
+            let partial = match single.first_mut() {
+                Some(b) => {
+                    store(b, _mm_xor_si128(load(b), lo));
+                    hi
+                }
+                None => lo,
+            };
+            finish(&[partial], &mut [], $tail, $rest)
+        }
     }};
 }
 
@@ -253,10 +292,10 @@ fn ctr_vaes(
     for (k, r) in k.iter_mut().zip(rk) {
         *k = _mm256_broadcastsi128_si256(load(r));
     }
-    let group = 32 * VAES_REGS;
-    let (head, data) = data.split_at_mut(data.len() / group * group);
-    let (pairs, _) = head.as_chunks_mut::<32>();
+    let (blocks, tail) = data.as_chunks_mut::<16>();
+    let (pairs, _) = blocks.as_chunks_mut::<2>();
     let (groups, _) = pairs.as_chunks_mut::<VAES_REGS>();
+    let grouped = groups.len() * 2 * VAES_REGS;
     for g in groups {
         let mut x = counter_pairs!(VAES_REGS, *counter);
         *counter = counter.wrapping_add(2 * VAES_REGS as u128);
@@ -268,17 +307,11 @@ fn ctr_vaes(
             _mm256_aesenclast_epi128
         );
         for (p, x) in g.iter_mut().zip(x) {
-            let p: *mut [u8; 32] = p;
-            // SAFETY: `p` points to 32 bytes we borrow exclusively; `loadu`/`storeu` have no
-            // alignment requirement; this function runs with AVX2.
-            unsafe {
-                let d = _mm256_loadu_si256(p.cast());
-                _mm256_storeu_si256(p.cast(), _mm256_xor_si256(d, x));
-            }
+            xor_pair(p, x);
         }
     }
     // The rest, up to 15 whole blocks and a partial one, in one parallel group of 8 or 16.
-    let (blocks, tail) = data.as_chunks_mut::<16>();
+    let blocks = &mut blocks[grouped..];
     let n = blocks.len() + usize::from(!tail.is_empty());
     *counter = counter.wrapping_add(n as u128);
     let c = counter.wrapping_sub(n as u128);
@@ -291,7 +324,7 @@ fn ctr_vaes(
             _mm256_aesenc_epi128,
             _mm256_aesenclast_epi128
         );
-        finish(&split_pairs!(VAES_REGS, x), blocks, tail, rest)
+        finish_pairs!(x, blocks, tail, rest)
     } else if n > 0 {
         let mut x = counter_pairs!(VAES_REGS / 2, c);
         encrypt_blocks!(
@@ -301,7 +334,7 @@ fn ctr_vaes(
             _mm256_aesenc_epi128,
             _mm256_aesenclast_epi128
         );
-        finish(&split_pairs!(VAES_REGS / 2, x), blocks, tail, rest)
+        finish_pairs!(x, blocks, tail, rest)
     } else {
         0
     }
