@@ -284,7 +284,7 @@ impl ClientCircuitCrypto {
     }
 
     /// A circuit with no hops yet and room for `hops` (a path's length: each hop's state is
-    /// ~1.9 KB, so growing a `Vec` to 4 for a 3-hop path would hold one hop's worth unused).
+    /// 736 bytes, so growing a `Vec` to 4 for a 3-hop path would hold one hop's worth unused).
     pub fn with_hops(hops: usize) -> Self {
         ClientCircuitCrypto {
             hops: Vec::with_capacity(hops),
