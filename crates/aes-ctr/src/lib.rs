@@ -18,12 +18,14 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use aes::cipher::{KeyIvInit, StreamCipher};
+#[cfg(target_arch = "x86_64")]
 use zeroize::Zeroize;
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 /// The block size of AES.
+#[cfg(target_arch = "x86_64")]
 const BLOCK: usize = 16;
 
 /// Which implementation a cipher runs.
