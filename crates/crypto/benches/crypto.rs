@@ -138,6 +138,32 @@ fn sha1_floor(c: &mut Criterion<ThreadCpuTime>) {
     g.finish();
 }
 
+/// The onion layer's cipher alone, one 509-byte cell per call (the stream continuing across
+/// calls, as on a circuit): each chive-aes-ctr implementation this CPU runs, and RustCrypto's
+/// `aes` + `ctr` that chive used before (`aes_ctr_crates`). `relay_cell/relay_encrypt_backward`
+/// is the same work through `RelayHopCrypto`.
+fn onion_cipher(c: &mut Criterion<ThreadCpuTime>) {
+    use aes::cipher::{KeyIvInit, StreamCipher};
+    use chive_aes_ctr::{Aes128Ctr, Impl};
+    let mut g = c.benchmark_group("onion_cipher");
+    g.throughput(Throughput::Bytes(509));
+    let key = [0x42u8; 16];
+    let mut cell = [0x33u8; 509];
+    for imp in [Impl::Vaes, Impl::AesNi, Impl::Soft] {
+        let Some(mut ctr) = Aes128Ctr::with_impl(&key, &[0; 16], imp) else {
+            continue;
+        };
+        g.bench_function(format!("{imp:?}").to_lowercase(), |b| {
+            b.iter(|| ctr.apply_keystream(black_box(&mut cell)))
+        });
+    }
+    let mut ctr = ctr::Ctr128BE::<aes::Aes128>::new(&key.into(), &[0; 16].into());
+    g.bench_function("aes_ctr_crates", |b| {
+        b.iter(|| ctr.apply_keystream(black_box(&mut cell)))
+    });
+    g.finish();
+}
+
 fn ntor(c: &mut Criterion<ThreadCpuTime>) {
     let mut rng = rand::thread_rng();
     let sk = NtorSecretKey::generate(&mut rng);
@@ -156,6 +182,6 @@ criterion_group! {
     name = benches;
     // CPU time of the bench thread, not wall time: see cpu_time.rs.
     config = Criterion::default().with_measurement(ThreadCpuTime);
-    targets = relay_crypto, sha1_floor, ntor
+    targets = relay_crypto, onion_cipher, sha1_floor, ntor
 }
 criterion_main!(benches);

@@ -33,19 +33,21 @@ const RECOGNIZED: std::ops::Range<usize> = 1..3;
 /// The 4-byte digest field of a relay payload.
 const DIGEST: std::ops::Range<usize> = 5..9;
 
-/// AES-128 in counter mode with a 128-bit big-endian counter, as Tor uses it.
-type Aes128Ctr = ctr::Ctr128BE<aes::Aes128>;
+/// AES-128 in counter mode with a 128-bit big-endian counter, as Tor uses it: chive-aes-ctr
+/// (AES-NI / VAES with the XOR fused where the CPU has them, RustCrypto's `aes` + `ctr`
+/// otherwise), checked there against `aes` + `ctr`.
+use chive_aes_ctr::Aes128Ctr;
 
 /// An AES-128-CTR keystream starting at counter `iv`. tor1 always uses a zero IV; the
 /// parameter exists so the cipher can be checked against NIST's published vector.
 fn aes128_ctr(key: &[u8; 16], iv: &[u8; 16]) -> Aes128Ctr {
-    Aes128Ctr::new(key.into(), iv.into())
+    Aes128Ctr::new(key, iv)
 }
 
 /// AES-256 in counter mode, for the end-to-end hop of an onion-service circuit.
 type Aes256Ctr = ctr::Ctr128BE<aes::Aes256>;
 
-/// The keystream of one layer: tor1's AES-128, or AES-256 on the virtual hop that an onion
+/// The keystream of one layer: tor1's AES-128 (the hot path), or AES-256 on the virtual hop that an onion
 /// client and service append to their circuits at the rendezvous point (rend-spec v3,
 /// "NTOR_KEY_SEED" expansion; C tor's `relay_crypto_init(.., is_hs_v3)`).
 #[derive(Clone)]
@@ -282,7 +284,7 @@ impl ClientCircuitCrypto {
     }
 
     /// A circuit with no hops yet and room for `hops` (a path's length: each hop's state is
-    /// ~1.9 KB, so growing a `Vec` to 4 for a 3-hop path would hold one hop's worth unused).
+    /// 736 bytes, so growing a `Vec` to 4 for a 3-hop path would hold one hop's worth unused).
     pub fn with_hops(hops: usize) -> Self {
         ClientCircuitCrypto {
             hops: Vec::with_capacity(hops),
