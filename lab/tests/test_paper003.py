@@ -41,13 +41,17 @@ def test_scenario_declares_the_paper_testbed_and_variants():
     assert v["multiplexed-vegas"].switching == "off" and v["multiplexed-vegas"].params == {"cc_alg": 2}
     assert v["path"].params == {}
     # The leg probe's settings side by side (client SwitchLegProbe: path keeps the default, 0).
-    assert v["path"].client == {}
-    assert v["path-ahead"].client == {"SwitchLegProbe": 2} and v["path-ahead"].spare_path
-    # Striping over both legs (conflux-style), beside the paper's whole-stream move.
+    # The whole-move variants say "whole": the client's default is stripe since session 25.
+    assert v["path"].client == {"SwitchLegUse": "whole"}
+    assert v["path-ahead"].client == {"SwitchLegProbe": 2, "SwitchLegUse": "whole"}
+    assert v["path-ahead"].spare_path
+    # Striping over both legs (conflux-style), beside the paper's whole-stream move; each
+    # stripe variant states its cap and moves (the defaults are 100 and 4 now).
     st = v["path-stripe"]
-    assert st.client == {"SwitchLegUse": "stripe"} and st.spare_path and st.switching == "path"
+    assert st.client == {"SwitchLegUse": "stripe", "SwitchStripeLegCells": 0, "SwitchStripeMoves": 1}
+    assert st.spare_path and st.switching == "path"
     p1 = v["path-probe-at-report"]
-    assert p1.client == {"SwitchLegProbe": 1} and p1.spare_path
+    assert p1.client == {"SwitchLegProbe": 1, "SwitchLegUse": "whole"} and p1.spare_path
     t = p.targets
     # Path mode (connection mode cannot gain on this testbed, docs/paper003-lab.md), striping with
     # a per-leg cap and several moves unconfirmed (session 24's run met all five targets).
@@ -115,7 +119,11 @@ def test_path_variant_is_skipped_while_the_binary_has_no_path_mode(tmp_path):
     s = sc.load_scenario(SCENARIO, quick=True)
     kind = p3.Paper003()
     variant = next(v for v in s.variants if v.label == "path")
-    assert p3.client_options(variant.options) == {"CircuitSwitching": "path", "MetricsFile": "metrics.jsonl"}
+    assert p3.client_options(variant.options) == {
+        "CircuitSwitching": "path",
+        "MetricsFile": "metrics.jsonl",
+        "SwitchLegUse": "whole",
+    }
     assert p3.client_options(p3.VariantOptions(switching="connection")) == {}
     anyleg = p3.VariantOptions(switching="path", spare_path=True, client={"SwitchLighterLeg": 0})
     assert p3.client_options(anyleg)["SwitchLighterLeg"] == 0

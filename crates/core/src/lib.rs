@@ -29,6 +29,7 @@ pub use node::{
     max_mem_in_queues_auto, CellSample, CircuitStat, CloseCause, Core, CoreConfig, CoreError,
     CoreStats, Event, HopSpec, OnionRelayStats, RelayKeys, CELL_MEM_COST,
     DEFAULT_MAX_MEM_IN_QUEUES, MAX_PATH_LEN, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
+    STREAM_WRITE_MAX_CELLS,
 };
 pub use node::{CcAgreementStats, HoldStats, MIN_PAUSE_CELLS, RELEASE_CREDIT, RELEASE_TICK};
 pub use node::{

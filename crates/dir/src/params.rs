@@ -191,19 +191,22 @@ pub const SWITCH_NETWORK_QUEUE: ParamSpec = ParamSpec::new("SwitchNetworkQueue",
 
 /// Path switching, client: how an upload uses its linked circuits (`SwitchLegUse`): 0 = whole
 /// (one at a time, moved on the entry's congestion report: the paper's), 1 = stripe (every
-/// circuit with room at once, conflux-style). The client's own `SwitchLegUse` overrides it.
-pub const SWITCH_LEG_USE: ParamSpec = ParamSpec::new("SwitchLegUse", 0, 0, 1);
+/// circuit with room at once, conflux-style; the default since session 25: with a cap of 100
+/// cells per leg and 4 moves unconfirmed it met paper 003's targets in two batches,
+/// results/paper003-switching-stripe-several-moves-meets-targets). The client's own
+/// `SwitchLegUse` overrides it.
+pub const SWITCH_LEG_USE: ParamSpec = ParamSpec::new("SwitchLegUse", 1, 0, 1);
 
 /// Path switching, client, stripe (`SwitchStripeLegCells`): the most cells of an upload
 /// unacknowledged on one circuit; 0 = no cap beyond the 500-cell stream window; 1..49 are
 /// read as 50 (two capped legs must hold one stream SENDME's worth:
 /// `chive_core::switching::MIN_LEG_CELLS`). The client's own option overrides it.
-pub const SWITCH_STRIPE_LEG_CELLS: ParamSpec = ParamSpec::new("SwitchStripeLegCells", 0, 0, 500);
+pub const SWITCH_STRIPE_LEG_CELLS: ParamSpec = ParamSpec::new("SwitchStripeLegCells", 100, 0, 500);
 
 /// Path switching, client, stripe (`SwitchStripeMoves`): how many moves between circuits may
 /// wait for their confirmations at once (`chive_core::switching::MAX_STRIPE_MOVES`). The
 /// client's own option overrides it.
-pub const SWITCH_STRIPE_MOVES: ParamSpec = ParamSpec::new("SwitchStripeMoves", 1, 1, 16);
+pub const SWITCH_STRIPE_MOVES: ParamSpec = ParamSpec::new("SwitchStripeMoves", 4, 1, 16);
 
 /// The `CircuitSwitching` setting: which of paper 003's two mechanisms a node uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -496,9 +499,9 @@ mod tests {
                 timeout_rtt_factor: 3,
                 min_share_milli: 250,
                 network_queue: true,
-                leg_stripe: false,
-                stripe_leg_cells: 0,
-                stripe_moves: 1,
+                leg_stripe: true,
+                stripe_leg_cells: 100,
+                stripe_moves: 4,
             }
         );
         let p = params(&[
@@ -530,7 +533,7 @@ mod tests {
         let s = params(&[("SwitchStripeLegCells", 250), ("SwitchStripeMoves", 99)]).switching();
         assert_eq!(
             (s.leg_stripe, s.stripe_leg_cells, s.stripe_moves),
-            (false, 250, 16)
+            (true, 250, 16)
         );
         assert_eq!(
             params(&[("CircuitSwitching", 9)]).switching().mode,

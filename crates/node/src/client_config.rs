@@ -56,15 +56,15 @@ Config file options (TOML):
                                    at once: 1 = probe when a report comes (the move waits for the
                                    answer), 2 = probe it ahead, at most once a second while the
                                    upload runs (a report is decided at once by the last answer)
-  SwitchLegUse = \"whole\"          how the upload uses the linked circuits: \"whole\" = one at a
-                                   time, moved on the entry's congestion report (the paper);
-                                   \"stripe\" = every circuit with room at once, the lowest
-                                   round trip first (conflux-style; reports move nothing)
-  SwitchStripeLegCells = 0         with SwitchLegUse \"stripe\": the most cells of an upload sent
+  SwitchLegUse = \"stripe\"         how the upload uses the linked circuits: \"stripe\" = every
+                                   circuit with room at once, the lowest round trip first
+                                   (conflux-style; reports move nothing); \"whole\" = one at a
+                                   time, moved on the entry's congestion report (the paper)
+  SwitchStripeLegCells = 100       with SwitchLegUse \"stripe\": the most cells of an upload sent
                                    on one circuit and not yet acknowledged (0 = no cap beyond
                                    the 500-cell stream window; else 50..500): short queues on
                                    both paths, so other traffic through them waits less
-  SwitchStripeMoves = 1            with SwitchLegUse \"stripe\": how many moves between circuits
+  SwitchStripeMoves = 4            with SwitchLegUse \"stripe\": how many moves between circuits
                                    may wait for their confirmations at once (1..16); more keeps
                                    a circuit at its cap from waiting on the other's round trip
                                    (SwitchLegUse, SwitchStripeLegCells and SwitchStripeMoves
@@ -170,15 +170,16 @@ pub struct ClientConfig {
     #[serde(rename = "SwitchLegProbe", default)]
     pub switch_leg_probe: Option<u8>,
     /// Path switching: how the upload uses the linked legs ("whole": one at a time, moved on
-    /// a congestion report; "stripe": every leg with room at once; default "whole").
+    /// a congestion report; "stripe": every leg with room at once; default: the consensus's
+    /// `SwitchLegUse`, "stripe").
     #[serde(rename = "SwitchLegUse", default)]
     pub switch_leg_use: Option<String>,
     /// Path switching, stripe: the most unacknowledged cells of a stream per leg (0 = no
-    /// cap; else 50..=500; default 0).
+    /// cap; else 50..=500; default: the consensus's `SwitchStripeLegCells`, 100).
     #[serde(rename = "SwitchStripeLegCells", default)]
     pub switch_stripe_leg_cells: Option<u32>,
     /// Path switching, stripe: moves between legs that may be unconfirmed at once (1..=16;
-    /// default: the consensus's `SwitchStripeMoves`, 1).
+    /// default: the consensus's `SwitchStripeMoves`, 4).
     #[serde(rename = "SwitchStripeMoves", default)]
     pub switch_stripe_moves: Option<u32>,
     /// JSON-lines metrics file (relative: in the DataDirectory).

@@ -135,16 +135,57 @@ fn uploads_stay_byte_exact_while_the_entry_switches_circuits() {
 /// Path variant: five relays (every one an exit), all with `CircuitSwitching = "path"` and the
 /// same hair-trigger detector; the client with `CircuitSwitching = "path"` links each exit
 /// circuit to a spare through the two relays its home circuit does not use. Concurrent uploads
-/// on four circuits: the entries keep telling the client to move, the client keeps switching
-/// legs, and the exit must put every byte back in order.
+/// on four circuits, and the exit must put every byte back in order. `SwitchLegUse = "whole"`
+/// (the paper's): the entries keep telling the client to move and the client keeps moving the
+/// upload between legs.
 #[test]
 fn uploads_stay_byte_exact_while_the_client_switches_paths() {
+    let (net, records, _) = path_uploads("switch-path", "SwitchLegUse = \"whole\"\n");
+    let switched: Vec<f64> = records
+        .iter()
+        .filter(|r| r["outcome"] == "switched" && r["mode"] == "path")
+        .map(|r| r["switch_time_s"].as_f64().unwrap())
+        .collect();
+    assert!(
+        !switched.is_empty(),
+        "the client made no path switch: {records:?}; logs in {}",
+        net.dir.display()
+    );
+    eprintln!(
+        "path switches: {} (other outcomes: {}); switch times (s): {:?}",
+        switched.len(),
+        records.len() - switched.len(),
+        &switched[..switched.len().min(20)],
+    );
+}
+
+/// The same with the client's defaults (`SwitchLegUse = stripe`, 100 cells per leg, 4 moves
+/// unconfirmed): every upload goes over both legs at once, cell by cell.
+#[test]
+fn uploads_stay_byte_exact_while_the_client_stripes_legs() {
+    let (net, _, client) = path_uploads("switch-stripe", "");
+    let moves = value(&client, "chive_switch_stripe_moves_total");
+    assert!(
+        moves >= 1,
+        "the client never moved an upload between legs; logs in {}",
+        net.dir.display()
+    );
+    eprintln!("stripe moves: {moves}");
+}
+
+/// Five path-mode relays with a hair-trigger detector, a path-mode client with `client_opts`
+/// too, four concurrent 3 MB uploads that must arrive byte-exact; no protocol violation, no
+/// circuit killed. Returns the network, the client's switch records and its metrics scrape.
+fn path_uploads(name: &str, client_opts: &str) -> (Network, Vec<serde_json::Value>, String) {
     let opts = "CircuitSwitching = \"path\"\nSwitchAlpha = 0.0\nSwitchBeta = 0.0\n\
                 SwitchSampleIntervalMsec = 20\n";
     let net = Network::start_custom(
-        "switch-path",
+        name,
         &[opts; 5],
-        "CircuitSwitching = \"path\"\nMetricsFile = \"client.metrics.jsonl\"\n",
+        &format!(
+            "CircuitSwitching = \"path\"\nMetricsFile = \"client.metrics.jsonl\"\n\
+             MetricsPort = \"{ANY_PORT}\"\n{client_opts}"
+        ),
     );
     const UPLOADS: usize = 4;
     // A spare needs two relays the home circuit does not use: wait for all five in the
@@ -180,23 +221,12 @@ fn uploads_stay_byte_exact_while_the_client_switches_paths() {
     );
     assert_eq!(sum("chive_circuits_killed_total"), 0, "circuits killed");
     let records = switch_records(&net.dir.join("client").join("client.metrics.jsonl"));
-    let switched: Vec<f64> = records
-        .iter()
-        .filter(|r| r["outcome"] == "switched" && r["mode"] == "path")
-        .map(|r| r["switch_time_s"].as_f64().unwrap())
-        .collect();
-    assert!(
-        !switched.is_empty(),
-        "the client made no path switch: {records:?}; logs in {}",
-        net.dir.display()
-    );
     eprintln!(
-        "path switches: {} (other outcomes: {}); switch times (s): {:?}; cells buffered out of \
-         order at exits: {}; duplicates dropped: {}",
-        switched.len(),
-        records.len() - switched.len(),
-        &switched[..switched.len().min(20)],
+        "cells buffered out of order at exits: {}; duplicates dropped: {}",
         sum("chive_switch_path_out_of_order_total"),
         sum("chive_switch_path_duplicates_total"),
     );
+    let client = scrape_metrics(net.client_metrics.expect("the client's MetricsPort"))
+        .expect("client MetricsPort answers");
+    (net, records, client)
 }

@@ -12,6 +12,10 @@ use crate::{ChannelId, CircKey, StreamHandle};
 #[cfg(doc)]
 use super::Core;
 
+/// The most DATA cells one [`Event::StreamWrite`] gathers (~62 KiB): bounds the buffer a
+/// stream's run of cells builds before the driver takes it.
+pub const STREAM_WRITE_MAX_CELLS: u32 = 128;
+
 /// Errors returned to the driver for requests it made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CoreError {
@@ -89,13 +93,17 @@ pub enum Event {
         /// The answers.
         answers: Vec<ResolvedAnswer>,
     },
-    /// Write these bytes to the stream's socket, then report with
-    /// [`Core::stream_flushed`] (one count per event).
+    /// Write these bytes to the stream's socket, then report `cells` with
+    /// [`Core::stream_flushed`]. The DATA cells a stream receives while this event is the
+    /// newest one are appended to it (at most [`STREAM_WRITE_MAX_CELLS`] cells), so a read
+    /// batch of one stream's cells costs one buffer and one event, not one per cell.
     StreamWrite {
         /// The stream.
         stream: StreamHandle,
-        /// At most 498 bytes.
+        /// The payloads of `cells` DATA cells, in order.
         data: Vec<u8>,
+        /// How many DATA cells `data` holds (the count [`Core::stream_flushed`] takes back).
+        cells: u32,
     },
     /// The stream may read this many more bytes from its socket and pass them to
     /// [`Core::stream_data`].

@@ -66,7 +66,7 @@ pub use build::MAX_PATH_LEN;
 pub use cc_negotiate::CcAgreementStats;
 pub use client_hold::{HoldStats, MIN_PAUSE_CELLS, RELEASE_CREDIT, RELEASE_TICK};
 pub use config::{CoreConfig, HopSpec, RelayKeys};
-pub use event::{CloseCause, CoreError, Event};
+pub use event::{CloseCause, CoreError, Event, STREAM_WRITE_MAX_CELLS};
 pub use inspect::{CellSample, CircuitStat, CoreStats};
 pub use onion::OnionRelayStats;
 pub use oom::{

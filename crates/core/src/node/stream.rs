@@ -14,6 +14,10 @@ use crate::streamflow::{LegWindows, StreamFlow, XOFF_CELLS};
 use crate::{CircKey, StreamHandle};
 
 use super::circuit::Role;
+use super::event::STREAM_WRITE_MAX_CELLS;
+
+/// A new [`Event::StreamWrite`] starts with room for this many cells' payloads.
+const STREAM_WRITE_FIRST_CELLS: usize = 8;
 use super::event::Event;
 use super::queue::QUEUE_HIGHWATER;
 use super::Core;
@@ -301,10 +305,7 @@ impl Core {
         };
         match outcome {
             Ok((handle, xoff)) => {
-                self.events.push_back(Event::StreamWrite {
-                    stream: handle,
-                    data: data.to_vec(),
-                });
+                self.push_stream_write(handle, data);
                 if xoff {
                     self.stats.stream_xoff_sent += 1;
                     self.send_edge(key, RelayCommand::XOFF, sid, &Xoff.encode(), now);
@@ -322,6 +323,34 @@ impl Core {
                 self.send_end(key, sid, EndReason::TORPROTOCOL, now);
             }
         }
+    }
+
+    /// Queue `data` (one DATA cell's payload) for the stream's socket: appended to the newest
+    /// event when that is a write to the same stream with room, else a new event. Only the
+    /// newest event is extended, so the order of events (a write before a close, one stream's
+    /// bytes before another's) is the order the cells came in.
+    fn push_stream_write(&mut self, handle: StreamHandle, data: &[u8]) {
+        if let Some(Event::StreamWrite {
+            stream,
+            data: buf,
+            cells,
+        }) = self.events.back_mut()
+        {
+            if *stream == handle && *cells < STREAM_WRITE_MAX_CELLS {
+                buf.extend_from_slice(data);
+                *cells += 1;
+                return;
+            }
+        }
+        // Room for a few cells up front: a run of DATA cells grows the buffer a few times at
+        // most, and a lone cell holds this much only until the driver hands it on.
+        let mut buf = Vec::with_capacity(STREAM_WRITE_FIRST_CELLS * RELAY_DATA_LEN);
+        buf.extend_from_slice(data);
+        self.events.push_back(Event::StreamWrite {
+            stream: handle,
+            data: buf,
+            cells: 1,
+        });
     }
 
     pub(super) fn edge_end(&mut self, key: CircKey, sid: u16, data: &[u8], _now: Instant) {

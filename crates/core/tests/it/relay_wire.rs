@@ -10,15 +10,17 @@ use crate::common::{self, Path};
 use chive_cell::{Cell, CellCommand, RelayCommand};
 use chive_core::{CoreConfig, Event};
 
-/// What X's exit writes to its stream's socket, in order.
-fn written_at_x(p: &mut Path) -> Vec<Vec<u8>> {
+/// What X's exit writes to its stream's socket, in order, and how many DATA cells it came in.
+fn written_at_x(p: &mut Path) -> (Vec<u8>, u32) {
     let mut out = Vec::new();
+    let mut cells = 0;
     while let Some(e) = p.x.core.poll_event() {
-        if let Event::StreamWrite { data, .. } = e {
-            out.push(data);
+        if let Event::StreamWrite { data, cells: n, .. } = e {
+            out.extend_from_slice(&data);
+            cells += n;
         }
     }
-    out
+    (out, cells)
 }
 
 #[test]
@@ -37,7 +39,11 @@ fn cells_passed_on_in_place_arrive_as_sent_both_ways() {
         }
     }
     assert_eq!(p.r_to_x(), bodies.len());
-    assert_eq!(written_at_x(&mut p), bodies, "X reads the bodies in order");
+    assert_eq!(
+        written_at_x(&mut p),
+        (bodies.concat(), 24),
+        "X reads the bodies in order"
+    );
     let forward = p.r.core.stats().cells_in_place - before;
     assert_eq!(
         forward, 12,
@@ -83,7 +89,7 @@ fn a_cell_recognized_at_the_relay_takes_its_slot_back() {
     // The circuit still works after it: the next cell for X arrives.
     p.send_wire(&mut circ, 1, RelayCommand::DATA, 1, b"after");
     assert_eq!(p.r_to_x(), 1);
-    assert_eq!(written_at_x(&mut p), vec![b"after".to_vec()]);
+    assert_eq!(written_at_x(&mut p), (b"after".to_vec(), 1));
 }
 
 #[test]
@@ -101,4 +107,36 @@ fn cells_for_unknown_circuits_take_the_decoded_path() {
     let after = p.r.core.stats();
     assert_eq!(after.cells_in_place, before.cells_in_place);
     assert_eq!(after.cells_received, before.cells_received + 1);
+}
+
+#[test]
+fn a_run_of_one_streams_data_cells_is_one_write_of_at_most_the_bound() {
+    use chive_core::STREAM_WRITE_MAX_CELLS;
+    let mut p = Path::new(CoreConfig::default());
+    let (mut circ, _stream) = p.circuit_with_stream();
+    let n = STREAM_WRITE_MAX_CELLS as usize + 2;
+    let bodies: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 100]).collect();
+    for body in &bodies {
+        p.send_wire(&mut circ, 1, RelayCommand::DATA, 1, body);
+    }
+    assert_eq!(p.r_to_x(), n);
+    let mut writes = Vec::new();
+    while let Some(e) = p.x.core.poll_event() {
+        if let Event::StreamWrite { data, cells, .. } = e {
+            writes.push((data, cells));
+        }
+    }
+    let counts: Vec<u32> = writes.iter().map(|w| w.1).collect();
+    assert_eq!(
+        counts,
+        vec![STREAM_WRITE_MAX_CELLS, 2],
+        "one write per run, cut at the bound"
+    );
+    let bytes: Vec<u8> = writes.into_iter().flat_map(|w| w.0).collect();
+    assert_eq!(bytes, bodies.concat(), "in order, nothing lost");
+
+    // Once the driver has taken the events, the next cell starts a write of its own.
+    p.send_wire(&mut circ, 1, RelayCommand::DATA, 1, b"next");
+    assert_eq!(p.r_to_x(), 1);
+    assert_eq!(written_at_x(&mut p), (b"next".to_vec(), 1));
 }

@@ -323,7 +323,11 @@ impl Sim {
                 let addr = SocketAddr::from(([127, 0, 0, 1], 80));
                 self.nodes[n].exit_connected(stream, addr, self.now);
             }
-            Event::StreamWrite { stream, data } => {
+            Event::StreamWrite {
+                stream,
+                data,
+                cells,
+            } => {
                 if n < self.endpoints {
                     self.received
                         .entry((n, stream))
@@ -339,7 +343,7 @@ impl Sim {
                     self.exit_received.extend_from_slice(&data);
                     self.echo.push_back((n, stream, data));
                 }
-                self.nodes[n].stream_flushed(stream, 1, self.now);
+                self.nodes[n].stream_flushed(stream, cells, self.now);
             }
             Event::StreamReadCredit { stream, bytes } if n < self.endpoints => {
                 *self.credit.entry((n, stream)).or_default() += bytes;

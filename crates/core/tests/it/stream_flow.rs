@@ -105,9 +105,14 @@ impl Pair {
             }
         }
         while let Some(ev) = self.client.poll_event() {
-            if let Event::StreamWrite { stream, data } = ev {
+            if let Event::StreamWrite {
+                stream,
+                data,
+                cells,
+            } = ev
+            {
                 assert_eq!(stream, self.stream);
-                self.unread += 1;
+                self.unread += cells;
                 self.received += data.len();
             }
         }

@@ -941,9 +941,13 @@ impl Driver {
                     let _ = tx.send(Input::ExitResolved { stream, answers }).await;
                 });
             }
-            Event::StreamWrite { stream, data } => {
+            Event::StreamWrite {
+                stream,
+                data,
+                cells,
+            } => {
                 if let Some(io) = self.streams.get(&stream) {
-                    let _ = io.write_tx.send(StreamCmd::Write(data));
+                    let _ = io.write_tx.send(StreamCmd::Write { data, cells });
                 }
             }
             Event::StreamReadCredit { stream, bytes } => {

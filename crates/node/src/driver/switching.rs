@@ -323,8 +323,12 @@ mod tests {
     fn stripe_options_override_the_consensus() {
         let none = SwitchOptions::default();
         let d = chive_dir::NetParams::new().switching();
-        assert_eq!(stripe_settings(&none, &d), (LegUse::Whole, 0, 1));
+        assert_eq!(stripe_settings(&none, &d), (LegUse::Stripe, 100, 4));
         let mut p = d;
+        p.leg_stripe = false;
+        p.stripe_leg_cells = 0;
+        p.stripe_moves = 1;
+        assert_eq!(stripe_settings(&none, &p), (LegUse::Whole, 0, 1));
         p.leg_stripe = true;
         p.stripe_leg_cells = 120;
         p.stripe_moves = 4;

@@ -129,7 +129,11 @@ async fn write_batch(
 
 /// Commands for a stream's writer task.
 pub enum StreamCmd {
-    Write(Vec<u8>),
+    /// The payloads of `cells` DATA cells (one [`chive_core::Event::StreamWrite`]).
+    Write {
+        data: Vec<u8>,
+        cells: u32,
+    },
     Close,
 }
 
@@ -564,22 +568,32 @@ pub fn spawn_stream_io(
     });
     tokio::spawn(async move {
         while let Some(cmd) = write_rx.recv().await {
+            // `writes` counts cells (what the core's stream window takes back), `cmds` the
+            // commands gathered into this write.
             let mut writes = 0u32;
+            let mut cmds = 0u32;
             let mut close = false;
             let mut batch = Vec::new();
             let mut next = Some(cmd);
             while let Some(cmd) = next.take() {
                 match cmd {
-                    StreamCmd::Write(data) => {
-                        batch.extend_from_slice(&data);
-                        writes += 1;
+                    StreamCmd::Write { data, cells } => {
+                        // The usual case is one command per wake-up (the core gathers a read
+                        // batch's cells into one): written from its own buffer, no copy.
+                        if batch.is_empty() {
+                            batch = data;
+                        } else {
+                            batch.extend_from_slice(&data);
+                        }
+                        writes += cells;
+                        cmds += 1;
                     }
                     StreamCmd::Close => {
                         close = true;
                         break;
                     }
                 }
-                if writes < 128 {
+                if cmds < 128 {
                     next = write_rx.try_recv().ok();
                 }
             }
