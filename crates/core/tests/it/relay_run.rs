@@ -4,12 +4,14 @@
 //! result as handing each cell to `handle_cell_wire` — the cells each side receives, byte for
 //! byte, the counters, the events — with a cell recognized at the relay inside a run, several
 //! circuits interleaved, both directions, a queue going over `max_circuit_queue` mid-run and
-//! `MaxMemInQueues` reached mid-run; and a run costs one lookup (`relay_runs`).
+//! `MaxMemInQueues` reached mid-run; and a run costs one lookup (`relay_runs`). On the send
+//! side, `poll_transmit` serves a queue the scheduler picks again without looking its circuit
+//! up again: the cells leave in the order one-cell calls give (a pick per cell).
 
 use crate::common::{self, drain, Path, R_CLIENT, R_TO_X};
 
 use chive_cell::{Cell, RelayCommand, CELL_LEN};
-use chive_core::{ChannelId, CoreConfig, CoreStats, Event, CELL_MEM_COST};
+use chive_core::{ChannelId, CoreConfig, CoreStats, Event, SchedulerKind, CELL_MEM_COST};
 
 /// One step of a scenario: cells handed to R on a channel in one read.
 type Batch = (ChannelId, Vec<u8>);
@@ -173,4 +175,62 @@ fn the_memory_limit_reached_mid_run_acts_as_cell_by_cell() {
     assert_eq!(runs, 3);
     assert_eq!(out.stats.oom_circuits_killed, 1, "{:?}", out.stats);
     assert_eq!(out.stats.circuits, 1, "B lives on");
+}
+
+/// R's cells for X, drained in calls of up to `max` cells.
+fn drain_by(p: &mut Path, max: usize) -> Vec<u8> {
+    let mut wire = Vec::new();
+    while p.r.core.poll_transmit_wire(R_TO_X, max, p.now, &mut wire) > 0 {}
+    wire
+}
+
+/// A's history, then B, A and C queued together: EWMA serves the quiet B and C first, several
+/// cells of one in a row at times, then A's. Drained in one call per batch, the order is the
+/// one-cell calls' (every pick made, the same picks).
+#[test]
+fn a_queue_picked_again_sends_as_one_cell_calls_do() {
+    for scheduler in [
+        SchedulerKind::Ewma { halflife: 30.0 },
+        SchedulerKind::RoundRobin,
+    ] {
+        let cfg = || CoreConfig {
+            scheduler,
+            ..CoreConfig::default()
+        };
+        let run = |max: usize| {
+            let mut p = Path::new(cfg());
+            let (mut a, _) = p.circuit_with_stream();
+            let (mut b, _) = p.circuit_with_stream();
+            let (mut c, _) = p.circuit_with_stream();
+            drain_by(&mut p, max);
+            let mut scratch = common::blank_cell();
+            let now = p.now;
+            let history = batch_of(&data_for_x(&mut a, 30, 1));
+            p.r.core
+                .handle_cells_wire(R_CLIENT, &history, &mut scratch, now);
+            let mut out = drain_by(&mut p, max);
+            let mut mixed = data_for_x(&mut b, 6, 2);
+            mixed.extend(data_for_x(&mut a, 10, 3));
+            mixed.extend(data_for_x(&mut c, 9, 4));
+            p.r.core
+                .handle_cells_wire(R_CLIENT, &batch_of(&mixed), &mut scratch, now);
+            out.extend(drain_by(&mut p, max));
+            out
+        };
+        let whole = run(1024);
+        assert_eq!(whole.len(), 55 * CELL_LEN);
+        assert_eq!(whole, run(1), "{scheduler:?}");
+        if matches!(scheduler, SchedulerKind::Ewma { .. }) {
+            // The second drain: some circuit sent twice in a row, then another one.
+            let ids: Vec<&[u8]> = whole[30 * CELL_LEN..]
+                .chunks(CELL_LEN)
+                .map(|c| &c[..4])
+                .collect();
+            let repeat = ids.windows(2).position(|w| w[0] == w[1]);
+            assert!(
+                repeat.is_some_and(|i| ids[i..].windows(2).any(|w| w[0] != w[1])),
+                "no repeated pick before a switch"
+            );
+        }
+    }
 }
