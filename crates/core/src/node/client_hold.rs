@@ -559,6 +559,15 @@ impl Core {
         }
     }
 
+    /// Whether [`Core::hold_upstream`] could hold or count a relay cell of circuit `key` that
+    /// arrived on a channel (`client`: a client's) from the circuit's previous hop
+    /// (`from_prev`). False means it returns false and changes nothing for such a cell, so a
+    /// run of them may skip it (`relay_run.rs`).
+    pub(super) fn hold_may_take(&self, key: CircKey, client: bool, from_prev: bool) -> bool {
+        self.hold.circs.contains_key(&key)
+            || (self.cfg.client_queue_cap != 0 && client && from_prev)
+    }
+
     /// Bytes the held cells' buffers take (counted against `MaxMemInQueues`).
     pub(super) fn held_mem(&self) -> usize {
         self.hold.buffer_cells.saturating_mul(CELL_MEM_COST)

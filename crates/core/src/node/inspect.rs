@@ -31,6 +31,9 @@ pub struct CoreStats {
     /// Of those, relay cells passed on from their wire bytes ([`crate::Core::handle_cell_wire`]):
     /// copied straight into their circuit queue's slot, their onion layer applied there.
     pub cells_in_place: u64,
+    /// Runs of one circuit's relayed cells passed on together ([`crate::Core::handle_cells_wire`]):
+    /// the channel and the circuit are looked up once per run, not per cell.
+    pub relay_runs: u64,
     /// Circuits closed for a protocol violation or resource limit (OOM kills included).
     pub circuits_killed: u64,
     /// Bytes counted against `MaxMemInQueues` now: queued cells and driver-reported buffers.

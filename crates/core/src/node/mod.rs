@@ -57,6 +57,7 @@ mod oom;
 mod path;
 mod queue;
 mod relay;
+mod relay_run;
 mod stream;
 mod switch;
 mod switch_report;

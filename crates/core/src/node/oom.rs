@@ -83,17 +83,33 @@ enum Victim {
     LinkedSet(u64),
 }
 
+/// [`Core::mem_in_queues`] from its parts: the queues' buffer cells, the exit's buffered
+/// linked-set cells, driver-held bytes and held client cells' bytes. A run of relayed cells
+/// (`relay_run.rs`) re-checks the limit with only the first part changing.
+pub(super) fn mem_total(
+    queue_buffer_cells: usize,
+    exit_buffered: usize,
+    driver_bytes: usize,
+    held: usize,
+) -> usize {
+    queue_buffer_cells
+        .saturating_add(exit_buffered)
+        .saturating_mul(CELL_MEM_COST)
+        .saturating_add(driver_bytes)
+        .saturating_add(held)
+}
+
 impl Core {
     /// Bytes counted against `MaxMemInQueues` now: the circuit queues' buffers (their
     /// capacity, not only the cells in them), the exit's out-of-order buffers of linked sets,
     /// and driver-held buffers.
     pub(super) fn mem_in_queues(&self) -> usize {
-        self.stats
-            .queue_buffer_cells
-            .saturating_add(self.path_exit_buffered())
-            .saturating_mul(CELL_MEM_COST)
-            .saturating_add(self.driver_bytes)
-            .saturating_add(self.held_mem())
+        mem_total(
+            self.stats.queue_buffer_cells,
+            self.path_exit_buffered(),
+            self.driver_bytes,
+            self.held_mem(),
+        )
     }
 
     /// The driver holds `bytes` for `chan` outside the core (its output buffer, cells held back

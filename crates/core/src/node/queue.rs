@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use chive_cell::{set_wire_circ_id, Cell, CellCommand, CircId, CELL_LEN};
 
+use crate::sched::QueueId;
 use crate::{ChannelId, CircKey};
 
 use super::circuit::{queue_id, queue_of, Side};
@@ -409,6 +410,8 @@ impl Core {
         let Some(ch) = self.channels.get_mut(&chan) else {
             return 0;
         };
+        // The scheduler's next pick when the loop below already made it (`Some(None)`: none).
+        let mut carried: Option<Option<QueueId>> = None;
         while sent < max {
             if let Some(cell) = ch.urgent.front() {
                 out.put(cell);
@@ -416,55 +419,75 @@ impl Core {
                 sent += 1;
                 continue;
             }
-            let Some(q) = ch.sched.pick(now) else { break };
+            let picked = match carried.take() {
+                Some(p) => p,
+                None => ch.sched.pick(now),
+            };
+            let Some(q) = picked else { break };
             let (key, side) = queue_of(q);
             let Some(circ) = self.circuits.get_mut(&key) else {
                 ch.sched.deactivate(q);
                 continue;
             };
-            let queue = circ.queue(side);
-            let batch_index = out.cells();
-            let Some((command, sampled)) = queue.pop_into(out) else {
-                ch.sched.deactivate(q);
-                continue;
-            };
-            let left = queue.len();
-            ch.queued = ch.queued.saturating_sub(1);
-            circ_cells += 1;
-            circ.cells_sent += 1;
-            if super::switch::counted(command) {
-                circ.sw.sent[usize::from(side == Side::Next)] += 1;
-            }
-            if self.sw.tracking() {
-                self.sw.cell_left(key, chan, now);
-            }
-            if let Some(queued) = sampled {
-                if self.cell_samples.len() < MAX_PENDING_SAMPLES {
-                    self.cell_samples.push_back(CellSample {
-                        chan,
-                        circ: key,
-                        queued,
-                        dequeued: now,
-                        batch_index,
-                    });
-                }
-            }
-            ch.sched.cell_sent(q, now);
-            if left == 0 {
-                ch.sched.deactivate(q);
+            // The picked queue's cells for as long as the scheduler picks it again (every
+            // pick still made, in the same order): its circuit is looked up once for them.
+            loop {
                 let queue = circ.queue(side);
-                let cap = queue.capacity();
-                if queue.emptied_at(now) {
-                    self.emptied_queues
-                        .push_back((now + QUEUE_RELEASE_AFTER, q));
+                let batch_index = out.cells();
+                let Some((command, sampled)) = queue.pop_into(out) else {
+                    ch.sched.deactivate(q);
+                    break;
+                };
+                let left = queue.len();
+                ch.queued = ch.queued.saturating_sub(1);
+                circ_cells += 1;
+                circ.cells_sent += 1;
+                if super::switch::counted(command) {
+                    circ.sw.sent[usize::from(side == Side::Next)] += 1;
                 }
-                self.stats.queue_buffer_cells -= cap - circ.queue(side).capacity();
+                if self.sw.tracking() {
+                    self.sw.cell_left(key, chan, now);
+                }
+                if let Some(queued) = sampled {
+                    if self.cell_samples.len() < MAX_PENDING_SAMPLES {
+                        self.cell_samples.push_back(CellSample {
+                            chan,
+                            circ: key,
+                            queued,
+                            dequeued: now,
+                            batch_index,
+                        });
+                    }
+                }
+                ch.sched.cell_sent(q, now);
+                if left == 0 {
+                    ch.sched.deactivate(q);
+                    let queue = circ.queue(side);
+                    let cap = queue.capacity();
+                    if queue.emptied_at(now) {
+                        self.emptied_queues
+                            .push_back((now + QUEUE_RELEASE_AFTER, q));
+                    }
+                    self.stats.queue_buffer_cells -= cap - circ.queue(side).capacity();
+                }
+                if left == QUEUE_LOWWATER
+                    && circ.edge_out_side() == side
+                    && circ.edge_mut().is_some()
+                {
+                    drained_edges.push(key);
+                }
+                self.stats.queued_cells = self.stats.queued_cells.saturating_sub(1);
+                sent += 1;
+                // The outer loop's checks, in its order: room, link-level cells, the pick.
+                if left == 0 || sent >= max || !ch.urgent.is_empty() {
+                    break;
+                }
+                let next = ch.sched.pick(now);
+                if next != Some(q) {
+                    carried = Some(next);
+                    break;
+                }
             }
-            if left == QUEUE_LOWWATER && circ.edge_out_side() == side && circ.edge_mut().is_some() {
-                drained_edges.push(key);
-            }
-            self.stats.queued_cells = self.stats.queued_cells.saturating_sub(1);
-            sent += 1;
         }
         self.stats.cells_transmitted += sent as u64;
         for key in drained_edges {

@@ -174,7 +174,7 @@ impl Core {
     }
 
     /// A forward relay cell recognized at this relay.
-    fn relay_cell_for_us(
+    pub(super) fn relay_cell_for_us(
         &mut self,
         key: CircKey,
         payload: &[u8; PAYLOAD_LEN],

@@ -345,13 +345,13 @@ impl Path {
 fn carry(from: &mut Core, out: ChannelId, to: &mut Core, inp: ChannelId, now: Instant) -> usize {
     let cells = drain(from, out, now);
     let n = cells.len();
-    // As the driver hands cells over: their wire bytes (`handle_cell_wire`: a relayed cell is
-    // copied into its queue slot, others decoded into `scratch`); the tests that call
-    // `handle_cell` directly keep the by-value entry covered.
+    // As the driver hands cells over: their wire bytes, all at once (`handle_cells_wire`: a
+    // relayed cell is copied into its queue slot, a run of one circuit's with one lookup,
+    // others decoded into `scratch`); the tests that call `handle_cell` directly keep the
+    // by-value entry covered, `relay_wire.rs` the per-cell one.
+    let batch: Vec<u8> = cells.iter().flat_map(wire_of).collect();
     let mut scratch = blank_cell();
-    for cell in cells {
-        to.handle_cell_wire(inp, &wire_of(&cell), &mut scratch, now);
-    }
+    to.handle_cells_wire(inp, &batch, &mut scratch, now);
     n
 }
 

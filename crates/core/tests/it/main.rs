@@ -28,6 +28,7 @@ mod path_stripe;
 mod path_switching;
 mod queue_limits;
 mod relay_early;
+mod relay_run;
 mod relay_wire;
 mod same_channel;
 mod sched_liveness;

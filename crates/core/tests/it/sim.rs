@@ -290,14 +290,16 @@ impl Sim {
             if !link.pipe.is_empty() {
                 busy = true;
             }
+            // As the node's driver hands cells over: the wire bytes of what arrived together,
+            // so relayed cells take the in-place path, a run of one circuit's at once
+            // (`handle_cells_wire`).
+            let mut batch = Vec::new();
             while link.pipe.front().is_some_and(|(t, _)| *t <= self.step_no) {
                 let cell = link.pipe.pop_front().unwrap().1;
-                // As the node's driver hands cells over: their wire bytes, so relayed cells take
-                // the in-place path (`handle_cell_wire`).
-                let wire = common::wire_of(&cell);
-                let mut scratch = common::blank_cell();
-                self.nodes[link.peer].handle_cell_wire(link.pchan, &wire, &mut scratch, self.now);
+                batch.extend_from_slice(&common::wire_of(&cell));
             }
+            let mut scratch = common::blank_cell();
+            self.nodes[link.peer].handle_cells_wire(link.pchan, &batch, &mut scratch, self.now);
         }
         self.step_no += 1;
         self.now += Duration::from_millis(1);

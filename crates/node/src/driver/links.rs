@@ -114,6 +114,15 @@ impl Driver {
     pub(super) fn on_cells(&mut self, conn: ChannelId, bytes: &[u8], now: Instant) {
         let mut rest = bytes;
         while !rest.is_empty() {
+            // The fixed cells that go straight to the core, handed over together: the core
+            // passes on a run of one circuit's cells with one lookup (`handle_cells_wire`).
+            if let Some((chan, n)) = self.direct_fixed_run(conn, rest) {
+                let (direct, tail) = rest.split_at(n * CELL_LEN);
+                self.core
+                    .handle_cells_wire(chan, direct, &mut self.cell_scratch, now);
+                rest = tail;
+                continue;
+            }
             // A fixed cell (every cell a relay passes on): handed to the core as its wire
             // bytes, which a relay copies once, into its circuit queue (`handle_cell_wire`).
             if let Some((cell, tail)) = rest
@@ -143,6 +152,29 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// How many of the cells at the start of `bytes` take `on_fixed_cell`'s fast path (fixed,
+    /// not PADDING, the channel open, nothing held back, the split direct), counted by the
+    /// split as that path counts them; the first that does not is left for the per-cell path
+    /// (a split that refuses a cell directly changes nothing, so it may be asked again).
+    /// Returns the channel and the count, `None` if there are none.
+    fn direct_fixed_run(&mut self, conn: ChannelId, bytes: &[u8]) -> Option<(ChannelId, usize)> {
+        let (chan, which) = self.locate(conn)?;
+        let io = self.chans.get_mut(&chan)?;
+        if !io.split.is_open() || io.held_cells != 0 {
+            return None;
+        }
+        let n = bytes
+            .chunks_exact(CELL_LEN)
+            .take_while(|c| {
+                let command = CellCommand(c[4]);
+                !command.is_variable()
+                    && command != CellCommand::PADDING
+                    && io.split.receive_direct_fixed(which)
+            })
+            .count();
+        (n > 0).then_some((chan, n))
     }
 
     /// `on_cell` for the fixed cell `wire`: its wire bytes to the core in the common case
