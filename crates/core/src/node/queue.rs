@@ -532,13 +532,7 @@ impl Core {
             self.stats.queue_buffer_cells -= cap;
             return Some(taken);
         }
-        let sampled = match self.cfg.cell_sample_every {
-            0 => false,
-            every => {
-                self.sample_counter = self.sample_counter.wrapping_add(1);
-                self.sample_counter.is_multiple_of(every)
-            }
-        };
+        let sampled = next_sampled(&mut self.sample_counter, self.cfg.cell_sample_every);
         queue.set_last_sampled(sampled);
         let len = queue.len();
         self.stats.queued_cells += 1;
@@ -618,6 +612,16 @@ impl Core {
             self.ready.push_back(chan);
         }
     }
+}
+
+/// Whether the cell being queued is one the queue-delay metric samples: every `every`-th queued
+/// cell (`CoreConfig::cell_sample_every`; 0 = none), counted by `counter` across all queues.
+pub(super) fn next_sampled(counter: &mut u64, every: u64) -> bool {
+    if every == 0 {
+        return false;
+    }
+    *counter = counter.wrapping_add(1);
+    counter.is_multiple_of(every)
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use crate::ChannelId;
 
 use super::circuit::{queue_id, Role, Side};
 use super::oom::mem_total;
-use super::queue::{QueueCell, WireCell};
+use super::queue::{next_sampled, QueueCell, WireCell};
 use super::Core;
 
 /// What [`Core::relay_run`] did with the cells at the start of a batch.
@@ -178,13 +178,7 @@ impl Core {
                 end = End::ForUs(mine);
                 break;
             }
-            let sampled = match self.cfg.cell_sample_every {
-                0 => false,
-                every => {
-                    self.sample_counter = self.sample_counter.wrapping_add(1);
-                    self.sample_counter.is_multiple_of(every)
-                }
-            };
+            let sampled = next_sampled(&mut self.sample_counter, self.cfg.cell_sample_every);
             queue.set_last_sampled(sampled);
             let len = queue.len();
             self.stats.queued_cells += 1;
