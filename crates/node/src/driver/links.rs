@@ -21,6 +21,27 @@ const RECV_SCRATCH_KEEP: usize = 16;
 
 /// Connections and split-direction channels (the policy; the ordering rules are in split.rs).
 impl Driver {
+    /// Hand the core the cells kept from connections it no longer asks to leave unread.
+    pub(super) fn resume_reads(&mut self, now: Instant) {
+        if self.stalled.is_empty() {
+            return;
+        }
+        let conns: Vec<ChannelId> = self.stalled.keys().copied().collect();
+        for conn in conns {
+            while !self.core.read_paused(conn) {
+                let Some((bytes, credit)) = self.stalled.get_mut(&conn).and_then(|q| q.pop_front())
+                else {
+                    break;
+                };
+                self.on_cells(conn, &bytes, now);
+                drop(credit);
+            }
+            if self.stalled.get(&conn).is_some_and(|q| q.is_empty()) {
+                self.stalled.remove(&conn);
+            }
+        }
+    }
+
     /// Which channel a connection belongs to, and as which of its connections.
     pub(super) fn locate(&self, conn: ChannelId) -> Option<(ChannelId, Conn)> {
         if self.chans.contains_key(&conn) {

@@ -769,27 +769,6 @@ impl Driver {
     }
 
     /// Act on everything the core produced, until it is quiet.
-    /// Hand the core the cells kept from connections it no longer asks to leave unread.
-    fn resume_reads(&mut self, now: Instant) {
-        if self.stalled.is_empty() {
-            return;
-        }
-        let conns: Vec<ChannelId> = self.stalled.keys().copied().collect();
-        for conn in conns {
-            while !self.core.read_paused(conn) {
-                let Some((bytes, credit)) = self.stalled.get_mut(&conn).and_then(|q| q.pop_front())
-                else {
-                    break;
-                };
-                self.on_cells(conn, &bytes, now);
-                drop(credit);
-            }
-            if self.stalled.get(&conn).is_some_and(|q| q.is_empty()) {
-                self.stalled.remove(&conn);
-            }
-        }
-    }
-
     fn flush(&mut self, now: Instant) {
         self.resume_reads(now);
         loop {
