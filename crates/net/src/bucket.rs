@@ -13,6 +13,7 @@
 //! The bucket's rules are sans-IO ([`chive_core::bucket::TokenBucketState`], time passed in);
 //! this is the tokio wrapper that shares one between tasks and sleeps for its waits.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use chive_core::bucket::{Draw, TokenBucketState};
@@ -29,6 +30,10 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct TokenBucket {
     inner: Mutex<TokenBucketState>,
+    /// Whether the rate is 0 (kept with the rate under the lock): an unlimited bucket grants
+    /// every request, so takers skip the lock and the clock read (every read and every batch
+    /// of an unlimited relay asks).
+    unlimited: AtomicBool,
 }
 
 impl TokenBucket {
@@ -42,6 +47,7 @@ impl TokenBucket {
     fn new_at(rate_bytes_per_sec: u64, burst_bytes: u64, at: std::time::Instant) -> Self {
         TokenBucket {
             inner: Mutex::new(TokenBucketState::new(rate_bytes_per_sec, burst_bytes, at)),
+            unlimited: AtomicBool::new(rate_bytes_per_sec == 0),
         }
     }
 
@@ -67,6 +73,9 @@ impl TokenBucket {
     /// reserve holds the request back, and at once when `wake` is notified), so a request can
     /// be promoted while it waits: a writer whose queue gains a quiet batch behind this one.
     pub async fn consume_classed(&self, n: usize, quiet: impl Fn() -> bool, wake: Option<&Notify>) {
+        if self.is_unlimited() {
+            return;
+        }
         loop {
             let wait = match self.attempt(n, &quiet, now()) {
                 Ok(()) => return,
@@ -107,13 +116,23 @@ impl TokenBucket {
     /// Take up to `n` tokens without waiting; returns how many were taken (0 if the bucket is
     /// empty or in debt). Unlimited buckets always grant `n`.
     pub fn try_consume(&self, n: usize) -> usize {
+        if self.is_unlimited() {
+            return n;
+        }
         self.lock().try_take_up_to(n, now())
     }
 
     /// Change rate and burst at runtime (SIGHUP). Tokens accrued so far at the old rate are kept,
     /// capped at the new burst; switching from unlimited to limited starts with a full bucket.
     pub fn set_rate(&self, rate: u64, burst: u64) {
-        self.lock().set_rate(rate, burst, now());
+        let mut inner = self.lock();
+        inner.set_rate(rate, burst, now());
+        self.unlimited.store(rate == 0, Ordering::Relaxed);
+    }
+
+    /// Whether the rate is 0: every request is granted at once, and nothing is counted.
+    pub fn is_unlimited(&self) -> bool {
+        self.unlimited.load(Ordering::Relaxed)
     }
 
     /// Hold back `reserve` bytes for quiet consumers; 0 turns it off. Capped at half the

@@ -323,9 +323,19 @@ async fn the_async_wrapper_sleeps_on_the_tokio_clock() {
         .expect("promoted waiter finished")
         .unwrap();
 
-    // Unlimited again: nothing waits.
+    // Unlimited again: nothing waits, and takers no longer look at the state.
     bucket.set_rate(0, 0);
     assert_eq!(bucket.rate(), (0, 0));
+    assert!(bucket.is_unlimited());
     bucket.consume(1 << 30).await;
     assert_eq!(bucket.try_consume(5), 5);
+
+    // Limited once more through the wrapper: the takers' shortcut is off again and the debt
+    // is waited out (a bucket that kept its unlimited shortcut would not wait).
+    bucket.set_rate(MB, 10_000);
+    assert!(!bucket.is_unlimited());
+    let start = tokio::time::Instant::now();
+    bucket.consume(20_000).await;
+    bucket.consume(1).await;
+    assert!(start.elapsed() >= 9 * MS, "{:?}", start.elapsed());
 }

@@ -327,9 +327,9 @@ impl LinkWriter {
         self.send_out().await
     }
 
-    /// Whether writes draw from a token bucket.
-    pub fn is_paced(&self) -> bool {
-        self.bucket.is_some()
+    /// Whether the write bucket, if any, limits the rate now (it may change at SIGHUP).
+    pub fn is_rate_limited(&self) -> bool {
+        self.bucket.as_ref().is_some_and(|b| !b.is_unlimited())
     }
 
     /// Take the tokens for `cells` cells from the write bucket (if any) without writing:
@@ -390,7 +390,7 @@ impl LinkWriter {
                 framed.len()
             )));
         }
-        if let Some(bucket) = self.bucket.as_ref().filter(|_| !paid) {
+        if let Some(bucket) = self.bucket.as_ref().filter(|b| !paid && !b.is_unlimited()) {
             // As `write_wire` charges: the cells' bytes, in `PACED_WRITE_CHUNK` slices.
             for chunk in (0..cells * CELL_LEN).step_by(PACED_WRITE_CHUNK) {
                 bucket
@@ -458,7 +458,8 @@ async fn write_all_flush(
     bucket: Option<&Arc<TokenBucket>>,
     data: &[u8],
 ) -> Result<(), LinkError> {
-    match bucket {
+    // An unlimited bucket grants everything: one write, not one per slice.
+    match bucket.filter(|b| !b.is_unlimited()) {
         None => wr.write_all(data).await?,
         Some(bucket) => {
             for chunk in data.chunks(PACED_WRITE_CHUNK) {

@@ -28,6 +28,11 @@ pub struct Transmit {
     /// The room left around the cells in `bytes` for the writer's records, if any
     /// ([`SendPath::set_framing`](super::SendPath::set_framing)).
     pub framing: Option<WireFraming>,
+    /// Whether the batch's cells count as unpaid until the writer reports them paid
+    /// ([`SendPath::paid`](super::SendPath::paid)): the send path was paced when it made the
+    /// batch. The writer pays and reports exactly the batches made so, even if the write rate
+    /// changes while they travel.
+    pub paced: bool,
 }
 
 /// Room a connection's writer wants around the cells of a batch, so that its record layer can
@@ -434,6 +439,7 @@ impl<'a> SendCtx<'a> {
             cells: n,
             class,
             framing,
+            paced: self.cfg.paced,
         });
         n
     }

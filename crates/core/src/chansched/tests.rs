@@ -186,6 +186,37 @@ fn direct_fills_each_connection_to_outbuf_and_refills_on_written() {
     assert!(p.written(ChannelId(99), 1, &mut core, now).is_none());
 }
 
+/// A batch says whether its cells were counted unpaid, so that its writer pays and reports
+/// exactly those: batches made while paced stay paced after the send path stops pacing (an
+/// unlimited rate, SIGHUP), and their reports still clear what they counted.
+#[test]
+fn a_batch_carries_whether_it_was_counted_unpaid() {
+    let now = Instant::now();
+    let mut core = FakeCore::default();
+    let paced = SendConfig {
+        kind: ChannelSchedulerKind::Direct,
+        ..shared(0)
+    };
+    let mut p = path(paced, &[A]);
+    core.push(A, 2 * OUTBUF, None);
+    p.channel_ready(A, &mut core, now);
+    let first: Vec<Transmit> = std::iter::from_fn(|| p.poll_transmit()).collect();
+    assert_eq!(first.len(), 1);
+    assert!(first[0].paced);
+    assert_eq!(p.unpaid(A), OUTBUF);
+
+    p.set_config(direct(), &mut core, now);
+    p.written(A, OUTBUF, &mut core, now)
+        .expect("known connection");
+    let second: Vec<Transmit> = std::iter::from_fn(|| p.poll_transmit()).collect();
+    assert_eq!(second.len(), 1);
+    assert!(!second[0].paced, "made while unpaced");
+    // Only the first batch's cells are unpaid; its report clears them.
+    assert_eq!(p.unpaid(A), OUTBUF);
+    p.paid(A, first[0].cells, &mut core, now);
+    assert_eq!(p.unpaid(A), 0);
+}
+
 #[test]
 fn blocked_episodes_are_counted_once_each() {
     let now = Instant::now();

@@ -8,7 +8,7 @@ use chive_net::{LinkConfig, LinkLimits, RecordLayer};
 
 use super::{Liveness, Tunables};
 
-/// The send path's settings for `cfg`: the write bucket (if any) decides pacing, whether the
+/// The send path's settings for `cfg`: a limited write bucket decides pacing, whether the
 /// write rate is shared (`CrossChannelPriority` under a finite `BandwidthRate`) and the reserve.
 pub(super) fn send_config(cfg: &DriverConfig, params: Option<&chive_dir::NetParams>) -> SendConfig {
     let bucket = cfg.limits.write_bucket.as_ref();
@@ -16,7 +16,9 @@ pub(super) fn send_config(cfg: &DriverConfig, params: Option<&chive_dir::NetPara
         outbuf_cells: cfg.outbuf_cells,
         write_rate: bucket.map_or(0, |b| b.rate().0),
         outbuf_max: cfg.tunables.outbuf_max(),
-        paced: bucket.is_some(),
+        // An unlimited bucket (rate 0, every relay without `BandwidthRate`) grants every batch
+        // at once: its writers neither pay nor report (`Input::Paid`) until a SIGHUP limits it.
+        paced: bucket.is_some_and(|b| !b.is_unlimited()),
         kind: ChannelSchedulerKind::for_rate(
             cfg.tunables.cross_channel,
             bucket.map_or(0, |b| b.rate().0),

@@ -801,7 +801,6 @@ impl Driver {
 
     /// Hand the batches the send path decided to their connections' writers, in order.
     fn drain_transmits(&mut self, now: Instant) {
-        let paced = self.send.config().paced;
         while let Some(Transmit {
             chan,
             conn,
@@ -809,6 +808,7 @@ impl Driver {
             cells,
             class,
             framing,
+            paced,
         }) = self.send.poll_transmit()
         {
             let Some(io) = self.chans.get_mut(&chan) else {
@@ -840,6 +840,7 @@ impl Driver {
                 class,
                 sent_at,
                 framed: framing.is_some(),
+                paced,
             };
             if c.h.writer.send(msg).is_err() {
                 // The writer is gone; its LinkDown is on the way.

@@ -182,12 +182,16 @@ pub enum WriteMsg {
     /// wake for it).
     /// `framed`: `bytes` has the room for the records around the cells
     /// ([`chive_net::LinkWriter::write_framed`]).
+    /// `paced`: the send path counts the cells unpaid ([`chive_core::chansched::Transmit`]):
+    /// the writer pays for them first and reports [`Input::Paid`]; otherwise it only writes
+    /// (an unlimited bucket grants at once, without a lock or a clock read).
     Cells {
         bytes: Vec<u8>,
         cells: usize,
         class: BatchClass,
         sent_at: Instant,
         framed: bool,
+        paced: bool,
     },
     /// A variable-length link cell (HANDOFF), not acknowledged.
     Var(VarCell),
@@ -328,8 +332,9 @@ pub(super) fn spawn_conn(
         loop {
             // A batch sent after this waited for the writer's wake-up (the driver's reaction
             // latency includes it); one sent before was ready at once. Only a paced writer
-            // reports it (one clock read per batch less on an unpaced link).
-            let waiting_since = writer.is_paced().then(Instant::now);
+            // reports it (one clock read per batch less on an unpaced link; the batch itself
+            // says whether it is paced, the bucket only whether it may be).
+            let waiting_since = writer.is_rate_limited().then(Instant::now);
             // `None`: nothing to write for a keepalive period.
             let msg = match liveness.keepalive {
                 Some(k) => {
@@ -370,7 +375,8 @@ pub(super) fn spawn_conn(
                     class,
                     sent_at,
                     framed,
-                } if writer.is_paced() => {
+                    paced: true,
+                } => {
                     let since = waiting_since.map_or(sent_at, |w| sent_at.max(w));
                     let wake_lag = Instant::now().saturating_duration_since(since);
                     let quiet = matches!(class, BatchClass::Quiet { .. });

@@ -83,9 +83,22 @@ async fn the_channel_scheduler_follows_the_write_bucket() {
     assert_eq!(cfg.quiet_reserve, 100_000);
     // SIGHUP lifts the rate limit: the relay's writers no longer share a rate.
     bucket.set_rate(0, 0);
-    d.handle_input(Input::Reconfigure(shared), now);
+    d.handle_input(Input::Reconfigure(shared.clone()), now);
     assert_eq!(d.send.config().kind, ChannelSchedulerKind::Direct);
     assert_eq!(d.send.policy_name(), "direct");
+    // Nor pay per batch: an unlimited bucket grants everything (no `Input::Paid`).
+    assert!(!d.send.config().paced);
+    // Limited again by a later SIGHUP: paced again.
+    bucket.set_rate(1_000_000, 1_000_000);
+    d.handle_input(Input::Reconfigure(shared), now);
+    assert!(d.send.config().paced);
+    assert_eq!(d.send.config().kind, ChannelSchedulerKind::SharedRate);
+    // A relay without `BandwidthRate` carries an unlimited bucket from the start.
+    let d = driver(
+        Some(Arc::new(TokenBucket::unlimited())),
+        Tunables::default(),
+    );
+    assert!(!d.send.config().paced);
     // Without CrossChannelPriority a rate limit is not shared either.
     let mut d = driver(
         Some(Arc::new(TokenBucket::new(1_000_000, 1_000_000))),
