@@ -10,43 +10,72 @@
 use std::time::Instant;
 
 use chive_cell::{
-    relay_payload, Cell, CellCommand, CircId, Connected, End, EndReason, RelayCommand, CELL_LEN,
-    PAYLOAD_LEN,
+    parse_relay, relay_payload, Cell, CellCommand, CircId, Connected, End, EndReason, Extend2,
+    Extended2, RelayCommand, CELL_LEN, PAYLOAD_LEN,
 };
 use chive_core::{ChannelId, CircKey, Core, CoreConfig, CoreStats, Event};
 use chive_crypto::relay::RelayHopCrypto;
 
 use crate::common::{self, drain, PlayedRelay};
 
-/// A client core in front of a relay the test plays (each circuit is one hop: the played relay
-/// is the exit), with the played relay's side of each circuit.
+/// A client core in front of a relay the test plays, A; circuits are one hop (A is the exit)
+/// or two (A extends to B, a relay the test also plays). The test holds each hop's side of each
+/// circuit.
 struct Client {
     core: Core,
     relay: PlayedRelay,
+    /// B: its keys (its channel is A's, which the test plays).
+    second: PlayedRelay,
     now: Instant,
-    circs: Vec<(CircKey, CircId, RelayHopCrypto)>,
+    circs: Vec<(CircKey, CircId, Vec<RelayHopCrypto>)>,
 }
 
 impl Client {
     fn new(now: Instant) -> Client {
         let mut core = Core::new(CoreConfig::default(), [7; 32]);
         let relay = PlayedRelay::facing(&mut core, ChannelId(1), 5, 9200, now);
+        let mut elsewhere = Core::new(CoreConfig::default(), [8; 32]);
+        let second = PlayedRelay::facing(&mut elsewhere, ChannelId(1), 6, 9201, now);
         Client {
             core,
             relay,
+            second,
             now,
             circs: Vec::new(),
         }
     }
 
-    /// A circuit, built; its index in `circs`.
-    fn build(&mut self) -> usize {
-        let key = self
-            .core
-            .launch_circuit(vec![self.relay.hop.clone()], self.now);
+    /// A circuit of `hops` (1 or 2), built; its index in `circs`.
+    fn build(&mut self, hops: usize) -> usize {
+        let path = [self.relay.hop.clone(), self.second.hop.clone()];
+        let key = self.core.launch_circuit(path[..hops].to_vec(), self.now);
         let (id, body) = self.relay.take_create2(&mut self.core, self.now);
         let km = self.relay.answer(&mut self.core, id, &body, None, self.now);
-        self.circs.push((key, id, RelayHopCrypto::new(&km)));
+        let mut crypto = vec![RelayHopCrypto::new(&km)];
+        if hops == 2 {
+            // A reads the EXTEND2, B answers its CREATE2, A sends the EXTENDED2 back.
+            let cells = drain(&mut self.core, self.relay.chan, self.now);
+            let mut p = cells.last().expect("an EXTEND2").payload;
+            assert!(crypto[0].decrypt_forward(&mut p));
+            let msg = parse_relay(&p).unwrap();
+            assert_eq!(msg.command, RelayCommand::EXTEND2);
+            let ext = Extend2::decode(msg.data).unwrap();
+            let b = &mut self.second;
+            let (reply, km) =
+                common::answer_create2(&mut b.rng, &b.hop, &b.ntor, &ext.create2, None);
+            crypto.push(RelayHopCrypto::new(&km));
+            let body = Extended2 { handshake: reply }.encode().unwrap();
+            self.circs.push((key, id, crypto));
+            let c = self.circs.len() - 1;
+            let wire = self.cell(c, 0, RelayCommand::EXTENDED2, 0, &body);
+            let mut scratch = common::blank_cell();
+            self.core
+                .handle_cell_wire(self.relay.chan, &wire, &mut scratch, self.now);
+        } else {
+            self.circs.push((key, id, crypto));
+        }
+        let built = Event::CircuitBuilt { circ: key };
+        assert!(std::iter::from_fn(|| self.core.poll_event()).any(|e| e == built));
         self.circs.len() - 1
     }
 
@@ -57,32 +86,53 @@ impl Client {
             .open_stream(key, "127.0.0.1", 80, self.now)
             .unwrap();
         let cells = drain(&mut self.core, self.relay.chan, self.now);
-        let crypto = &mut self.circs[c].2;
+        let hops = &mut self.circs[c].2;
         let mut p = cells.last().expect("a BEGIN").payload;
-        assert!(crypto.decrypt_forward(&mut p));
-        let begin = chive_cell::parse_relay(&p).unwrap();
+        let last = hops.len() - 1;
+        for (i, hop) in hops.iter_mut().enumerate() {
+            assert_eq!(hop.decrypt_forward(&mut p), i == last);
+        }
+        let begin = parse_relay(&p).unwrap();
         assert_eq!(begin.command, RelayCommand::BEGIN);
         let sid = begin.stream_id;
         let body = Connected { addr: None, ttl: 0 }.encode();
-        let wire = self.cell(c, RelayCommand::CONNECTED, sid, &body);
+        let wire = self.cell(c, last, RelayCommand::CONNECTED, sid, &body);
         let mut scratch = common::blank_cell();
         self.core
             .handle_cell_wire(self.relay.chan, &wire, &mut scratch, self.now);
         sid
     }
 
-    /// The played exit's cell `cmd` on circuit `c` toward the client, as wire bytes.
-    fn cell(&mut self, c: usize, cmd: RelayCommand, sid: u16, body: &[u8]) -> [u8; CELL_LEN] {
-        let (_, id, crypto) = &mut self.circs[c];
+    /// Hop `hop`'s cell `cmd` on circuit `c` toward the client, as wire bytes: made by that
+    /// hop, a layer added by each hop before it.
+    fn cell(
+        &mut self,
+        c: usize,
+        hop: usize,
+        cmd: RelayCommand,
+        sid: u16,
+        body: &[u8],
+    ) -> [u8; CELL_LEN] {
+        let (_, id, hops) = &mut self.circs[c];
         let mut payload = relay_payload(cmd, sid, body).unwrap();
-        crypto.originate_backward(&mut payload);
+        hops[hop].originate_backward(&mut payload);
+        for h in hops[..hop].iter_mut().rev() {
+            h.encrypt_backward(&mut payload);
+        }
         common::wire_of(&Cell::from_payload(*id, CellCommand::RELAY, payload))
     }
 }
 
-/// One cell of a scenario: circuit index, command, stream id, body; `None` for a cell of
-/// circuit 1 that no hop recognizes.
-type Spec = Option<(usize, RelayCommand, u16, Vec<u8>)>;
+/// One cell of a scenario.
+#[derive(Clone)]
+enum Spec {
+    /// From circuit `.0`'s last hop: command, stream id, body.
+    Exit(usize, RelayCommand, u16, Vec<u8>),
+    /// From circuit `.0`'s first hop (circuit 0 has two).
+    First(usize, RelayCommand),
+    /// A cell of circuit 1 that no hop recognizes.
+    Bad,
+}
 
 /// What the client did: its counters (but `origin_runs`), its events, the cells it sent.
 #[derive(Debug, PartialEq)]
@@ -106,8 +156,8 @@ fn outcome(c: &mut Client) -> Outcome {
     }
 }
 
-/// Two identical clients with circuits 0 and 1, streams 0 and 1 on circuit 0 and stream 2 on
-/// circuit 1; `batches` (built from the stream ids) handed to one cell by cell and to the
+/// Two identical clients with circuits 0 (two hops) and 1 (one hop), streams 0 and 1 on
+/// circuit 0 and stream 2 on circuit 1; `batches` (built from the stream ids) handed to one cell by cell and to the
 /// other whole. Both must end the same; returns the whole-batch client's run count and
 /// outcome.
 fn same_both_ways(batches: impl Fn(&[u16]) -> Vec<Vec<Spec>>) -> (u64, Outcome) {
@@ -116,7 +166,7 @@ fn same_both_ways(batches: impl Fn(&[u16]) -> Vec<Vec<Spec>>) -> (u64, Outcome) 
     let mut whole = Client::new(now);
     let mut wires = Vec::new();
     for c in [&mut one, &mut whole] {
-        let (a, b) = (c.build(), c.build());
+        let (a, b) = (c.build(2), c.build(1));
         let sids = [c.stream(a), c.stream(a), c.stream(b)];
         drain(&mut c.core, c.relay.chan, now);
         while c.core.poll_event().is_some() {}
@@ -125,10 +175,14 @@ fn same_both_ways(batches: impl Fn(&[u16]) -> Vec<Vec<Spec>>) -> (u64, Outcome) 
             let mut wire = Vec::new();
             for spec in batch {
                 let cell = match spec {
-                    Some((circ, cmd, sid, body)) => c.cell(circ, cmd, sid, &body),
-                    None => {
+                    Spec::Exit(circ, cmd, sid, body) => {
+                        let last = c.circs[circ].2.len() - 1;
+                        c.cell(circ, last, cmd, sid, &body)
+                    }
+                    Spec::First(circ, cmd) => c.cell(circ, 0, cmd, 0, &[]),
+                    Spec::Bad => {
                         // Circuit 1's id, a payload its layer does not recognize.
-                        let mut cell = c.cell(1, RelayCommand::DROP, 0, &[]);
+                        let mut cell = c.cell(1, 0, RelayCommand::DROP, 0, &[]);
                         cell[CELL_LEN - PAYLOAD_LEN + 7] ^= 0x40;
                         cell
                     }
@@ -161,12 +215,12 @@ fn same_both_ways(batches: impl Fn(&[u16]) -> Vec<Vec<Spec>>) -> (u64, Outcome) 
 fn data(c: usize, sid: u16, n: usize, salt: u8) -> Vec<Spec> {
     (0..n)
         .map(|i| {
-            Some((
+            Spec::Exit(
                 c,
                 RelayCommand::DATA,
                 sid,
                 vec![salt ^ i as u8; 1 + i % 498],
-            ))
+            )
         })
         .collect()
 }
@@ -206,15 +260,15 @@ fn other_commands_circuits_and_streams_in_mid_run_take_their_own_path() {
         batch.extend(data(0, s[0], 2, 4));
         // A DROP (not DATA) in mid-run, an END for stream 1, then DATA for it (crossing the
         // END: dropped), a DROP.
-        batch.push(Some((0, RelayCommand::DROP, 0, vec![])));
+        batch.push(Spec::Exit(0, RelayCommand::DROP, 0, vec![]));
         batch.extend(data(0, s[0], 2, 5));
         let end = End {
             reason: EndReason::DONE,
         }
         .encode();
-        batch.push(Some((0, RelayCommand::END, s[1], end)));
+        batch.push(Spec::Exit(0, RelayCommand::END, s[1], end));
         batch.extend(data(0, s[1], 3, 6));
-        batch.push(Some((0, RelayCommand::DROP, 0, vec![])));
+        batch.push(Spec::Exit(0, RelayCommand::DROP, 0, vec![]));
         batch.extend(data(0, s[0], 2, 7));
         vec![batch]
     });
@@ -236,7 +290,7 @@ fn other_commands_circuits_and_streams_in_mid_run_take_their_own_path() {
 fn a_cell_no_hop_recognizes_closes_its_circuit_mid_run() {
     let (_, out) = same_both_ways(|s| {
         let mut batch = data(1, s[2], 3, 1);
-        batch.push(None);
+        batch.push(Spec::Bad);
         // The circuit is gone: its later cells are dropped; circuit 0 carries on.
         batch.extend(data(1, s[2], 3, 2));
         batch.extend(data(0, s[0], 3, 3));
@@ -267,4 +321,24 @@ fn a_stream_over_its_window_closes_mid_run() {
     assert_eq!(closed, 1, "{:?}", out.events.len());
     // Five circuit SENDMEs (507 DATA cells) and the END.
     assert_eq!(out.sent.len(), 6);
+}
+
+#[test]
+fn a_cell_from_a_hop_before_the_exit_closes_its_circuit_mid_run() {
+    // Circuit 0 has two hops: DATA (or anything but a path command) from its first hop is
+    // a protocol violation at the client; the cell takes one layer off, not two.
+    let (_, out) = same_both_ways(|s| {
+        let mut batch = data(0, s[0], 3, 1);
+        batch.push(Spec::First(0, RelayCommand::DATA));
+        batch.extend(data(0, s[0], 3, 2));
+        batch.extend(data(1, s[2], 2, 3));
+        vec![batch]
+    });
+    assert_eq!(out.stats.circuits_killed, 1);
+    assert!(out.events.iter().any(|e| matches!(
+        e,
+        Event::CircuitClosed { reason, .. } if reason.contains("not the exit")
+    )));
+    // The three cells before it, none of circuit 0's after it, circuit 1's two.
+    assert_eq!(writes(&out), (1 + 2 + 3) + (1 + 2));
 }
