@@ -4,7 +4,7 @@
 //! copy out of the read buffer, its onion layers, its header and its counters.
 //!
 //! Cell by cell ([`Core::handle_cell_wire`] → `on_relay` → `relay_in` →
-//! `origin_cell_for_us` → `edge_data`) each DATA cell looked its channel up three times, its
+//! `origin_cell_for_us` → `edge_data`) each DATA cell looked its channel up four times, its
 //! circuit five times and its stream once (std's SipHash: stream ids are a peer's choice at
 //! an exit). The run does what that path does for each cell, in the same order: the plain
 //! case (DATA from the last hop for an open stream, no SENDME due, no XOFF) is done in place;
