@@ -34,6 +34,9 @@ pub struct CoreStats {
     /// Runs of one circuit's relayed cells passed on together ([`crate::Core::handle_cells_wire`]):
     /// the channel and the circuit are looked up once per run, not per cell.
     pub relay_runs: u64,
+    /// Runs of one circuit's relay cells taken together at their origin (a client's
+    /// downloads, `origin_run.rs`): the channel and circuit looked up once per run.
+    pub origin_runs: u64,
     /// Circuits closed for a protocol violation or resource limit (OOM kills included).
     pub circuits_killed: u64,
     /// Bytes counted against `MaxMemInQueues` now: queued cells and driver-reported buffers.

@@ -54,6 +54,7 @@ mod exit;
 mod inspect;
 mod onion;
 mod oom;
+mod origin_run;
 mod path;
 mod queue;
 mod relay;

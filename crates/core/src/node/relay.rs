@@ -259,7 +259,7 @@ impl Core {
     }
 
     /// A backward relay cell recognized at the client, from hop `hop`.
-    fn origin_cell_for_us(
+    pub(super) fn origin_cell_for_us(
         &mut self,
         key: CircKey,
         hop: usize,

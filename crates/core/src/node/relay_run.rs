@@ -61,13 +61,9 @@ impl Core {
                 Run::Slow(n) => (0, n),
             };
             rest = rest.get(taken * CELL_LEN..).unwrap_or_default();
-            for _ in 0..slow {
-                let Some((wire, tail)) = rest.split_first_chunk::<CELL_LEN>() else {
-                    return;
-                };
-                self.handle_cell_wire(chan, wire, scratch, now);
-                rest = tail;
-            }
+            let slow = rest.get(..slow * CELL_LEN).unwrap_or(rest);
+            self.origin_runs_or_each(chan, slow, scratch, now);
+            rest = rest.get(slow.len()..).unwrap_or_default();
         }
     }
 

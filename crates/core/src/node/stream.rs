@@ -295,24 +295,30 @@ impl Core {
         let Some(edge) = self.circuits.get_mut(&key).and_then(|c| c.edge_mut()) else {
             return;
         };
-        let outcome = match edge.streams.get_mut(&sid) {
-            Some(s) if s.state != StreamState::Resolving => match s.flow.on_data_received(now) {
-                Ok(xoff) => Ok((s.handle, xoff)),
-                Err(e) => Err(e.to_string()),
-            },
-            // DATA for a stream that just ended crosses our END: not an error.
-            _ => Err(String::new()),
-        };
-        match outcome {
-            Ok((handle, xoff)) => {
-                self.push_stream_write(handle, data);
+        let delivery = Delivery::of(edge.streams.get_mut(&sid), now);
+        self.deliver(key, sid, data, delivery, now);
+    }
+
+    /// What [`Delivery::of`] decided for a DATA cell of stream `sid` on `key`, carried out:
+    /// its bytes written out, an XOFF sent, or the stream closed.
+    pub(super) fn deliver(
+        &mut self,
+        key: CircKey,
+        sid: u16,
+        data: &[u8],
+        delivery: Delivery,
+        now: Instant,
+    ) {
+        match delivery {
+            Delivery::Write { handle, xoff } => {
+                push_stream_write(&mut self.events, handle, data, 0);
                 if xoff {
                     self.stats.stream_xoff_sent += 1;
                     self.send_edge(key, RelayCommand::XOFF, sid, &Xoff.encode(), now);
                 }
             }
-            Err(e) if e.is_empty() => {}
-            Err(e) => {
+            Delivery::Crossed => {}
+            Delivery::Error(e) => {
                 warn!(?key, sid, error = %e, "closing stream");
                 if let Some(handle) = self.remove_stream(key, sid) {
                     self.events.push_back(Event::StreamClosed {
@@ -323,34 +329,6 @@ impl Core {
                 self.send_end(key, sid, EndReason::TORPROTOCOL, now);
             }
         }
-    }
-
-    /// Queue `data` (one DATA cell's payload) for the stream's socket: appended to the newest
-    /// event when that is a write to the same stream with room, else a new event. Only the
-    /// newest event is extended, so the order of events (a write before a close, one stream's
-    /// bytes before another's) is the order the cells came in.
-    fn push_stream_write(&mut self, handle: StreamHandle, data: &[u8]) {
-        if let Some(Event::StreamWrite {
-            stream,
-            data: buf,
-            cells,
-        }) = self.events.back_mut()
-        {
-            if *stream == handle && *cells < STREAM_WRITE_MAX_CELLS {
-                buf.extend_from_slice(data);
-                *cells += 1;
-                return;
-            }
-        }
-        // Room for a few cells up front: a run of DATA cells grows the buffer a few times at
-        // most, and a lone cell holds this much only until the driver hands it on.
-        let mut buf = Vec::with_capacity(STREAM_WRITE_FIRST_CELLS * RELAY_DATA_LEN);
-        buf.extend_from_slice(data);
-        self.events.push_back(Event::StreamWrite {
-            stream: handle,
-            data: buf,
-            cells: 1,
-        });
     }
 
     pub(super) fn edge_end(&mut self, key: CircKey, sid: u16, data: &[u8], _now: Instant) {
@@ -572,9 +550,109 @@ fn take_front(pending: &mut VecDeque<u8>, out: &mut [u8]) {
     pending.drain(..n);
 }
 
+/// Queue `data` (one DATA cell's payload) for the stream's socket: appended to the newest
+/// event when that is a write to the same stream with room, else a new event. Only the
+/// newest event is extended, so the order of events (a write before a close, one stream's
+/// bytes before another's) is the order the cells came in.
+///
+/// `more`: how many cells may follow this one in the same read (a hint, 0 if unknown). A
+/// buffer that must grow grows at once for them (up to the event's cap) rather than
+/// doubling a few times, each time copying what it holds; never by less than doubling.
+pub(super) fn push_stream_write(
+    events: &mut VecDeque<Event>,
+    handle: StreamHandle,
+    data: &[u8],
+    more: usize,
+) {
+    if let Some(Event::StreamWrite {
+        stream,
+        data: buf,
+        cells,
+    }) = events.back_mut()
+    {
+        if *stream == handle && *cells < STREAM_WRITE_MAX_CELLS {
+            if buf.capacity() - buf.len() < data.len() {
+                let room = STREAM_WRITE_MAX_CELLS.saturating_sub(*cells) as usize;
+                let want = more.saturating_add(1).min(room) * RELAY_DATA_LEN;
+                buf.reserve_exact(want.max(buf.len()).max(data.len()));
+            }
+            buf.extend_from_slice(data);
+            *cells += 1;
+            return;
+        }
+    }
+    // Room for a few cells up front: a run of DATA cells grows the buffer a few times at
+    // most, and a lone cell holds this much only until the driver hands it on.
+    let mut buf = Vec::with_capacity(STREAM_WRITE_FIRST_CELLS * RELAY_DATA_LEN);
+    buf.extend_from_slice(data);
+    events.push_back(Event::StreamWrite {
+        stream: handle,
+        data: buf,
+        cells: 1,
+    });
+}
+
+/// What a DATA cell does to its stream (the stream's receive-side flow counted), decided
+/// where the stream is at hand and carried out by [`Core::deliver`].
+pub(super) enum Delivery {
+    /// Write the bytes out to `handle`; send an XOFF after them if `xoff`.
+    Write { handle: StreamHandle, xoff: bool },
+    /// No such stream (DATA that crossed our END): not an error, nothing to do.
+    Crossed,
+    /// The cell broke the stream's flow control: close the stream.
+    Error(String),
+}
+
+impl Delivery {
+    /// Count a DATA cell in `stream`'s receive-side flow control (None: no such stream).
+    pub(super) fn of(stream: Option<&mut Stream>, now: Instant) -> Delivery {
+        match stream {
+            Some(s) if s.state != StreamState::Resolving => match s.flow.on_data_received(now) {
+                Ok(xoff) => Delivery::Write {
+                    handle: s.handle,
+                    xoff,
+                },
+                Err(e) => Delivery::Error(e.to_string()),
+            },
+            // DATA for a stream that just ended crosses our END (or a resolve): ignored.
+            _ => Delivery::Crossed,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_that_must_grow_grows_once_for_the_cells_still_to_come() {
+        let mut events = VecDeque::new();
+        let h = StreamHandle(1);
+        let cell = [7u8; RELAY_DATA_LEN];
+        // 40 cells of one stream in one read: the first buffer holds 8, the 9th grows it
+        // for the 32 left (one copy), not to 16, 32 and 64 cells (three).
+        let mut grew = 0;
+        let mut cap = 0;
+        for i in 0..40 {
+            push_stream_write(&mut events, h, &cell, 39 - i);
+            let Some(Event::StreamWrite { data, .. }) = events.back() else {
+                panic!("a write");
+            };
+            grew += usize::from(cap != 0 && data.capacity() != cap);
+            cap = data.capacity();
+        }
+        assert_eq!(grew, 1);
+        assert_eq!(cap, 40 * RELAY_DATA_LEN);
+        // No hint (the per-cell path): doubling, as before.
+        let mut events = VecDeque::new();
+        for _ in 0..9 {
+            push_stream_write(&mut events, h, &cell, 0);
+        }
+        let Some(Event::StreamWrite { data, cells, .. }) = events.back() else {
+            panic!("a write");
+        };
+        assert_eq!((*cells, data.capacity()), (9, 16 * RELAY_DATA_LEN));
+    }
 
     #[test]
     fn take_front_copies_across_the_wrap_in_order() {

@@ -21,6 +21,7 @@ mod heap;
 mod network;
 mod onion;
 mod oom;
+mod origin_run;
 mod path_client;
 mod path_hostile;
 mod path_probe;
