@@ -879,7 +879,29 @@ impl CircuitScheduler for Ewma {
         let Some(slot) = self.slot_or_insert(queue) else {
             return;
         };
-        for _ in 0..n {
+        let mut left = n;
+        // The run's front that stays before the entry behind it: `sent_one` would add V to its
+        // key in place, cell after cell; the same additions here, with the entry behind it
+        // read once (only the front's key changes meanwhile).
+        if let Some(&front) = self.run.front().filter(|f| f.slot == slot) {
+            let next = self.run.get(1).copied();
+            let mut e = front;
+            while left > 0 {
+                let new = Entry {
+                    key: e.key + self.scale,
+                    ..e
+                };
+                if next.is_some_and(|b| !entry_before(&new, &b)) {
+                    break;
+                }
+                e = new;
+                left -= 1;
+            }
+            if let Some(f) = self.run.buf.get_mut(self.run.head) {
+                f.key = e.key;
+            }
+        }
+        for _ in 0..left {
             self.sent_one(queue, slot);
         }
     }
