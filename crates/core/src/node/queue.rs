@@ -104,7 +104,9 @@ impl CellSink for Vec<u8> {
 /// place. Slots are initialized as the ring's first lap reaches them (`slots.len()` grows to the
 /// capacity), never ahead: buffer room no cell has used is not touched, so it costs no resident
 /// memory (as with `VecDeque`). Until the first lap ends the cells cannot wrap, so they lie in
-/// `slots[head..head + len]` below `slots.len()`.
+/// `slots[head..head + len]` below `slots.len()`. An emptied queue starts again at slot 0
+/// (`head = 0`), which keeps this true: the next cells reuse initialized slots from 0 on, and
+/// a new slot is initialized only when they reach `slots.len()`.
 #[derive(Default)]
 pub(super) struct CellQueue {
     slots: Vec<QueuedCell>,
@@ -164,8 +166,7 @@ impl CellQueue {
         if self.len() == self.slots.capacity() {
             self.grow();
         }
-        let cap = self.slots.capacity();
-        let at = (self.head as usize + self.len()) % cap;
+        let at = self.phys(self.len());
         if at == self.slots.len() {
             // The first lap: this slot is new.
             self.slots.push(QueuedCell {
@@ -181,11 +182,24 @@ impl CellQueue {
         &mut slot.wire
     }
 
+    /// The slot of the `i`-th cell from the head (`i` ≤ the capacity: at most one wrap; a
+    /// modulo would cost a division per cell).
+    #[inline(always)]
+    fn phys(&self, i: usize) -> usize {
+        let at = self.head as usize + i;
+        let cap = self.slots.capacity();
+        if at >= cap {
+            at - cap
+        } else {
+            at
+        }
+    }
+
     /// The newest cell's slot.
     fn last(&mut self) -> Option<&mut QueuedCell> {
         let n = self.len().checked_sub(1)?;
-        let cap = self.slots.capacity();
-        self.slots.get_mut((self.head as usize + n) % cap)
+        let at = self.phys(n);
+        self.slots.get_mut(at)
     }
 
     /// Mark the newest cell as an instrumentation sample (or not).
@@ -202,8 +216,11 @@ impl CellQueue {
             return;
         }
         self.len -= 1;
-        if self.len == 0 && self.slots.capacity() <= QUEUE_KEEP_CELLS {
-            self.release();
+        if self.len == 0 {
+            self.head = 0;
+            if self.slots.capacity() <= QUEUE_KEEP_CELLS {
+                self.release();
+            }
         }
     }
 
@@ -237,8 +254,15 @@ impl CellQueue {
         let q = &self.slots[head];
         out.put_wire(&q.wire);
         let taken = (CellCommand(q.wire[4]), q.sampled.then_some(q.queued));
-        self.head = ((head + 1) % self.slots.capacity()) as u32;
         self.len -= 1;
+        // Emptied, the next cell goes to the first slot again rather than on round the ring:
+        // a queue that drains after every batch keeps reusing the same few slots, warm in
+        // cache, instead of touching every slot a burst once grew it to.
+        self.head = if self.len == 0 {
+            0
+        } else {
+            self.phys(1) as u32
+        };
         Some(taken)
     }
 
@@ -335,9 +359,9 @@ impl CellQueue {
     /// Give every queued cell a new circuit id (its circuit moved to another connection:
     /// cells carry their id from when they were queued).
     pub(super) fn set_circ_id(&mut self, id: CircId) {
-        let cap = self.slots.capacity();
         for i in 0..self.len() {
-            set_wire_circ_id(&mut self.slots[(self.head as usize + i) % cap].wire, id);
+            let at = self.phys(i);
+            set_wire_circ_id(&mut self.slots[at].wire, id);
         }
     }
 }
@@ -411,7 +435,7 @@ impl Core {
             return 0;
         };
         // The scheduler's next pick when the loop below already made it (`Some(None)`: none).
-        let mut carried: Option<Option<QueueId>> = None;
+        let mut carried: Option<Option<(QueueId, usize)>> = None;
         while sent < max {
             if let Some(cell) = ch.urgent.front() {
                 out.put(cell);
@@ -421,45 +445,70 @@ impl Core {
             }
             let picked = match carried.take() {
                 Some(p) => p,
-                None => ch.sched.pick(now),
+                None => ch.sched.pick_run(now, max - sent),
             };
-            let Some(q) = picked else { break };
+            let Some((q, mut run)) = picked else { break };
+            // A run of 0 would take nothing and ask again forever.
+            run = run.max(1);
             let (key, side) = queue_of(q);
             let Some(circ) = self.circuits.get_mut(&key) else {
                 ch.sched.deactivate(q);
                 continue;
             };
             // The picked queue's cells for as long as the scheduler picks it again (every
-            // pick still made, in the same order): its circuit is looked up once for them.
+            // pick still made, in the same order): its circuit is looked up once for them, and
+            // the scheduler is asked once per run of picks it promises (`pick_run`), told once
+            // per run (`cells_sent`). Nothing in the loop changes what it would pick: only this
+            // queue's cells leave, and link-level cells are only added outside `poll_transmit`.
             loop {
-                let queue = circ.queue(side);
-                let batch_index = out.cells();
-                let Some((command, sampled)) = queue.pop_into(out) else {
-                    ch.sched.deactivate(q);
-                    break;
-                };
-                let left = queue.len();
-                ch.queued = ch.queued.saturating_sub(1);
-                circ_cells += 1;
-                circ.cells_sent += 1;
-                if super::switch::counted(command) {
-                    circ.sw.sent[usize::from(side == Side::Next)] += 1;
-                }
-                if self.sw.tracking() {
-                    self.sw.cell_left(key, chan, now);
-                }
-                if let Some(queued) = sampled {
-                    if self.cell_samples.len() < MAX_PENDING_SAMPLES {
-                        self.cell_samples.push_back(CellSample {
-                            chan,
-                            circ: key,
-                            queued,
-                            dequeued: now,
-                            batch_index,
-                        });
+                let mut taken = 0;
+                let mut left = usize::MAX;
+                while taken < run {
+                    let queue = circ.queue(side);
+                    let batch_index = out.cells();
+                    let Some((command, sampled)) = queue.pop_into(out) else {
+                        break;
+                    };
+                    left = queue.len();
+                    taken += 1;
+                    circ.cells_sent += 1;
+                    if super::switch::counted(command) {
+                        circ.sw.sent[usize::from(side == Side::Next)] += 1;
+                    }
+                    if self.sw.tracking() {
+                        self.sw.cell_left(key, chan, now);
+                    }
+                    if let Some(queued) = sampled {
+                        if self.cell_samples.len() < MAX_PENDING_SAMPLES {
+                            self.cell_samples.push_back(CellSample {
+                                chan,
+                                circ: key,
+                                queued,
+                                dequeued: now,
+                                batch_index,
+                            });
+                        }
+                    }
+                    if left == QUEUE_LOWWATER
+                        && circ.edge_out_side() == side
+                        && circ.edge_mut().is_some()
+                    {
+                        drained_edges.push(key);
+                    }
+                    if left == 0 {
+                        break;
                     }
                 }
-                ch.sched.cell_sent(q, now);
+                ch.sched.cells_sent(q, taken, now);
+                ch.queued = ch.queued.saturating_sub(taken);
+                circ_cells += taken;
+                self.stats.queued_cells = self.stats.queued_cells.saturating_sub(taken);
+                sent += taken;
+                if taken < run && left != 0 {
+                    // Nothing to take at all (`pop_into` found the queue empty).
+                    ch.sched.deactivate(q);
+                    break;
+                }
                 if left == 0 {
                     ch.sched.deactivate(q);
                     let queue = circ.queue(side);
@@ -469,23 +518,18 @@ impl Core {
                             .push_back((now + QUEUE_RELEASE_AFTER, q));
                     }
                     self.stats.queue_buffer_cells -= cap - circ.queue(side).capacity();
+                    break;
                 }
-                if left == QUEUE_LOWWATER
-                    && circ.edge_out_side() == side
-                    && circ.edge_mut().is_some()
-                {
-                    drained_edges.push(key);
-                }
-                self.stats.queued_cells = self.stats.queued_cells.saturating_sub(1);
-                sent += 1;
                 // The outer loop's checks, in its order: room, link-level cells, the pick.
-                if left == 0 || sent >= max || !ch.urgent.is_empty() {
+                if sent >= max || !ch.urgent.is_empty() {
                     break;
                 }
-                let next = ch.sched.pick(now);
-                if next != Some(q) {
-                    carried = Some(next);
-                    break;
+                match ch.sched.pick_run(now, max - sent) {
+                    Some((next, n)) if next == q => run = n.max(1),
+                    next => {
+                        carried = Some(next);
+                        break;
+                    }
                 }
             }
         }
@@ -532,8 +576,10 @@ impl Core {
             self.stats.queue_buffer_cells -= cap;
             return Some(taken);
         }
-        let sampled = next_sampled(&mut self.sample_counter, self.cfg.cell_sample_every);
-        queue.set_last_sampled(sampled);
+        // `push_slot` cleared the flag: only a sampled cell needs it set.
+        if next_sampled(&mut self.sample_counter, self.cfg.cell_sample_every) {
+            queue.set_last_sampled(true);
+        }
         let len = queue.len();
         self.stats.queued_cells += 1;
         self.stats.queue_buffer_cells += queue.capacity() - cap;
@@ -695,6 +741,60 @@ mod tests {
             next_out += 1;
         }
         assert_eq!(next_out, next_in);
+    }
+
+    /// A queue that empties starts again at slot 0: cells reuse the first slots (warm) instead
+    /// of going on round a ring a burst grew, and slots past those a cell reached stay
+    /// untouched (the first lap still initializes them only when reached), in order.
+    #[test]
+    fn an_emptied_queue_starts_again_at_the_first_slot() {
+        let t0 = Instant::now();
+        let cell = |i: u8| Cell::new(7, CellCommand::RELAY, &[i; 20]).unwrap();
+        let mut q = CellQueue::default();
+        for i in 0..40 {
+            q.push(cell(i), t0, false);
+        }
+        for _ in 0..30 {
+            q.pop();
+        }
+        assert_eq!((q.head, q.capacity(), q.slots.len()), (30, 64, 40));
+        while q.pop().is_some() {}
+        assert_eq!(q.head, 0, "emptied: back to the first slot");
+        // A batch of 8 lands in slots 0..8, and again after it drained.
+        for round in 0..3u8 {
+            for i in 0..8 {
+                q.push(cell(round * 10 + i), t0, false);
+            }
+            assert_eq!((q.head, q.slots.len()), (0, 40), "no slot past 40 touched");
+            for i in 0..8 {
+                assert_eq!(q.pop().unwrap().0.payload[0], round * 10 + i);
+            }
+        }
+        // Past the initialized slots the first lap goes on one new slot per cell, and a wrap
+        // and growth keep the order.
+        for i in 0..50 {
+            q.push(cell(i), t0, false);
+        }
+        assert_eq!((q.len(), q.slots.len(), q.capacity()), (50, 50, 64));
+        for i in 0..45 {
+            assert_eq!(q.pop().unwrap().0.payload[0], i);
+        }
+        for i in 50..100 {
+            q.push(cell(i), t0, false);
+        }
+        assert_eq!((q.len(), q.capacity()), (55, 64));
+        for i in 45..100 {
+            assert_eq!(q.pop().unwrap().0.payload[0], i);
+        }
+        assert_eq!((q.len(), q.head), (0, 0));
+        // `unpush` of the only cell empties the queue too.
+        q.push(cell(1), t0, false);
+        q.pop();
+        q.push(cell(2), t0, false);
+        q.push(cell(3), t0, false);
+        q.pop();
+        q.unpush();
+        assert_eq!((q.len(), q.head), (0, 0));
     }
 
     /// The ring's buffer grows as `VecDeque`'s did for the same pushes and pops (4, then

@@ -174,8 +174,10 @@ impl Core {
                 end = End::ForUs(mine);
                 break;
             }
-            let sampled = next_sampled(&mut self.sample_counter, self.cfg.cell_sample_every);
-            queue.set_last_sampled(sampled);
+            // `push_slot` cleared the flag: only a sampled cell needs it set.
+            if next_sampled(&mut self.sample_counter, self.cfg.cell_sample_every) {
+                queue.set_last_sampled(true);
+            }
             let len = queue.len();
             self.stats.queued_cells += 1;
             let grew = queue.capacity() - cap;

@@ -663,6 +663,49 @@ impl Ewma {
         }
     }
 
+    /// One cell of `queue` (in `slot`) was sent at the current V: [`CircuitScheduler::cell_sent`]
+    /// after its clock and slot lookup, which [`CircuitScheduler::cells_sent`] does once per run.
+    #[inline(always)]
+    fn sent_one(&mut self, queue: QueueId, slot: u32) {
+        // Per-cell path: the picked queue is the run's front; its slot is not touched.
+        if let Some(f) = self.run.front().filter(|f| f.slot == slot) {
+            let key = f.key + self.scale;
+            self.run_front_sent(key);
+            return;
+        }
+        let Some(s) = self.slots.get(slot as usize) else {
+            return;
+        };
+        let was_in_run = s.pos != NO_POS;
+        if was_in_run {
+            // In the run but not its front (not the pick): out (its count goes back to the
+            // slot), and back in where it fits.
+            let pos = s.pos;
+            self.run_remove(slot, pos);
+        }
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        s.count += self.scale;
+        let count = s.count;
+        let e = Entry {
+            key: count,
+            id: queue,
+            slot,
+        };
+        if self.heap.contains(slot) {
+            if self.run.accepts(&e) {
+                self.heap.remove(slot);
+                self.run_push(e);
+            } else {
+                self.heap.set_key(slot, count);
+            }
+        } else if was_in_run || self.zero.remove(slot).is_some() {
+            self.requeue(e);
+        }
+        // Otherwise inactive: the count is kept as history.
+    }
+
     /// Current V (test helper).
     #[cfg(test)]
     fn scale(&self) -> f64 {
@@ -787,49 +830,89 @@ impl CircuitScheduler for Ewma {
         Some(picked.0)
     }
 
+    /// The pick, and how many cells in a row it stays the pick: while its count plus one
+    /// cell's weight per cell sent stays before every other active queue, which `pick` (the
+    /// minimum of all of them) decides one cell at a time after the same additions. The others'
+    /// minimum: for the run's front, the run's second entry (a tombstone's key bounds the live
+    /// ones behind it) and the heap's root; for the heap's root, the run's front and the heap's
+    /// second. A zero-count pick, or any pick while zero-count queues wait, gets a run of 1.
+    #[inline]
+    fn pick_run(&mut self, now: Instant, limit: usize) -> Option<(QueueId, usize)> {
+        let q = self.pick(now)?;
+        let limit = limit.max(1);
+        if limit == 1 || !self.zero.items.is_empty() {
+            return Some((q, 1));
+        }
+        let first = |a: Option<&Entry>, b: Option<&Entry>| match (a, b) {
+            (Some(a), Some(b)) => Some(if entry_before(b, a) { *b } else { *a }),
+            (a, b) => a.or(b).copied(),
+        };
+        let (front, rival) = if let Some(&f) = self.run.front().filter(|f| f.id == q) {
+            (f, first(self.run.get(1), self.heap.peek()))
+        } else if let Some(&r) = self.heap.peek().filter(|r| r.id == q) {
+            (r, first(self.run.front(), self.heap.second()))
+        } else {
+            return Some((q, 1));
+        };
+        let Some(rival) = rival else {
+            // Alone: picked again whatever its count.
+            return Some((q, limit));
+        };
+        let mut e = front;
+        let mut n = 1;
+        while n < limit {
+            e.key += self.scale;
+            if !entry_before(&e, &rival) {
+                break;
+            }
+            n += 1;
+        }
+        Some((q, n))
+    }
+
+    #[inline]
+    fn cells_sent(&mut self, queue: QueueId, n: usize, now: Instant) {
+        if n == 0 {
+            return;
+        }
+        self.advance(now);
+        let Some(slot) = self.slot_or_insert(queue) else {
+            return;
+        };
+        let mut left = n;
+        // The run's front that stays before the entry behind it: `sent_one` would add V to its
+        // key in place, cell after cell; the same additions here, with the entry behind it
+        // read once (only the front's key changes meanwhile).
+        if let Some(&front) = self.run.front().filter(|f| f.slot == slot) {
+            let next = self.run.get(1).copied();
+            let mut e = front;
+            while left > 0 {
+                let new = Entry {
+                    key: e.key + self.scale,
+                    ..e
+                };
+                if next.is_some_and(|b| !entry_before(&new, &b)) {
+                    break;
+                }
+                e = new;
+                left -= 1;
+            }
+            if let Some(f) = self.run.buf.get_mut(self.run.head) {
+                f.key = e.key;
+            }
+        }
+        for _ in 0..left {
+            self.sent_one(queue, slot);
+        }
+    }
+
     #[inline]
     fn cell_sent(&mut self, queue: QueueId, now: Instant) {
         self.advance(now);
         let Some(slot) = self.slot_or_insert(queue) else {
             return;
         };
-        // Per-cell path: the picked queue is the run's front; its slot is not touched.
-        if let Some(f) = self.run.front().filter(|f| f.slot == slot) {
-            let key = f.key + self.scale;
-            self.run_front_sent(key);
-            return;
-        }
-        let Some(s) = self.slots.get(slot as usize) else {
-            return;
-        };
-        let was_in_run = s.pos != NO_POS;
-        if was_in_run {
-            // In the run but not its front (not the pick): out (its count goes back to the
-            // slot), and back in where it fits.
-            let pos = s.pos;
-            self.run_remove(slot, pos);
-        }
-        let Some(s) = self.slots.get_mut(slot as usize) else {
-            return;
-        };
-        s.count += self.scale;
-        let count = s.count;
-        let e = Entry {
-            key: count,
-            id: queue,
-            slot,
-        };
-        if self.heap.contains(slot) {
-            if self.run.accepts(&e) {
-                self.heap.remove(slot);
-                self.run_push(e);
-            } else {
-                self.heap.set_key(slot, count);
-            }
-        } else if was_in_run || self.zero.remove(slot).is_some() {
-            self.requeue(e);
-        }
-        // Otherwise inactive: the count is kept as history.
+        self.sent_one(queue, slot);
     }
 
     fn forget(&mut self, queue: QueueId) {

@@ -9,6 +9,10 @@
 //! - [`CircuitScheduler::pick`] (mandatory): choose an active queue to send one cell from.
 //! - [`CircuitScheduler::cell_sent`] (optional, default no-op): one cell left the picked queue.
 //!   Policies that rank by history (EWMA) count here.
+//! - [`CircuitScheduler::pick_run`] and [`CircuitScheduler::cells_sent`] (optional, defaults in
+//!   terms of `pick` and `cell_sent`): the same pick, with how many cells in a row the queue
+//!   would be picked for (a busy circuit alone on its channel sends a whole batch), and the
+//!   accounting for such a run at once; the per-cell path then costs the policy nothing per cell.
 //! - [`CircuitScheduler::deactivate`] (mandatory): a queue became empty or its circuit went away.
 //! - [`CircuitScheduler::forget`] (optional, default no-op): the circuit is gone for good; drop
 //!   any history kept for the queue.
@@ -172,6 +176,26 @@ pub trait CircuitScheduler: Send {
     /// Optional (default no-op). One cell from `queue` (normally the one [`Self::pick`] just
     /// returned) was moved to the channel's output. Call before deactivating the queue.
     fn cell_sent(&mut self, _queue: QueueId, _now: Instant) {}
+
+    /// Optional (default: [`Self::pick`] and a run of 1). [`Self::pick`], and `n` (1 ≤ `n` ≤
+    /// `max(limit, 1)`) such that, at this `now` and with nothing else called in between, `pick`
+    /// would return the same queue again after each of the next `n - 1` [`Self::cell_sent`]s
+    /// for it: the caller may send up to `n` cells from it and account them with one
+    /// [`Self::cells_sent`]. `n` may be smaller than the true run (then the next `pick_run`
+    /// returns the same queue again); it is never larger.
+    fn pick_run(&mut self, now: Instant, limit: usize) -> Option<(QueueId, usize)> {
+        let _ = limit;
+        self.pick(now).map(|q| (q, 1))
+    }
+
+    /// Optional (default: [`Self::cell_sent`] `n` times). `n` cells from `queue` were moved to
+    /// the channel's output: the same as `n` calls of [`Self::cell_sent`] (the state after it
+    /// is the one those calls leave), with the per-call work done once.
+    fn cells_sent(&mut self, queue: QueueId, n: usize, now: Instant) {
+        for _ in 0..n {
+            self.cell_sent(queue, now);
+        }
+    }
 
     /// Optional (default no-op). The circuit owning `queue` is gone for good: deactivate it if
     /// needed and drop any history (EWMA count), so that memory stays bounded by live circuits.

@@ -140,6 +140,26 @@ impl CircuitScheduler for RoundRobin {
         }
     }
 
+    /// A queue alone in the rotation is picked again after every cell: a run of `limit`.
+    fn pick_run(&mut self, _now: Instant, limit: usize) -> Option<(QueueId, usize)> {
+        let node = self.nodes.get(self.head as usize)?;
+        let n = if node.next == self.head {
+            limit.max(1)
+        } else {
+            1
+        };
+        Some((node.id, n))
+    }
+
+    /// `cell_sent` moves the rotation on from `queue` only while it is the head: after the first
+    /// call the head is the next queue (the calls after it are stray, ignored) or, alone in the
+    /// rotation, `queue` again (where another call would leave it). One call is `n` calls.
+    fn cells_sent(&mut self, queue: QueueId, n: usize, now: Instant) {
+        if n > 0 {
+            self.cell_sent(queue, now);
+        }
+    }
+
     fn forget(&mut self, queue: QueueId) {
         // Round-robin has no history; forgetting is just leaving the rotation.
         self.deactivate(queue);

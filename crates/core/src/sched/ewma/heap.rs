@@ -71,6 +71,11 @@ impl Heap {
         self.sift_up(i);
     }
 
+    /// The entry that would be the root if the root were removed: the first of its children.
+    pub(super) fn second(&self) -> Option<&Entry> {
+        self.min_child(0).and_then(|i| self.items.get(i))
+    }
+
     /// Index of the first child of `i` that goes first, if `i` has children.
     #[inline(always)]
     fn min_child(&self, i: usize) -> Option<usize> {

@@ -562,3 +562,195 @@ proptest! {
         prop_assert!(f.tracked_len() <= 12);
     }
 }
+
+/// A scheduler driven one cell at a time (`pick`, `cell_sent`) and its twin driven by runs
+/// (`pick_run`, `cells_sent`), as `poll_transmit` drives it: every cell of a run must be what
+/// the one-at-a-time twin picks, and both must end in the same state (the same counts, to the
+/// bit: the batched accounting does the same additions).
+struct Twins {
+    one: Box<dyn CircuitScheduler>,
+    runs: Box<dyn CircuitScheduler>,
+    /// Cells sent, and `pick_run` calls that gave them.
+    cells: usize,
+    calls: usize,
+}
+
+impl Twins {
+    fn new(kind: super::super::SchedulerKind) -> Twins {
+        Twins {
+            one: kind.build(),
+            runs: kind.build(),
+            cells: 0,
+            calls: 0,
+        }
+    }
+
+    fn activate(&mut self, q: QueueId, now: Instant) {
+        self.one.activate(q, now);
+        self.runs.activate(q, now);
+    }
+
+    fn deactivate(&mut self, q: QueueId) {
+        self.one.deactivate(q);
+        self.runs.deactivate(q);
+    }
+
+    /// One run of at most `limit` cells, cut to `cut` cells if that is fewer (the queue ran
+    /// dry: then it is deactivated). Returns the queue and the cells it sent.
+    fn run(&mut self, now: Instant, limit: usize, cut: usize) -> Option<(QueueId, usize)> {
+        let picked = self.runs.pick_run(now, limit);
+        let first = self.one.pick(now);
+        assert_eq!(picked.map(|(q, _)| q), first, "pick_run's queue");
+        let (q, n) = picked?;
+        assert!(
+            (1..=limit.max(1)).contains(&n),
+            "run of {n} for limit {limit}"
+        );
+        let k = n.min(cut);
+        for i in 0..k {
+            if i > 0 {
+                assert_eq!(self.one.pick(now), Some(q), "cell {i} of a run of {n}");
+            }
+            self.one.cell_sent(q, now);
+        }
+        self.runs.cells_sent(q, k, now);
+        if k < n {
+            self.deactivate(q);
+        }
+        self.cells += k;
+        self.calls += 1;
+        Some((q, k))
+    }
+
+    /// Both in the same state: counts equal to the bit, same head priority and active count.
+    fn assert_same(&self, queues: u64, now: Instant) {
+        assert_eq!(self.one.active_len(), self.runs.active_len());
+        for q in 0..queues {
+            let (a, b) = (
+                self.one.ewma_count(QueueId(q), now),
+                self.runs.ewma_count(QueueId(q), now),
+            );
+            assert_eq!(a.map(f64::to_bits), b.map(f64::to_bits), "queue {q}");
+        }
+        assert_eq!(
+            self.one.head_priority(now).map(f64::to_bits),
+            self.runs.head_priority(now).map(f64::to_bits)
+        );
+    }
+}
+
+fn run_kinds() -> [super::super::SchedulerKind; 3] {
+    use super::super::SchedulerKind;
+    [
+        SchedulerKind::Ewma { halflife: 1.5 },
+        SchedulerKind::EwmaDirect { halflife: 1.5 },
+        SchedulerKind::RoundRobin,
+    ]
+}
+
+/// Busy circuits with different activity on one channel, write events of 32 cells: the runs
+/// pick exactly what one-at-a-time picking does, and a circuit that is far behind the others
+/// (or alone) sends many cells per run, so the per-cell scheduler work is paid per run.
+#[test]
+fn runs_pick_and_count_as_one_cell_at_a_time() {
+    use super::super::SchedulerKind;
+    for kind in run_kinds() {
+        let mut t = Twins::new(kind);
+        let start = Instant::now();
+        // Queue 0 is alone first, then queue 1 joins with no history while 0 is far ahead, then
+        // queues 2..4 with equal histories (served in turn, runs of 1), from event 40 a quiet queue 5 comes and goes every few events.
+        t.activate(QueueId(0), start);
+        let mut log = Vec::new();
+        for event in 0..400u32 {
+            let now = start + Duration::from_millis(u64::from(event) * 3);
+            if event == 20 {
+                t.activate(QueueId(1), now);
+            }
+            if event == 60 {
+                for q in 2..5 {
+                    t.activate(QueueId(q), now);
+                }
+            }
+            if event >= 40 && event % 7 == 3 {
+                t.activate(QueueId(5), now);
+            }
+            let mut sent = 0;
+            while sent < 32 {
+                // Queue 5 has 2 cells per burst: it runs dry after them.
+                let cut = if t.one.pick(now) == Some(QueueId(5)) {
+                    2
+                } else {
+                    usize::MAX
+                };
+                let Some((q, k)) = t.run(now, 32 - sent, cut) else {
+                    break;
+                };
+                log.push((event, q, k));
+                sent += k;
+            }
+            t.assert_same(6, now);
+        }
+        let label = kind.label();
+        assert_eq!(t.cells, 400 * 32, "{label}: the channel never idles");
+        if matches!(kind, SchedulerKind::EwmaDirect { .. }) {
+            // The reference keeps the default hooks: one cell per run.
+            assert_eq!(t.calls, t.cells);
+            continue;
+        }
+        // Queue 0 alone: whole events in one run each (after its first cell, sent from EWMA's
+        // zero-count queues, which never give runs).
+        let alone: Vec<_> = log
+            .iter()
+            .filter(|&&(e, _, _)| (1..20).contains(&e))
+            .collect();
+        assert_eq!(alone.len(), 19, "{label}: {alone:?}");
+        assert!(alone.iter().all(|&&(_, q, k)| q == QueueId(0) && k == 32));
+        if kind.ranks_circuits() {
+            // The newcomers catch up with queue 0 in runs, not cell by cell.
+            assert!(
+                log.iter()
+                    .any(|&(e, q, k)| e >= 20 && q != QueueId(0) && k > 8),
+                "{label}: {:?}",
+                &log[..60]
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Random workloads: runs agree with one-at-a-time picking at every cell, cut short or
+    /// not, through activations, deactivations, time steps and renormalisation.
+    #[test]
+    fn runs_agree_with_single_picks(
+        ops in proptest::collection::vec(
+            prop_oneof![
+                3 => (0u8..8).prop_map(|q| (0u8, q, 0u32)),
+                1 => (0u8..8).prop_map(|q| (1u8, q, 0u32)),
+                6 => ((1u8..40), (1u32..50)).prop_map(|(l, c)| (2u8, l, c)),
+                3 => (0u32..400_000).prop_map(|us| (3u8, 0, us)),
+                1 => (0u32..40).prop_map(|h| (4u8, 0, h)),
+            ],
+            1..200,
+        ),
+    ) {
+        for kind in run_kinds() {
+            let mut t = Twins::new(kind);
+            let mut now = Instant::now();
+            for &(op, a, b) in &ops {
+                match op {
+                    0 => t.activate(QueueId(a.into()), now),
+                    1 => t.deactivate(QueueId(a.into())),
+                    2 => {
+                        t.run(now, a.into(), b as usize);
+                    }
+                    3 => now += Duration::from_micros(b.into()),
+                    // Whole half-lives (1.5 s): past the renormalisation bound at times.
+                    _ => now += Duration::from_millis(1500 * u64::from(b)),
+                }
+                t.assert_same(8, now);
+            }
+        }
+    }
+}
