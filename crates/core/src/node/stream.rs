@@ -5,7 +5,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use chive_cell::{End, EndReason, RelayCommand, Sendme, Xoff, Xon, RELAY_DATA_LEN};
+use chive_cell::{
+    write_fixed_header, write_relay_header, CellCommand, CircId, End, EndReason, RelayCommand,
+    Sendme, Xoff, Xon, CELL_LEN, RELAY_DATA_LEN, RELAY_HEADER_LEN,
+};
 use tracing::warn;
 
 use crate::flow::FlowError;
@@ -13,7 +16,7 @@ use crate::flow::{CircuitWindow, CIRCUIT_WINDOW_MAX, CIRCUIT_WINDOW_MIN};
 use crate::streamflow::{LegWindows, StreamFlow, XOFF_CELLS};
 use crate::{CircKey, StreamHandle};
 
-use super::circuit::Role;
+use super::circuit::{Role, Side};
 use super::event::STREAM_WRITE_MAX_CELLS;
 
 /// A new [`Event::StreamWrite`] starts with room for this many cells' payloads.
@@ -22,8 +25,12 @@ use super::event::Event;
 use super::queue::QUEUE_HIGHWATER;
 use super::Core;
 
-/// Bytes a stream may have read from its socket but not yet packaged, plus granted credit.
-const STREAM_BUFFER_TARGET: usize = 32 * RELAY_DATA_LEN;
+/// Bytes a stream may have read from its socket but not yet packaged, plus granted credit:
+/// the most an edge holds for one stream (its `pending` buffer; not counted in
+/// `MaxMemInQueues`, see `oom.rs`), and the largest read the driver makes from its socket.
+/// 128 cells (63 744 bytes): an exit reads a download in ~64 KB pieces, so the syscalls and
+/// wake-ups along the whole path are per 64 KB, not per 16 KB (32 cells, before session 26).
+pub const STREAM_BUFFER_TARGET: usize = 128 * RELAY_DATA_LEN;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum StreamState {
@@ -48,6 +55,9 @@ pub(super) struct Stream {
     pub(super) credit: usize,
     /// Local side finished; send END once `pending` is empty.
     pub(super) local_eof: bool,
+    /// Package through the general path (a message built, then copied into its cell) even
+    /// where a relay builds DATA cells in their queue slots: set by tests that compare the two.
+    copy_path: bool,
 }
 
 impl Stream {
@@ -60,6 +70,7 @@ impl Stream {
             pending: VecDeque::new(),
             credit: 0,
             local_eof: false,
+            copy_path: false,
         }
     }
 
@@ -168,8 +179,21 @@ impl Core {
             );
         }
         s.credit = s.credit.saturating_sub(data.len());
-        s.pending.extend(data);
-        self.package_stream(key, sid, now);
+        // Packaged straight from `data` where the windows allow; only the rest is copied
+        // into `pending` (the copy into the deque was 1 instruction per byte at an exit).
+        self.package_stream_from(key, sid, &mut { data }, now);
+    }
+
+    /// Package `stream` through the general path only (see `Stream::copy_path`): for tests
+    /// that compare it with DATA cells built in place.
+    #[doc(hidden)]
+    pub fn stream_package_by_copy(&mut self, stream: StreamHandle) {
+        let Some(&(key, sid)) = self.streams.get(&stream) else {
+            return;
+        };
+        if let Some(s) = self.stream_mut(key, sid) {
+            s.copy_path = true;
+        }
     }
 
     /// The local socket of `stream` reached EOF: END it after its data.
@@ -457,6 +481,13 @@ impl Core {
     /// Turn a stream's pending bytes into DATA cells while the windows and the
     /// circuit queue allow; then END it if the local side is done; then grant more credit.
     fn package_stream(&mut self, key: CircKey, sid: u16, now: Instant) {
+        self.package_stream_from(key, sid, &mut &[][..], now);
+    }
+
+    /// [`Core::package_stream`] with `extra`, bytes just read that come after `pending`:
+    /// cells take their bodies from `pending` and then `extra`, and what is not packaged is
+    /// appended to `pending`.
+    fn package_stream_from(&mut self, key: CircKey, sid: u16, extra: &mut &[u8], now: Instant) {
         loop {
             // A linked set's home packages on the leg its sender uses now (None: blocked
             // until a switch is confirmed or falls back). Striping picks that leg per cell.
@@ -473,11 +504,20 @@ impl Core {
             let Some(circ) = self.circuits.get_mut(&key) else {
                 return;
             };
+            // A relay (an exit) whose DATA goes back on this circuit builds each cell in its
+            // queue slot. Only a client's linked set sends on another leg or through
+            // `path_route` (`send_edge`), so at a relay `leg` is `key`. A circuit without a
+            // previous hop takes the general path, which drops the cell as before (the queue
+            // would not call the slot filler, and the bytes would never leave `pending`).
+            let in_place = match (&circ.role, circ.prev) {
+                (Role::Relay { .. }, Some((_, prev_id))) if leg == key => Some(prev_id),
+                _ => None,
+            };
             let Some(edge) = circ.edge_mut() else { return };
             let Some(s) = edge.streams.get_mut(&sid) else {
                 return;
             };
-            if s.pending.is_empty() {
+            if s.pending.is_empty() && extra.is_empty() {
                 if s.local_eof {
                     self.remove_stream(key, sid);
                     self.send_end(key, sid, EndReason::DONE, now);
@@ -491,17 +531,76 @@ impl Core {
                 || !s.can_package_on(leg)
                 || queued >= QUEUE_HIGHWATER
             {
+                s.pending.extend(std::mem::take(extra));
                 break;
             }
-            let n = s.pending.len().min(RELAY_DATA_LEN);
-            // Two slice copies into a stack buffer: collecting a drain iterator went byte by
-            // byte (with a heap Vec per cell) and was a third of an exit relay's instructions.
-            let mut chunk = [0u8; RELAY_DATA_LEN];
-            take_front(&mut s.pending, &mut chunk[..n]);
-            s.on_data_sent_on(leg);
-            self.send_edge(key, RelayCommand::DATA, sid, &chunk[..n], now);
+            let n = (s.pending.len() + extra.len()).min(RELAY_DATA_LEN);
+            match in_place.filter(|_| !s.copy_path) {
+                Some(prev_id) => {
+                    if !self.send_data_in_place(key, prev_id, sid, n, extra, now) {
+                        break;
+                    }
+                }
+                None => {
+                    // The general path: the body into a stack buffer (collecting a drain
+                    // iterator went byte by byte), then a message built and copied into its
+                    // cell by `send_edge`.
+                    let mut chunk = [0u8; RELAY_DATA_LEN];
+                    take_front(&mut s.pending, extra, &mut chunk[..n]);
+                    s.on_data_sent_on(leg);
+                    self.send_edge(key, RelayCommand::DATA, sid, &chunk[..n], now);
+                }
+            }
         }
         self.grant_credit(key, sid);
+    }
+
+    /// Send a DATA cell of `n` bytes of stream `sid` (from its `pending`, then `extra`) back
+    /// from relay circuit `key`, built in its slot of the circuit's queue: the header written,
+    /// the body copied once from the stream's buffer, then the digest set and the onion layer
+    /// applied there. The effects and their order are those of the general path
+    /// (`take_front`, the stream's `on_data_sent_on`, `send_relay_backward`: digest, then the
+    /// circuit window's `on_data_sent` with it, then the queue with its limit and memory
+    /// checks). False if nothing was sent (the stream or the edge is gone).
+    fn send_data_in_place(
+        &mut self,
+        key: CircKey,
+        prev_id: CircId,
+        sid: u16,
+        n: usize,
+        extra: &mut &[u8],
+        now: Instant,
+    ) -> bool {
+        let fill = |role: &mut Role, slot: &mut [u8; CELL_LEN]| {
+            let Role::Relay {
+                crypto,
+                edge: Some(edge),
+                ..
+            } = role
+            else {
+                return Some(());
+            };
+            // `Some`: not queued (the slot is taken back), so nothing may be taken before.
+            let Some(s) = edge.streams.get_mut(&sid) else {
+                return Some(());
+            };
+            let payload = write_fixed_header(slot, prev_id, CellCommand::RELAY);
+            if write_relay_header(payload, RelayCommand::DATA, sid, n).is_err() {
+                return Some(());
+            }
+            take_front(
+                &mut s.pending,
+                extra,
+                &mut payload[RELAY_HEADER_LEN..RELAY_HEADER_LEN + n],
+            );
+            s.on_data_sent_on(key);
+            let digest = crypto.originate_backward(payload);
+            edge.window.on_data_sent(digest, now);
+            None
+        };
+        let sent = self.enqueue_with(key, Side::Prev, now, fill).is_none();
+        self.stats.data_cells_in_place += u64::from(sent);
+        sent
     }
 
     /// Top up a stream's read credit so pending + credit stays near the target.
@@ -561,15 +660,22 @@ impl Core {
     }
 }
 
-/// Move the first `out.len()` bytes of `pending` into `out` (the caller checked there are
-/// that many). A `VecDeque` keeps its bytes in up to two slices (it wraps around).
-fn take_front(pending: &mut VecDeque<u8>, out: &mut [u8]) {
+/// Move the first `out.len()` bytes of `pending` and then `extra` into `out` (the caller
+/// checked there are that many). A `VecDeque` keeps its bytes in up to two slices (it wraps
+/// around).
+fn take_front(pending: &mut VecDeque<u8>, extra: &mut &[u8], out: &mut [u8]) {
     let n = out.len();
     let (front, back) = pending.as_slices();
     let from_front = front.len().min(n);
-    out[..from_front].copy_from_slice(&front[..from_front]);
-    out[from_front..].copy_from_slice(&back[..n - from_front]);
-    pending.drain(..n);
+    let from_back = back.len().min(n - from_front);
+    let (a, rest) = out.split_at_mut(from_front);
+    let (b, c) = rest.split_at_mut(from_back);
+    a.copy_from_slice(&front[..from_front]);
+    b.copy_from_slice(&back[..from_back]);
+    let (taken, left) = extra.split_at(c.len());
+    c.copy_from_slice(taken);
+    *extra = left;
+    pending.drain(..from_front + from_back);
 }
 
 #[cfg(test)]
@@ -591,8 +697,16 @@ mod tests {
             "test needs a wrapped deque"
         );
         let mut out = [0u8; 4];
-        take_front(&mut pending, &mut out);
+        let mut extra: &[u8] = &[5, 6];
+        take_front(&mut pending, &mut extra, &mut out);
         assert_eq!(out, [9, 1, 2, 3]);
         assert_eq!(pending.iter().copied().collect::<Vec<_>>(), [4]);
+        assert_eq!(extra, [5, 6], "extra untouched while pending has enough");
+        // Past the end of `pending`: its last byte, then `extra`'s first.
+        let mut out = [0u8; 2];
+        take_front(&mut pending, &mut extra, &mut out);
+        assert_eq!(out, [4, 5]);
+        assert!(pending.is_empty());
+        assert_eq!(extra, [6]);
     }
 }
