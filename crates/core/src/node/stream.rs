@@ -2,7 +2,7 @@
 //! arriving, packaging bytes into DATA cells while the windows and the queue allow, and read
 //! credit (how much the driver may read from the stream's socket).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Instant;
 
 use chive_cell::{
@@ -24,6 +24,9 @@ const STREAM_WRITE_FIRST_CELLS: usize = 8;
 use super::event::Event;
 use super::queue::QUEUE_HIGHWATER;
 use super::Core;
+
+mod bytes;
+use bytes::StreamBytes;
 
 /// Bytes a stream may have read from its socket but not yet packaged, plus granted credit:
 /// the most an edge holds for one stream (its `pending` buffer; not counted in
@@ -50,7 +53,7 @@ pub(super) struct Stream {
     /// leg, in place of `flow`'s (which still does the receiving side).
     pub(super) legs: Option<LegWindows>,
     /// Bytes read from the local socket, not yet packaged.
-    pub(super) pending: VecDeque<u8>,
+    pub(super) pending: StreamBytes,
     /// Read credit granted to the driver and not yet used.
     pub(super) credit: usize,
     /// Local side finished; send END once `pending` is empty.
@@ -67,7 +70,7 @@ impl Stream {
             state,
             flow,
             legs: None,
-            pending: VecDeque::new(),
+            pending: StreamBytes::default(),
             credit: 0,
             local_eof: false,
             copy_path: false,
@@ -166,22 +169,37 @@ impl Core {
 
     /// Bytes read from a stream's local socket (at most the credit granted).
     pub fn stream_data(&mut self, stream: StreamHandle, data: &[u8], now: Instant) {
+        self.stream_input(stream, data.len(), |p| p.extend_from_slice(data), now);
+    }
+
+    /// [`Core::stream_data`] with the buffer the bytes were read into: kept as it is
+    /// (`StreamBytes::push`), so a bulk read is copied once, into its DATA cells.
+    pub fn stream_data_owned(&mut self, stream: StreamHandle, data: Vec<u8>, now: Instant) {
+        self.stream_input(stream, data.len(), |p| p.push(data), now);
+    }
+
+    fn stream_input(
+        &mut self,
+        stream: StreamHandle,
+        len: usize,
+        append: impl FnOnce(&mut StreamBytes),
+        now: Instant,
+    ) {
         let Some(&(key, sid)) = self.streams.get(&stream) else {
             return;
         };
         let Some(s) = self.stream_mut(key, sid) else {
             return;
         };
-        if s.credit < data.len() {
+        if s.credit < len {
             warn!(
                 ?stream,
                 "stream data beyond granted credit; accepting (driver bug)"
             );
         }
-        s.credit = s.credit.saturating_sub(data.len());
-        // Packaged straight from `data` where the windows allow; only the rest is copied
-        // into `pending` (the copy into the deque was 1 instruction per byte at an exit).
-        self.package_stream_from(key, sid, &mut { data }, now);
+        s.credit = s.credit.saturating_sub(len);
+        append(&mut s.pending);
+        self.package_stream(key, sid, now);
     }
 
     /// Package `stream` through the general path only (see `Stream::copy_path`): for tests
@@ -481,13 +499,6 @@ impl Core {
     /// Turn a stream's pending bytes into DATA cells while the windows and the
     /// circuit queue allow; then END it if the local side is done; then grant more credit.
     fn package_stream(&mut self, key: CircKey, sid: u16, now: Instant) {
-        self.package_stream_from(key, sid, &mut &[][..], now);
-    }
-
-    /// [`Core::package_stream`] with `extra`, bytes just read that come after `pending`:
-    /// cells take their bodies from `pending` and then `extra`, and what is not packaged is
-    /// appended to `pending`.
-    fn package_stream_from(&mut self, key: CircKey, sid: u16, extra: &mut &[u8], now: Instant) {
         loop {
             // A linked set's home packages on the leg its sender uses now (None: blocked
             // until a switch is confirmed or falls back). Striping picks that leg per cell.
@@ -517,7 +528,7 @@ impl Core {
             let Some(s) = edge.streams.get_mut(&sid) else {
                 return;
             };
-            if s.pending.is_empty() && extra.is_empty() {
+            if s.pending.is_empty() {
                 if s.local_eof {
                     self.remove_stream(key, sid);
                     self.send_end(key, sid, EndReason::DONE, now);
@@ -531,22 +542,20 @@ impl Core {
                 || !s.can_package_on(leg)
                 || queued >= QUEUE_HIGHWATER
             {
-                s.pending.extend(std::mem::take(extra));
                 break;
             }
-            let n = (s.pending.len() + extra.len()).min(RELAY_DATA_LEN);
+            let n = s.pending.len().min(RELAY_DATA_LEN);
             match in_place.filter(|_| !s.copy_path) {
                 Some(prev_id) => {
-                    if !self.send_data_in_place(key, prev_id, sid, n, extra, now) {
+                    if !self.send_data_in_place(key, prev_id, sid, n, now) {
                         break;
                     }
                 }
                 None => {
-                    // The general path: the body into a stack buffer (collecting a drain
-                    // iterator went byte by byte), then a message built and copied into its
-                    // cell by `send_edge`.
+                    // The general path: the body into a stack buffer, then a message built
+                    // and copied into its cell by `send_edge`.
                     let mut chunk = [0u8; RELAY_DATA_LEN];
-                    take_front(&mut s.pending, extra, &mut chunk[..n]);
+                    s.pending.take_into(&mut chunk[..n]);
                     s.on_data_sent_on(leg);
                     self.send_edge(key, RelayCommand::DATA, sid, &chunk[..n], now);
                 }
@@ -555,11 +564,11 @@ impl Core {
         self.grant_credit(key, sid);
     }
 
-    /// Send a DATA cell of `n` bytes of stream `sid` (from its `pending`, then `extra`) back
+    /// Send a DATA cell of the first `n` bytes of stream `sid`'s `pending` back
     /// from relay circuit `key`, built in its slot of the circuit's queue: the header written,
     /// the body copied once from the stream's buffer, then the digest set and the onion layer
     /// applied there. The effects and their order are those of the general path
-    /// (`take_front`, the stream's `on_data_sent_on`, `send_relay_backward`: digest, then the
+    /// (bytes taken, the stream's `on_data_sent_on`, `send_relay_backward`: digest, then the
     /// circuit window's `on_data_sent` with it, then the queue with its limit and memory
     /// checks). False if nothing was sent (the stream or the edge is gone).
     fn send_data_in_place(
@@ -568,7 +577,6 @@ impl Core {
         prev_id: CircId,
         sid: u16,
         n: usize,
-        extra: &mut &[u8],
         now: Instant,
     ) -> bool {
         let fill = |role: &mut Role, slot: &mut [u8; CELL_LEN]| {
@@ -588,11 +596,8 @@ impl Core {
             if write_relay_header(payload, RelayCommand::DATA, sid, n).is_err() {
                 return Some(());
             }
-            take_front(
-                &mut s.pending,
-                extra,
-                &mut payload[RELAY_HEADER_LEN..RELAY_HEADER_LEN + n],
-            );
+            s.pending
+                .take_into(&mut payload[RELAY_HEADER_LEN..RELAY_HEADER_LEN + n]);
             s.on_data_sent_on(key);
             let digest = crypto.originate_backward(payload);
             edge.window.on_data_sent(digest, now);
@@ -657,56 +662,5 @@ impl Core {
 
     pub(super) fn send_end(&mut self, key: CircKey, sid: u16, reason: EndReason, now: Instant) {
         self.send_edge(key, RelayCommand::END, sid, &End { reason }.encode(), now);
-    }
-}
-
-/// Move the first `out.len()` bytes of `pending` and then `extra` into `out` (the caller
-/// checked there are that many). A `VecDeque` keeps its bytes in up to two slices (it wraps
-/// around).
-fn take_front(pending: &mut VecDeque<u8>, extra: &mut &[u8], out: &mut [u8]) {
-    let n = out.len();
-    let (front, back) = pending.as_slices();
-    let from_front = front.len().min(n);
-    let from_back = back.len().min(n - from_front);
-    let (a, rest) = out.split_at_mut(from_front);
-    let (b, c) = rest.split_at_mut(from_back);
-    a.copy_from_slice(&front[..from_front]);
-    b.copy_from_slice(&back[..from_back]);
-    let (taken, left) = extra.split_at(c.len());
-    c.copy_from_slice(taken);
-    *extra = left;
-    pending.drain(..from_front + from_back);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn take_front_copies_across_the_wrap_in_order() {
-        let mut pending: VecDeque<u8> = VecDeque::with_capacity(8);
-        let cap = pending.capacity();
-        // Advance the head (one byte stays, or the deque would start over at 0) so that the
-        // next bytes wrap around the buffer's end.
-        pending.extend(std::iter::repeat_n(9, cap - 2));
-        pending.drain(..cap - 3);
-        pending.extend(1..=4u8);
-        assert_eq!(pending.capacity(), cap);
-        assert!(
-            !pending.as_slices().1.is_empty(),
-            "test needs a wrapped deque"
-        );
-        let mut out = [0u8; 4];
-        let mut extra: &[u8] = &[5, 6];
-        take_front(&mut pending, &mut extra, &mut out);
-        assert_eq!(out, [9, 1, 2, 3]);
-        assert_eq!(pending.iter().copied().collect::<Vec<_>>(), [4]);
-        assert_eq!(extra, [5, 6], "extra untouched while pending has enough");
-        // Past the end of `pending`: its last byte, then `extra`'s first.
-        let mut out = [0u8; 2];
-        take_front(&mut pending, &mut extra, &mut out);
-        assert_eq!(out, [4, 5]);
-        assert!(pending.is_empty());
-        assert_eq!(extra, [6]);
     }
 }

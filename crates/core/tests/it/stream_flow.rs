@@ -130,7 +130,7 @@ impl Pair {
                     while n > 0 {
                         let k = n.min(self.piece);
                         let data: Vec<u8> = (self.fed..self.fed + k).map(server_byte).collect();
-                        self.exit.stream_data(stream, &data, self.now);
+                        self.exit.stream_data_owned(stream, data, self.now);
                         self.fed += k;
                         self.credit -= k;
                         n -= k;
