@@ -524,6 +524,21 @@ impl Core {
                 (Role::Relay { .. }, Some((_, prev_id))) if leg == key => Some(prev_id),
                 _ => None,
             };
+            // The stream's own checks are made in the slot filler (one lookup of the stream
+            // per cell: its id map hashes with SipHash); when it declines, the checks below
+            // see why (END due, blocked, or a stream set to the general path).
+            if let Some(prev_id) = in_place {
+                if circ_open
+                    && stripe_room
+                    && queued < QUEUE_HIGHWATER
+                    && self.send_data_in_place(key, prev_id, sid, now)
+                {
+                    continue;
+                }
+            }
+            let Some(circ) = self.circuits.get_mut(&key) else {
+                return;
+            };
             let Some(edge) = circ.edge_mut() else { return };
             let Some(s) = edge.streams.get_mut(&sid) else {
                 return;
@@ -544,39 +559,34 @@ impl Core {
             {
                 break;
             }
-            let n = s.pending.len().min(RELAY_DATA_LEN);
-            match in_place.filter(|_| !s.copy_path) {
-                Some(prev_id) => {
-                    if !self.send_data_in_place(key, prev_id, sid, n, now) {
-                        break;
-                    }
-                }
-                None => {
-                    // The general path: the body into a stack buffer, then a message built
-                    // and copied into its cell by `send_edge`.
-                    let mut chunk = [0u8; RELAY_DATA_LEN];
-                    s.pending.take_into(&mut chunk[..n]);
-                    s.on_data_sent_on(leg);
-                    self.send_edge(key, RelayCommand::DATA, sid, &chunk[..n], now);
-                }
+            if in_place.is_some() && !s.copy_path {
+                // The slot filler declined a stream these checks pass (not expected).
+                break;
             }
+            // The general path: the body into a stack buffer, then a message built and copied
+            // into its cell by `send_edge`.
+            let n = s.pending.len().min(RELAY_DATA_LEN);
+            let mut chunk = [0u8; RELAY_DATA_LEN];
+            s.pending.take_into(&mut chunk[..n]);
+            s.on_data_sent_on(leg);
+            self.send_edge(key, RelayCommand::DATA, sid, &chunk[..n], now);
         }
         self.grant_credit(key, sid);
     }
 
-    /// Send a DATA cell of the first `n` bytes of stream `sid`'s `pending` back
+    /// Send a DATA cell of the first (up to 498) bytes of stream `sid`'s `pending` back
     /// from relay circuit `key`, built in its slot of the circuit's queue: the header written,
     /// the body copied once from the stream's buffer, then the digest set and the onion layer
     /// applied there. The effects and their order are those of the general path
     /// (bytes taken, the stream's `on_data_sent_on`, `send_relay_backward`: digest, then the
     /// circuit window's `on_data_sent` with it, then the queue with its limit and memory
-    /// checks). False if nothing was sent (the stream or the edge is gone).
+    /// checks). False, with nothing done, if the stream may not send now (gone, not open,
+    /// nothing pending, its window closed, or set to the general path).
     fn send_data_in_place(
         &mut self,
         key: CircKey,
         prev_id: CircId,
         sid: u16,
-        n: usize,
         now: Instant,
     ) -> bool {
         let fill = |role: &mut Role, slot: &mut [u8; CELL_LEN]| {
@@ -589,9 +599,18 @@ impl Core {
                 return Some(());
             };
             // `Some`: not queued (the slot is taken back), so nothing may be taken before.
-            let Some(s) = edge.streams.get_mut(&sid) else {
-                return Some(());
+            let s = match edge.streams.get_mut(&sid) {
+                Some(s)
+                    if !s.copy_path
+                        && !s.pending.is_empty()
+                        && s.state == StreamState::Open
+                        && s.can_package_on(key) =>
+                {
+                    s
+                }
+                _ => return Some(()),
             };
+            let n = s.pending.len().min(RELAY_DATA_LEN);
             let payload = write_fixed_header(slot, prev_id, CellCommand::RELAY);
             if write_relay_header(payload, RelayCommand::DATA, sid, n).is_err() {
                 return Some(());
