@@ -265,6 +265,21 @@ pub fn set_wire_circ_id(wire: &mut [u8; CELL_LEN], id: CircId) {
     wire[..4].copy_from_slice(&id.to_be_bytes());
 }
 
+/// Write a fixed cell's header (circuit id, command) over the first bytes of `wire` and return
+/// its payload bytes, to be written in place (a cell built in its queue slot).
+pub fn write_fixed_header(
+    wire: &mut [u8; CELL_LEN],
+    circ_id: CircId,
+    command: CellCommand,
+) -> &mut [u8; PAYLOAD_LEN] {
+    let (head, payload) = wire
+        .split_first_chunk_mut::<FIXED_HEADER_LEN>()
+        .expect("514 > 5");
+    head[..4].copy_from_slice(&circ_id.to_be_bytes());
+    head[4] = command.0;
+    payload.try_into().expect("514 - 5 = 509")
+}
+
 impl std::fmt::Debug for Cell {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -543,12 +558,36 @@ pub fn relay_payload(
         });
     }
     let mut p = [0u8; PAYLOAD_LEN];
-    p[RELAY_COMMAND_OFFSET] = cmd.0;
-    p[RELAY_STREAM_ID_RANGE].copy_from_slice(&stream_id.to_be_bytes());
-    // Fits in u16: checked against RELAY_DATA_LEN (498) above.
-    p[RELAY_LENGTH_RANGE].copy_from_slice(&(data.len() as u16).to_be_bytes());
     p[RELAY_HEADER_LEN..RELAY_HEADER_LEN + data.len()].copy_from_slice(data);
+    write_relay_header(&mut p, cmd, stream_id, data.len())?;
     Ok(p)
+}
+
+/// Make `payload` a relay payload whose body, the `len` bytes at [`RELAY_HEADER_LEN`], is
+/// already in place: the header written (recognized = 0, digest = 0) and the bytes after the
+/// body zeroed, so the result equals [`relay_payload`] of that body whatever `payload` held
+/// before. Fails, leaving `payload` unchanged, if `len` is over 498.
+pub fn write_relay_header(
+    payload: &mut [u8; PAYLOAD_LEN],
+    cmd: RelayCommand,
+    stream_id: u16,
+    len: usize,
+) -> Result<(), CellError> {
+    if len > RELAY_DATA_LEN {
+        return Err(CellError::TooLong {
+            what: "relay data",
+            max: RELAY_DATA_LEN,
+            got: len,
+        });
+    }
+    payload[RELAY_COMMAND_OFFSET] = cmd.0;
+    payload[RELAY_RECOGNIZED_RANGE].fill(0);
+    payload[RELAY_STREAM_ID_RANGE].copy_from_slice(&stream_id.to_be_bytes());
+    payload[RELAY_DIGEST_RANGE].fill(0);
+    // Fits in u16: checked against RELAY_DATA_LEN (498) above.
+    payload[RELAY_LENGTH_RANGE].copy_from_slice(&(len as u16).to_be_bytes());
+    payload[RELAY_HEADER_LEN + len..].fill(0);
+    Ok(())
 }
 
 /// A parsed view of a decrypted relay payload.

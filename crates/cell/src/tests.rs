@@ -692,3 +692,31 @@ fn xon_xoff_bodies() {
 fn same_fixed(a: &Cell, b: &Cell) -> bool {
     (a.circ_id, a.command, a.payload) == (b.circ_id, b.command, b.payload)
 }
+
+/// A relay cell built in place over a slot holding an old cell's bytes is byte for byte the
+/// one built by `relay_payload` and `Cell::write_wire`, for every body length.
+#[test]
+fn relay_cell_written_in_place_equals_the_built_one() {
+    for len in [0, 1, 5, 497, 498] {
+        let body: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+        let built = Cell::from_payload(
+            0x8000_0042,
+            CellCommand::RELAY,
+            relay_payload(RelayCommand::DATA, 0x1234, &body).unwrap(),
+        );
+        let mut want = [0u8; CELL_LEN];
+        built.write_wire(&mut want);
+
+        let mut slot = [0xa5u8; CELL_LEN];
+        let payload = write_fixed_header(&mut slot, 0x8000_0042, CellCommand::RELAY);
+        payload[RELAY_HEADER_LEN..RELAY_HEADER_LEN + len].copy_from_slice(&body);
+        write_relay_header(payload, RelayCommand::DATA, 0x1234, len).unwrap();
+        assert_eq!(slot, want, "body of {len} bytes");
+    }
+    let mut p = [0xa5u8; PAYLOAD_LEN];
+    assert!(matches!(
+        write_relay_header(&mut p, RelayCommand::DATA, 1, 499),
+        Err(CellError::TooLong { .. })
+    ));
+    assert_eq!(p, [0xa5u8; PAYLOAD_LEN], "unchanged on error");
+}

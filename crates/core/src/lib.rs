@@ -25,6 +25,7 @@ pub mod streamflow;
 pub mod switching;
 
 pub use idmap::{LocalIdHasher, LocalMap};
+pub use node::STREAM_BUFFER_TARGET;
 pub use node::{
     max_mem_in_queues_auto, CellSample, CircuitStat, CloseCause, Core, CoreConfig, CoreError,
     CoreStats, Event, HopSpec, OnionRelayStats, RelayKeys, CELL_MEM_COST,

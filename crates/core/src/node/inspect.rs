@@ -31,6 +31,9 @@ pub struct CoreStats {
     /// Of those, relay cells passed on from their wire bytes ([`crate::Core::handle_cell_wire`]):
     /// copied straight into their circuit queue's slot, their onion layer applied there.
     pub cells_in_place: u64,
+    /// DATA cells an exit built in their circuit queue's slot (body copied once from the
+    /// stream's bytes, digest and onion layer applied there), not through a relay message.
+    pub data_cells_in_place: u64,
     /// Runs of one circuit's relayed cells passed on together ([`crate::Core::handle_cells_wire`]):
     /// the channel and the circuit are looked up once per run, not per cell.
     pub relay_runs: u64,

@@ -75,6 +75,7 @@ pub use oom::{
     max_mem_in_queues_auto, DEFAULT_MAX_MEM_IN_QUEUES, MIN_MAX_MEM_IN_QUEUES, OOM_RETAIN_PERCENT,
 };
 pub use queue::CELL_MEM_COST;
+pub use stream::STREAM_BUFFER_TARGET;
 pub use switch::SWITCH_IDLE_CLOSE;
 pub use switch_report::{
     SwitchHold, SwitchMode, SwitchOutcome, SwitchRecord, SwitchSettings, SwitchStats,

@@ -5,7 +5,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use chive_cell::{End, EndReason, RelayCommand, Sendme, Xoff, Xon, RELAY_DATA_LEN};
+use chive_cell::{
+    write_fixed_header, write_relay_header, CellCommand, CircId, End, EndReason, RelayCommand,
+    Sendme, Xoff, Xon, CELL_LEN, RELAY_DATA_LEN, RELAY_HEADER_LEN,
+};
 use tracing::warn;
 
 use crate::flow::FlowError;
@@ -13,17 +16,24 @@ use crate::flow::{CircuitWindow, CIRCUIT_WINDOW_MAX, CIRCUIT_WINDOW_MIN};
 use crate::streamflow::{LegWindows, StreamFlow, XOFF_CELLS};
 use crate::{CircKey, StreamHandle};
 
-use super::circuit::Role;
-use super::event::STREAM_WRITE_MAX_CELLS;
-
-/// A new [`Event::StreamWrite`] starts with room for this many cells' payloads.
-const STREAM_WRITE_FIRST_CELLS: usize = 8;
+use super::circuit::{Role, Side};
 use super::event::Event;
+use super::event::STREAM_WRITE_MAX_CELLS;
 use super::queue::QUEUE_HIGHWATER;
 use super::Core;
 
-/// Bytes a stream may have read from its socket but not yet packaged, plus granted credit.
-const STREAM_BUFFER_TARGET: usize = 32 * RELAY_DATA_LEN;
+mod bytes;
+use bytes::StreamBytes;
+
+/// A new [`Event::StreamWrite`] starts with room for this many cells' payloads.
+const STREAM_WRITE_FIRST_CELLS: usize = 8;
+
+/// Bytes a stream may have read from its socket but not yet packaged, plus granted credit:
+/// the most an edge holds for one stream (its `pending` buffer; not counted in
+/// `MaxMemInQueues`, see `oom.rs`), and the largest read the driver makes from its socket.
+/// 128 cells (63 744 bytes): an exit reads a download in ~64 KB pieces, so the syscalls and
+/// wake-ups along the whole path are per 64 KB, not per 16 KB (32 cells, before session 26).
+pub const STREAM_BUFFER_TARGET: usize = 128 * RELAY_DATA_LEN;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum StreamState {
@@ -43,11 +53,14 @@ pub(super) struct Stream {
     /// leg, in place of `flow`'s (which still does the receiving side).
     pub(super) legs: Option<LegWindows>,
     /// Bytes read from the local socket, not yet packaged.
-    pub(super) pending: VecDeque<u8>,
+    pub(super) pending: StreamBytes,
     /// Read credit granted to the driver and not yet used.
     pub(super) credit: usize,
     /// Local side finished; send END once `pending` is empty.
     pub(super) local_eof: bool,
+    /// Package through the general path (a message built, then copied into its cell) even
+    /// where a relay builds DATA cells in their queue slots: set by tests that compare the two.
+    copy_path: bool,
 }
 
 impl Stream {
@@ -57,9 +70,10 @@ impl Stream {
             state,
             flow,
             legs: None,
-            pending: VecDeque::new(),
+            pending: StreamBytes::default(),
             credit: 0,
             local_eof: false,
+            copy_path: false,
         }
     }
 
@@ -155,21 +169,49 @@ impl Core {
 
     /// Bytes read from a stream's local socket (at most the credit granted).
     pub fn stream_data(&mut self, stream: StreamHandle, data: &[u8], now: Instant) {
+        self.stream_input(stream, data.len(), |p| p.extend_from_slice(data), now);
+    }
+
+    /// [`Core::stream_data`] with the buffer the bytes were read into: kept as it is
+    /// (`StreamBytes::push`), so a bulk read is copied once, into its DATA cells.
+    pub fn stream_data_owned(&mut self, stream: StreamHandle, data: Vec<u8>, now: Instant) {
+        self.stream_input(stream, data.len(), |p| p.push(data), now);
+    }
+
+    fn stream_input(
+        &mut self,
+        stream: StreamHandle,
+        len: usize,
+        append: impl FnOnce(&mut StreamBytes),
+        now: Instant,
+    ) {
         let Some(&(key, sid)) = self.streams.get(&stream) else {
             return;
         };
         let Some(s) = self.stream_mut(key, sid) else {
             return;
         };
-        if s.credit < data.len() {
+        if s.credit < len {
             warn!(
                 ?stream,
                 "stream data beyond granted credit; accepting (driver bug)"
             );
         }
-        s.credit = s.credit.saturating_sub(data.len());
-        s.pending.extend(data);
+        s.credit = s.credit.saturating_sub(len);
+        append(&mut s.pending);
         self.package_stream(key, sid, now);
+    }
+
+    /// Package `stream` through the general path only (see `Stream::copy_path`): for tests
+    /// that compare it with DATA cells built in place.
+    #[doc(hidden)]
+    pub fn stream_package_by_copy(&mut self, stream: StreamHandle) {
+        let Some(&(key, sid)) = self.streams.get(&stream) else {
+            return;
+        };
+        if let Some(s) = self.stream_mut(key, sid) {
+            s.copy_path = true;
+        }
     }
 
     /// The local socket of `stream` reached EOF: END it after its data.
@@ -451,6 +493,30 @@ impl Core {
             let Some(circ) = self.circuits.get_mut(&key) else {
                 return;
             };
+            // A relay (an exit) whose DATA goes back on this circuit builds each cell in its
+            // queue slot. Only a client's linked set sends on another leg or through
+            // `path_route` (`send_edge`), so at a relay `leg` is `key`. A circuit without a
+            // previous hop takes the general path, which drops the cell as before (the queue
+            // would not call the slot filler, and the bytes would never leave `pending`).
+            let in_place = match (&circ.role, circ.prev) {
+                (Role::Relay { .. }, Some((_, prev_id))) if leg == key => Some(prev_id),
+                _ => None,
+            };
+            // The stream's own checks are made in the slot filler (one lookup of the stream
+            // per cell: its id map hashes with SipHash); when it declines, the checks below
+            // see why (END due, blocked, or a stream set to the general path).
+            if let Some(prev_id) = in_place {
+                if circ_open
+                    && stripe_room
+                    && queued < QUEUE_HIGHWATER
+                    && self.send_data_in_place(key, prev_id, sid, now)
+                {
+                    continue;
+                }
+            }
+            let Some(circ) = self.circuits.get_mut(&key) else {
+                return;
+            };
             let Some(edge) = circ.edge_mut() else { return };
             let Some(s) = edge.streams.get_mut(&sid) else {
                 return;
@@ -471,15 +537,72 @@ impl Core {
             {
                 break;
             }
+            if in_place.is_some() && !s.copy_path {
+                // The slot filler declined a stream these checks pass (not expected).
+                break;
+            }
+            // The general path: the body into a stack buffer, then a message built and copied
+            // into its cell by `send_edge`.
             let n = s.pending.len().min(RELAY_DATA_LEN);
-            // Two slice copies into a stack buffer: collecting a drain iterator went byte by
-            // byte (with a heap Vec per cell) and was a third of an exit relay's instructions.
             let mut chunk = [0u8; RELAY_DATA_LEN];
-            take_front(&mut s.pending, &mut chunk[..n]);
+            s.pending.take_into(&mut chunk[..n]);
             s.on_data_sent_on(leg);
             self.send_edge(key, RelayCommand::DATA, sid, &chunk[..n], now);
         }
         self.grant_credit(key, sid);
+    }
+
+    /// Send a DATA cell of the first (up to 498) bytes of stream `sid`'s `pending` back
+    /// from relay circuit `key`, built in its slot of the circuit's queue: the header written,
+    /// the body copied once from the stream's buffer, then the digest set and the onion layer
+    /// applied there. The effects and their order are those of the general path
+    /// (bytes taken, the stream's `on_data_sent_on`, `send_relay_backward`: digest, then the
+    /// circuit window's `on_data_sent` with it, then the queue with its limit and memory
+    /// checks). False, with nothing done, if the stream may not send now (gone, not open,
+    /// nothing pending, its window closed, or set to the general path).
+    fn send_data_in_place(
+        &mut self,
+        key: CircKey,
+        prev_id: CircId,
+        sid: u16,
+        now: Instant,
+    ) -> bool {
+        let fill = |role: &mut Role, slot: &mut [u8; CELL_LEN]| {
+            let Role::Relay {
+                crypto,
+                edge: Some(edge),
+                ..
+            } = role
+            else {
+                return Some(());
+            };
+            // `Some`: not queued (the slot is taken back), so nothing may be taken before.
+            let s = match edge.streams.get_mut(&sid) {
+                Some(s)
+                    if !s.copy_path
+                        && !s.pending.is_empty()
+                        && s.state == StreamState::Open
+                        && s.can_package_on(key) =>
+                {
+                    s
+                }
+                _ => return Some(()),
+            };
+            let n = s.pending.len().min(RELAY_DATA_LEN);
+            let payload = write_fixed_header(slot, prev_id, CellCommand::RELAY);
+            if write_relay_header(payload, RelayCommand::DATA, sid, n).is_err() {
+                return Some(());
+            }
+            s.pending
+                .take_into(&mut payload[RELAY_HEADER_LEN..RELAY_HEADER_LEN + n]);
+            s.on_data_sent_on(key);
+            let digest = crypto.originate_backward(payload);
+            edge.window.on_data_sent(digest, now);
+            None
+        };
+        let sent = self.enqueue_with(key, Side::Prev, now, fill).is_none();
+        self.stats.data_cells_in_place += u64::from(sent);
+        sent
     }
 
     /// Top up a stream's read credit so pending + credit stays near the target.
@@ -537,17 +660,6 @@ impl Core {
     pub(super) fn send_end(&mut self, key: CircKey, sid: u16, reason: EndReason, now: Instant) {
         self.send_edge(key, RelayCommand::END, sid, &End { reason }.encode(), now);
     }
-}
-
-/// Move the first `out.len()` bytes of `pending` into `out` (the caller checked there are
-/// that many). A `VecDeque` keeps its bytes in up to two slices (it wraps around).
-fn take_front(pending: &mut VecDeque<u8>, out: &mut [u8]) {
-    let n = out.len();
-    let (front, back) = pending.as_slices();
-    let from_front = front.len().min(n);
-    out[..from_front].copy_from_slice(&front[..from_front]);
-    out[from_front..].copy_from_slice(&back[..n - from_front]);
-    pending.drain(..n);
 }
 
 /// Queue `data` (one DATA cell's payload) for the stream's socket: appended to the newest
@@ -652,25 +764,5 @@ mod tests {
             panic!("a write");
         };
         assert_eq!((*cells, data.capacity()), (9, 16 * RELAY_DATA_LEN));
-    }
-
-    #[test]
-    fn take_front_copies_across_the_wrap_in_order() {
-        let mut pending: VecDeque<u8> = VecDeque::with_capacity(8);
-        let cap = pending.capacity();
-        // Advance the head (one byte stays, or the deque would start over at 0) so that the
-        // next bytes wrap around the buffer's end.
-        pending.extend(std::iter::repeat_n(9, cap - 2));
-        pending.drain(..cap - 3);
-        pending.extend(1..=4u8);
-        assert_eq!(pending.capacity(), cap);
-        assert!(
-            !pending.as_slices().1.is_empty(),
-            "test needs a wrapped deque"
-        );
-        let mut out = [0u8; 4];
-        take_front(&mut pending, &mut out);
-        assert_eq!(out, [9, 1, 2, 3]);
-        assert_eq!(pending.iter().copied().collect::<Vec<_>>(), [4]);
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use chive_cell::Cell;
 use chive_core::cc::{CcKind, VegasParams};
 use chive_core::streamflow::XOFF_CELLS;
-use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event, StreamHandle};
+use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event, StreamHandle, STREAM_BUFFER_TARGET};
 
 const CHAN: ChannelId = ChannelId(1);
 /// Cells each direction of the link carries per millisecond (~5 MB/s).
@@ -38,10 +38,30 @@ struct Pair {
     received: usize,
     max_unread: u32,
     max_inflight: u32,
+    /// The exit's server hands over its bytes in pieces of at most this many.
+    piece: usize,
+    /// Make the exit package through the general path (no DATA cells built in place).
+    copy_path: bool,
+    /// Read credit the exit granted and the server has not used, and its largest value.
+    credit: usize,
+    max_credit: usize,
+    /// Every cell the exit sent, in order, and its circuit window after each step.
+    exit_sent: Vec<Cell>,
+    exit_windows: Vec<Option<(u32, u32)>>,
+}
+
+/// The `i`th byte of the exit's server's stream: not constant, so that bytes out of order
+/// show.
+fn server_byte(i: usize) -> u8 {
+    (i.wrapping_mul(31) % 251) as u8
 }
 
 impl Pair {
     fn new(cc: CcKind, total: usize) -> Pair {
+        Pair::with(cc, total, usize::MAX, false)
+    }
+
+    fn with(cc: CcKind, total: usize, piece: usize, copy_path: bool) -> Pair {
         let cfg = || CoreConfig {
             congestion_control: cc,
             ..CoreConfig::default()
@@ -67,6 +87,12 @@ impl Pair {
             received: 0,
             max_unread: 0,
             max_inflight: 0,
+            piece,
+            copy_path,
+            credit: 0,
+            max_credit: 0,
+            exit_sent: Vec::new(),
+            exit_windows: Vec::new(),
         };
         let identity = exit.hop.identity;
         p.circ = p.client.launch_circuit(vec![exit.hop], p.now);
@@ -91,14 +117,23 @@ impl Pair {
             match ev {
                 Event::ExitConnect { stream, .. } => {
                     self.exit_stream = Some(stream);
+                    if self.copy_path {
+                        self.exit.stream_package_by_copy(stream);
+                    }
                     self.exit
                         .exit_connected(stream, ([127, 0, 0, 1], 80).into(), self.now);
                 }
                 Event::StreamReadCredit { stream, bytes } => {
-                    let n = bytes.min(self.total - self.fed);
-                    if n > 0 {
-                        self.exit.stream_data(stream, &vec![7u8; n], self.now);
-                        self.fed += n;
+                    self.credit += bytes;
+                    self.max_credit = self.max_credit.max(self.credit);
+                    let mut n = self.credit.min(self.total - self.fed);
+                    while n > 0 {
+                        let k = n.min(self.piece);
+                        let data: Vec<u8> = (self.fed..self.fed + k).map(server_byte).collect();
+                        self.exit.stream_data_owned(stream, data, self.now);
+                        self.fed += k;
+                        self.credit -= k;
+                        n -= k;
                     }
                 }
                 _ => {}
@@ -112,6 +147,10 @@ impl Pair {
             } = ev
             {
                 assert_eq!(stream, self.stream);
+                let want: Vec<u8> = (self.received..self.received + data.len())
+                    .map(server_byte)
+                    .collect();
+                assert!(data == want, "bytes in order at {}", self.received);
                 self.unread += cells;
                 self.received += data.len();
             }
@@ -126,6 +165,9 @@ impl Pair {
             while core.poll_ready_channel().is_some() {}
             let mut out = Vec::new();
             core.poll_transmit(CHAN, CELLS_PER_MS, self.now, &mut out);
+            if !toward_exit {
+                self.exit_sent.extend(out.iter().cloned());
+            }
             for cell in out {
                 self.wire.push_back((self.now + DELAY, toward_exit, cell));
             }
@@ -139,7 +181,9 @@ impl Pair {
             };
             to.handle_cell(CHAN, cell, self.now);
         }
-        if let Some(st) = self.exit.circuit_stats(self.now).first() {
+        let st = self.exit.circuit_stats(self.now);
+        self.exit_windows.push(st.first().and_then(|s| s.window));
+        if let Some(st) = st.first() {
             if let Some((_, inflight)) = st.window {
                 self.max_inflight = self.max_inflight.max(inflight);
             }
@@ -255,7 +299,7 @@ fn slow_reader_makes_the_exit_stop_packaging() {
     }
     assert_eq!(p.unread, held, "the exit stopped: nothing more arrived");
     assert!(
-        p.fed <= fed + 32 * 498,
+        p.fed <= fed + STREAM_BUFFER_TARGET,
         "the exit stopped reading its server too"
     );
     assert!(
@@ -273,4 +317,61 @@ fn slow_reader_makes_the_exit_stop_packaging() {
         p.exit.stats().circuits_killed + p.client.stats().circuits_killed,
         0
     );
+}
+
+/// The exit builds each DATA cell in its queue slot (body copied from the stream's bytes,
+/// digest and onion layer applied there). Every cell it sends is byte for byte the cell the
+/// general path builds (a relay message, then a cell, then a copy into the queue): same
+/// bodies in the same order, same running digest (in the encrypted bytes), same circuit
+/// window after every step (which also takes the digest of every 100th cell, checked by the
+/// client's SENDMEs). The server's pieces (1000 bytes) do not line up with cells, so cells
+/// take their bytes across pieces and across the wrap of the stream's buffer.
+#[test]
+fn data_cells_built_in_place_equal_the_general_path() {
+    for cc in [CcKind::Fixed, vegas()] {
+        let run = |copy_path| {
+            let mut p = Pair::with(cc, 600_000, 1000, copy_path);
+            p.download(u32::MAX);
+            assert_eq!(p.received, p.total);
+            assert_eq!(
+                p.exit.stats().circuits_killed + p.client.stats().circuits_killed,
+                0
+            );
+            p
+        };
+        let general = run(true);
+        let in_place = run(false);
+        assert_eq!(general.exit.stats().data_cells_in_place, 0);
+        let data_cells = in_place.exit.stats().data_cells_in_place;
+        assert!(
+            data_cells >= (600_000 / 498) as u64,
+            "DATA cells built in place: {data_cells}"
+        );
+        assert_eq!(in_place.exit_sent.len(), general.exit_sent.len());
+        for (i, (a, b)) in in_place
+            .exit_sent
+            .iter()
+            .zip(&general.exit_sent)
+            .enumerate()
+        {
+            let wire = |c: &Cell| {
+                let mut w = Vec::new();
+                c.encode_into(&mut w);
+                w
+            };
+            assert!(wire(a) == wire(b), "cell {i} differs ({cc:?})");
+        }
+        assert_eq!(in_place.exit_windows, general.exit_windows);
+    }
+}
+
+/// The exit never grants a stream more read credit than [`STREAM_BUFFER_TARGET`] (what the
+/// node reads at most, in one read), and grants all of it to a stream that starts.
+#[test]
+fn exit_read_credit_is_at_most_the_buffer_target() {
+    for cc in [CcKind::Fixed, vegas()] {
+        let mut p = Pair::new(cc, 2 << 20);
+        p.download(u32::MAX);
+        assert_eq!(p.max_credit, STREAM_BUFFER_TARGET, "{cc:?}");
+    }
 }

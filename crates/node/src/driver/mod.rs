@@ -632,7 +632,7 @@ impl Driver {
                 self.stalled.remove(&conn);
                 self.conn_down(conn, &why, now)
             }
-            Input::StreamData { stream, data } => self.core.stream_data(stream, &data, now),
+            Input::StreamData { stream, data } => self.core.stream_data_owned(stream, data, now),
             Input::StreamEof { stream } => self.core.stream_eof(stream, now),
             Input::StreamError { stream, why } => {
                 debug!(?stream, %why, "stream socket error");
