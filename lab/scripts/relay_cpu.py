@@ -21,13 +21,17 @@ The IO floor (`--impl io`, in the same run): the same download through plain TCP
 place of the client and the relays (lab/chive_lab/iofloor.py, crates/tools/examples/tcpfwd.rs:
 read, write, no crypto, no cells); chive's rows then say `own ns/B`, their CPU per byte minus the
 IO floor of their role and minus the crypto floor: what chive's own work costs.
+`--impl io-rate` runs the same forwarders once more at chive's median goodput of this run (curl
+--limit-rate; chive must come first in --impl): a forwarder woken for smaller pieces at ~120 MB/s
+spends more per byte than at full loopback speed, so `own at rate` (chive minus this floor and
+the crypto floor) is chive's own work against forwarding at the same rate.
 
 Floor per relayed byte (ciphers only): guard and middle = TLS open + one layer + TLS seal; exit = originate
 (layer + digest) + TLS seal; client = TLS open + three layers. A cell carries 498 bytes of data in
 514 on the wire, so TLS costs scale by 514/498 and a cell's crypto is spread over 498 bytes.
 
     .venv/bin/python lab/scripts/relay_cpu.py [--bytes 500000000] [--runs 3] [--impl chive,tor]
-        [--impl chive,io,tor] [--circuits 100] [--out runs/relay-cpu] [--markdown] [--no-floor]
+        [--impl chive,io,io-rate,tor] [--circuits 100] [--out runs/relay-cpu] [--markdown] [--no-floor]
 
 Writes DIR/results.json, DIR/results.csv, DIR/manifest.json (git revision, binaries, host).
 """
@@ -55,7 +59,9 @@ LAB = ROOT / ".venv" / "bin" / "chive-lab"
 CHIVE = Path(os.environ.get("CHIVE_BIN", ROOT / "target" / "release" / "chive"))
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
 FWD = Path(os.environ.get("TCPFWD_BIN", TARGET / "release" / "examples" / "tcpfwd"))
-IMPLS = ("chive", "io", "tor")
+IMPLS = ("chive", "io", "io-rate", "tor")
+# The implementations that are plain TCP forwarders (no crypto, no cells): the IO floors.
+FORWARDERS = ("io", "io-rate")
 
 # A relay cell: 509 bytes of payload, of which 498 carry stream data; 514 bytes on the link.
 CELL_PAYLOAD = 509
@@ -306,25 +312,29 @@ def summarize(runs: dict[str, list[dict]], floor: dict | None) -> list[dict]:
     tor_relay = statistics.median(tor_relays) if tor_relays else None
     tor_client = next((r["ns_per_byte"] for r in rows if r["impl"] == "tor" and r["role"] == "client"), None)
     io_floor = io_floor_by_role(rows)
+    io_floor_at_rate = io_floor_by_role(rows, "io-rate")
     for r in rows:
         f = floor.get("exit" if r["role"] == "exit" else r["role"]) if floor else None
         # The forwarders of the IO floor do no crypto: no crypto floor for them.
-        r["floor_ns_per_byte"] = f if r["role"] in ("relay", "exit", "client") and r["impl"] != "io" else None
+        r["floor_ns_per_byte"] = (f if r["role"] in ("relay", "exit", "client")
+                                  and r["impl"] not in FORWARDERS else None)
         r["x_floor"] = r["ns_per_byte"] / f if r["floor_ns_per_byte"] else None
         ref = tor_client if r["role"] == "client" else tor_relay if r["role"] in ("relay", "exit") else None
         r["x_tor"] = r["ns_per_byte"] / ref if ref else None
-        io = io_floor.get(r["role"]) if r["impl"] != "io" else None
-        r["io_floor_ns_per_byte"] = io
-        r["own_ns_per_byte"] = (r["ns_per_byte"] - io - (f or 0.0)
-                                if io is not None and r["floor_ns_per_byte"] else None)
+        for key, floors in (("", io_floor), ("_at_rate", io_floor_at_rate)):
+            io = floors.get(r["role"]) if r["impl"] not in FORWARDERS else None
+            r[f"io_floor{key}_ns_per_byte"] = io
+            r[f"own{key}_ns_per_byte"] = (r["ns_per_byte"] - io - (f or 0.0)
+                                          if io is not None and r["floor_ns_per_byte"] else None)
     return rows
 
 
-def io_floor_by_role(rows: list[dict]) -> dict[str, float]:
-    """The IO floor per role (relay, exit, client): the median of the `io` rows of that role."""
+def io_floor_by_role(rows: list[dict], impl: str = "io") -> dict[str, float]:
+    """An IO floor per role (relay, exit, client): the median of the `impl` rows of that role
+    (`io`: the forwarders at full speed; `io-rate`: at chive's goodput)."""
     by_role: dict[str, list[float]] = {}
     for r in rows:
-        if r["impl"] == "io" and r["role"] in ("relay", "exit", "client"):
+        if r["impl"] == impl and r["role"] in ("relay", "exit", "client"):
             by_role.setdefault(r["role"], []).append(r["ns_per_byte"])
     return {role: statistics.median(v) for role, v in by_role.items()}
 
@@ -337,7 +347,9 @@ COLUMNS = [("impl", "impl", "s"), ("process", "process", "s"), ("role", "role", 
            ("ns_per_byte", "ns/byte", ".2f"), ("net_ns_per_byte", "net of idle", ".2f"),
            ("idle_ms_per_s", "idle ms/s", ".1f"), ("floor_ns_per_byte", "floor ns/B", ".3f"),
            ("x_floor", "x floor", ".1f"), ("io_floor_ns_per_byte", "IO floor ns/B", ".2f"),
-           ("own_ns_per_byte", "own ns/B", ".2f"), ("x_tor", "x tor", ".2f"),
+           ("own_ns_per_byte", "own ns/B", ".2f"),
+           ("io_floor_at_rate_ns_per_byte", "IO floor at rate", ".2f"),
+           ("own_at_rate_ns_per_byte", "own at rate", ".2f"), ("x_tor", "x tor", ".2f"),
            ("goodput_MBps", "goodput MB/s", ".1f"), ("peak_rss_MiB", "peak RSS MiB", ".1f")]
 
 
@@ -502,12 +514,26 @@ def memory_per_circuit(info: dict, k: int, settle: float) -> dict:
     return {"circuits": n, "failed": errors, "per_process": per}
 
 
-def run_impl(impl: str, args, hz: int) -> tuple[list[dict], dict | None]:
-    netdir = args.out / f"net-{impl}"
+def forwarder_rate(impl: str, args, earlier: dict[str, list[dict]]) -> int | None:
+    """curl's --limit-rate for a forwarder chain: `io` at --io-limit-rate (none: full speed),
+    `io-rate` at the median goodput of this run's chive downloads."""
     if impl == "io":
+        return args.io_limit_rate
+    if impl == "io-rate":
+        return int(statistics.median(r["goodput_MBps"] for r in earlier["chive"]) * 1e6)
+    return None
+
+
+def run_impl(impl: str, args, hz: int,
+             earlier: dict[str, list[dict]] | None = None) -> tuple[list[dict], dict | None]:
+    """Run `impl`'s downloads; `earlier`: the runs of the implementations before it."""
+    netdir = args.out / f"net-{impl}"
+    rate = forwarder_rate(impl, args, earlier or {})
+    if impl in FORWARDERS:
         from chive_lab.iofloor import IoChain
 
-        progress(f"io: starting a chain of 4 TCP forwarders ({FWD}) in front of an httpd")
+        at = f", downloads at most {rate / 1e6:.1f} MB/s" if rate else ""
+        progress(f"{impl}: starting a chain of 4 TCP forwarders ({FWD}) in front of an httpd{at}")
         chain = IoChain(CHIVE, FWD, netdir, args.io_read_size, args.io_write_size)
         info, stop = chain.info, chain.close
     else:
@@ -521,13 +547,12 @@ def run_impl(impl: str, args, hz: int) -> tuple[list[dict], dict | None]:
             progress(f"{impl} idle CPU (ms/s): " + ", ".join(f"{n} {1e3 * v:.1f}" for n, v in idle.items()))
         runs = []
         for i in range(args.runs):
-            rate = args.io_limit_rate if impl == "io" else None
             r = one_download(info, args.bytes, hz, args.timeout, idle, rate)
             relays = ", ".join(f"{n} {v['ns_per_byte']:.2f}" for n, v in r["procs"].items())
             progress(f"{impl} run {i + 1}/{args.runs}: {r['goodput_MBps']:.1f} MB/s; ns/byte: {relays}")
             runs.append(r)
         mem = None
-        if args.circuits > 0 and impl != "io":
+        if args.circuits > 0 and impl not in FORWARDERS:
             progress(f"{impl}: memory with {args.circuits} circuits")
             mem = memory_per_circuit(info, args.circuits, args.settle)
         return runs, mem
@@ -553,7 +578,7 @@ def run_manifest(args) -> dict:
 
     git = manifest.git_state()
     versions = {"chive": manifest.cmd_output([str(CHIVE), "--version"])}
-    if "io" in args.impl:
+    if any(i in FORWARDERS for i in args.impl):
         versions["tcpfwd"] = str(FWD)
     if "tor" in args.impl:
         tor = manifest.cmd_output(["tor", "--version"])
@@ -573,8 +598,10 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bytes", type=int, default=500_000_000, help="bytes per download [500000000]")
     ap.add_argument("--runs", type=int, default=3, help="downloads per implementation [3]")
-    ap.add_argument("--impl", default="chive,io,tor",
-                    help="comma-separated: chive, io (the IO floor: plain TCP forwarders), tor [chive,io,tor]")
+    ap.add_argument("--impl", default="chive,io,io-rate,tor",
+                    help="comma-separated, run in this order: chive, io (the IO floor: plain TCP "
+                         "forwarders at full speed), io-rate (the same at chive's goodput of this "
+                         "run; after chive), tor [chive,io,io-rate,tor]")
     ap.add_argument("--io-read-size", type=int, default=None,
                     help="the forwarders' largest read in bytes [tcpfwd's: the node's read batch]")
     ap.add_argument("--io-write-size", type=int, default=None,
@@ -599,7 +626,10 @@ def parse_args(argv):
     args.impl = [i for i in args.impl.split(",") if i]
     bad = [i for i in args.impl if i not in IMPLS]
     if bad or not args.impl:
-        ap.error(f"--impl takes chive, io and/or tor, not {','.join(bad) or 'nothing'}")
+        ap.error(f"--impl takes chive, io, io-rate and/or tor, not {','.join(bad) or 'nothing'}")
+    if "io-rate" in args.impl and ("chive" not in args.impl
+                                   or args.impl.index("chive") > args.impl.index("io-rate")):
+        ap.error("--impl io-rate runs at chive's goodput: put chive before it")
     if args.bytes <= 0 or args.runs <= 0:
         ap.error("--bytes and --runs must be positive")
     if any("=" not in kv for kv in args.sets):
@@ -613,7 +643,7 @@ def main(argv=None) -> int:
     if not LAB.exists() or not CHIVE.exists():
         print(f"relay-cpu: need {LAB} and {CHIVE}: run `make build` first", file=sys.stderr)
         return 1
-    if "io" in args.impl and not build_forwarder():
+    if any(i in FORWARDERS for i in args.impl) and not build_forwarder():
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = run_manifest(args)
@@ -621,9 +651,11 @@ def main(argv=None) -> int:
     hz = os.sysconf("SC_CLK_TCK")
     runs, mem = {}, {}
     for impl in args.impl:
-        runs[impl], m = run_impl(impl, args, hz)
+        runs[impl], m = run_impl(impl, args, hz, runs)
         if m:
             mem[impl] = m
+    if "io-rate" in runs:
+        manifest["io_rate_limit_Bps"] = forwarder_rate("io-rate", args, runs)
     floor = None if args.no_floor else measure_floor(args)
     rows = summarize(runs, floor)
     results = {"rows": rows, "floor": floor, "memory": mem, "runs": runs}

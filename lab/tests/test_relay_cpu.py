@@ -182,6 +182,36 @@ def test_own_work_is_cpu_minus_io_floor_minus_crypto_floor():
     assert all(r["own_ns_per_byte"] is None for r in rc.summarize({"chive": runs["chive"]}, None))
 
 
+def test_own_work_at_chives_rate_uses_the_rate_limited_forwarders():
+    runs = {
+        "chive": [_run({"relay1": 4.0, "relay2": 8.0, "relay3": 6.0, "client": 10.0, "httpd": 0.1}, 80)],
+        "io": [_run({"relay1": 0.5, "relay2": 0.7, "relay3": 0.9, "client": 0.4, "httpd": 0.1}, 190)],
+        "io-rate": [_run({"relay1": 0.8, "relay2": 1.0, "relay3": 1.3, "client": 0.6, "httpd": 0.1}, 80)],
+    }
+    rows = rc.summarize(runs, rc.floor_from_estimates(EST))
+    by = {(r["impl"], r["process"]): r for r in rows}
+    r1 = by[("chive", "relay1")]
+    # Both floors side by side: full speed (median 0.6) and at chive's rate (median 0.9).
+    assert r1["io_floor_ns_per_byte"] == pytest.approx(0.6)
+    assert r1["io_floor_at_rate_ns_per_byte"] == pytest.approx(0.9)
+    assert r1["own_at_rate_ns_per_byte"] == pytest.approx(4.0 - 0.9 - 4.0)
+    assert by[("chive", "relay3")]["own_at_rate_ns_per_byte"] == pytest.approx(6.0 - 1.3 - 3.0)
+    # The rate-limited forwarders are a floor too: no crypto floor, no own work of their own.
+    assert by[("io-rate", "relay1")]["floor_ns_per_byte"] is None
+    assert by[("io-rate", "relay1")]["own_at_rate_ns_per_byte"] is None
+    # Without an io-rate run the column is absent, not zero.
+    rows = rc.summarize({k: runs[k] for k in ("chive", "io")}, rc.floor_from_estimates(EST))
+    assert all(r["own_at_rate_ns_per_byte"] is None for r in rows)
+
+
+def test_the_same_rate_floor_downloads_at_chives_median_goodput():
+    args = rc.parse_args(["--impl", "chive,io,io-rate", "--io-limit-rate", "5000000"])
+    chive = [_run({"relay1": 1.0}, g) for g in (100.0, 120.0, 90.0)]
+    assert rc.forwarder_rate("io-rate", args, {"chive": chive}) == 100_000_000
+    assert rc.forwarder_rate("io", args, {"chive": chive}) == 5_000_000
+    assert rc.forwarder_rate("chive", args, {}) is None
+
+
 def test_listening_line_of_httpd_and_forwarder():
     assert iofloor.parse_listening('{"listening": "127.0.0.1:4242"}\n') == "127.0.0.1:4242"
     for bad in ("", "listening on 1.2.3.4:5", '{"addr": "127.0.0.1:1"}', '{"listening": 7}'):
@@ -194,7 +224,13 @@ def test_listening_line_of_httpd_and_forwarder():
 def test_arguments_are_checked():
     with pytest.raises(SystemExit):
         rc.parse_args(["--impl", "arti"])
-    assert rc.parse_args([]).impl == ["chive", "io", "tor"]
+    assert rc.parse_args([]).impl == ["chive", "io", "io-rate", "tor"]
+    # The same-rate floor needs chive's goodput of the same run first.
+    with pytest.raises(SystemExit):
+        rc.parse_args(["--impl", "io-rate,chive"])
+    with pytest.raises(SystemExit):
+        rc.parse_args(["--impl", "io,io-rate"])
+    assert rc.parse_args(["--impl", "chive,io-rate"]).impl == ["chive", "io-rate"]
     with pytest.raises(SystemExit):
         rc.parse_args(["--bytes", "0"])
     assert rc.parse_args(["--impl", "tor"]).impl == ["tor"]
