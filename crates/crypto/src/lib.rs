@@ -17,6 +17,7 @@ pub mod ntor_v3;
 pub mod onion;
 pub mod relay;
 pub mod replay;
+mod running_sha1;
 
 pub use hs_ntor::{
     HsIntroPublic, HsIntroSecret, HsKeyMaterial, HsNtorClientState, IntroduceOpened,

@@ -18,12 +18,12 @@
 //! not depend on chive-cell.
 
 use aes::cipher::{KeyIvInit, StreamCipher};
-use sha1::{Digest, Sha1};
-use sha3::Sha3_256;
+use sha3::{Digest, Sha3_256};
 use subtle::ConstantTimeEq;
 
 use crate::hs_ntor::HsKeyMaterial;
 use crate::ntor::KeyMaterial;
+use crate::running_sha1::RunningSha1;
 use crate::CryptoError;
 
 /// Length of a cell payload.
@@ -62,7 +62,8 @@ enum LayerCipher {
 /// The running digest of one layer: SHA-1 (tor1) or SHA3-256 (the virtual hop).
 #[derive(Clone)]
 enum LayerDigest {
-    Sha1(Sha1),
+    /// Readable without a clone, and cloned with a memcpy (see [`RunningSha1`]).
+    Sha1(RunningSha1),
     /// Boxed for the same reason as [`LayerCipher::Aes256`].
     Sha3(Box<Sha3_256>),
 }
@@ -78,12 +79,14 @@ impl LayerDigest {
     /// The first 20 bytes of the running digest: all of SHA-1; SHA3-256 truncated, as C tor
     /// records it for SENDME v1 (`DIGEST_LEN`).
     fn peek(&self) -> [u8; 20] {
-        let mut out = [0u8; 20];
         match self {
-            LayerDigest::Sha1(d) => out.copy_from_slice(&d.clone().finalize()),
-            LayerDigest::Sha3(d) => out.copy_from_slice(&d.as_ref().clone().finalize()[..20]),
+            LayerDigest::Sha1(d) => d.digest(),
+            LayerDigest::Sha3(d) => {
+                let mut out = [0u8; 20];
+                out.copy_from_slice(&d.as_ref().clone().finalize()[..20]);
+                out
+            }
         }
-        out
     }
 }
 
@@ -98,7 +101,7 @@ struct Layer {
 
 impl Layer {
     fn new(key: &[u8; 16], seed: &[u8; 20]) -> Self {
-        let mut digest = Sha1::new();
+        let mut digest = RunningSha1::new();
         digest.update(seed);
         Layer {
             cipher: LayerCipher::Aes128(aes128_ctr(key, &[0u8; 16])),
@@ -139,6 +142,8 @@ impl Layer {
 
     /// Is this (already decrypted) cell for us? Commits the running digest only if so.
     /// The payload is left unchanged either way, so an unrecognized cell can be forwarded.
+    /// A cell whose `recognized` is not zero costs no digest work; any other costs one copy of
+    /// the running state, tried on the cell and kept if the cell matches.
     fn recognize(&mut self, payload: &[u8; PAYLOAD_LEN]) -> bool {
         if payload[RECOGNIZED] != [0, 0] {
             return false;
@@ -349,6 +354,7 @@ impl ClientCircuitCrypto {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha1::Sha1;
 
     /// NIST SP 800-38A, F.5.1 CTR-AES128.Encrypt.
     #[test]
@@ -557,5 +563,38 @@ mod tests {
         // The first cell is encrypted with keystream block 0 under Kf: undo it by hand.
         aes128_ctr(k.kf(), &[0; 16]).apply_keystream(&mut p);
         assert_eq!(p[DIGEST], expect[..4]);
+    }
+
+    /// The running digest moves on exactly when a cell is recognized. Layers are driven
+    /// without their ciphers so that a cell can be offered with `recognized` zero and only its
+    /// digest field wrong: a receiver that advanced its state on that mismatch would reject the
+    /// genuine cell after it, and one that did not advance on a match would reject the cell
+    /// after that.
+    #[test]
+    fn recognize_advances_state_on_match_only() {
+        let k = km(4);
+        let mut sender = Layer::new(k.kf(), k.df());
+        let mut receiver = Layer::new(k.kf(), k.df());
+        for n in 0..5u8 {
+            let mut p = payload(n);
+            let sent = sender.set_digest(&mut p);
+            let mut forged = p;
+            forged[DIGEST.start] ^= 1;
+            assert_eq!(forged[RECOGNIZED], [0, 0]);
+            assert!(!receiver.recognize(&forged), "cell {n}: forged digest");
+            // Recognized zero and a digest valid for some other state: still no.
+            let mut other = Layer::new(k.kf(), k.db());
+            let mut stray = payload(n);
+            other.set_digest(&mut stray);
+            if stray[DIGEST] != p[DIGEST] {
+                assert!(
+                    !receiver.recognize(&stray),
+                    "cell {n}: other state's digest"
+                );
+            }
+            assert!(receiver.recognize(&p), "cell {n}: genuine");
+            assert_eq!(receiver.last, sent);
+            assert_eq!(receiver.digest.peek(), sender.digest.peek());
+        }
     }
 }

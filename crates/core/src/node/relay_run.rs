@@ -27,8 +27,11 @@ use super::Core;
 pub(super) enum Run {
     /// Passed on (or handled, the last one, as [`Core::relay_wire`] would) this many cells.
     Fast(usize),
-    /// The first this many cells (one circuit id and command) must take the per-cell path.
-    Slow(usize),
+    /// The first `cells` cells (one circuit id and command) must take the per-cell path.
+    /// `origin_may_take` is false when [`Core::origin_run`] would decline them (a command but
+    /// RELAY, or a circuit found and not originated here: the exit's own cells), so they go
+    /// straight to [`Core::handle_cell_wire`] without `origin_run` looking the circuit up again.
+    Slow { cells: usize, origin_may_take: bool },
 }
 
 /// How a run ended early (after its last cell).
@@ -56,13 +59,24 @@ impl Core {
     ) {
         let mut rest = cells;
         while rest.len() >= CELL_LEN {
-            let (taken, slow) = match self.relay_run(chan, rest, now) {
-                Run::Fast(n) => (n, 0),
-                Run::Slow(n) => (0, n),
+            let (taken, slow, origin_may_take) = match self.relay_run(chan, rest, now) {
+                Run::Fast(n) => (n, 0, false),
+                Run::Slow {
+                    cells,
+                    origin_may_take,
+                } => (0, cells, origin_may_take),
             };
             rest = rest.get(taken * CELL_LEN..).unwrap_or_default();
             let slow = rest.get(..slow * CELL_LEN).unwrap_or(rest);
-            self.origin_runs_or_each(chan, slow, scratch, now);
+            if origin_may_take {
+                self.origin_runs_or_each(chan, slow, scratch, now);
+            } else {
+                for wire in slow.chunks_exact(CELL_LEN) {
+                    if let Ok(wire) = <&[u8; CELL_LEN]>::try_from(wire) {
+                        self.handle_cell_wire(chan, wire, scratch, now);
+                    }
+                }
+            }
             rest = rest.get(slow.len()..).unwrap_or_default();
         }
     }
@@ -73,11 +87,21 @@ impl Core {
     /// or memory checks could act, or any command but RELAY (RELAY_EARLY is counted per cell
     /// and rare).
     pub(super) fn relay_run(&mut self, chan: ChannelId, cells: &[u8], now: Instant) -> Run {
+        // Cells `origin_run` may take: a circuit originated here, or one not (yet) looked up.
+        let ask_origin = |cells| Run::Slow {
+            cells,
+            origin_may_take: true,
+        };
+        // Cells `origin_run` would decline: not RELAY, or a circuit found and relayed here.
+        let per_cell = |cells| Run::Slow {
+            cells,
+            origin_may_take: false,
+        };
         let Some((first, _)) = cells.split_first_chunk::<CELL_LEN>() else {
-            return Run::Slow(0);
+            return ask_origin(0);
         };
         if first[4] != CellCommand::RELAY.0 {
-            return Run::Slow(1);
+            return per_cell(1);
         }
         // The run: the cells with the first one's circuit id and command (the first 5 bytes).
         let run = cells
@@ -85,29 +109,29 @@ impl Core {
             .take_while(|c| c[..5] == first[..5])
             .count();
         if !self.sw.ends.is_empty() || self.hold.has_channels() {
-            return Run::Slow(run);
+            return ask_origin(run);
         }
         let circ_id = wire_circ_id(first);
         let Some(ch) = self.channels.get(&chan) else {
-            return Run::Slow(run);
+            return ask_origin(run);
         };
         let client = ch.client;
         let Some(key) = ch.circ_ids.lookup(circ_id) else {
-            return Run::Slow(run);
+            return ask_origin(run);
         };
         let Some(circ) = self.circuits.get(&key) else {
-            return Run::Slow(run);
+            return ask_origin(run);
         };
         if circ.is_origin() {
-            return Run::Slow(run);
+            return ask_origin(run);
         }
         let from_prev = circ.prev == Some((chan, circ_id));
         let side = if from_prev { Side::Next } else { Side::Prev };
         let Some((out_chan, out_id)) = circ.endpoint(side) else {
-            return Run::Slow(run);
+            return per_cell(run);
         };
         if self.hold_may_take(key, client, from_prev) {
-            return Run::Slow(run);
+            return per_cell(run);
         }
         // The memory check, per cell on the per-cell path, can only act when a queue's
         // buffer grows: the other parts of the total do not change during the run.
@@ -120,10 +144,10 @@ impl Core {
         let over_mem =
             |cells: usize| mem_total(cells, exit_buffered, driver_bytes, held) >= max_mem;
         if over_mem(self.stats.queue_buffer_cells) {
-            return Run::Slow(run);
+            return per_cell(run);
         }
         let Some(circ) = self.circuits.get_mut(&key) else {
-            return Run::Slow(run);
+            return per_cell(run);
         };
         let (queue, Role::Relay { crypto, .. }) = (
             match side {
@@ -132,7 +156,7 @@ impl Core {
             },
             &mut circ.role,
         ) else {
-            return Run::Slow(run);
+            return per_cell(run);
         };
         self.stats.relay_runs += 1;
         let mut taken = 0;

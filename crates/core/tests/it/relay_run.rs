@@ -136,6 +136,45 @@ fn a_batch_ends_as_cell_by_cell_and_a_run_is_one_lookup() {
     assert!(out.to_client.len() >= 40 * CELL_LEN);
 }
 
+/// Cells on a circuit that ends at R (a one-hop circuit: R is its last hop, as the exit is
+/// for a client's uploads and SENDMEs) are not passed on: `relay_run` sends them down the
+/// per-cell path without `origin_run` looking the circuit up again. They end as cell by cell:
+/// R answers each BEGIN (it is no exit) and takes the DROP, around a run of A's cells.
+#[test]
+fn cells_for_a_circuit_ending_here_end_as_cell_by_cell() {
+    let (runs, out) = same_both_ways(CoreConfig::default, |p| {
+        let mut one_hop = p.create();
+        let (mut a, _) = p.circuit_with_stream();
+        let mut fwd: Vec<Cell> = (1..=6)
+            .map(|sid| {
+                common::relay_cell(
+                    &mut one_hop,
+                    0,
+                    RelayCommand::BEGIN,
+                    sid,
+                    b"example.com:80\0",
+                    false,
+                )
+            })
+            .collect();
+        fwd.extend(data_for_x(&mut a, 4, 1));
+        fwd.push(common::relay_cell(
+            &mut one_hop,
+            0,
+            RelayCommand::DROP,
+            0,
+            b"",
+            false,
+        ));
+        vec![(R_CLIENT, batch_of(&fwd))]
+    });
+    assert_eq!(runs, 1, "A's cells are the only run passed on");
+    assert_eq!(out.stats.origin_runs, 0);
+    assert_eq!(out.stats.circuits, 2, "{:?}", out.stats);
+    assert_eq!(out.to_x.len(), 4 * CELL_LEN);
+    assert_eq!(out.to_client.len(), 6 * CELL_LEN, "an END per BEGIN");
+}
+
 #[test]
 fn a_queue_over_its_limit_mid_run_kills_as_cell_by_cell() {
     let cfg = || CoreConfig {
