@@ -104,8 +104,13 @@ pub const CIRCUIT_PRIORITY_HALFLIFE_MSEC: ParamSpec =
     ParamSpec::new("CircuitPriorityHalflifeMsec", 30_000, -1, i32::MAX as i64);
 
 /// Cells a relay hands to a connection before they are written (the bounded output buffer,
-/// so that the scheduler decides late). A relay's own `OutbufCells` overrides it.
-pub const OUTBUF_CELLS: ParamSpec = ParamSpec::new("OutbufCells", 64, 1, 10_000);
+/// so that the scheduler decides late). A relay's own `OutbufCells` overrides it, and so does a
+/// `BandwidthRate` (10 ms of the rate, 8..=64 cells). The default, for unlimited nodes, is one
+/// read's worth (128 cells, as a link reader's batch and an exit's stream read): with 64 most
+/// reads left as two writes. On an unlimited link the bound does not bound a cell's wait: the
+/// kernel's autotuned send buffer holds far more than 128 cells (docs/scheduling.md,
+/// "The output bound of an unlimited relay").
+pub const OUTBUF_CELLS: ParamSpec = ParamSpec::new("OutbufCells", 128, 1, 10_000);
 
 /// `ChannelFairness`: 1 = under `CrossChannelPriority`, a rate-limited relay ranks each
 /// *client's* channel by its total recent cells (as one circuit) before EWMA picks among a

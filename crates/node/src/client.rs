@@ -29,7 +29,7 @@ use tracing::{debug, info, warn};
 
 use crate::common::{check_outbuf_cells, init_logging, load_config, write_ports_file};
 use crate::driver::{
-    spawn_stream_io, stop_on_signal, Driver, DriverConfig, Input, StreamCmd, StreamIo, Tunables,
+    spawn_stream_io, stop_on_signal, Driver, DriverConfig, Input, StreamEnds, StreamIo, Tunables,
 };
 use crate::link_options::with_link_options;
 use crate::metrics::Metrics;
@@ -235,8 +235,7 @@ pub enum SocksAnswer {
     /// The stream is open: run its IO with these.
     Connected {
         handle: StreamHandle,
-        write_rx: mpsc::UnboundedReceiver<StreamCmd>,
-        credit_rx: mpsc::UnboundedReceiver<usize>,
+        ends: StreamEnds,
     },
     /// Answers to a RESOLVE.
     Resolved(Vec<ResolvedAnswer>),
@@ -423,7 +422,7 @@ impl ClientState {
         match ev {
             Event::StreamConnected { stream, .. } => {
                 self.mgr.stream_answered(stream);
-                let (Some(reply), Some((write_rx, credit_rx))) = (
+                let (Some(reply), Some(ends)) = (
                     self.opening.remove(&stream),
                     streams.get_mut(&stream).and_then(|io| io.unpark()),
                 ) else {
@@ -432,8 +431,7 @@ impl ClientState {
                 if reply
                     .send(SocksAnswer::Connected {
                         handle: stream,
-                        write_rx,
-                        credit_rx,
+                        ends,
                     })
                     .is_err()
                 {
@@ -549,16 +547,12 @@ async fn serve_socks(mut tcp: TcpStream, peer: SocketAddr, tx: mpsc::Sender<Inpu
         Err(_) => SocksAnswer::Failed(SocksReply::TtlExpired),
     };
     match answer {
-        SocksAnswer::Connected {
-            handle,
-            write_rx,
-            credit_rx,
-        } => {
+        SocksAnswer::Connected { handle, ends } => {
             if send_reply(&mut tcp, &req, SocksReply::Succeeded, None)
                 .await
                 .is_ok()
             {
-                spawn_stream_io(handle, tcp, write_rx, credit_rx, tx);
+                spawn_stream_io(handle, tcp, ends, tx);
             } else {
                 let _ = tx
                     .send(Input::StreamError {

@@ -22,7 +22,7 @@ Config file options (TOML):
                                    replaced; a DESTROY saying CHANNEL_CLOSED/CONNECTFAILED: the
                                    later hops are suspect, avoided while another path exists);
                                    a consensus listing it again after dropping it ends it sooner
-  OutbufCells = 64                 cells handed to a connection but not yet written, at most
+  OutbufCells = 128                cells handed to a connection but not yet written, at most
   EntryNodes = [\"relayA\"]          first hops are chosen only among these (Guard flag not required)
   MiddleNodes = [\"relayB2\"]        middle hops only among these
                                    (both: relay nicknames or 64-hex identities; default [] = any relay.

@@ -95,9 +95,9 @@ Config file options (TOML):
   Scheduler = \"ewma\"               circuit scheduler: \"rr\", \"ewma\" or \"ewma-direct\" (reference)
   CircuitPriorityHalflife = 30     EWMA half-life in seconds; <= 0 means round-robin
                                    (default: consensus CircuitPriorityHalflifeMsec, else 30 s)
-  OutbufCells = 64                 cells handed to a connection but not yet written, at most
-                                   (default: 10 ms of BandwidthRate, at least 8, when set;
-                                   else the consensus OutbufCells, else 64)
+  OutbufCells = 128                cells handed to a connection but not yet written, at most
+                                   (default: 10 ms of BandwidthRate, 8 to 64, when set;
+                                   else the consensus OutbufCells, else 128: one read)
   OutbufMaxMsec = 200              with BandwidthRate: the bound above grows by the rate's
                                    worth of the measured driver reaction latency (writer paid
                                    -> next batch handed over; mean + 2 deviations), up to this
@@ -486,7 +486,7 @@ impl RelayConfig {
 
     /// A rate-limited relay hands a connection about 10 ms of its rate (at least 8 cells), so
     /// the scheduler's choice is made close to the moment the cell leaves; unlimited relays
-    /// use the consensus `OutbufCells` (default 64), where batching matters more.
+    /// use the consensus `OutbufCells` (default 128, one read), where batching matters more.
     fn rate_based_outbuf(&self) -> Option<usize> {
         (self.bandwidth_rate > 0).then(|| {
             let cells = self.bandwidth_rate / 100 / chive_cell::CELL_LEN as u64;

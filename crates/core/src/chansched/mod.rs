@@ -256,6 +256,9 @@ pub struct SendPath {
     accounts: OutputAccounts,
     /// How late the driver reacts to its paced writers ([`SendPath::paid_report`]).
     latency: ReactionLatency,
+    /// Channels with room freed during the current driver wake-up, scheduled at its end
+    /// ([`SendPath::written_in_turn`]).
+    room_freed: Vec<ChannelId>,
 }
 
 impl SendPath {
@@ -266,6 +269,7 @@ impl SendPath {
             cfg,
             accounts: OutputAccounts::default(),
             latency: ReactionLatency::default(),
+            room_freed: Vec::new(),
         }
     }
 
@@ -340,6 +344,7 @@ impl SendPath {
     pub fn remove_channel(&mut self, chan: ChannelId) {
         self.accounts.remove_channel(chan);
         self.policy.forget(chan);
+        self.room_freed.retain(|c| *c != chan);
     }
 
     /// `chan` writes on the new connection `conn` from now on (split-direction: our second
@@ -405,6 +410,34 @@ impl SendPath {
         let (chan, samples) = self.accounts.written(conn, cells)?;
         self.channel_ready(chan, src, now);
         Some(samples)
+    }
+
+    /// [`SendPath::written`] in the middle of a driver wake-up: the room counts at once, but
+    /// the channel is scheduled only when the driver calls [`SendPath::schedule_room_freed`],
+    /// once the wake-up's inputs and the events they made are handled: together with every
+    /// cell they queued. Scheduled at once, it would send what the inputs handled so far
+    /// queued (on a client, the SENDMEs of part of a read) as a batch of its own and the rest
+    /// as another: two writes where one does, for no gain in time, since the writers run only
+    /// after the wake-up anyway.
+    pub fn written_in_turn(&mut self, conn: ConnId, cells: usize) -> Option<Vec<CellSample>> {
+        let (chan, samples) = self.accounts.written(conn, cells)?;
+        // Few channels are written per wake-up: a scan is cheaper than a set.
+        if !self.room_freed.contains(&chan) {
+            self.room_freed.push(chan);
+        }
+        Some(samples)
+    }
+
+    /// Schedule the channels [`SendPath::written_in_turn`] freed room for since the last call;
+    /// whether there were any (their transmits may have made more work for the driver).
+    pub fn schedule_room_freed(&mut self, src: &mut dyn CellSource, now: Instant) -> bool {
+        if self.room_freed.is_empty() {
+            return false;
+        }
+        for chan in std::mem::take(&mut self.room_freed) {
+            self.channel_ready(chan, src, now);
+        }
+        true
     }
 
     /// End of a driver wake-up (see [`ChannelScheduler::settle`]).

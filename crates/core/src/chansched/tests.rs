@@ -544,3 +544,60 @@ fn memory_stays_bounded_under_any_sequence() {
         );
     }
 }
+
+/// A batch written in the middle of a driver wake-up frees room at once but sends nothing
+/// until the driver asks, after the wake-up's other inputs: the cells queued before and after
+/// the report leave as one batch (a client's SENDMEs for a whole read in one link write).
+/// `written` sends what is queued at the report, so the same steps give two batches.
+#[test]
+fn room_freed_mid_wake_up_sends_the_wake_ups_cells_as_one_batch() {
+    let now = Instant::now();
+    let batches = |in_turn: bool| {
+        let mut core = FakeCore::default();
+        let mut p = SendPath::new(direct());
+        p.add_channel(A);
+        core.push(A, 2, None);
+        p.channel_ready(A, &mut core, now);
+        assert_eq!(p.poll_transmit().map(|t| t.cells), Some(2));
+        // The wake-up: an input queues a cell, the writer reports its batch, another input
+        // queues two more; then the driver schedules the channels it was told of.
+        core.push(A, 1, None);
+        let mut sizes = Vec::new();
+        if in_turn {
+            assert!(p.written_in_turn(A, 2).is_some());
+            assert!(
+                p.poll_transmit().is_none(),
+                "nothing sent before the driver asks"
+            );
+        } else {
+            p.written(A, 2, &mut core, now);
+        }
+        sizes.extend(std::iter::from_fn(|| p.poll_transmit().map(|t| t.cells)));
+        core.push(A, 2, None);
+        p.channel_ready(A, &mut core, now);
+        assert_eq!(p.schedule_room_freed(&mut core, now), in_turn);
+        assert!(!p.schedule_room_freed(&mut core, now), "each channel once");
+        sizes.extend(std::iter::from_fn(|| p.poll_transmit().map(|t| t.cells)));
+        assert_eq!(p.in_flight(A), 3);
+        sizes
+    };
+    assert_eq!(batches(true), [3]);
+    assert_eq!(batches(false), [1, 2]);
+}
+
+/// A channel closed after its batch was reported written is not scheduled for it.
+#[test]
+fn a_closed_channel_is_not_scheduled_for_room_freed_before() {
+    let now = Instant::now();
+    let mut core = FakeCore::default();
+    let mut p = SendPath::new(direct());
+    p.add_channel(A);
+    core.push(A, 2, None);
+    p.channel_ready(A, &mut core, now);
+    p.poll_transmit();
+    core.push(A, 1, None);
+    p.written_in_turn(A, 2);
+    p.remove_channel(A);
+    assert!(!p.schedule_room_freed(&mut core, now));
+    assert!(p.poll_transmit().is_none());
+}

@@ -65,7 +65,7 @@ pub use tasks::WriteMsg;
 use tasks::{exit_connect, EXIT_CONNECT_TIMEOUT};
 pub use tasks::{
     spawn_stream_io, start_link, stop_on_signal, CellBudget, ConnHandles, Liveness, StreamCmd,
-    StreamIo, DEFAULT_LINK_IDLE_TIMEOUT, DEFAULT_LINK_KEEPALIVE,
+    StreamEnds, StreamIo, DEFAULT_LINK_IDLE_TIMEOUT, DEFAULT_LINK_KEEPALIVE,
 };
 pub use tunables::{
     check_outbuf_max_msec, Tunables, DEFAULT_HEARTBEAT_PERIOD, MAX_OUTBUF_MAX_MSEC,
@@ -499,21 +499,8 @@ impl Driver {
                     // Let the tasks queued ahead of this wake-up hand over their batches too.
                     BackOfQueue(false).await;
                     let now = Instant::now();
-                    let mut handled = input.weight();
-                    if !self.handle_input(input, now) {
+                    if self.take_inputs(input, now).await.is_none() {
                         return;
-                    }
-                    // Take what else is ready before flushing, so output is batched.
-                    while handled <= INPUT_BATCH {
-                        match self.rx.try_recv() {
-                            Ok(input) => {
-                                handled += input.weight();
-                                if !self.handle_input(input, now) {
-                                    return;
-                                }
-                            }
-                            Err(_) => break,
-                        }
                     }
                     self.flush(now);
                 }
@@ -558,7 +545,7 @@ impl Driver {
     }
 
     /// Apply one input to the core. Returns false on shutdown.
-    fn handle_input(&mut self, input: Input, now: Instant) -> bool {
+    pub(super) fn handle_input(&mut self, input: Input, now: Instant) -> bool {
         match input {
             Input::LinkUp(mut up) => {
                 // The reader's cells queue behind this input, so they reach the connection
@@ -621,9 +608,10 @@ impl Driver {
                 self.drain_transmits(now);
             }
             Input::Written { chan: conn, cells } => {
-                let samples = self.send.written(conn, cells, &mut self.core, now);
+                // The channel sends again at this wake-up's flush, with everything the rest of
+                // its inputs queue (one batch, not one now and one then).
+                let samples = self.send.written_in_turn(conn, cells);
                 self.batch_written(conn, now);
-                self.drain_transmits(now);
                 if let (Some(samples), Some(m)) = (samples, self.metrics.as_mut()) {
                     m.cells_written(samples, now);
                 }
@@ -644,8 +632,8 @@ impl Driver {
             }
             Input::ExitConnected { stream, addr, tcp } => {
                 match self.streams.get_mut(&stream).and_then(|s| s.unpark()) {
-                    Some((write_rx, credit_rx)) => {
-                        spawn_stream_io(stream, tcp, write_rx, credit_rx, self.tx.clone());
+                    Some(ends) => {
+                        spawn_stream_io(stream, tcp, ends, self.tx.clone());
                         self.core.exit_connected(stream, addr, now);
                     }
                     None => drop(tcp), // the stream was closed meanwhile
@@ -784,7 +772,10 @@ impl Driver {
                 progressed = true;
                 self.transmit(chan, now);
             }
-            if !progressed {
+            // Channels whose writers reported batches written send again once everything
+            // else is done: with all the cells this wake-up queued (a client's SENDMEs for a
+            // whole read in one batch). Their transmits may make events (read credit).
+            if !progressed && !self.send.schedule_room_freed(&mut self.core, now) {
                 break;
             }
         }
@@ -926,8 +917,14 @@ impl Driver {
                 data,
                 cells,
             } => {
-                if let Some(io) = self.streams.get(&stream) {
-                    let _ = io.write_tx.send(StreamCmd::Write { data, cells });
+                // Written now when the socket takes it (its stream SENDMEs then leave with
+                // this turn's other cells); else the writer task reports it later.
+                let flushed = self
+                    .streams
+                    .get(&stream)
+                    .is_some_and(|io| io.write(data, cells));
+                if flushed {
+                    self.core.stream_flushed(stream, cells, now);
                 }
             }
             Event::StreamReadCredit { stream, bytes } => {

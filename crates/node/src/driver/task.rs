@@ -1,8 +1,10 @@
 //! How the node runs its driver: as a task of its own, going to the back of the run queue
-//! once per wake-up, rather than as the runtime's `block_on` future (docs/performance.md,
-//! "Task hops and syscalls").
+//! once per wake-up, rather than as the runtime's `block_on` future, and which inputs one
+//! wake-up takes (docs/performance.md, "Task hops and syscalls").
 
-use super::Driver;
+use std::time::Instant;
+
+use super::{tasks, Driver, Input, INPUT_BATCH};
 
 /// Run `driver` until it stops, as a task of its own rather than as the runtime's `block_on`
 /// future: on the current-thread runtime every wake-up of that future (every batch a link task
@@ -43,5 +45,49 @@ impl std::future::Future for BackOfQueue {
         }
         cx.waker().wake_by_ref();
         std::task::Poll::Pending
+    }
+}
+
+impl Driver {
+    /// One wake-up's inputs: `first` and what else is ready, up to [`INPUT_BATCH`] cells'
+    /// worth, so that output is batched. When a link reader handed over a full batch
+    /// ([`tasks::READ_BATCH`] cells) its read may hold more cells, which it hands over only
+    /// once the driver has given the batch's credit back ([`tasks::LINK_INPUT_CREDIT`]): the
+    /// driver steps to the back of the run queue once, so that the reader (woken by that
+    /// credit) hands over the rest of its read, already in memory, into this wake-up. Without
+    /// the step a read of more than `READ_BATCH` cells took two wake-ups and two flushes, and a
+    /// client sent the SENDMEs of one read as two link writes; with it they leave as one. The
+    /// rest joins the input queue behind what others queued, so a flooding connection still
+    /// has at most its credit ahead of them. Returns how many inputs were handled, `None` on
+    /// shutdown.
+    pub(super) async fn take_inputs(&mut self, first: Input, now: Instant) -> Option<usize> {
+        let mut handled = 0;
+        let mut inputs = 0;
+        let mut next = Some(first);
+        // A full batch was handled (its reader may hold the rest of a read); stepped back once.
+        let mut read_continues = false;
+        let mut stepped = false;
+        loop {
+            let input = match next.take().map(Ok).unwrap_or_else(|| self.rx.try_recv()) {
+                Ok(input) => input,
+                Err(_) if read_continues && !stepped => {
+                    stepped = true;
+                    BackOfQueue(false).await;
+                    continue;
+                }
+                Err(_) => break,
+            };
+            handled += input.weight();
+            inputs += 1;
+            read_continues |=
+                matches!(input, Input::Cells { cells, .. } if cells >= tasks::READ_BATCH);
+            if !self.handle_input(input, now) {
+                return None;
+            }
+            if handled > INPUT_BATCH {
+                break;
+            }
+        }
+        Some(inputs)
     }
 }

@@ -11,7 +11,6 @@ use chive_core::chansched::BatchClass;
 use chive_core::{ChannelId, StreamHandle};
 use chive_dir::ExitPolicy;
 use chive_net::{BatchPool, Link, LinkLimits, LinkReader, LinkWriter};
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::AbortHandle;
@@ -143,11 +142,32 @@ pub enum StreamCmd {
 pub struct StreamIo {
     pub(super) write_tx: mpsc::UnboundedSender<StreamCmd>,
     pub(super) credit_tx: mpsc::UnboundedSender<usize>,
-    /// Receivers handed to the IO tasks once the socket is ready.
-    parked: Option<(
-        mpsc::UnboundedReceiver<StreamCmd>,
-        mpsc::UnboundedReceiver<usize>,
-    )>,
+    /// The socket's write half (once its IO runs), shared with the stream's writer task.
+    out: Arc<StreamOut>,
+    /// The IO tasks' ends, until the socket is ready.
+    parked: Option<StreamEnds>,
+}
+
+/// What a stream's IO tasks take over from its [`StreamIo`] once the socket is ready
+/// ([`spawn_stream_io`]).
+pub struct StreamEnds {
+    write_rx: mpsc::UnboundedReceiver<StreamCmd>,
+    credit_rx: mpsc::UnboundedReceiver<usize>,
+    out: Arc<StreamOut>,
+}
+
+/// A stream socket's write half, shared by the driver and the stream's writer task. The
+/// driver writes a [`chive_core::Event::StreamWrite`] itself when the writer task holds no
+/// earlier write (so the bytes stay in order) and the socket takes it whole: the write is
+/// flushed within the driver turn that made it, and the stream SENDMEs it makes due leave
+/// with the circuit SENDMEs of the same read (one link write instead of two or three:
+/// docs/performance.md, "Task hops and syscalls"). Otherwise the writer task waits for room.
+#[derive(Default)]
+struct StreamOut {
+    /// Set once, when the stream's IO starts.
+    socket: std::sync::OnceLock<tokio::net::tcp::OwnedWriteHalf>,
+    /// Write commands handed to the writer task and not yet in the kernel.
+    queued: AtomicUsize,
 }
 
 impl StreamIo {
@@ -155,22 +175,62 @@ impl StreamIo {
     pub fn parked() -> Self {
         let (write_tx, write_rx) = mpsc::unbounded_channel();
         let (credit_tx, credit_rx) = mpsc::unbounded_channel();
+        let out = Arc::new(StreamOut::default());
         StreamIo {
             write_tx,
             credit_tx,
-            parked: Some((write_rx, credit_rx)),
+            out: out.clone(),
+            parked: Some(StreamEnds {
+                write_rx,
+                credit_rx,
+                out,
+            }),
         }
     }
 
-    /// Take the receivers for the IO tasks.
-    pub fn unpark(
-        &mut self,
-    ) -> Option<(
-        mpsc::UnboundedReceiver<StreamCmd>,
-        mpsc::UnboundedReceiver<usize>,
-    )> {
+    /// Take the ends for the IO tasks.
+    pub fn unpark(&mut self) -> Option<StreamEnds> {
         self.parked.take()
     }
+
+    /// Write the payloads of `cells` DATA cells to the socket. Returns true if they are in the
+    /// kernel now (the caller reports them flushed); false if the writer task has them (it
+    /// reports them with [`Input::StreamFlushed`]): the socket is not ready yet, the writer
+    /// task still holds an earlier write, or the socket took only part (or none) of them.
+    pub(super) fn write(&self, mut data: Vec<u8>, cells: u32) -> bool {
+        if self.out.queued.load(Ordering::Acquire) == 0 {
+            if let Some(wr) = self.out.socket.get() {
+                match wr.try_write(&data) {
+                    Ok(n) if n == data.len() => return true,
+                    // The rest waits for room in the writer task.
+                    Ok(n) => drop(data.drain(..n)),
+                    // Full, or failed: the writer task waits, or meets the error and reports it.
+                    Err(_) => {}
+                }
+            }
+        }
+        self.out.queued.fetch_add(1, Ordering::AcqRel);
+        // A gone writer task has its StreamError on the way, or the stream is closing.
+        let _ = self.write_tx.send(StreamCmd::Write { data, cells });
+        false
+    }
+}
+
+/// Write all of `buf` to a shared write half, waiting for room.
+async fn write_all_shared(
+    wr: &tokio::net::tcp::OwnedWriteHalf,
+    mut buf: &[u8],
+) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        wr.writable().await?;
+        match wr.try_write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// What a connection's writer task is given.
@@ -520,15 +580,22 @@ pub(super) async fn connect(stream: StreamHandle, addr: SocketAddr) -> Input {
 }
 
 /// Run a stream's socket: a reader that reads only as far as its credit, and a
-/// writer that reports each batch of writes back.
+/// writer that reports each batch of writes back (the driver writes itself while the writer
+/// holds none: [`StreamIo::write`]).
 pub fn spawn_stream_io(
     stream: StreamHandle,
     tcp: TcpStream,
-    mut write_rx: mpsc::UnboundedReceiver<StreamCmd>,
-    mut credit_rx: mpsc::UnboundedReceiver<usize>,
+    ends: StreamEnds,
     tx: mpsc::Sender<Input>,
 ) {
-    let (rd, mut wr) = tcp.into_split();
+    let StreamEnds {
+        mut write_rx,
+        mut credit_rx,
+        out,
+    } = ends;
+    let (rd, wr) = tcp.into_split();
+    // Set only here, once per stream (its ends are taken once).
+    let _ = out.socket.set(wr);
     let rtx = tx.clone();
     tokio::spawn(async move {
         let mut credit = 0usize;
@@ -575,11 +642,14 @@ pub fn spawn_stream_io(
         }
     });
     tokio::spawn(async move {
+        let Some(wr) = out.socket.get() else {
+            return; // set above
+        };
         while let Some(cmd) = write_rx.recv().await {
             // `writes` counts cells (what the core's stream window takes back), `cmds` the
             // commands gathered into this write.
             let mut writes = 0u32;
-            let mut cmds = 0u32;
+            let mut cmds = 0usize;
             let mut close = false;
             let mut batch = Vec::new();
             let mut next = Some(cmd);
@@ -605,8 +675,8 @@ pub fn spawn_stream_io(
                     next = write_rx.try_recv().ok();
                 }
             }
-            if !batch.is_empty() {
-                if let Err(e) = wr.write_all(&batch).await {
+            if cmds > 0 {
+                if let Err(e) = write_all_shared(wr, &batch).await {
                     let _ = tx
                         .send(Input::StreamError {
                             stream,
@@ -615,14 +685,16 @@ pub fn spawn_stream_io(
                         .await;
                     return;
                 }
+                // In the kernel: the driver may write the next ones itself.
+                out.queued.fetch_sub(cmds, Ordering::AcqRel);
                 let _ = tx.send(Input::StreamFlushed { stream, writes }).await;
             }
             if close {
-                let _ = wr.shutdown().await;
-                return;
+                break;
             }
         }
-        let _ = wr.shutdown().await;
+        // The write half shuts down (FIN) when its last holder drops it: this task and the
+        // driver's `StreamIo`, which the driver removes when it closes the stream.
     });
 }
 
@@ -656,4 +728,42 @@ pub fn stop_on_signal(tx: mpsc::Sender<Input>) {
         info!("stopping on signal");
         let _ = tx.send(Input::Shutdown).await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    /// The driver writes a stream's data itself while the writer task holds none (reported
+    /// flushed at once), and hands it to the writer task while that one still holds earlier
+    /// data (or the socket is not ready): the bytes arrive in order, each write reported once.
+    #[tokio::test]
+    async fn the_driver_writes_a_stream_itself_only_behind_nothing() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ours = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut peer, _) = listener.accept().await.unwrap();
+        let (tx, mut rx) = mpsc::channel(8);
+        let stream = StreamHandle(1);
+        let mut io = StreamIo::parked();
+        let ends = io.unpark().unwrap();
+        // Not connected yet: the writer task takes it.
+        assert!(!io.write(b"a".to_vec(), 1));
+        spawn_stream_io(stream, ours, ends, tx);
+        // The writer task has not run: behind its write, this one goes to it too.
+        assert!(!io.write(b"bc".to_vec(), 2));
+        match rx.recv().await.unwrap() {
+            Input::StreamFlushed { writes, .. } => assert_eq!(writes, 3),
+            _ => panic!("expected StreamFlushed"),
+        }
+        // Nothing held: written at once, for the caller to report.
+        assert!(io.write(b"def".to_vec(), 3));
+        let mut got = [0u8; 6];
+        peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"abcdef");
+        assert!(rx.try_recv().is_err(), "no second report");
+    }
 }

@@ -150,3 +150,50 @@ async fn the_driver_goes_on_after_the_tasks_already_queued() {
     reader.await.unwrap();
     assert_eq!(*order.lock().unwrap(), ["reader", "driver"]);
 }
+
+/// A reader's read of more than `READ_BATCH` cells reaches the driver as two inputs, the
+/// second only once the driver has handled the first and given its credit back. After a full
+/// batch the driver steps back once, so the rest joins the same wake-up (one flush: a client's
+/// SENDMEs for the whole read in one link write); after a smaller batch it does not.
+#[tokio::test]
+async fn the_rest_of_a_read_joins_the_wake_up_of_its_first_batch() {
+    use super::tasks::{LINK_INPUT_CREDIT, READ_BATCH};
+    use tokio::sync::Semaphore;
+    async fn wake_up_inputs(first_cells: usize) -> usize {
+        let mut d = driver(None, Tunables::default());
+        let tx = d.sender();
+        let credit = Arc::new(Semaphore::new(LINK_INPUT_CREDIT));
+        let budget = Arc::new(Semaphore::new(4 * LINK_INPUT_CREDIT));
+        // A reader as `spawn_conn` runs it: each batch takes its cells' credit first.
+        let reader = tokio::spawn(async move {
+            for cells in [first_cells, LINK_INPUT_CREDIT] {
+                let credit = credit
+                    .clone()
+                    .acquire_many_owned(cells as u32)
+                    .await
+                    .unwrap();
+                let permit = budget
+                    .clone()
+                    .acquire_many_owned(cells as u32)
+                    .await
+                    .unwrap();
+                let bytes = chive_net::CellBatch::copied(Vec::new());
+                let chan = chive_core::ChannelId(7);
+                let input = Input::Cells {
+                    chan,
+                    bytes,
+                    cells,
+                    permit,
+                    credit,
+                };
+                tx.send(input).await.unwrap();
+            }
+        });
+        let first = d.rx.recv().await.unwrap();
+        let inputs = d.take_inputs(first, Instant::now()).await.unwrap();
+        reader.abort();
+        inputs
+    }
+    assert_eq!(wake_up_inputs(READ_BATCH).await, 2);
+    assert_eq!(wake_up_inputs(READ_BATCH - 1).await, 1);
+}
