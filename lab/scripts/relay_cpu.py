@@ -319,7 +319,8 @@ def summarize(runs: dict[str, list[dict]], floor: dict | None) -> list[dict]:
         r["floor_ns_per_byte"] = (f if r["role"] in ("relay", "exit", "client")
                                   and r["impl"] not in FORWARDERS else None)
         r["x_floor"] = r["ns_per_byte"] / f if r["floor_ns_per_byte"] else None
-        ref = tor_client if r["role"] == "client" else tor_relay if r["role"] in ("relay", "exit") else None
+        ref = (None if r["impl"] in FORWARDERS else tor_client if r["role"] == "client"
+               else tor_relay if r["role"] in ("relay", "exit") else None)
         r["x_tor"] = r["ns_per_byte"] / ref if ref else None
         for key, floors in (("", io_floor), ("_at_rate", io_floor_at_rate)):
             io = floors.get(r["role"]) if r["impl"] not in FORWARDERS else None

@@ -199,6 +199,11 @@ def test_own_work_at_chives_rate_uses_the_rate_limited_forwarders():
     # The rate-limited forwarders are a floor too: no crypto floor, no own work of their own.
     assert by[("io-rate", "relay1")]["floor_ns_per_byte"] is None
     assert by[("io-rate", "relay1")]["own_at_rate_ns_per_byte"] is None
+    # Nor a ratio to tor: a forwarder is no relay to compare (chive's rows have one).
+    runs["tor"] = [_run({"relay1": 12.0, "relay2": 16.0, "relay3": 20.0, "client": 20.0, "httpd": 0.1}, 8)]
+    by = {(r["impl"], r["process"]): r for r in rc.summarize(runs, rc.floor_from_estimates(EST))}
+    assert by[("chive", "relay1")]["x_tor"] == pytest.approx(4.0 / 16.0)
+    assert by[("io", "relay1")]["x_tor"] is None and by[("io-rate", "client")]["x_tor"] is None
     # Without an io-rate run the column is absent, not zero.
     rows = rc.summarize({k: runs[k] for k in ("chive", "io")}, rc.floor_from_estimates(EST))
     assert all(r["own_at_rate_ns_per_byte"] is None for r in rows)
