@@ -62,10 +62,10 @@ pub use switching::SwitchOptions;
 pub use task::run_driver;
 use task::BackOfQueue;
 pub use tasks::WriteMsg;
-use tasks::{exit_connect, EXIT_CONNECT_TIMEOUT};
+use tasks::{exit_connect, StreamCmd, EXIT_CONNECT_TIMEOUT};
 pub use tasks::{
-    spawn_stream_io, start_link, stop_on_signal, CellBudget, ConnHandles, Liveness, StreamCmd,
-    StreamEnds, StreamIo, DEFAULT_LINK_IDLE_TIMEOUT, DEFAULT_LINK_KEEPALIVE,
+    spawn_stream_io, start_link, stop_on_signal, CellBudget, ConnHandles, Liveness, StreamEnds,
+    StreamIo, DEFAULT_LINK_IDLE_TIMEOUT, DEFAULT_LINK_KEEPALIVE,
 };
 pub use tunables::{
     check_outbuf_max_msec, Tunables, DEFAULT_HEARTBEAT_PERIOD, MAX_OUTBUF_MAX_MSEC,
