@@ -26,8 +26,8 @@ mod tls;
 pub use bucket::TokenBucket;
 pub use framing::{BatchPool, CellBatch};
 pub use link::{
-    check_congestion_control, connect, connect_from, rtt_scaled_unsent, Accepting, Link,
-    LinkLimits, LinkListener, LinkReader, LinkWriter,
+    check_congestion_control, connect, connect_from, rtt_scaled_unsent, Accepting, DirectWriter,
+    FramedProgress, Link, LinkLimits, LinkListener, LinkReader, LinkWriter,
 };
 
 /// A framed batch ([`LinkWriter::write_framed`]) leaves this many bytes of room before each

@@ -370,6 +370,16 @@ impl LinkWriter {
         write_all_flush(&mut self.wr, None, wire).await
     }
 
+    /// A handle for writing framed batches from outside this writer's task
+    /// ([`DirectWriter`]); `None` under rustls (its records are not sealed where they lie).
+    pub fn direct(&self) -> Option<DirectWriter> {
+        let own = self.wr.with(|s| matches!(s, Stream::Own(_)));
+        own.then(|| DirectWriter {
+            wr: Half(self.wr.0.clone()),
+            bucket: self.bucket.clone(),
+        })
+    }
+
     /// Write a batch of `cells` cells encoded with room for the records around them
     /// ([`crate::framed_len`]: [`crate::RECORD_HEAD`] bytes before and [`crate::RECORD_TAIL`]
     /// after every [`crate::CELLS_PER_RECORD`] cells), and flush. With the own record layer
@@ -384,13 +394,28 @@ impl LinkWriter {
         cells: usize,
         paid: bool,
     ) -> Result<(), LinkError> {
-        if framed.len() != crate::framed_len(cells) {
-            return Err(LinkError::Protocol(format!(
-                "framed batch of {} bytes for {cells} cells",
-                framed.len()
-            )));
-        }
-        if let Some(bucket) = self.bucket.as_ref().filter(|b| !paid && !b.is_unlimited()) {
+        self.write_framed_from(framed, cells, paid, FramedProgress::default())
+            .await
+    }
+
+    /// [`LinkWriter::write_framed`] for a batch a [`DirectWriter`] began: it goes on from
+    /// where `progress` stands (a sealed batch is not sealed again, and its bytes already in
+    /// the socket are not written again). A begun batch is not charged to the bucket (the
+    /// direct path takes only batches it need not charge).
+    pub async fn write_framed_from(
+        &mut self,
+        framed: &mut [u8],
+        cells: usize,
+        paid: bool,
+        progress: FramedProgress,
+    ) -> Result<(), LinkError> {
+        check_framed(framed, cells)?;
+        let begun = progress.0.sealed();
+        if let Some(bucket) = self
+            .bucket
+            .as_ref()
+            .filter(|b| !paid && !begun && !b.is_unlimited())
+        {
             // As `write_wire` charges: the cells' bytes, in `PACED_WRITE_CHUNK` slices.
             for chunk in (0..cells * CELL_LEN).step_by(PACED_WRITE_CHUNK) {
                 bucket
@@ -399,7 +424,7 @@ impl LinkWriter {
             }
         }
         let plain = crate::CELLS_PER_RECORD * CELL_LEN;
-        let mut st = record_stream::FramedWrite::default();
+        let mut st = progress.0;
         let own = std::future::poll_fn(|cx| {
             self.wr.with(|s| match s {
                 Stream::Own(r) => r
@@ -420,6 +445,16 @@ impl LinkWriter {
         }
         self.wr.flush().await?;
         Ok(())
+    }
+
+    /// Seal a KeyUpdate of ours now (tests: it waits in the send buffer, ahead of the next
+    /// batch, as one due at the key's limit does).
+    #[cfg(test)]
+    pub(crate) fn force_key_update(&self) {
+        self.wr.with(|s| match s {
+            Stream::Own(r) => r.send_key_update(false).unwrap(),
+            Stream::Rustls(_) => panic!("not an own-records link"),
+        })
     }
 
     /// Write one variable-length cell and flush.
@@ -470,6 +505,91 @@ async fn write_all_flush(
     }
     wr.flush().await?;
     Ok(())
+}
+
+fn check_framed(framed: &[u8], cells: usize) -> Result<(), LinkError> {
+    if framed.len() != crate::framed_len(cells) {
+        return Err(LinkError::Protocol(format!(
+            "framed batch of {} bytes for {cells} cells",
+            framed.len()
+        )));
+    }
+    Ok(())
+}
+
+/// How far a framed batch got ([`DirectWriter::try_write_framed`]): whether it is sealed, and
+/// how many of its bytes the socket took. [`LinkWriter::write_framed_from`] goes on from there.
+#[derive(Debug, Default)]
+pub struct FramedProgress(record_stream::FramedWrite);
+
+impl FramedProgress {
+    /// Whether the batch is sealed (its bytes must not change, nor be sealed again).
+    pub fn sealed(&self) -> bool {
+        self.0.sealed()
+    }
+}
+
+/// A third handle on an own-records link's stream (besides its reader and writer), for the
+/// node's driver to write a framed batch itself, without the hop to the writer's task, when
+/// the socket has room ([`DirectWriter::try_write_framed`]).
+///
+/// The caller keeps the order: it writes directly only while the writer holds nothing (no
+/// batch or variable-length cell handed to it and not yet written, no keepalive under way),
+/// and hands the rest of a batch the socket did not take whole to the writer, ahead of
+/// anything else. A write the writer's task had begun would otherwise be cut, and its task's
+/// wake-up for socket room replaced by this call's (which wakes nobody).
+pub struct DirectWriter {
+    wr: Half,
+    bucket: Option<Arc<TokenBucket>>,
+}
+
+impl DirectWriter {
+    /// Whether the write bucket, if any, limits the rate now: a batch it should pay for goes
+    /// through the writer.
+    pub fn is_rate_limited(&self) -> bool {
+        self.bucket.as_ref().is_some_and(|b| !b.is_unlimited())
+    }
+
+    /// Seal and write a framed batch ([`LinkWriter::write_framed`]'s layout) as far as the
+    /// socket takes it now, without waiting: records sealed before (a KeyUpdate, a keepalive)
+    /// go first, then the batch, sealed where it lies by the same code as the writer's.
+    /// `Ok(true)`: all of it is in the kernel. `Ok(false)`: not all, and `progress` says how
+    /// far it got; the caller hands the batch and `progress` to the writer
+    /// ([`LinkWriter::write_framed_from`]). An error is the writer's too: the caller hands the
+    /// batch over the same way and the writer meets the error again and reports it.
+    pub fn try_write_framed(
+        &self,
+        framed: &mut [u8],
+        cells: usize,
+        progress: &mut FramedProgress,
+    ) -> Result<bool, LinkError> {
+        use std::future::Future;
+        check_framed(framed, cells)?;
+        let plain = crate::CELLS_PER_RECORD * CELL_LEN;
+        // Polled once with a waker that wakes nobody: `Pending` only says the socket is full
+        // (the writer's task then polls with its own waker). Unconstrained, so that tokio's
+        // cooperative budget of the calling task cannot make a socket with room look full.
+        let write = tokio::task::unconstrained(std::future::poll_fn(|cx| {
+            self.wr.with(|s| match s {
+                Stream::Own(r) => r.poll_write_framed(cx, framed, plain, &mut progress.0),
+                // `direct` gives no handle on a rustls link.
+                Stream::Rustls(_) => std::task::Poll::Ready(Err(std::io::Error::other(
+                    "direct write on a rustls link",
+                ))),
+            })
+        }));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::pin::pin!(write).poll(&mut cx) {
+            std::task::Poll::Ready(r) => r.map(|()| true).map_err(LinkError::from),
+            std::task::Poll::Pending => Ok(false),
+        }
+    }
+}
+
+impl std::fmt::Debug for DirectWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectWriter").finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for LinkWriter {

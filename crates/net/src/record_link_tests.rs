@@ -114,3 +114,91 @@ async fn a_tampered_record_closes_its_link_only() {
     one.await.unwrap();
     two.await.unwrap();
 }
+
+/// Cells `from..to` encoded with room for their records ([`LinkWriter::write_framed`]).
+fn framed_cells(from: u32, to: u32) -> Vec<u8> {
+    let cells: Vec<Cell> = (from..to).map(numbered_cell).collect();
+    let mut framed = Vec::new();
+    for record in cells.chunks(crate::CELLS_PER_RECORD) {
+        framed.resize(framed.len() + crate::RECORD_HEAD, 0);
+        record.iter().for_each(|c| c.encode_into(&mut framed));
+        framed.resize(framed.len() + crate::RECORD_TAIL, 0);
+    }
+    assert_eq!(framed.len(), crate::framed_len((to - from) as usize));
+    framed
+}
+
+/// A [`DirectWriter`]'s batches seal exactly what the writer's would (the peer's reader opens
+/// the same cells) and stay in order with the writer's writes: after a keepalive-like write
+/// and a KeyUpdate that wait in the send buffer, and across a batch the socket takes only
+/// part of, whose sealed rest the writer finishes without sealing it again. A rustls link
+/// gives no direct handle.
+#[tokio::test]
+async fn direct_batches_are_sealed_as_the_writers_in_order_with_them() {
+    let (c, _r) = pair_on(RecordLayer::Own, RecordLayer::Rustls).await;
+    assert!(c.split(LinkLimits::default()).1.direct().is_none());
+    let (c, r) = pair_on(RecordLayer::Own, RecordLayer::Own).await;
+    let (_c_r, mut w) = c.split(LinkLimits::default());
+    let (mut rd, _r_w) = r.split(LinkLimits::default());
+    let direct = w.direct().expect("an own-records link");
+    // Larger than both sockets' buffers on loopback: the socket takes only part of it.
+    let big = 20_000;
+    let total = 1 + 40 + 100 + big + 7 + 31;
+    let reader = tokio::spawn(async move {
+        for i in 0..total {
+            match rd.read_cell().await.unwrap() {
+                Some(AnyCell::Fixed(c)) => {
+                    let want = numbered_cell(i);
+                    assert_eq!((c.circ_id, c.payload), (want.circ_id, want.payload));
+                }
+                other => panic!("cell {i}: got {other:?}"),
+            }
+        }
+        rd
+    });
+    // A writer's write, then a direct batch behind it.
+    w.write_cells(&[numbered_cell(0)]).await.unwrap();
+    let mut next = 1;
+    let mut batch = |n: u32| {
+        let b = (framed_cells(next, next + n), n as usize);
+        next += n;
+        b
+    };
+    let (mut b, n) = batch(40);
+    let mut progress = FramedProgress::default();
+    assert!(direct.try_write_framed(&mut b, n, &mut progress).unwrap());
+    // A KeyUpdate waits in the send buffer: it leaves first, the batch under the new key.
+    w.force_key_update();
+    let (mut b, n) = batch(100);
+    let mut progress = FramedProgress::default();
+    assert!(direct.try_write_framed(&mut b, n, &mut progress).unwrap());
+    // Part of a large batch: sealed, the rest to the writer.
+    let (mut b, n) = batch(big);
+    let mut progress = FramedProgress::default();
+    assert!(!direct.try_write_framed(&mut b, n, &mut progress).unwrap());
+    assert!(progress.sealed(), "the batch must stop part-way, sealed");
+    // Nothing overtakes it: the writer finishes it before its own next batch.
+    w.write_framed_from(&mut b, n, false, progress)
+        .await
+        .unwrap();
+    let (mut b, n) = batch(7);
+    w.write_framed(&mut b, n, false).await.unwrap();
+    // And the direct path again behind that.
+    let (mut b, n) = batch(31);
+    let mut progress = FramedProgress::default();
+    let done = direct.try_write_framed(&mut b, n, &mut progress).unwrap();
+    if !done {
+        w.write_framed_from(&mut b, n, false, progress)
+            .await
+            .unwrap();
+    }
+    assert_eq!(next, total);
+    reader.await.unwrap();
+    // A batch of the wrong size is refused before anything is sealed.
+    let mut progress = FramedProgress::default();
+    let mut short = vec![0u8; 100];
+    assert!(direct
+        .try_write_framed(&mut short, 1, &mut progress)
+        .is_err());
+    assert!(!progress.sealed());
+}

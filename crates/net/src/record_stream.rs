@@ -444,6 +444,13 @@ pub(crate) struct FramedWrite {
     pos: usize,
 }
 
+impl FramedWrite {
+    /// Whether the batch is sealed.
+    pub(crate) fn sealed(&self) -> bool {
+        self.sealed
+    }
+}
+
 impl<S> std::fmt::Debug for RecordStream<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RecordStream")
@@ -530,7 +537,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RecordStream<S> {
     }
 
     /// Send a KeyUpdate under the current key and switch to the next one.
-    fn send_key_update(&mut self, update_requested: bool) -> Result<(), String> {
+    pub(crate) fn send_key_update(&mut self, update_requested: bool) -> Result<(), String> {
         self.sealer
             .seal_key_update(update_requested, &mut self.wbuf)
             .map_err(|e| e.to_string())?;

@@ -21,12 +21,14 @@
 //! Connections are named by ids from the channel-id allocator; a channel's first connection has
 //! the channel's own id.
 //!
-//! Files: this one holds the inputs, the loop and the send side; `links.rs` the connections
-//! and split-direction channels; `tasks.rs` the IO tasks; `tunables.rs` the runtime settings.
+//! Files: this one holds the inputs and the loop; `output.rs` the send side (a wake-up's
+//! flush, batches to the writers or written directly); `links.rs` the connections and
+//! split-direction channels; `tasks.rs` the IO tasks; `tunables.rs` the runtime settings.
 
 mod config;
 mod guard;
 mod links;
+mod output;
 mod switching;
 mod task;
 mod tasks;
@@ -43,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use chive_cell::{AnyCell, Cell, CellCommand, EndReason, ResolvedAnswer, VarCell, PAYLOAD_LEN};
 pub use chive_core::chansched::BatchClass;
-use chive_core::chansched::{SendPath, Transmit};
+use chive_core::chansched::SendPath;
 use chive_core::{ChannelId, Core, Event, LocalMap, SchedulerKind, StreamHandle};
 use chive_crypto::IdentityKey;
 use chive_net::FeatureSet;
@@ -222,13 +224,11 @@ impl ConnIo {
     }
 
     fn send_var(&self, command: CellCommand, payload: Vec<u8>) {
-        let cell = VarCell {
+        self.h.send_var(VarCell {
             circ_id: 0,
             command,
             payload,
-        };
-        // A gone writer has its LinkDown on the way.
-        let _ = self.h.writer.send(WriteMsg::Var(cell));
+        });
     }
 }
 
@@ -326,6 +326,8 @@ pub struct Driver {
     outbuf_logged: (usize, Instant),
     /// When to give memory the queues freed back to the OS (`crate::memtrim`).
     mem_release: crate::memtrim::MemRelease,
+    /// Batches the driver may still write itself in this wake-up ([`output`]).
+    direct_left: usize,
 }
 
 impl Driver {
@@ -363,6 +365,7 @@ impl Driver {
             },
             stalled: LocalMap::default(),
             switching: switching::SwitchIo::default(),
+            direct_left: 0,
         }
     }
 
@@ -610,11 +613,8 @@ impl Driver {
             Input::Written { chan: conn, cells } => {
                 // The channel sends again at this wake-up's flush, with everything the rest of
                 // its inputs queue (one batch, not one now and one then).
-                let samples = self.send.written_in_turn(conn, cells);
+                self.report_written(conn, cells, now);
                 self.batch_written(conn, now);
-                if let (Some(samples), Some(m)) = (samples, self.metrics.as_mut()) {
-                    m.cells_written(samples, now);
-                }
             }
             Input::LinkDown { chan: conn, why } => {
                 self.stalled.remove(&conn);
@@ -754,108 +754,6 @@ impl Driver {
             // Already forgotten (a second connection we closed).
             None => {}
         }
-    }
-
-    /// Act on everything the core produced, until it is quiet.
-    fn flush(&mut self, now: Instant) {
-        self.resume_reads(now);
-        loop {
-            let mut progressed = false;
-            while let Some(ev) = self.core.poll_event() {
-                progressed = true;
-                self.handle_event(ev, now);
-            }
-            if let Some(client) = self.client.as_mut() {
-                progressed |= client.poll(&mut self.core, &mut self.streams, now);
-            }
-            while let Some(chan) = self.core.poll_ready_channel() {
-                progressed = true;
-                self.transmit(chan, now);
-            }
-            // Channels whose writers reported batches written send again once everything
-            // else is done: with all the cells this wake-up queued (a client's SENDMEs for a
-            // whole read in one batch). Their transmits may make events (read credit).
-            if !progressed && !self.send.schedule_room_freed(&mut self.core, now) {
-                break;
-            }
-        }
-        // Room may have appeared without a Written for a waiting channel (a link went down).
-        self.send.settle(&mut self.core, now);
-        self.drain_transmits(now);
-    }
-
-    /// `chan` may have cells to send: the channel scheduler decides what goes now.
-    fn transmit(&mut self, chan: ChannelId, now: Instant) {
-        self.send.channel_ready(chan, &mut self.core, now);
-        self.drain_transmits(now);
-    }
-
-    /// Hand the batches the send path decided to their connections' writers, in order.
-    fn drain_transmits(&mut self, now: Instant) {
-        while let Some(Transmit {
-            chan,
-            conn,
-            bytes,
-            cells,
-            class,
-            framing,
-            paced,
-        }) = self.send.poll_transmit()
-        {
-            let Some(io) = self.chans.get_mut(&chan) else {
-                // The send path forgets a channel with the driver; never reached.
-                warn!(?chan, cells, "batch for an unknown channel dropped");
-                continue;
-            };
-            let n = cells;
-            io.split.sent(n);
-            let Some(c) = io.conn_by_id_mut(conn) else {
-                warn!(
-                    ?chan,
-                    ?conn,
-                    cells = n,
-                    "batch for an unknown connection dropped"
-                );
-                continue;
-            };
-            if let BatchClass::Quiet { .. } = class {
-                c.h.quiet.queued.fetch_add(1, Ordering::Relaxed);
-                c.h.quiet.wake.notify_one();
-            }
-            // Only a paced writer measures its wake-up from `sent_at` (`Input::Paid`); an
-            // unpaced one is handed the wake-up's time instead of a clock read per batch.
-            let sent_at = if paced { Instant::now() } else { now };
-            let msg = WriteMsg::Cells {
-                bytes,
-                cells,
-                class,
-                sent_at,
-                framed: framing.is_some(),
-                paced,
-            };
-            if c.h.writer.send(msg).is_err() {
-                // The writer is gone; its LinkDown is on the way.
-                debug!(?chan, "writer gone");
-                continue;
-            }
-            c.batches.push_back((now, n));
-            self.report_buffered(chan, now);
-        }
-    }
-
-    /// Connection `conn`'s writer wrote its oldest batch (writers write in order).
-    fn batch_written(&mut self, conn: ChannelId, now: Instant) {
-        let Some((chan, _)) = self.locate(conn) else {
-            return;
-        };
-        if let Some(c) = self
-            .chans
-            .get_mut(&chan)
-            .and_then(|io| io.conn_by_id_mut(conn))
-        {
-            c.batches.pop_front();
-        }
-        self.report_buffered(chan, now);
     }
 
     fn handle_event(&mut self, ev: Event, now: Instant) {

@@ -10,7 +10,9 @@ use chive_cell::{Cell, CellCommand, EndReason, VarCell};
 use chive_core::chansched::BatchClass;
 use chive_core::{ChannelId, StreamHandle};
 use chive_dir::ExitPolicy;
-use chive_net::{BatchPool, Link, LinkLimits, LinkReader, LinkWriter};
+use chive_net::{
+    BatchPool, DirectWriter, FramedProgress, Link, LinkLimits, LinkReader, LinkWriter,
+};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::AbortHandle;
@@ -112,17 +114,19 @@ impl Liveness {
     }
 }
 
-/// Write one batch of cells: framed ones sealed where they lie, others as they are. `paid`:
-/// the batch's write-bucket tokens are taken.
+/// Write one batch of cells: framed ones sealed where they lie (going on from where the
+/// driver's direct write left one, `begun`), others as they are. `paid`: the batch's
+/// write-bucket tokens are taken.
 async fn write_batch(
     writer: &mut LinkWriter,
     bytes: &mut [u8],
     cells: usize,
     framed: bool,
     paid: bool,
+    begun: FramedProgress,
 ) -> Result<(), chive_net::LinkError> {
     match (framed, paid) {
-        (true, _) => writer.write_framed(bytes, cells, paid).await,
+        (true, _) => writer.write_framed_from(bytes, cells, paid, begun).await,
         (false, true) => writer.write_paid_wire(bytes).await,
         (false, false) => writer.write_wire(bytes).await,
     }
@@ -247,6 +251,8 @@ pub enum WriteMsg {
     /// `paced`: the send path counts the cells unpaid ([`chive_core::chansched::Transmit`]):
     /// the writer pays for them first and reports [`Input::Paid`]; otherwise it only writes
     /// (an unlimited bucket grants at once, without a lock or a clock read).
+    /// `begun`: how far the driver's own write of the batch got ([`ConnHandles::send_batch`]):
+    /// a sealed batch is not sealed again, and the writer writes only its rest.
     Cells {
         bytes: Vec<u8>,
         cells: usize,
@@ -254,6 +260,7 @@ pub enum WriteMsg {
         sent_at: Instant,
         framed: bool,
         paced: bool,
+        begun: FramedProgress,
     },
     /// A variable-length link cell (HANDOFF), not acknowledged.
     Var(VarCell),
@@ -267,9 +274,28 @@ pub(super) struct QuietSignal {
     pub(super) wake: tokio::sync::Notify,
 }
 
+/// What became of a batch given to [`ConnHandles::send_batch`].
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum BatchSent {
+    /// In the kernel already, written by the driver: the caller reports it as the writer's
+    /// [`Input::Written`] would (no `Written` comes for it).
+    Written,
+    /// The writer has it and reports it written.
+    Queued,
+    /// The writer is gone (its `LinkDown` is on the way).
+    Gone,
+}
+
 /// Handles of one connection's IO tasks (see [`start_link`]).
 pub struct ConnHandles {
-    pub(super) writer: mpsc::UnboundedSender<WriteMsg>,
+    writer: mpsc::UnboundedSender<WriteMsg>,
+    /// The driver's own handle on the link's records (own record layer only): it writes an
+    /// unpaced batch itself while the writer holds nothing ([`ConnHandles::send_batch`]).
+    direct: Option<DirectWriter>,
+    /// What the writer holds: messages handed to it and not yet written, plus one while it
+    /// writes a keepalive. Zero: nothing of the writer's can be cut or overtaken, and the
+    /// writer waits for no socket room (a direct write's poll would replace its wake-up).
+    held: Arc<AtomicUsize>,
     /// Quiet batches handed to the writer and not yet paid.
     pub(super) quiet: Arc<QuietSignal>,
     pub(super) reader: AbortHandle,
@@ -282,6 +308,63 @@ pub struct ConnHandles {
 }
 
 impl ConnHandles {
+    /// Hand a batch to the writer, or write it here: a framed, unpaced batch (no rate limit
+    /// to pay) on an own-records link whose writer holds nothing is sealed and written by the
+    /// caller's task at once if `may_direct` ([`DirectWriter::try_write_framed`]). That saves
+    /// the hop to the writer's task and its `Written` back through the input queue, one of
+    /// each per batch (docs/performance.md, "Task hops and syscalls"). What the socket does
+    /// not take goes to the writer, sealed, ahead of anything sent later.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn send_batch(
+        &self,
+        mut bytes: Vec<u8>,
+        cells: usize,
+        class: BatchClass,
+        sent_at: Instant,
+        framed: bool,
+        paced: bool,
+        may_direct: bool,
+    ) -> BatchSent {
+        let mut begun = FramedProgress::default();
+        if let Some(direct) = self.direct.as_ref().filter(|d| {
+            may_direct
+                && framed
+                && !paced
+                && !d.is_rate_limited()
+                && self.held.load(Ordering::Acquire) == 0
+        }) {
+            // An error here is the writer's too: it meets it again and reports it.
+            if let Ok(true) = direct.try_write_framed(&mut bytes, cells, &mut begun) {
+                return BatchSent::Written;
+            }
+        }
+        if let BatchClass::Quiet { .. } = class {
+            self.quiet.queued.fetch_add(1, Ordering::Relaxed);
+            self.quiet.wake.notify_one();
+        }
+        self.held.fetch_add(1, Ordering::AcqRel);
+        let msg = WriteMsg::Cells {
+            bytes,
+            cells,
+            class,
+            sent_at,
+            framed,
+            paced,
+            begun,
+        };
+        if self.writer.send(msg).is_err() {
+            return BatchSent::Gone;
+        }
+        BatchSent::Queued
+    }
+
+    /// Hand a variable-length link cell (HANDOFF) to the writer, behind what it holds.
+    pub(super) fn send_var(&self, cell: VarCell) {
+        self.held.fetch_add(1, Ordering::AcqRel);
+        // A gone writer has its LinkDown on the way.
+        let _ = self.writer.send(WriteMsg::Var(cell));
+    }
+
     /// Let the reader start, drawing on `budget` and `pool` (once; later calls do nothing).
     pub(super) fn start_reader(&mut self, budget: &CellBudget, pool: &Arc<BatchPool>) {
         if let Some(gate) = self.gate.take() {
@@ -335,6 +418,9 @@ pub(super) fn spawn_conn(
     let (gate_tx, gate_rx) = oneshot::channel::<(CellBudget, Arc<BatchPool>)>();
     let (hold_tx, mut hold_rx) = watch::channel(false);
     let (wtx, mut wrx) = mpsc::unbounded_channel::<WriteMsg>();
+    let direct = writer.direct();
+    let held = Arc::new(AtomicUsize::new(0));
+    let writer_held = held.clone();
     let quiet = Arc::new(QuietSignal::default());
     let signal = quiet.clone();
     let rtx = tx.clone();
@@ -414,6 +500,8 @@ pub(super) fn spawn_conn(
                 // and not counted as a batch.
                 let padding = Cell::new(0, CellCommand::PADDING, &[])
                     .expect("PADDING is a fixed-size command");
+                // Held while it waits for room: the driver writes no batch meanwhile.
+                writer_held.fetch_add(1, Ordering::AcqRel);
                 let sent = bounded(
                     &mut idle,
                     liveness.idle_timeout,
@@ -421,6 +509,7 @@ pub(super) fn spawn_conn(
                     writer.write_cells(&[padding]),
                 )
                 .await;
+                writer_held.fetch_sub(1, Ordering::AcqRel);
                 if let Err(why) = sent {
                     let _ = tx.send(Input::LinkDown { chan: id, why }).await;
                     return;
@@ -438,6 +527,7 @@ pub(super) fn spawn_conn(
                     sent_at,
                     framed,
                     paced: true,
+                    ..
                 } => {
                     let since = waiting_since.map_or(sent_at, |w| sent_at.max(w));
                     let wake_lag = Instant::now().saturating_duration_since(since);
@@ -464,7 +554,14 @@ pub(super) fn spawn_conn(
                     if tx.send(paid).await.is_err() {
                         return;
                     }
-                    let w = write_batch(&mut writer, &mut bytes, cells, framed, true);
+                    let w = write_batch(
+                        &mut writer,
+                        &mut bytes,
+                        cells,
+                        framed,
+                        true,
+                        FramedProgress::default(),
+                    );
                     (
                         bounded(&mut idle, liveness.idle_timeout, "write progress", w).await,
                         Some(cells),
@@ -475,13 +572,14 @@ pub(super) fn spawn_conn(
                     cells,
                     class,
                     framed,
+                    begun,
                     ..
                 } => {
                     if let BatchClass::Quiet { .. } = class {
                         // Unpaced: nothing to pay, but keep the count exact.
                         signal.queued.fetch_sub(1, Ordering::Relaxed);
                     }
-                    let w = write_batch(&mut writer, &mut bytes, cells, framed, false);
+                    let w = write_batch(&mut writer, &mut bytes, cells, framed, false, begun);
                     (
                         bounded(&mut idle, liveness.idle_timeout, "write progress", w).await,
                         Some(cells),
@@ -504,6 +602,8 @@ pub(super) fn spawn_conn(
                     .await;
                 return;
             }
+            // In the kernel: the driver may write the next batch itself.
+            writer_held.fetch_sub(1, Ordering::AcqRel);
             if let Some(cells) = n {
                 if tx.send(Input::Written { chan: id, cells }).await.is_err() {
                     return;
@@ -515,6 +615,8 @@ pub(super) fn spawn_conn(
     });
     ConnHandles {
         writer: wtx,
+        direct,
+        held,
         quiet,
         reader: reader_task.abort_handle(),
         hold: hold_tx,
@@ -729,6 +831,10 @@ pub fn stop_on_signal(tx: mpsc::Sender<Input>) {
         let _ = tx.send(Input::Shutdown).await;
     });
 }
+
+#[cfg(test)]
+#[path = "tasks_direct_tests.rs"]
+mod direct_tests;
 
 #[cfg(test)]
 mod tests {
