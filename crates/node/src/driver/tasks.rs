@@ -2,7 +2,7 @@
 //! connect, the signal handlers. They talk to the driver only through its input queue.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -274,6 +274,42 @@ pub(super) struct QuietSignal {
     pub(super) wake: tokio::sync::Notify,
 }
 
+/// When the driver last wrote a batch on a link itself, read by the link's writer task: its
+/// keepalive is due a period after the link's last write, whoever made it (without this a
+/// link whose batches all go direct would get a PADDING cell every keepalive period).
+struct DirectWrites {
+    /// The clock this counts from.
+    base: tokio::time::Instant,
+    /// Nanoseconds from `base` to the last direct write (0: none yet).
+    last: AtomicU64,
+}
+
+impl DirectWrites {
+    fn new() -> Self {
+        DirectWrites {
+            base: tokio::time::Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// A direct write at `at` (the driver's wake-up time: no clock read per batch).
+    fn wrote(&self, at: Instant) {
+        let since = tokio::time::Instant::from_std(at).saturating_duration_since(self.base);
+        let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
+        self.last.store(nanos, Ordering::Relaxed);
+    }
+
+    /// When the keepalive after the last direct write is due, if that is later than `now`.
+    fn keepalive_after(
+        &self,
+        period: Duration,
+        now: tokio::time::Instant,
+    ) -> Option<tokio::time::Instant> {
+        let last = self.base + Duration::from_nanos(self.last.load(Ordering::Relaxed));
+        Some(last + period).filter(|due| *due > now)
+    }
+}
+
 /// What became of a batch given to [`ConnHandles::send_batch`].
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum BatchSent {
@@ -296,6 +332,9 @@ pub struct ConnHandles {
     /// writes a keepalive. Zero: nothing of the writer's can be cut or overtaken, and the
     /// writer waits for no socket room (a direct write's poll would replace its wake-up).
     held: Arc<AtomicUsize>,
+    /// When the driver last wrote a batch itself, for the writer's keepalive (a link the
+    /// driver keeps writing to needs no PADDING): [`DirectWrites`].
+    direct_writes: Arc<DirectWrites>,
     /// Quiet batches handed to the writer and not yet paid.
     pub(super) quiet: Arc<QuietSignal>,
     pub(super) reader: AbortHandle,
@@ -335,6 +374,7 @@ impl ConnHandles {
         }) {
             // An error here is the writer's too: it meets it again and reports it.
             if let Ok(true) = direct.try_write_framed(&mut bytes, cells, &mut begun) {
+                self.direct_writes.wrote(sent_at);
                 return BatchSent::Written;
             }
         }
@@ -421,6 +461,8 @@ pub(super) fn spawn_conn(
     let direct = writer.direct();
     let held = Arc::new(AtomicUsize::new(0));
     let writer_held = held.clone();
+    let direct_writes = Arc::new(DirectWrites::new());
+    let writer_direct_writes = direct_writes.clone();
     let quiet = Arc::new(QuietSignal::default());
     let signal = quiet.clone();
     let rtx = tx.clone();
@@ -477,6 +519,9 @@ pub(super) fn spawn_conn(
     tokio::spawn(async move {
         let mut idle = LazyTimer::new(liveness.idle_timeout);
         let mut keep = LazyTimer::new(liveness.keepalive);
+        // Set when the keepalive timer found a direct write within the period: the next
+        // deadline is a period after that write, not after now.
+        let mut keep_due = None;
         loop {
             // A batch sent after this waited for the writer's wake-up (the driver's reaction
             // latency includes it); one sent before was ready at once. Only a paced writer
@@ -486,7 +531,9 @@ pub(super) fn spawn_conn(
             // `None`: nothing to write for a keepalive period.
             let msg = match liveness.keepalive {
                 Some(k) => {
-                    let due = tokio::time::Instant::now() + k;
+                    let due = keep_due
+                        .take()
+                        .unwrap_or_else(|| tokio::time::Instant::now() + k);
                     tokio::select! {
                         biased;
                         msg = wrx.recv() => Some(msg),
@@ -496,6 +543,14 @@ pub(super) fn spawn_conn(
                 None => Some(wrx.recv().await),
             };
             let Some(msg) = msg else {
+                // The driver wrote on this link within the period: no PADDING yet.
+                let after_direct = liveness.keepalive.and_then(|k| {
+                    writer_direct_writes.keepalive_after(k, tokio::time::Instant::now())
+                });
+                if after_direct.is_some() {
+                    keep_due = after_direct;
+                    continue;
+                }
                 // Tell the peer we are alive. Not paid for (514 bytes per keepalive period)
                 // and not counted as a batch.
                 let padding = Cell::new(0, CellCommand::PADDING, &[])
@@ -617,6 +672,7 @@ pub(super) fn spawn_conn(
         writer: wtx,
         direct,
         held,
+        direct_writes,
         quiet,
         reader: reader_task.abort_handle(),
         hold: hold_tx,

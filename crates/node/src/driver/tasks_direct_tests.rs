@@ -140,3 +140,72 @@ async fn the_driver_writes_a_link_batch_itself_only_when_the_writer_holds_nothin
     assert_eq!(check.await.unwrap(), 1);
     assert!(rx.try_recv().is_err(), "one report per queued batch only");
 }
+
+/// A link the driver keeps writing to directly sends no keepalive PADDING (its writer task
+/// sees no messages, but the link is not idle); once the writes stop, the PADDING comes.
+#[tokio::test]
+async fn direct_writes_count_as_the_links_writes_for_its_keepalive() {
+    let id = Arc::new(IdentityKeypair::generate(&mut rand::thread_rng()));
+    let public = id.public();
+    let listener = LinkListener::bind("127.0.0.1:0".parse().unwrap(), Arc::new(cfg(Some(id))))
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    let accept = tokio::spawn(async move { listener.accept().await.unwrap().handshake().await });
+    let ours = chive_net::connect(addr, Some(public), &cfg(None))
+        .await
+        .unwrap();
+    let theirs = accept.await.unwrap().unwrap();
+    let (reader, writer) = ours.split(LinkLimits::default());
+    let (mut peer, _peer_w) = theirs.split(LinkLimits::default());
+    let (tx, _rx) = mpsc::channel(64);
+    let keepalive = std::time::Duration::from_millis(500);
+    let liveness = Liveness {
+        keepalive: Some(keepalive),
+        idle_timeout: None,
+    };
+    let h = spawn_conn(ChannelId(1), reader, writer, liveness, tx);
+    // The peer's view: how many cells came before the first PADDING, and when it came.
+    let (seen_tx, mut seen_rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut cells = 0u32;
+        while let Ok(Some(cell)) = peer.read_cell().await {
+            if let AnyCell::Fixed(c) = cell {
+                if c.command == CellCommand::PADDING {
+                    let _ = seen_tx.send((cells, std::time::Instant::now()));
+                } else {
+                    cells += 1;
+                }
+            }
+        }
+    });
+    // Three keepalive periods of direct writes, one every 100 ms.
+    let batches = 15;
+    for i in 0..batches {
+        let sent = h.send_batch(
+            framed(i, i + 1),
+            1,
+            BatchClass::Bulk,
+            std::time::Instant::now(),
+            true,
+            false,
+            true,
+        );
+        assert_eq!(sent, BatchSent::Written);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let stopped = std::time::Instant::now();
+    let (cells_before, at) =
+        tokio::time::timeout(std::time::Duration::from_secs(10), seen_rx.recv())
+            .await
+            .expect("a keepalive once the writes stop")
+            .expect("the peer reads");
+    assert_eq!(
+        cells_before, batches,
+        "no PADDING while the driver was writing"
+    );
+    assert!(
+        at.duration_since(stopped) + std::time::Duration::from_millis(100) >= keepalive / 2,
+        "the PADDING came a period after the last write"
+    );
+}
