@@ -8,7 +8,9 @@ use chive_cell::{AnyCell, Cell, CellCommand, VarCell, PAYLOAD_LEN};
 use chive_core::chansched::BatchClass;
 use chive_core::ChannelId;
 use chive_crypto::IdentityKeypair;
-use chive_net::{FeatureSet, LinkConfig, LinkLimits, LinkListener, RecordLayer};
+use chive_net::{
+    FeatureSet, LinkConfig, LinkLimits, LinkListener, LinkReader, LinkWriter, RecordLayer,
+};
 use tokio::sync::mpsc;
 
 use super::{spawn_conn, BatchSent, Input, Liveness};
@@ -60,8 +62,8 @@ async fn written(rx: &mut mpsc::Receiver<Input>) -> usize {
     }
 }
 
-#[tokio::test]
-async fn the_driver_writes_a_link_batch_itself_only_when_the_writer_holds_nothing() {
+/// Our ends of an own-records link over loopback, and the peer's.
+async fn own_link_pair() -> (LinkReader, LinkWriter, LinkReader, LinkWriter) {
     let id = Arc::new(IdentityKeypair::generate(&mut rand::thread_rng()));
     let public = id.public();
     let listener = LinkListener::bind("127.0.0.1:0".parse().unwrap(), Arc::new(cfg(Some(id))))
@@ -74,7 +76,13 @@ async fn the_driver_writes_a_link_batch_itself_only_when_the_writer_holds_nothin
         .unwrap();
     let theirs = accept.await.unwrap().unwrap();
     let (reader, writer) = ours.split(LinkLimits::default());
-    let (mut peer, _peer_w) = theirs.split(LinkLimits::default());
+    let (peer, peer_w) = theirs.split(LinkLimits::default());
+    (reader, writer, peer, peer_w)
+}
+
+#[tokio::test]
+async fn the_driver_writes_a_link_batch_itself_only_when_the_writer_holds_nothing() {
+    let (reader, writer, mut peer, _peer_w) = own_link_pair().await;
     let (tx, mut rx) = mpsc::channel(64);
     let quiet_off = Liveness {
         keepalive: None,
@@ -145,19 +153,7 @@ async fn the_driver_writes_a_link_batch_itself_only_when_the_writer_holds_nothin
 /// sees no messages, but the link is not idle); once the writes stop, the PADDING comes.
 #[tokio::test]
 async fn direct_writes_count_as_the_links_writes_for_its_keepalive() {
-    let id = Arc::new(IdentityKeypair::generate(&mut rand::thread_rng()));
-    let public = id.public();
-    let listener = LinkListener::bind("127.0.0.1:0".parse().unwrap(), Arc::new(cfg(Some(id))))
-        .await
-        .unwrap();
-    let addr = listener.local_addr();
-    let accept = tokio::spawn(async move { listener.accept().await.unwrap().handshake().await });
-    let ours = chive_net::connect(addr, Some(public), &cfg(None))
-        .await
-        .unwrap();
-    let theirs = accept.await.unwrap().unwrap();
-    let (reader, writer) = ours.split(LinkLimits::default());
-    let (mut peer, _peer_w) = theirs.split(LinkLimits::default());
+    let (reader, writer, mut peer, _peer_w) = own_link_pair().await;
     let (tx, _rx) = mpsc::channel(64);
     let keepalive = std::time::Duration::from_millis(500);
     let liveness = Liveness {
