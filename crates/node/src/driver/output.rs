@@ -19,8 +19,9 @@ use tracing::{debug, warn};
 use super::tasks::BatchSent;
 use super::Driver;
 
-/// Batches the driver writes itself in one wake-up at most (about 2 MiB at `OutbufCells` 64;
-/// a link socket takes far less before it is full, `TCP_NOTSENT_LOWAT`).
+/// Batches the driver writes itself in one wake-up at most (each at most `OutbufCells` cells:
+/// 4 MiB at the unlimited default of 128; a link socket takes far less before it is full,
+/// `TCP_NOTSENT_LOWAT`).
 pub(super) const DIRECT_WRITES_PER_TURN: usize = 64;
 
 impl Driver {

@@ -544,11 +544,10 @@ pub(super) fn spawn_conn(
             };
             let Some(msg) = msg else {
                 // The driver wrote on this link within the period: no PADDING yet.
-                let after_direct = liveness.keepalive.and_then(|k| {
+                if let Some(due) = liveness.keepalive.and_then(|k| {
                     writer_direct_writes.keepalive_after(k, tokio::time::Instant::now())
-                });
-                if after_direct.is_some() {
-                    keep_due = after_direct;
+                }) {
+                    keep_due = Some(due);
                     continue;
                 }
                 // Tell the peer we are alive. Not paid for (514 bytes per keepalive period)
