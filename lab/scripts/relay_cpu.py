@@ -30,10 +30,7 @@ Floor per relayed byte (ciphers only): guard and middle = TLS open + one layer +
 (layer + digest) + TLS seal; client = TLS open + three layers. A cell carries 498 bytes of data in
 514 on the wire, so TLS costs scale by 514/498 and a cell's crypto is spread over 498 bytes.
 
-    .venv/bin/python lab/scripts/relay_cpu.py [--bytes 500000000] [--runs 3] [--impl chive,tor]
-        [--impl chive,io,io-rate,tor] [--circuits 100] [--out runs/relay-cpu] [--markdown] [--no-floor]
-
-Writes DIR/results.json, DIR/results.csv, DIR/manifest.json (git revision, binaries, host).
+`--param cc_alg=2` (any KEY=INT network parameter) runs both networks with it. Writes DIR/results.json, DIR/results.csv, DIR/manifest.json (git revision, binaries, host).
 """
 
 from __future__ import annotations
@@ -43,6 +40,7 @@ import csv
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import statistics
@@ -387,9 +385,12 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 # ---------------------------------------------------------------- running a network ------------
 
-def lab_up(impl: str, netdir: Path, sets: list[str] = ()) -> dict:
-    """Start the network; `sets` (KEY=VALUE) go to chive's relays as `chive-lab up --set`."""
+def lab_up(impl: str, netdir: Path, sets: list[str] = (), params: list[str] = ()) -> dict:
+    """Start the network; `sets` (KEY=VALUE) go to chive's relays as `chive-lab up --set`,
+    `params` (KEY=INT) to either network's authorities as `chive-lab up --param`."""
     cmd = [str(LAB), "up", "--impl", impl, "--dir", str(netdir), "--relays", "3", "--quiet"]
+    for kv in params:
+        cmd += ["--param", kv]
     if impl == "chive":
         cmd += ["--chive-bin", str(CHIVE)]
         for kv in sets:
@@ -540,7 +541,7 @@ def run_impl(impl: str, args, hz: int,
     else:
         lab_down(netdir)
         progress(f"{impl}: starting a 3-relay network in {netdir}")
-        info, stop = lab_up(impl, netdir, args.sets), lambda: lab_down(netdir)
+        info, stop = lab_up(impl, netdir, args.sets, args.params), lambda: lab_down(netdir)
     try:
         curl(info["socks"], f"{info.get('entry', info['http'])}/bytes/1000000", args.timeout)  # warm-up
         idle = idle_rates(info, args.idle_seconds, hz) if args.idle_seconds > 0 else {}
@@ -587,7 +588,7 @@ def run_manifest(args) -> dict:
     return {"script": "lab/scripts/relay_cpu.py", "command": sys.argv,
             "git": {"revision": git["revision"], "dirty": git["dirty"]}, "binary": str(CHIVE),
             "versions": versions, "bytes": args.bytes, "runs": args.runs, "impl": args.impl,
-            "circuits": args.circuits, "sets": args.sets,
+            "circuits": args.circuits, "sets": args.sets, "params": args.params,
             "io_read_size": args.io_read_size, "io_write_size": args.io_write_size,
             "io_limit_rate": args.io_limit_rate,
             "host": {"hostname": socket.gethostname(), "kernel": platform.release(),
@@ -622,6 +623,9 @@ def parse_args(argv):
     ap.add_argument("--floor-seconds", type=int, default=3, help="criterion measurement time [3]")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a relay option for chive's relays (repeatable), e.g. LinkRecordLayer=own")
+    ap.add_argument("--param", dest="params", action="append", default=[], metavar="KEY=INT",
+                    help="a network parameter for chive's and tor's authorities (repeatable), e.g. "
+                         "cc_alg=2 (congestion control on chive's relays; tor's default already)")
     ap.add_argument("--markdown", action="store_true", help="also print the table as markdown")
     args = ap.parse_args(argv)
     args.impl = [i for i in args.impl.split(",") if i]
@@ -635,6 +639,8 @@ def parse_args(argv):
         ap.error("--bytes and --runs must be positive")
     if any("=" not in kv for kv in args.sets):
         ap.error("--set takes KEY=VALUE")
+    if any(not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=-?[0-9]+", kv) for kv in args.params):
+        ap.error("--param takes KEY=INT, e.g. cc_alg=2")
     return args
 
 

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -242,6 +243,26 @@ def test_arguments_are_checked():
     assert rc.parse_args(["--set", "LinkRecordLayer=own"]).sets == ["LinkRecordLayer=own"]
     with pytest.raises(SystemExit):
         rc.parse_args(["--set", "LinkRecordLayer"])
+    assert rc.parse_args(["--param", "cc_alg=2"]).params == ["cc_alg=2"]
+    for bad in ("cc_alg", "cc_alg=two", "=2"):
+        with pytest.raises(SystemExit):
+            rc.parse_args(["--param", bad])
+
+
+def test_network_parameters_reach_both_networks_and_relay_options_only_chives(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_run(cmd, **_kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout="{}", stderr="")
+
+    monkeypatch.setattr(rc.subprocess, "run", fake_run)
+    for impl in ("chive", "tor"):
+        rc.lab_up(impl, tmp_path, ["OutbufCells=64"], ["cc_alg=2", "circwindow=500"])
+    chive, tor = calls
+    for cmd in (chive, tor):
+        assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--param"] == ["cc_alg=2", "circwindow=500"]
+    assert "--set" in chive and "--set" not in tor
 
 
 @pytest.mark.skipif(not rc.CHIVE.exists() or not rc.LAB.exists() or shutil.which("curl") is None,
