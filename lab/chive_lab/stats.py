@@ -36,6 +36,7 @@ __all__ = [
     "percentile",
     "quartiles",
     "representative",
+    "sign_test",
     "slot_means",
     "slot_stats",
     "summarize",
@@ -141,6 +142,18 @@ def ks_test(a: Iterable[float], b: Iterable[float]) -> dict[str, float | None]:
         return {"statistic": None, "pvalue": None}
     res = sps.ks_2samp(x, y)
     return {"statistic": float(res.statistic), "pvalue": float(res.pvalue)}
+
+
+def sign_test(differences: Iterable[float]) -> dict[str, float | int | None]:
+    """Paired sign test: how many differences are below and above zero (ties dropped) and the
+    two-sided binomial p-value that both directions are equally likely (None with no untied
+    pair). For paired measurements whose spread is not normal, e.g. CPU figures of two binaries
+    run in alternation on a shared host."""
+    d = _clean(differences)
+    lower, higher = int((d < 0).sum()), int((d > 0).sum())
+    n = lower + higher
+    p = float(sps.binomtest(lower, n, 0.5).pvalue) if n else None
+    return {"lower": lower, "higher": higher, "ties": int(d.size) - n, "pvalue": p}
 
 
 def kde(values: Iterable[float], grid: Sequence[float]) -> np.ndarray | None:

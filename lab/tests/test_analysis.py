@@ -65,6 +65,14 @@ def test_ecdf_band_percentile_across_repetitions():
     assert stats.ecdf_band([[], []]) is None
 
 
+def test_sign_test_counts_directions_and_drops_ties():
+    r = stats.sign_test([-0.1, -0.2, -0.05, 0.0, 0.3])
+    assert (r["lower"], r["higher"], r["ties"]) == (3, 1, 1)
+    assert r["pvalue"] == pytest.approx(0.625)  # 2 * P(X <= 1), X ~ B(4, 1/2)
+    assert stats.sign_test([-1] * 8)["pvalue"] == pytest.approx(2 / 256)
+    assert stats.sign_test([0.0, float("nan")])["pvalue"] is None
+
+
 def test_ks_test_known_cases():
     same = stats.ks_test([1, 2, 3, 4], [1, 2, 3, 4])
     assert same["statistic"] == 0.0 and same["pvalue"] == 1.0
