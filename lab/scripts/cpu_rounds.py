@@ -154,10 +154,11 @@ def summary_table(summary: list[dict]) -> str:
         vs = ""
         if "relays_diff" in s:
             parts = []
-            for name, unit in (("relays", ""), ("exit", ""), ("client", ""), ("goodput_MBps", " MB/s")):
+            for name, unit, spec in (("relays", "", "+.2f"), ("exit", "", "+.2f"), ("client", "", "+.2f"),
+                                     ("goodput_MBps", " MB/s", "+.1f")):
                 sign = s[f"{name}_sign"]
                 n = sign["lower"] + sign["higher"] + sign["ties"]
-                parts.append(f"{name.split('_')[0]} {_f(s[f'{name}_diff'], '+.2f')}{unit} "
+                parts.append(f"{name.split('_')[0]} {_f(s[f'{name}_diff'], spec)}{unit} "
                              f"(lower in {sign['lower']} of {n}, p {_f(sign['pvalue'], '.2g')})")
             vs = "; ".join(parts)
         lines.append(f"| {s['variant']} | {_f(s['relays'])} ({_f(s['relays_min'])}–{_f(s['relays_max'])}) "
