@@ -56,6 +56,10 @@ CSV_FIELDS = ("round", "variant", "position", "load", "relay_a", "relay_b", "exi
 MEASURES = ("relays", "exit", "client", "goodput_MBps")
 
 
+class RunFailed(Exception):
+    """One relay_cpu.py run gave no figures; the rounds go on without it."""
+
+
 @dataclass
 class Variant:
     label: str
@@ -178,8 +182,11 @@ def run_one(v: Variant, args, out: Path) -> dict:
     with open(out.with_suffix(".log"), "w") as log:
         res = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
     if res.returncode != 0:
-        raise RuntimeError(f"relay_cpu.py failed for {v.label} (exit {res.returncode}): see {out}.log")
-    return row_from_results(json.loads((out / "results.json").read_text()))
+        raise RunFailed(f"relay_cpu.py exited {res.returncode}: see {out}.log")
+    try:
+        return row_from_results(json.loads((out / "results.json").read_text()))
+    except (OSError, ValueError, KeyError) as e:
+        raise RunFailed(f"no figures in {out}/results.json ({e})") from e
 
 
 def run_manifest(args, variants: list[Variant]) -> dict:
@@ -227,7 +234,7 @@ def main(argv=None) -> int:
     (args.out / "runs").mkdir(parents=True, exist_ok=True)
     manifest = run_manifest(args, variants)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    rows = []
+    rows, failed = [], []
     with open(args.out / "rounds.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
@@ -236,20 +243,31 @@ def main(argv=None) -> int:
                 v = variants[i]
                 progress(f"round {n}/{args.rounds}, {pos + 1} of {len(variants)}: {v.label}")
                 load = os.getloadavg()[0]
+                try:
+                    figures = run_one(v, args, args.out / "runs" / f"{v.label}.{n}")
+                except RunFailed as e:
+                    # A long batch keeps its other runs: this round compares without this one.
+                    progress(f"  failed, left out of round {n}: {e}")
+                    failed.append({"round": n, "variant": v.label, "error": str(e)})
+                    continue
                 row = {"round": n, "variant": v.label, "position": pos + 1, "load": f"{load:.2f}",
-                       **run_one(v, args, args.out / "runs" / f"{v.label}.{n}")}
+                       **figures}
                 w.writerow(row)
                 f.flush()
                 rows.append(row)
                 progress(f"  relays {row['relay_a']:.2f} / {row['relay_b']:.2f}, exit {row['exit']:.2f}, "
                          f"client {row['client']:.2f} ns/B, {row['goodput_MBps']:.1f} MB/s")
     summary = summarize(rows, [v.label for v in variants])
-    manifest.update(end=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status="complete", summary=summary)
+    manifest.update(end=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    status="failed runs" if failed else "complete", failed=failed, summary=summary)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     print(f"CPU per relayed byte, medians of {args.rounds} rounds ({args.runs} × {args.bytes} bytes "
           f"per run); differences against {variants[0].label} in the same round")
     print(summary_table(summary))
-    return 0
+    if failed:
+        print(f"cpu-rounds: {len(failed)} run(s) failed and were left out (manifest.json \"failed\")",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -94,6 +94,28 @@ def test_arguments_are_checked(tmp_path):
         cr.parse_args(["--variant", "a", "--variant", "b param=x"])
 
 
+def test_a_failed_run_is_left_out_and_the_rounds_go_on(tmp_path, monkeypatch, capsys):
+    def fake_run_one(v, _args, out):
+        if v.label == "b" and out.name == "b.2":
+            raise cr.RunFailed("relay_cpu.py exited 1: see the log")
+        return {"relay_a": 1.5, "relay_b": 1.6, "exit": 2.5, "client": 2.2,
+                "goodput_MBps": 180.0 if v.label == "a" else 190.0}
+
+    monkeypatch.setattr(cr, "run_one", fake_run_one)
+    binary = sys.executable  # any file that exists: the runs are faked
+    out = tmp_path / "out"
+    assert cr.main(["--variant", f"a bin={binary}", "--variant", f"b bin={binary}", "--rounds", "3",
+                    "--out", str(out)]) == 1
+    rows = list(csv.DictReader(open(out / "rounds.csv")))
+    assert [(r["round"], r["variant"]) for r in rows] == [("1", "a"), ("1", "b"), ("2", "a"), ("3", "a"), ("3", "b")]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["status"] == "failed runs" and m["failed"] == [
+        {"round": 2, "variant": "b", "error": "relay_cpu.py exited 1: see the log"}]
+    b = m["summary"][1]
+    assert b["rounds"] == 2 and b["goodput_MBps_sign"]["higher"] == 2
+    assert "1 run(s) failed" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not cr.DEFAULT_CHIVE.exists() or not cr.PYTHON.exists() or shutil.which("curl") is None,
                     reason="needs target/release/chive, .venv and curl")
 @pytest.mark.serial
