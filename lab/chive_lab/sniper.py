@@ -47,6 +47,7 @@ from .content import check_body
 from .errors import LabError
 from .network import Network, NetworkSpec, free_ports, log_tail
 from .ports import PORTS_FILE, wait_ports
+from .procstat import parse_status_kib
 from .process import is_running, spawn
 from .socks import SocksError, fetch, parse_hostport, socks5_connect
 from .state import load_state, save_state
@@ -137,12 +138,7 @@ class AttackConfig:
 
 def parse_vmrss_kib(status_text: str) -> int | None:
     """VmRSS in KiB from the text of ``/proc/PID/status`` (None: absent, e.g. a zombie)."""
-    for line in status_text.splitlines():
-        if line.startswith("VmRSS:"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                return int(parts[1])
-    return None
+    return parse_status_kib(status_text, "VmRSS")
 
 
 _TOR_TIME = re.compile(r"^([A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2}(?:\.\d+)?) ")
