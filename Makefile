@@ -78,6 +78,10 @@ bench: build
 	$(CARGO) bench -p chive-benches --bench forward
 	bash lab/scripts/bench_goodput.sh
 	$(VENV)/bin/python lab/scripts/relay_cpu.py --bytes $(RELAY_CPU_BYTES) --runs 2 --markdown
+	@# Where a middle's CPU goes (groups and a flame graph), where perf can record.
+	@if perf record -q -o /dev/null -- true >/dev/null 2>&1; then \
+		$(VENV)/bin/python lab/scripts/relay_profile.py --roles middle --out runs/relay-profile; \
+	else echo "bench: perf record does not work here (linux-perf, root): relay_profile.py skipped"; fi
 
 # Long fuzzing runs (docs/fuzzing.md). `make test` only replays the checked-in seeds and
 # regression inputs (on stable, in chive-fuzz-targets' tests). Each target stops after

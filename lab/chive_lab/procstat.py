@@ -98,3 +98,24 @@ def connected_to(pids: dict[str, int], port: int, proc: Path = Path("/proc")) ->
             pass
     inodes = {r["inode"] for r in rows if r["remote_port"] == port and r["state"] == "01"}
     return [name for name, pid in pids.items() if socket_inodes(pid, proc) & inodes]
+
+
+def established_ports(pids: dict[str, int], proc: Path = Path("/proc")) -> dict[str, set[tuple[int, int]]]:
+    """(local port, remote port) of every established TCP connection each process holds."""
+    rows = []
+    for name in ("tcp", "tcp6"):
+        try:
+            rows += parse_net_tcp((proc / "net" / name).read_text())
+        except OSError:
+            pass
+    by_inode = {r["inode"]: (r["local_port"], r["remote_port"]) for r in rows if r["state"] == "01"}
+    return {name: {by_inode[i] for i in socket_inodes(pid, proc) if i in by_inode}
+            for name, pid in pids.items()}
+
+
+def read_io_wchar(pid: int, proc: Path = Path("/proc")) -> int:
+    """Bytes the process has passed to write-like system calls (`wchar` of /proc/PID/io)."""
+    for line in (proc / str(pid) / "io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise ValueError(f"no wchar in /proc/{pid}/io")

@@ -6,8 +6,9 @@ by its period, and assigns it to one group from its stack: the leaf decides for 
 the allocator, tokio, rustls and chive's own code; a sample in the kernel is assigned by the system
 call it is under (futex: thread park/wake, epoll_wait, read/recv, write/send), since the leaf of a
 kernel sample (a spin unlock, the context switch) says little. Prints the groups and the top-N
-leaf functions, in percent of samples; `--folded FILE` also writes folded stacks (root first) for
-flamegraph.pl or inferno-flamegraph.
+leaf functions, in percent of samples; `--folded FILE` also writes folded stacks (root first,
+kernel frames suffixed `_[k]`) for flamegraph.pl, inferno-flamegraph or `--svg FILE`, which draws
+the flame graph itself (chive_lab.flamegraph).
 
     perf record -F 1999 --call-graph dwarf,16384 -p PID -o relay.data -- sleep 8
     perf script -i relay.data -F comm,tid,period,ip,sym,dso | lab/scripts/perf_groups.py --top 25
@@ -19,6 +20,11 @@ import argparse
 import re
 import sys
 from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from chive_lab.flamegraph import KERNEL_SUFFIX, render_svg  # noqa: E402
 
 GROUPS = [
     ("crypto", re.compile(r"aes|gcm|ghash|sha1|Sha1|ctr::|cipher::|ring_core|poly1305|chacha", re.I)),
@@ -105,6 +111,11 @@ def owner_of(frames) -> str:
     return "?"
 
 
+def folded_name(sym: str, dso: str) -> str:
+    """A frame's name in folded stacks: kernel frames marked as flamegraph.pl marks them."""
+    return sym + KERNEL_SUFFIX if is_kernel(dso) else sym
+
+
 def summarize(samples):
     groups, leaves, folded, copiers = Counter(), Counter(), Counter(), Counter()
     total = 0
@@ -115,7 +126,7 @@ def summarize(samples):
         if g.startswith("copies"):
             copiers[owner_of(frames)] += period
         leaves[(frames[0][0] if frames else "?", g)] += period
-        folded[";".join(s for s, _d in reversed(frames))] += period
+        folded[";".join(folded_name(s, d) for s, d in reversed(frames))] += period
     return total, groups, leaves, folded, copiers
 
 
@@ -124,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("input", nargs="?", help="perf script output (default: stdin)")
     ap.add_argument("--top", type=int, default=25, help="leaf functions to list [25]")
     ap.add_argument("--folded", help="write folded stacks here (for flamegraph.pl / inferno)")
+    ap.add_argument("--svg", help="draw the flame graph here (SVG)")
+    ap.add_argument("--title", default="CPU samples", help="the flame graph's title")
     ap.add_argument("--markdown", action="store_true", help="markdown tables")
     args = ap.parse_args(argv)
     src = open(args.input) if args.input else sys.stdin
@@ -135,6 +148,8 @@ def main(argv=None) -> int:
         with open(args.folded, "w") as f:
             for stack, n in folded.most_common():
                 f.write(f"{stack} {n}\n")
+    if args.svg:
+        Path(args.svg).write_text(render_svg(dict(folded), args.title, unit="perf periods"))
     bar = "|" if args.markdown else ""
     print(f"{bar} group {bar} % of samples {bar}" if args.markdown else "% samples  group")
     if args.markdown:

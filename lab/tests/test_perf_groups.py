@@ -57,12 +57,15 @@ def test_groups_by_leaf_and_syscall(tmp_path, capsys):
     assert groups["chive per-cell bookkeeping (core, cell, node, net)"] == 200
     assert groups["kernel: interrupts, scheduler (no system call)"] == 100
     assert copiers == {"chive_core::node::queue::CellQueue::push": 100}
-    assert folded["parking_lot::condvar::Condvar::wait_until_internal;syscall;__x64_sys_futex;"
-                  "finish_task_switch.isra.0"] == 300
+    # Kernel frames carry flamegraph.pl's `_[k]` mark.
+    assert folded["parking_lot::condvar::Condvar::wait_until_internal;syscall;__x64_sys_futex_[k];"
+                  "finish_task_switch.isra.0_[k]"] == 300
     src = tmp_path / "perf.txt"
     src.write_text(PERF_SCRIPT)
     out = tmp_path / "folded"
-    assert pg.main([str(src), "--markdown", "--folded", str(out)]) == 0
+    svg = tmp_path / "flame.svg"
+    assert pg.main([str(src), "--markdown", "--folded", str(out), "--svg", str(svg)]) == 0
+    assert "__x64_sys_futex_[k] (300 perf periods, 30.00 %)" in svg.read_text()
     text = capsys.readouterr().out
     assert "| kernel: futex (thread park/wake) | 30.0 |" in text
     assert len(out.read_text().splitlines()) == 6
