@@ -67,6 +67,7 @@ mod ntor;
 mod onion;
 mod records;
 mod relay;
+mod relay_core;
 pub mod seeds;
 mod socks;
 mod split;
@@ -81,6 +82,7 @@ pub use ntor::ntor;
 pub use onion::{onion_descriptor, onion_msg};
 pub use records::tls_records;
 pub use relay::relay_msg;
+pub use relay_core::relay_core;
 pub use socks::socks;
 pub use split::split_handoff;
 
@@ -105,4 +107,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("ntor", ntor),
     ("tls_records", tls_records),
     ("record_handover", record_handover),
+    ("relay_core", relay_core),
 ];

@@ -40,6 +40,7 @@ pub fn all() -> Vec<Seed> {
     out.extend(named("ntor", crate::ntor::seeds()));
     out.extend(named("tls_records", crate::records::seeds()));
     out.extend(named("record_handover", crate::handover::seeds()));
+    out.extend(named("relay_core", crate::relay_core::seeds()));
     out
 }
 
