@@ -27,6 +27,7 @@
 //! client).
 
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use chive_cell::{
@@ -89,18 +90,33 @@ struct Relay {
     hop: HopSpec,
 }
 
-fn relay(seed: u8, cfg: CoreConfig) -> Relay {
-    let mut rng = StdRng::seed_from_u64(u64::from(seed));
-    let identity = IdentityKeypair::generate(&mut rng).public();
-    let ntor = NtorSecretKey::generate(&mut rng);
-    let hop = HopSpec {
-        identity,
-        ntor_key: ntor.public(),
-        addr: SocketAddr::from(([127, 0, 0, 1], 9000 + u16::from(seed))),
+/// R's (seed 1) and X's (seed 2) identity and onion key, made once: key generation is
+/// curve25519 work, which dominates a run otherwise.
+fn keys(seed: u8) -> (HopSpec, NtorSecretKey) {
+    static KEYS: OnceLock<[(HopSpec, NtorSecretKey); 2]> = OnceLock::new();
+    let make = |seed: u8| {
+        let mut rng = StdRng::seed_from_u64(u64::from(seed));
+        let identity = IdentityKeypair::generate(&mut rng).public();
+        let ntor = NtorSecretKey::generate(&mut rng);
+        let hop = HopSpec {
+            identity,
+            ntor_key: ntor.public(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 9000 + u16::from(seed))),
+        };
+        (hop, ntor)
     };
+    let all = KEYS.get_or_init(|| [make(1), make(2)]);
+    all[usize::from(seed == 2)].clone()
+}
+
+fn relay(seed: u8, cfg: CoreConfig) -> Relay {
+    let (hop, ntor) = keys(seed);
     let core = Core::new(
         CoreConfig {
-            relay: Some(RelayKeys { identity, ntor }),
+            relay: Some(RelayKeys {
+                identity: hop.identity,
+                ntor,
+            }),
             ..cfg
         },
         [seed; 32],
