@@ -11,7 +11,8 @@
 //!
 //! Input (missing bytes read as 0): a flags byte (bit 0: R's limits are tight: 50 cells per
 //! circuit queue, 300 cells' worth of `MaxMemInQueues`, 3 circuits per channel, the per-client
-//! hold at 120 cells with a 50-cell in-flight estimate), then ops until the input ends, each a byte `kind % 9` and its arguments:
+//! hold at 120 cells with a 50-cell in-flight estimate; bit 1: both relays do path switching,
+//! so X answers CONFLUX_LINK and reorders linked legs), then ops until the input ends, each a byte `kind % 9` and its arguments:
 //! 0 raw cell (a byte: the circuit id is the n-th hostile circuit's if bit 7, then up to 509
 //! payload bytes after a command byte: length byte first), 1 create (a byte: bit 0 ntor v3, bit
 //! 1 ask for congestion control), 2 extend (circuit, early flag), 3 relay message (circuit, hop,
@@ -31,11 +32,13 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use chive_cell::{
-    parse_relay, relay_payload, Cell, CellCommand, CircExt, CircId, Create2, Created2, EndReason,
-    Extend2, Extended2, LinkSpec, RelayCommand, CELL_LEN, PAYLOAD_LEN,
+    parse_relay, relay_payload, Cell, CellCommand, CircExt, CircId, ConfluxLink, ConfluxSwitch,
+    Create2, Created2, EndReason, Extend2, Extended2, LinkSpec, RelayCommand, CELL_LEN,
+    PAYLOAD_LEN,
 };
 use chive_core::{
-    ChannelId, Core, CoreConfig, Event, HopSpec, RelayKeys, StreamHandle, CELL_MEM_COST,
+    ChannelId, Core, CoreConfig, Event, HopSpec, RelayKeys, StreamHandle, SwitchMode,
+    SwitchSettings, CELL_MEM_COST,
 };
 use chive_crypto::ntor::{self, NtorSecretKey, NTOR_HTYPE};
 use chive_crypto::ntor_v3::{self, CIRCUIT_VERIFICATION, NTOR_V3_HTYPE};
@@ -146,6 +149,8 @@ struct Reached {
     exit_connects: usize,
     hostile_written: usize,
     cells_to_hostile: usize,
+    /// CONFLUX_LINKED answers the hostile client decrypted.
+    linked: usize,
     circuits_killed_at_r: u64,
 }
 
@@ -204,7 +209,8 @@ fn relay_cell(
 }
 
 impl World {
-    fn new(tight: bool) -> World {
+    fn new(flags: u8) -> World {
+        let tight = flags & 1 != 0;
         let mut cfg = CoreConfig::default();
         let mut max_mem = cfg.max_mem_in_queues;
         if tight {
@@ -227,6 +233,14 @@ impl World {
             },
         );
         let now = Instant::now();
+        if flags & 2 != 0 {
+            for core in [&mut r.core, &mut x.core] {
+                core.set_switching(SwitchSettings {
+                    mode: SwitchMode::Path,
+                    ..SwitchSettings::default()
+                });
+            }
+        }
         r.core.channel_opened(HONEST, None, false, now);
         r.core
             .channel_opened(R_TO_X, Some(x.hop.identity), true, now);
@@ -536,6 +550,28 @@ impl World {
         out
     }
 
+    /// The hostile client reads what R sent it: its circuits' relay cells are decrypted (so
+    /// their layers stay in step) and CONFLUX_LINKED answers counted.
+    fn hostile_read(&mut self, wire: &[u8]) {
+        for cell in cells(wire) {
+            self.reached.cells_to_hostile += 1;
+            let Some(circ) = self.hostile.iter_mut().find(|c| c.id == cell.circ_id) else {
+                continue;
+            };
+            if cell.command != CellCommand::RELAY {
+                continue;
+            }
+            let mut payload: [u8; PAYLOAD_LEN] = cell.payload;
+            if circ.crypto.decrypt_from_any(&mut payload).is_some() {
+                if let Ok(view) = parse_relay(&payload) {
+                    if view.command == RelayCommand::CONFLUX_LINKED {
+                        self.reached.linked += 1;
+                    }
+                }
+            }
+        }
+    }
+
     fn check_memory(&self) {
         let mem = self.r.core.stats().mem_in_queues;
         assert!(
@@ -637,8 +673,8 @@ impl World {
             }
             7 => {
                 if let Some(chan) = self.hostile_chan {
-                    self.reached.cells_to_hostile +=
-                        drain(&mut self.r.core, chan, self.now).len() / CELL_LEN;
+                    let wire = drain(&mut self.r.core, chan, self.now);
+                    self.hostile_read(&wire);
                 }
             }
             _ => {
@@ -689,8 +725,8 @@ pub fn relay_core(data: &[u8]) {
 
 fn run(data: &[u8]) -> Reached {
     let mut input = Input { data, pos: 0 };
-    let tight = input.u8() & 1 != 0;
-    let mut world = World::new(tight);
+    let flags = input.u8();
+    let mut world = World::new(flags);
     // Each op costs at least one byte; a cap keeps a long input's run short.
     let mut ops = 0;
     while !input.done() && ops < 512 {
@@ -782,8 +818,52 @@ pub(crate) fn seeds() -> Vec<(String, Vec<u8>)> {
     ]);
     odd.extend_from_slice(&[8, 1, 0, 0, 0, 6, 255, 6, 255]);
 
+    // both relays switch paths: two circuits linked at X (CONFLUX_LINK on each), a stream on
+    // the first, a CONFLUX_SWITCH and DATA on the second, X's data back, a drain
+    let link = ConfluxLink {
+        nonce: [7; 32],
+        last_seqno_sent: 0,
+        last_seqno_recv: 0,
+        desired_ux: 0,
+    }
+    .encode();
+    let mut conflux = vec![2u8];
+    conflux.extend_from_slice(built);
+    conflux.extend_from_slice(&[1, 0, 2, 1, 1]);
+    for k in 0..2u8 {
+        conflux.extend_from_slice(&[
+            3,
+            k,
+            1,
+            RelayCommand::CONFLUX_LINK.0,
+            0,
+            0,
+            0,
+            link.len() as u8,
+        ]);
+        conflux.extend_from_slice(&link);
+    }
+    conflux.extend_from_slice(&[4, 0, 7]);
+    conflux.extend_from_slice(&begin_op);
+    conflux.extend_from_slice(&[4, 0xff]);
+    let switch = ConfluxSwitch { relative_seq: 1 }.encode();
+    conflux.extend_from_slice(&[
+        3,
+        1,
+        1,
+        RelayCommand::CONFLUX_SWITCH.0,
+        0,
+        0,
+        0,
+        switch.len() as u8,
+    ]);
+    conflux.extend_from_slice(&switch);
+    conflux.extend_from_slice(&[3, 1, 1, RelayCommand::DATA.0, 0, 5, 0, 2, b'h', b'i']);
+    conflux.extend_from_slice(&[4, 0, 5, 0, 20, 4, 0, 7]);
+
     vec![
         ("nothing".into(), vec![0]),
+        ("conflux-linked-legs".into(), conflux),
         ("stream-both-ways".into(), stream_both_ways),
         ("tight-flood".into(), flood),
         ("ntor3-cc-stream".into(), cc),
@@ -829,6 +909,15 @@ mod tests {
         assert!(
             r.cells_to_hostile > 12,
             "X's data reached the client: {r:?}"
+        );
+
+        let r = reached("conflux-linked-legs");
+        assert_eq!((r.hostile_circuits, r.extended), (2, 2), "{r:?}");
+        assert_eq!(r.linked, 2, "X linked both legs: {r:?}");
+        assert_eq!(r.exit_connects, 1, "{r:?}");
+        assert_eq!(
+            r.hostile_written, 2,
+            "the DATA after the switch reached X's stream: {r:?}"
         );
 
         let r = reached("raw-cells");
