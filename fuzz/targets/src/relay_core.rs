@@ -12,14 +12,18 @@
 //! Input (missing bytes read as 0): a flags byte (bit 0: R's limits are tight: 50 cells per
 //! circuit queue, 300 cells' worth of `MaxMemInQueues`, 3 circuits per channel, the per-client
 //! hold at 120 cells with a 50-cell in-flight estimate; bit 1: both relays do path switching,
-//! so X answers CONFLUX_LINK and reorders linked legs), then ops until the input ends, each a byte `kind % 9` and its arguments:
-//! 0 raw cell (a byte: the circuit id is the n-th hostile circuit's if bit 7, then up to 509
-//! payload bytes after a command byte: length byte first), 1 create (a byte: bit 0 ntor v3, bit
-//! 1 ask for congestion control), 2 extend (circuit, early flag), 3 relay message (circuit, hop,
-//! command, stream id u16, flags: bit 0 RELAY_EARLY, then length byte and body), 4 carry R ⇄ X
-//! (a byte: which waiting exit connections succeed), 5 exit data (a stream, a length byte: X's
-//! stream sends that many bytes), 6 time (a byte: 25 ms each; both cores' timers run), 7 drain
-//! the hostile channel, 8 close the hostile channel (the next op opens a new one).
+//! so X answers CONFLUX_LINK and reorders linked legs), then ops until the input ends (at most
+//! 512), each a byte `kind % 9` and its arguments:
+//! 0 raw cell (a byte whose bit 7 writes one of the client's circuit ids into the cell, a
+//! length byte, then twice that many bytes of the 514-byte cell from its start: circuit id,
+//! command, payload; the rest zero), 1 create (a byte: bit 0 ntor v3, bit 1 ask for congestion
+//! control), 2 extend to X (circuit, a byte: bit 0 RELAY_EARLY), 3 relay message (circuit, hop,
+//! command, stream id u16, a byte: bit 0 RELAY_EARLY, then a length byte and the body), 4 carry
+//! R ⇄ X (a byte: bit i connects the i-th waiting exit stream, else it fails), 5 exit data (a
+//! stream, a length byte: X's stream sends 16 times that many bytes), 6 time (a byte: 25 ms
+//! each; both cores' timers run), 7 the client reads its channel, 8 it closes its channel (the
+//! next op opens a new one). Creates and extends together: at most 12 per input (each is
+//! curve25519 work on both sides, which would otherwise take most of a run).
 //!
 //! Properties: no panic; R never closes its channel to X nor the honest client's, and X never
 //! its channel from R, because of what one client sent; R's `mem_in_queues` never exceeds
@@ -57,6 +61,8 @@ const X_FROM_R: ChannelId = ChannelId(1);
 const FIRST_HOSTILE: u64 = 10;
 /// Hostile circuits the fuzzer can name at once.
 const MAX_HOSTILE_CIRCUITS: usize = 6;
+/// Handshakes (CREATE2, EXTEND2) the fuzzer's client may make in one input.
+const MAX_HANDSHAKES: usize = 12;
 
 /// The fuzzer's bytes, read front to back; missing bytes read as 0.
 struct Input<'a> {
@@ -171,6 +177,8 @@ struct World {
     next_hostile_chan: u64,
     hostile: Vec<Circ>,
     next_circ_id: u32,
+    /// Handshakes the fuzzer's client made ([`MAX_HANDSHAKES`]).
+    handshakes: usize,
     exit_streams: Vec<ExitStream>,
 }
 
@@ -264,6 +272,7 @@ impl World {
             next_hostile_chan: FIRST_HOSTILE,
             hostile: Vec::new(),
             next_circ_id: 1,
+            handshakes: 0,
             exit_streams: Vec::new(),
         };
         w.honest_setup();
@@ -572,6 +581,16 @@ impl World {
         }
     }
 
+    /// Whether the fuzzer's client may make one more handshake (CREATE2 or EXTEND2): each
+    /// costs both sides' curve25519 work, which would otherwise take most of a run.
+    fn spend_handshake(&mut self) -> bool {
+        if self.handshakes == MAX_HANDSHAKES {
+            return false;
+        }
+        self.handshakes += 1;
+        true
+    }
+
     fn check_memory(&self) {
         let mem = self.r.core.stats().mem_in_queues;
         assert!(
@@ -601,6 +620,9 @@ impl World {
             }
             1 => {
                 let how = input.u8();
+                if !self.spend_handshake() {
+                    return;
+                }
                 let chan = self.hostile_chan();
                 let id = 0x8000_0000 | (self.next_circ_id & 0x7fff_ffff);
                 self.next_circ_id = self.next_circ_id.wrapping_add(1);
@@ -615,7 +637,7 @@ impl World {
             2 => {
                 let k = usize::from(input.u8());
                 let early = input.u8() & 1 != 0;
-                if self.hostile.is_empty() {
+                if self.hostile.is_empty() || !self.spend_handshake() {
                     return;
                 }
                 let chan = self.hostile_chan();
