@@ -88,26 +88,28 @@ def parse_net_tcp(text: str) -> list[dict]:
     return rows
 
 
-def connected_to(pids: dict[str, int], port: int, proc: Path = Path("/proc")) -> list[str]:
-    """Names of the processes holding an established TCP connection to `port`."""
+def tcp_rows(proc: Path = Path("/proc")) -> list[dict]:
+    """Every row of /proc/net/tcp and tcp6 (`parse_net_tcp`); a table that cannot be read is
+    left out."""
     rows = []
     for name in ("tcp", "tcp6"):
         try:
             rows += parse_net_tcp((proc / "net" / name).read_text())
         except OSError:
             pass
+    return rows
+
+
+def connected_to(pids: dict[str, int], port: int, proc: Path = Path("/proc")) -> list[str]:
+    """Names of the processes holding an established TCP connection to `port`."""
+    rows = tcp_rows(proc)
     inodes = {r["inode"] for r in rows if r["remote_port"] == port and r["state"] == "01"}
     return [name for name, pid in pids.items() if socket_inodes(pid, proc) & inodes]
 
 
 def established_ports(pids: dict[str, int], proc: Path = Path("/proc")) -> dict[str, set[tuple[int, int]]]:
     """(local port, remote port) of every established TCP connection each process holds."""
-    rows = []
-    for name in ("tcp", "tcp6"):
-        try:
-            rows += parse_net_tcp((proc / "net" / name).read_text())
-        except OSError:
-            pass
+    rows = tcp_rows(proc)
     by_inode = {r["inode"]: (r["local_port"], r["remote_port"]) for r in rows if r["state"] == "01"}
     return {name: {by_inode[i] for i in socket_inodes(pid, proc) if i in by_inode}
             for name, pid in pids.items()}

@@ -17,7 +17,7 @@ spec = importlib.util.spec_from_file_location("relay_cpu", SCRIPT)
 rc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(rc)
 
-from chive_lab import iofloor  # noqa: E402  (after the script, which puts lab/ on the path)
+from chive_lab import iofloor, procstat  # noqa: E402  (after the script, which puts lab/ on the path)
 
 
 def _stat(comm: str, utime: int, stime: int) -> str:
@@ -78,6 +78,11 @@ def test_read_proc_and_exit_detection_on_a_fake_proc(tmp_path):
     ]))
     pids = {"relay1": 11, "relay2": 12, "relay3": 13}
     assert rc.connected_to(pids, 8080, proc) == ["relay2"]
+    # Only established connections, as (local port, remote port); relay_profile.py's roles.
+    assert procstat.established_ports(pids, proc) == {
+        "relay1": set(), "relay2": {(0xA001, 8080)}, "relay3": {(0xA002, 8081)}}
+    (proc / "11" / "io").write_text("rchar: 5\nwchar: 123456\nsyscr: 1\n")
+    assert procstat.read_io_wchar(11, proc) == 123456
     assert rc.role_of("relay2", ["relay2"]) == "exit"
     assert rc.role_of("relay1", ["relay2"]) == "relay"
     assert rc.role_of("client", []) == "client"
