@@ -56,6 +56,7 @@ pub(crate) fn changed(genuine: &[u8], input: &[u8], cut: bool) -> Vec<u8> {
 }
 
 mod cell;
+mod client_core;
 mod config;
 mod dir;
 mod handover;
@@ -73,6 +74,7 @@ mod socks;
 mod split;
 
 pub use cell::cell;
+pub use client_core::client_core;
 pub use config::config;
 pub use dir::{consensus, descriptor, exit_policy};
 pub use handover::record_handover;
@@ -108,4 +110,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("tls_records", tls_records),
     ("record_handover", record_handover),
     ("relay_core", relay_core),
+    ("client_core", client_core),
 ];

@@ -41,6 +41,7 @@ pub fn all() -> Vec<Seed> {
     out.extend(named("tls_records", crate::records::seeds()));
     out.extend(named("record_handover", crate::handover::seeds()));
     out.extend(named("relay_core", crate::relay_core::seeds()));
+    out.extend(named("client_core", crate::client_core::seeds()));
     out
 }
 
