@@ -24,21 +24,20 @@
 //! Properties: no panic; the client never closes H's channel, H's circuit or its stream for
 //! anything E sent; at the end H's circuit still carries DATA both ways exactly.
 
-use std::net::SocketAddr;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use chive_cell::{
     parse_relay, relay_payload, Cell, CellCommand, CircExt, CircId, Create2, Created2, Destroy,
-    DestroyReason, RelayCommand, CELL_LEN, PAYLOAD_LEN,
+    DestroyReason, RelayCommand, PAYLOAD_LEN,
 };
 use chive_core::{ChannelId, CircKey, Core, CoreConfig, Event, HopSpec, StreamHandle};
 use chive_crypto::ntor::{self, NtorSecretKey, NTOR_HTYPE};
 use chive_crypto::ntor_v3::{self, CIRCUIT_VERIFICATION, NTOR_V3_HTYPE};
 use chive_crypto::relay::RelayHopCrypto;
-use chive_crypto::IdentityKeypair;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+
+use crate::core_harness::{blank_cell, cells, drain_wire, keys, raw_cell, Input, Played};
 
 /// The client's channel to the honest relay H.
 const HONEST: ChannelId = ChannelId(1);
@@ -46,61 +45,6 @@ const HONEST: ChannelId = ChannelId(1);
 const FIRST_EVIL: u64 = 10;
 /// Launches (CREATE2 answered by the target's ntor) per input.
 const MAX_LAUNCHES: usize = 12;
-
-/// The fuzzer's bytes, read front to back; missing bytes read as 0.
-struct Input<'a> {
-    data: &'a [u8],
-    pos: usize,
-}
-
-impl Input<'_> {
-    fn done(&self) -> bool {
-        self.pos >= self.data.len()
-    }
-
-    fn u8(&mut self) -> u8 {
-        let b = self.data.get(self.pos).copied().unwrap_or(0);
-        self.pos += 1;
-        b
-    }
-
-    fn u16(&mut self) -> u16 {
-        u16::from_be_bytes([self.u8(), self.u8()])
-    }
-
-    fn bytes(&mut self, n: usize) -> &[u8] {
-        let start = self.pos.min(self.data.len());
-        let end = (self.pos + n).min(self.data.len());
-        self.pos += n;
-        &self.data[start..end]
-    }
-}
-
-/// H's (0) and E's (1) keys, made once.
-fn played(which: usize) -> (HopSpec, NtorSecretKey) {
-    static KEYS: OnceLock<[(HopSpec, NtorSecretKey); 2]> = OnceLock::new();
-    let make = |seed: u64, port: u16| {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let identity = IdentityKeypair::generate(&mut rng).public();
-        let ntor = NtorSecretKey::generate(&mut rng);
-        let hop = HopSpec {
-            identity,
-            ntor_key: ntor.public(),
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-        };
-        (hop, ntor)
-    };
-    KEYS.get_or_init(|| [make(21, 9301), make(22, 9302)])[which].clone()
-}
-
-/// Every cell `core` has for `chan`.
-fn drain(core: &mut Core, chan: ChannelId, now: Instant) -> Vec<Cell> {
-    let mut wire = Vec::new();
-    while core.poll_transmit_wire(chan, 1024, now, &mut wire) > 0 {}
-    wire.chunks(CELL_LEN)
-        .map(|c| Cell::decode(c).expect("poll_transmit_wire writes whole fixed cells"))
-        .collect()
-}
 
 /// The relay's side of one of the client's circuits.
 struct Hop {
@@ -181,13 +125,13 @@ impl World {
     fn new() -> World {
         let now = Instant::now();
         let mut core = Core::new(CoreConfig::default(), [9; 32]);
-        let (h_hop, h_ntor) = played(0);
-        let (evil_hop, evil_ntor) = played(1);
+        let (h_hop, h_ntor) = keys(Played::Honest);
+        let (evil_hop, evil_ntor) = keys(Played::Hostile);
         core.channel_opened(HONEST, Some(h_hop.identity), true, now);
         let mut rng = StdRng::seed_from_u64(5);
         // H's circuit, built.
         let key = core.launch_circuit(vec![h_hop.clone()], now);
-        let cells = drain(&mut core, HONEST, now);
+        let cells = cells(&drain_wire(&mut core, HONEST, now)).collect::<Vec<_>>();
         let create = cells
             .iter()
             .find(|c| c.command == CellCommand::CREATE2)
@@ -246,7 +190,7 @@ impl World {
     /// the target).
     fn read_honest(&mut self) -> Vec<(RelayCommand, u16, Vec<u8>)> {
         let mut out = Vec::new();
-        for cell in drain(&mut self.core, HONEST, self.now) {
+        for cell in cells(&drain_wire(&mut self.core, HONEST, self.now)).collect::<Vec<_>>() {
             if cell.circ_id != self.honest.id {
                 continue;
             }
@@ -347,7 +291,7 @@ impl World {
         let Some(chan) = self.evil_chan else {
             return;
         };
-        for cell in drain(&mut self.core, chan, self.now) {
+        for cell in cells(&drain_wire(&mut self.core, chan, self.now)).collect::<Vec<_>>() {
             let Some(hop) = self.evil.iter_mut().find(|h| h.id == cell.circ_id) else {
                 continue;
             };
@@ -390,7 +334,7 @@ impl World {
             .core
             .launch_circuit(vec![self.evil_hop.clone()], self.now);
         self.pump_events();
-        let cells = drain(&mut self.core, chan, self.now);
+        let cells = cells(&drain_wire(&mut self.core, chan, self.now)).collect::<Vec<_>>();
         let Some(create) = cells.iter().find(|c| c.command == CellCommand::CREATE2) else {
             return;
         };
@@ -447,16 +391,9 @@ impl World {
             }
             1 => {
                 let chan = self.evil_chan();
-                let target = input.u8();
-                let len = usize::from(input.u8()) * 2;
-                let mut wire = [0u8; CELL_LEN];
-                let bytes = input.bytes(len.min(CELL_LEN));
-                wire[..bytes.len()].copy_from_slice(bytes);
-                if target & 0x80 != 0 && !self.evil.is_empty() {
-                    let id = self.evil[usize::from(target) % self.evil.len()].id;
-                    wire[..4].copy_from_slice(&id.to_be_bytes());
-                }
-                let mut scratch = Cell::new(0, CellCommand::PADDING, &[]).expect("a blank cell");
+                let ids: Vec<u32> = self.evil.iter().map(|h| h.id).collect();
+                let wire = raw_cell(input, &ids);
+                let mut scratch = blank_cell();
                 self.core
                     .handle_cells_wire(chan, &wire, &mut scratch, self.now);
             }
@@ -558,7 +495,7 @@ pub fn client_core(data: &[u8]) {
 }
 
 fn run(data: &[u8]) -> Reached {
-    let mut input = Input { data, pos: 0 };
+    let mut input = Input::new(data);
     let mut world = World::new();
     let mut ops = 0;
     while !input.done() && ops < 512 {

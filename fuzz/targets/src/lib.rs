@@ -58,6 +58,7 @@ pub(crate) fn changed(genuine: &[u8], input: &[u8], cut: bool) -> Vec<u8> {
 mod cell;
 mod client_core;
 mod config;
+mod core_harness;
 mod dir;
 mod handover;
 mod handshake;

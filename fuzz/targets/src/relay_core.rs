@@ -32,24 +32,23 @@
 //! client).
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use chive_cell::{
     parse_relay, relay_payload, Cell, CellCommand, CircExt, CircId, ConfluxLink, ConfluxSwitch,
-    Create2, Created2, EndReason, Extend2, Extended2, LinkSpec, RelayCommand, CELL_LEN,
-    PAYLOAD_LEN,
+    Create2, Created2, EndReason, Extend2, Extended2, LinkSpec, RelayCommand, PAYLOAD_LEN,
 };
 use chive_core::{
     ChannelId, Core, CoreConfig, Event, HopSpec, RelayKeys, StreamHandle, SwitchMode,
     SwitchSettings, CELL_MEM_COST,
 };
-use chive_crypto::ntor::{self, NtorSecretKey, NTOR_HTYPE};
+use chive_crypto::ntor::{self, NTOR_HTYPE};
 use chive_crypto::ntor_v3::{self, CIRCUIT_VERIFICATION, NTOR_V3_HTYPE};
 use chive_crypto::relay::{ClientCircuitCrypto, ClientHopCrypto};
-use chive_crypto::IdentityKeypair;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+
+use crate::core_harness::{blank_cell, cells, drain_wire, keys, raw_cell, Input, Played};
 
 /// R's channel from the honest client.
 const HONEST: ChannelId = ChannelId(1);
@@ -64,62 +63,18 @@ const MAX_HOSTILE_CIRCUITS: usize = 6;
 /// Handshakes (CREATE2, EXTEND2) the fuzzer's client may make in one input.
 const MAX_HANDSHAKES: usize = 12;
 
-/// The fuzzer's bytes, read front to back; missing bytes read as 0.
-struct Input<'a> {
-    data: &'a [u8],
-    pos: usize,
-}
-
-impl Input<'_> {
-    fn done(&self) -> bool {
-        self.pos >= self.data.len()
-    }
-
-    fn u8(&mut self) -> u8 {
-        let b = self.data.get(self.pos).copied().unwrap_or(0);
-        self.pos += 1;
-        b
-    }
-
-    fn u16(&mut self) -> u16 {
-        u16::from_be_bytes([self.u8(), self.u8()])
-    }
-
-    fn bytes(&mut self, n: usize) -> &[u8] {
-        let start = self.pos.min(self.data.len());
-        let end = (self.pos + n).min(self.data.len());
-        self.pos += n;
-        &self.data[start..end]
-    }
-}
-
 /// One relay core and how to reach it.
 struct Relay {
     core: Core,
     hop: HopSpec,
 }
 
-/// R's (seed 1) and X's (seed 2) identity and onion key, made once: key generation is
-/// curve25519 work, which dominates a run otherwise.
-fn keys(seed: u8) -> (HopSpec, NtorSecretKey) {
-    static KEYS: OnceLock<[(HopSpec, NtorSecretKey); 2]> = OnceLock::new();
-    let make = |seed: u8| {
-        let mut rng = StdRng::seed_from_u64(u64::from(seed));
-        let identity = IdentityKeypair::generate(&mut rng).public();
-        let ntor = NtorSecretKey::generate(&mut rng);
-        let hop = HopSpec {
-            identity,
-            ntor_key: ntor.public(),
-            addr: SocketAddr::from(([127, 0, 0, 1], 9000 + u16::from(seed))),
-        };
-        (hop, ntor)
-    };
-    let all = KEYS.get_or_init(|| [make(1), make(2)]);
-    all[usize::from(seed == 2)].clone()
-}
-
 fn relay(seed: u8, cfg: CoreConfig) -> Relay {
-    let (hop, ntor) = keys(seed);
+    let (hop, ntor) = keys(if seed == 1 {
+        Played::Relay
+    } else {
+        Played::Exit
+    });
     let core = Core::new(
         CoreConfig {
             relay: Some(RelayKeys {
@@ -180,22 +135,6 @@ struct World {
     /// Handshakes the fuzzer's client made ([`MAX_HANDSHAKES`]).
     handshakes: usize,
     exit_streams: Vec<ExitStream>,
-}
-
-/// Every cell `core` has for `chan`, as a driver with unlimited room takes them.
-fn drain(core: &mut Core, chan: ChannelId, now: Instant) -> Vec<u8> {
-    let mut wire = Vec::new();
-    while core.poll_transmit_wire(chan, 1024, now, &mut wire) > 0 {}
-    wire
-}
-
-fn cells(wire: &[u8]) -> impl Iterator<Item = Cell> + '_ {
-    wire.chunks(CELL_LEN)
-        .map(|c| Cell::decode(c).expect("poll_transmit_wire writes whole fixed cells"))
-}
-
-fn blank_cell() -> Cell {
-    Cell::new(0, CellCommand::PADDING, &[]).expect("an empty PADDING cell")
 }
 
 fn relay_cell(
@@ -371,7 +310,7 @@ impl World {
 
     /// R's CREATED2 handshake for circuit `id` on `chan`, if it answered with one.
     fn take_created(&mut self, chan: ChannelId, id: CircId) -> Option<Vec<u8>> {
-        let wire = drain(&mut self.r.core, chan, self.now);
+        let wire = drain_wire(&mut self.r.core, chan, self.now);
         self.pump_events();
         let created = cells(&wire)
             .find(|c| c.circ_id == id && c.command == CellCommand::CREATED2)
@@ -408,7 +347,7 @@ impl World {
         };
         self.r.core.handle_cell(chan, cell, self.now);
         self.carry();
-        let wire = drain(&mut self.r.core, chan, self.now);
+        let wire = drain_wire(&mut self.r.core, chan, self.now);
         for cell in cells(&wire).filter(|c| c.circ_id == circ.id && c.command == CellCommand::RELAY)
         {
             let mut payload = cell.payload;
@@ -449,12 +388,12 @@ impl World {
     fn carry(&mut self) {
         let mut scratch = blank_cell();
         for _ in 0..2 {
-            let up = drain(&mut self.r.core, R_TO_X, self.now);
+            let up = drain_wire(&mut self.r.core, R_TO_X, self.now);
             self.x
                 .core
                 .handle_cells_wire(X_FROM_R, &up, &mut scratch, self.now);
             self.pump_events();
-            let down = drain(&mut self.x.core, X_FROM_R, self.now);
+            let down = drain_wire(&mut self.x.core, X_FROM_R, self.now);
             self.r
                 .core
                 .handle_cells_wire(R_TO_X, &down, &mut scratch, self.now);
@@ -539,7 +478,7 @@ impl World {
 
     /// Drain R's cells for the honest client: note a DESTROY of its circuit, decrypt the rest.
     fn honest_read(&mut self) -> Vec<(RelayCommand, Vec<u8>)> {
-        let wire = drain(&mut self.r.core, HONEST, self.now);
+        let wire = drain_wire(&mut self.r.core, HONEST, self.now);
         let mut out = Vec::new();
         for cell in cells(&wire) {
             if cell.circ_id != self.honest.id {
@@ -604,15 +543,8 @@ impl World {
         match input.u8() % 9 {
             0 => {
                 let chan = self.hostile_chan();
-                let target = input.u8();
-                let mut wire = [0u8; CELL_LEN];
-                let len = usize::from(input.u8()) * 2;
-                let bytes = input.bytes(len.min(CELL_LEN));
-                wire[..bytes.len()].copy_from_slice(bytes);
-                if target & 0x80 != 0 && !self.hostile.is_empty() {
-                    let id = self.hostile[usize::from(target) % self.hostile.len()].id;
-                    wire[..4].copy_from_slice(&id.to_be_bytes());
-                }
+                let ids: Vec<u32> = self.hostile.iter().map(|c| c.id).collect();
+                let wire = raw_cell(input, &ids);
                 let mut scratch = blank_cell();
                 self.r
                     .core
@@ -695,7 +627,7 @@ impl World {
             }
             7 => {
                 if let Some(chan) = self.hostile_chan {
-                    let wire = drain(&mut self.r.core, chan, self.now);
+                    let wire = drain_wire(&mut self.r.core, chan, self.now);
                     self.hostile_read(&wire);
                 }
             }
@@ -746,7 +678,7 @@ pub fn relay_core(data: &[u8]) {
 }
 
 fn run(data: &[u8]) -> Reached {
-    let mut input = Input { data, pos: 0 };
+    let mut input = Input::new(data);
     let flags = input.u8();
     let mut world = World::new(flags);
     // Each op costs at least one byte; a cap keeps a long input's run short.
