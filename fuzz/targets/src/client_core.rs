@@ -37,7 +37,7 @@ use chive_crypto::relay::RelayHopCrypto;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::core_harness::{blank_cell, cells, drain_wire, keys, raw_cell, Input, Played};
+use crate::core_harness::{blank_cell, drain_cells, keys, raw_cell, Input, Played};
 
 /// The client's channel to the honest relay H.
 const HONEST: ChannelId = ChannelId(1);
@@ -131,7 +131,7 @@ impl World {
         let mut rng = StdRng::seed_from_u64(5);
         // H's circuit, built.
         let key = core.launch_circuit(vec![h_hop.clone()], now);
-        let cells = cells(&drain_wire(&mut core, HONEST, now)).collect::<Vec<_>>();
+        let cells = drain_cells(&mut core, HONEST, now);
         let create = cells
             .iter()
             .find(|c| c.command == CellCommand::CREATE2)
@@ -190,7 +190,7 @@ impl World {
     /// the target).
     fn read_honest(&mut self) -> Vec<(RelayCommand, u16, Vec<u8>)> {
         let mut out = Vec::new();
-        for cell in cells(&drain_wire(&mut self.core, HONEST, self.now)).collect::<Vec<_>>() {
+        for cell in drain_cells(&mut self.core, HONEST, self.now) {
             if cell.circ_id != self.honest.id {
                 continue;
             }
@@ -291,7 +291,7 @@ impl World {
         let Some(chan) = self.evil_chan else {
             return;
         };
-        for cell in cells(&drain_wire(&mut self.core, chan, self.now)).collect::<Vec<_>>() {
+        for cell in drain_cells(&mut self.core, chan, self.now) {
             let Some(hop) = self.evil.iter_mut().find(|h| h.id == cell.circ_id) else {
                 continue;
             };
@@ -334,7 +334,7 @@ impl World {
             .core
             .launch_circuit(vec![self.evil_hop.clone()], self.now);
         self.pump_events();
-        let cells = cells(&drain_wire(&mut self.core, chan, self.now)).collect::<Vec<_>>();
+        let cells = drain_cells(&mut self.core, chan, self.now);
         let Some(create) = cells.iter().find(|c| c.command == CellCommand::CREATE2) else {
             return;
         };

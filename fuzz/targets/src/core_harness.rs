@@ -95,6 +95,11 @@ pub(crate) fn cells(wire: &[u8]) -> impl Iterator<Item = Cell> + '_ {
         .map(|c| Cell::decode(c).expect("poll_transmit_wire writes whole fixed cells"))
 }
 
+/// Every cell `core` has for `chan`, decoded.
+pub(crate) fn drain_cells(core: &mut Core, chan: ChannelId, now: Instant) -> Vec<Cell> {
+    cells(&drain_wire(core, chan, now)).collect()
+}
+
 /// A cell to decode into (`handle_cells_wire`'s scratch).
 pub(crate) fn blank_cell() -> Cell {
     Cell::new(0, CellCommand::PADDING, &[]).expect("an empty PADDING cell")

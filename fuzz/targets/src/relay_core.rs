@@ -69,12 +69,10 @@ struct Relay {
     hop: HopSpec,
 }
 
-fn relay(seed: u8, cfg: CoreConfig) -> Relay {
-    let (hop, ntor) = keys(if seed == 1 {
-        Played::Relay
-    } else {
-        Played::Exit
-    });
+/// A relay core playing `who` (its keys from [`keys`], its core's seed from its role).
+fn relay(who: Played, cfg: CoreConfig) -> Relay {
+    let seed = who as u8 + 1;
+    let (hop, ntor) = keys(who);
     let core = Core::new(
         CoreConfig {
             relay: Some(RelayKeys {
@@ -171,9 +169,9 @@ impl World {
                 ..cfg
             };
         }
-        let mut r = relay(1, cfg);
+        let mut r = relay(Played::Relay, cfg);
         let mut x = relay(
-            2,
+            Played::Exit,
             CoreConfig {
                 exit: true,
                 ..CoreConfig::default()
